@@ -1,0 +1,89 @@
+"""Fixed-shape decoder caches as explicit pytrees.
+
+A `DecoderCache` holds, per decoder layer, self-attention K/V buffers of a fixed
+capacity C and the cross-attention K/V of the encoder output (computed once).
+Each row b has its own `length[b]`: positions ``0 .. length[b]-1`` are valid.
+
+A decode call with k tokens per row writes their K/V at positions
+``length[b] .. length[b]+k-1`` (OVERWRITING whatever was there), attends
+causally among them and to the row's valid prefix, and returns the cache with
+``length + k``. Rolling back is lowering `length`: stale entries beyond it are
+never read, because a query at position t only sees keys at positions <= t,
+and every position <= t was (re)written before that query ran.
+
+Worked example (one row, C = 6; `.` = never written, lower case = stale)::
+
+    decode([a, b, c])   buffer [a b c . . .]  length 3
+    rollback to 1       buffer [a b c . . .]  length 1  (b, c stale)
+    decode([x, y])      buffer [a x y . . .]  length 3  (overwritten)
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+
+@struct.dataclass
+class DecoderCache:
+  """Decoder state for cached decoding. L = layers, C = capacity, Le = encoder length.
+
+  Attributes:
+    self_key, self_value: per layer, [B, C, H, Dh] self-attention buffers.
+    cross_key, cross_value: per layer, [B, Le, H, Dh] K/V of the encoder output.
+    encoder_mask: [B, Le] bool, True at real (non-pad) encoder tokens.
+    length: [B] int32, number of valid positions per row.
+  """
+
+  self_key: tuple[jax.Array, ...]
+  self_value: tuple[jax.Array, ...]
+  cross_key: tuple[jax.Array, ...]
+  cross_value: tuple[jax.Array, ...]
+  encoder_mask: jax.Array
+  length: jax.Array
+
+  @property
+  def capacity(self) -> int:
+    return self.self_key[0].shape[1]
+
+  @property
+  def batch_size(self) -> int:
+    return self.length.shape[0]
+
+  def with_length(self, length: jax.Array) -> "DecoderCache":
+    """Rollback (or set) every row's valid length: nothing is copied."""
+    return self.replace(length=jnp.asarray(length, jnp.int32))
+
+
+def write(buffer: jax.Array, new: jax.Array, positions: jax.Array) -> jax.Array:
+  """Overwrite rows of `buffer` [B, C, ...] with `new` [B, k, ...] at `positions` [B, k].
+
+  Positions >= C are dropped (a finished row may point past its buffer); they are
+  never read, since the causal mask only admits positions < C.
+  """
+  rows = jnp.arange(buffer.shape[0])[:, None]
+  return buffer.at[rows, positions].set(new.astype(buffer.dtype), mode="drop")
+
+
+def query_positions(length: jax.Array, k: int) -> jax.Array:
+  """[B] lengths -> [B, k] absolute positions of the k new tokens of each row."""
+  return length[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]
+
+
+def causal_mask(q_pos: jax.Array, num_keys: int) -> jax.Array:
+  """[B, q] query positions -> [B, 1, q, C] bool: key position <= query position."""
+  k_pos = jnp.arange(num_keys, dtype=jnp.int32)
+  return (k_pos[None, None, :] <= q_pos[:, :, None])[:, None]
+
+
+def empty_self_kv(batch: int, capacity: int, num_heads: int, head_dim: int, dtype,
+                  num_layers: int) -> tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]:
+  shape = (batch, capacity, num_heads, head_dim)
+  zeros = tuple(jnp.zeros(shape, dtype) for _ in range(num_layers))
+  return zeros, tuple(jnp.zeros(shape, dtype) for _ in range(num_layers))
+
+
+def cache_bytes(cache: DecoderCache) -> int:
+  return int(sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(cache)))

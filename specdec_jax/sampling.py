@@ -1,0 +1,128 @@
+"""Sampling methods: logits -> a standardised next-token distribution.
+
+Every decoding method (baseline, speculative, BiLD) turns raw logits into the
+SAME adjusted distribution before sampling or before an acceptance test, so p
+(target) and q (drafter) are always comparable:
+
+    Greedy()                                  one-hot at argmax (first on ties)
+    Sampling(temperature=0.7, top_k=40)       softmax(logits / T) restricted to the top 40
+    Sampling(top_p=0.9)                       smallest set with mass >= 0.9 (ties at the edge kept)
+
+Top-k and top-p follow T5X's semantics (values tied with the k-th largest are
+kept; top-p keeps every token whose probability is >= the probability at which
+the descending cumulative mass first reaches p). `Sampling(temperature=0)` is
+greedy. The dataclasses are frozen and hashable: they are static jit arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+class SamplingError(ValueError):
+  """Invalid sampling parameters."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Greedy:
+  """Argmax decoding."""
+
+  @property
+  def is_greedy(self) -> bool:
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+  """Ancestral sampling from the temperature / top-k / top-p adjusted distribution.
+
+  Attributes:
+    temperature: >= 0; 0 means greedy.
+    top_k: 0 disables; otherwise keep the k largest logits (ties kept).
+    top_p: in (0, 1]; 1 disables.
+  """
+
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+
+  def __post_init__(self):
+    t, k, p = self.temperature, self.top_k, self.top_p
+    if not isinstance(t, (int, float)) or math.isnan(t) or t < 0 or math.isinf(t):
+      raise SamplingError(f"temperature must be a finite number >= 0, got {t!r}")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+      raise SamplingError(f"top_k must be an integer >= 0 (0 disables), got {k!r}")
+    if not isinstance(p, (int, float)) or math.isnan(p) or not 0.0 < p <= 1.0:
+      raise SamplingError(f"top_p must be in (0, 1] (1 disables), got {p!r}")
+
+  @property
+  def is_greedy(self) -> bool:
+    return self.temperature == 0.0 or self.top_k == 1
+
+
+SamplingMethod = Greedy | Sampling
+
+
+def top_k_mask(logits: Array, k: int) -> Array:
+  """Keep logits >= the k-th largest (ties kept); others -> -inf. [..., V]."""
+  if k <= 0 or k >= logits.shape[-1]:
+    return logits
+  kth = jax.lax.top_k(logits, k)[0][..., -1:]
+  return jnp.where(logits >= kth, logits, -jnp.inf)
+
+
+def top_p_mask(logits: Array, p: float) -> Array:
+  """Keep the smallest set of tokens whose probability mass reaches p; others -> -inf.
+
+  Tokens whose probability ties the threshold are kept. [..., V]
+  """
+  if p >= 1.0:
+    return logits
+  probs = jax.nn.softmax(logits, axis=-1)
+  sorted_probs = jnp.flip(jnp.sort(probs, axis=-1), axis=-1)
+  mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
+  num_kept = jnp.maximum(jnp.sum(mass_before < p, axis=-1, keepdims=True), 1)
+  threshold = jnp.take_along_axis(sorted_probs, num_kept - 1, axis=-1)
+  return jnp.where(probs >= threshold, logits, -jnp.inf)
+
+
+def log_probs(logits: Array, method: SamplingMethod) -> Array:
+  """Raw logits [..., V] -> float32 log-probabilities of the adjusted distribution [..., V].
+
+  Greedy gives log one-hot (0 at the argmax, -inf elsewhere).
+  """
+  logits = logits.astype(jnp.float32)
+  if method.is_greedy:
+    one_hot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.bool_)
+    return jnp.where(one_hot, 0.0, -jnp.inf)
+  scaled = top_p_mask(top_k_mask(logits / method.temperature, method.top_k), method.top_p)
+  return jax.nn.log_softmax(scaled, axis=-1)
+
+
+def probs(logits: Array, method: SamplingMethod) -> Array:
+  """Adjusted distribution [..., V] float32 (sums to 1)."""
+  return jnp.exp(log_probs(logits, method))
+
+
+def sample(rng: Array, logits: Array, method: SamplingMethod) -> Array:
+  """Draw one token per row from the adjusted distribution: [..., V] -> int32 [...]."""
+  if method.is_greedy:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  return jax.random.categorical(rng, log_probs(logits, method), axis=-1).astype(jnp.int32)
+
+
+def as_method(sampling) -> SamplingMethod:
+  """Accept a method object, None (greedy) or a dict of Sampling fields."""
+  if sampling is None:
+    return Greedy()
+  if isinstance(sampling, (Greedy, Sampling)):
+    return sampling
+  if isinstance(sampling, dict):
+    return Sampling(**sampling)
+  raise SamplingError(f"sampling must be sd.Greedy() or sd.Sampling(...), got {sampling!r}")
