@@ -1,0 +1,51 @@
+"""specdec-jax: drafter/verifier decoding for T5 encoder-decoders in JAX/Flax.
+
+    import specdec_jax as sd
+    target, drafter = sd.load("path/to/target"), sd.load("path/to/drafter")
+    out = sd.speculative_generate(target, drafter, encoder_tokens, gamma=5, max_new_tokens=64)
+    out.tokens, out.lengths, out.stats
+"""
+
+from specdec_jax import t5x_compat, theory
+from specdec_jax.cache import DecoderCache
+from specdec_jax.config import ConfigError, T5Config, available_configs, get_config
+from specdec_jax.decoding.autoregressive import generate
+from specdec_jax.decoding.common import DecodeOutput
+from specdec_jax.decoding.speculative import AdaptiveGamma, speculative_generate
+from specdec_jax.drafters import ModelDrafter, NGramDrafter, PromptLookupDrafter
+from specdec_jax.model import InputError, Model, init_model, logical_axes
+from specdec_jax.sampling import Greedy, Sampling, SamplingError
+
+__all__ = [
+    "AdaptiveGamma", "ConfigError", "DecodeOutput", "DecoderCache", "Greedy", "InputError",
+    "Model", "ModelDrafter", "NGramDrafter", "PromptLookupDrafter", "Sampling", "SamplingError",
+    "T5Config", "available_configs", "generate", "get_config", "init_model", "load",
+    "load_tokenizer", "logical_axes", "save", "speculative_generate", "t5x_compat", "theory",
+]
+
+
+def load(path_or_name: str, dtype=None, config: T5Config | None = None) -> Model:
+  """Load a model: T5X checkpoint (legacy or Orbax), HF T5 dir, our saved dir, a bundled
+  name such as "demo-de-en/target", or a named config ("config:t5_1_1_tiny", random weights).
+
+  dtype: cast floating params (e.g. "bfloat16"); None keeps what is stored.
+  """
+  from specdec_jax import checkpoints
+  if isinstance(path_or_name, str) and path_or_name.startswith("config:"):
+    model = init_model(get_config(path_or_name[len("config:"):]), 0)
+  else:
+    cfg, params = checkpoints.load_checkpoint(path_or_name, config=config)
+    model = Model(config=cfg, params=params)
+  return model if dtype is None else model.astype(dtype)
+
+
+def save(path, model: Model, dtype=None) -> None:
+  """Save `model` in our own format (config + safetensors); `sd.load(path)` reads it back."""
+  from specdec_jax import checkpoints
+  checkpoints.save_checkpoint(path, model.config, model.params, dtype=dtype)
+
+
+def load_tokenizer(path_or_name):
+  """SentencePiece tokenizer with T5 conventions (pad 0, EOS 1, unk 2)."""
+  from specdec_jax.tokenizer import load_tokenizer as _load
+  return _load(path_or_name)

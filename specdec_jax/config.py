@@ -56,7 +56,7 @@ class T5Config:
   relative_attention_max_distance: int = 128
   layer_norm_epsilon: float = 1e-6
   dropout_rate: float = 0.0
-  float32_attention_logits: bool = True
+  float32_attention_logits: bool = False  # accepted for T5X compatibility; we always use f32
   gelu_approximate: bool = True
   pad_id: int = 0
   eos_id: int = 1

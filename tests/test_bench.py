@@ -1,0 +1,97 @@
+"""`specdec bench`: a tiny run writes bench.json / bench.md / bench.png. Speed is never asserted."""
+
+import json
+import math
+
+import pytest
+
+from specdec_jax import bench, cli
+
+TARGET = "config:t5_1_1_tiny"
+DRAFTER = "config:t5_1_1_tiny_drafter"
+# Same decode shapes as tests/test_cli.py (prompt length 5, 6 new tokens): shared jit caches.
+ARGS = ["bench", "--target", TARGET, "--drafter", DRAFTER, "--batch-sizes", "1,2",
+        "--gammas", "1,2", "--modes", "greedy", "--prompt-len", "5", "--max-new-tokens", "6",
+        "--repeats", "1", "--timing-steps", "2", "--no-progress"]
+
+ENTRY_KEYS = {"batch_size", "mode", "method", "gamma", "ms_per_token", "tokens_per_s",
+              "speedup", "generated_tokens", "wall_s_median"}
+SPEC_KEYS = ENTRY_KEYS | {"alpha", "acceptance_rate", "block_efficiency", "c", "verify_cost",
+                          "predicted_speedup", "measured_over_predicted",
+                          "expected_block_efficiency", "target_calls", "drafter_calls"}
+
+
+def positive(x):
+  return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+@pytest.fixture(scope="module")
+def bench_dir(tmp_path_factory):
+  out = tmp_path_factory.mktemp("bench")
+  assert cli.main([*ARGS, "--out", str(out)]) == 0
+  return out
+
+
+def test_bench_writes_json_md_png(bench_dir):
+  results = json.loads((bench_dir / "bench.json").read_text())
+  assert results["schema_version"] == bench.SCHEMA_VERSION
+  machine = results["machine"]
+  assert machine["jax_version"] and machine["devices"] and machine["cpu_count"] >= 1
+  config = results["config"]
+  assert config["target"] == TARGET and config["drafter"] == DRAFTER
+  assert config["batch_sizes"] == [1, 2] and config["gammas"] == [1, 2]
+  assert config["max_new_tokens"] == 6 and config["prompt_len"] == 5
+  assert set(results["definitions"]) >= {"ms_per_token", "speedup", "c", "verify_cost"}
+
+  entries = results["results"]
+  keys = [(e["batch_size"], e["gamma"]) for e in entries]
+  assert keys == [(1, None), (1, 1), (1, 2), (2, None), (2, 1), (2, 2)]
+  for e in entries:
+    assert e["mode"] == "greedy"
+    if e["method"] == "baseline":
+      assert ENTRY_KEYS <= set(e)
+      assert e["speedup"] == 1.0
+      for k in ("ms_per_token", "tokens_per_s", "wall_s_median"):
+        assert positive(e[k]), (k, e)
+    else:
+      assert SPEC_KEYS <= set(e), SPEC_KEYS - set(e)
+      for k in ("ms_per_token", "tokens_per_s", "speedup", "block_efficiency", "c",
+                "verify_cost", "predicted_speedup", "measured_over_predicted",
+                "expected_block_efficiency"):
+        assert positive(e[k]), (k, e)
+      assert 0.0 <= e["alpha"] <= 1.0 and 0.0 <= e["acceptance_rate"] <= 1.0
+      assert 1 <= e["generated_tokens"] <= 6 * e["batch_size"]
+  costs = {c["batch_size"]: c for c in results["costs"]}
+  assert set(costs) == {1, 2}
+  for c in costs.values():
+    assert positive(c["target_step_ms"]) and positive(c["drafter_step_ms"]) and positive(c["c"])
+    assert [v["gamma"] for v in c["verify"]] == [1, 2]
+    assert all(positive(v["verify_cost"]) for v in c["verify"])
+
+  md = (bench_dir / "bench.md").read_text()
+  header = next(line for line in md.splitlines() if line.startswith("| batch | mode"))
+  for column in bench.TABLE_COLUMNS:
+    assert f" {column} " in header
+  assert md.count("| speculative |") == 4 and md.count("| baseline |") == 2
+  png = (bench_dir / "bench.png").read_bytes()
+  assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
+
+
+def test_resume_skips_present_entries_and_checks_settings(bench_dir, capsys):
+  before = json.loads((bench_dir / "bench.json").read_text())
+  assert cli.main([*ARGS, "--out", str(bench_dir), "--resume"]) == 0
+  after = json.loads((bench_dir / "bench.json").read_text())
+  assert after["results"] == before["results"]      # nothing re-run
+  capsys.readouterr()
+  code = cli.main([*ARGS, "--out", str(bench_dir), "--resume", "--max-new-tokens", "7"])
+  assert code == 2 and "other settings (max_new_tokens)" in capsys.readouterr().err
+
+
+def test_time_decode_step_and_bad_settings(capsys):
+  model = cli.load_model(TARGET)
+  t = bench.time_decode_step(model, 2, 1, encoder_len=5, capacity=9, steps=2, repeats=1)
+  assert positive(t)
+  capsys.readouterr()
+  assert cli.main(["bench", "--modes", "beam"]) == 2
+  assert cli.main(["bench", "--gammas", "0"]) == 2
+  assert cli.main(["bench", "--repeats", "0", "--target", TARGET, "--baseline-only"]) == 2

@@ -1,0 +1,253 @@
+"""The `specdec` command line: decode (ids, text, JSON, stdin/file), errors, convert."""
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import specdec_jax as sd
+from specdec_jax import cli
+from specdec_jax.tokenizer import train_sentencepiece
+
+TARGET = "config:t5_1_1_tiny"
+DRAFTER = "config:t5_1_1_tiny_drafter"
+PROMPTS = ["5 17 42 1", "7 8 9 11 1"]
+# One decode shape for most tests: jit caches are shared across them.
+COMMON = ["--max-new-tokens", "6"]
+
+
+def run(capsys, *argv):
+  code = cli.main([str(a) for a in argv])
+  out, err = capsys.readouterr()
+  return code, out, err
+
+
+def decode_json(capsys, *argv):
+  code, out, err = run(capsys, "decode", "--model", TARGET, *COMMON, "--json", *argv)
+  assert code == 0, err
+  return json.loads(out), err
+
+
+def parse_ids(out):
+  return [[int(t) for t in line.split()] for line in out.splitlines()]
+
+
+def test_decode_token_ids_prints_one_line_of_ids_per_prompt(capsys):
+  code, out, err = run(capsys, "decode", "--model", TARGET, *COMMON, *PROMPTS)
+  assert code == 0, err
+  rows = parse_ids(out)
+  assert len(rows) == 2
+  for row in rows:
+    assert 1 <= len(row) <= 6 and all(0 <= t < 512 for t in row)
+  assert "RANDOM weights" in err and "Traceback" not in err
+
+
+def test_json_and_stats(capsys):
+  payload, err = decode_json(capsys, "--stats", *PROMPTS)
+  assert set(payload) >= {"outputs", "stats", "timing"}
+  assert len(payload["outputs"]) == 2 and all(isinstance(t, int) for t in payload["outputs"][0])
+  assert payload["lengths"] == [len(o) for o in payload["outputs"]]
+  assert payload["stats"]["target_calls"] >= 1
+  timing = payload["timing"]
+  assert timing["generated_tokens"] == sum(payload["lengths"])
+  assert timing["tokens_per_s"] > 0 and timing["ms_per_token"] > 0
+  assert "tokens/s" in err and "ms/token" in err and "target calls" in err
+
+
+def test_greedy_speculative_equals_baseline(capsys):
+  base, _ = decode_json(capsys, *PROMPTS)
+  spec, err = decode_json(capsys, "--drafter", DRAFTER, "--gamma", "2", "--stats", *PROMPTS)
+  assert spec["outputs"] == base["outputs"]
+  stats = spec["stats"]
+  for key in ("alpha", "acceptance_rate", "tokens_per_target_call", "target_calls",
+              "drafter_calls"):
+    assert key in stats
+  assert 0.0 <= stats["alpha"] <= 1.0 and stats["gamma"] == 2
+  assert "acceptance rate" in err and "alpha" in err and "tokens/target call" in err
+
+
+def test_table_drafters(capsys):
+  # Decoding with table drafters is the library's business (tests/test_generate.py); here
+  # only what the CLI builds: n-gram tables fitted on the prompts, prompt lookup.
+  target = cli.load_model(TARGET)
+  tokens = cli.parse_token_ids(PROMPTS, 512)
+  ngram = cli.make_drafter("ngram", target, tokens, None)
+  assert isinstance(ngram, sd.NGramDrafter) and ngram.vocab_size == 512
+  assert int(np.argmax(ngram.logits_after(np.asarray([17]))[0])) == 42   # 17 -> 42 in prompt 1
+  lookup = cli.make_drafter("prompt-lookup", target, tokens, None)
+  assert isinstance(lookup, sd.PromptLookupDrafter) and lookup.vocab_size == 512
+
+
+def test_prompts_from_input_file_and_stdin(capsys, tmp_path, monkeypatch):
+  code, expected, err = run(capsys, "decode", "--model", TARGET, *COMMON, *PROMPTS)
+  assert code == 0, err
+  path = tmp_path / "prompts.txt"
+  path.write_text(f"{PROMPTS[0]}\n\n{PROMPTS[1]}\n")   # blank lines are skipped
+  code, out, err = run(capsys, "decode", "--model", TARGET, *COMMON, "--input-file", path)
+  assert code == 0, err
+  assert out == expected
+  monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(PROMPTS) + "\n"))
+  code, out, err = run(capsys, "decode", "--model", TARGET, *COMMON)
+  assert code == 0, err
+  assert out == expected
+  monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(PROMPTS)))
+  code, out, err = run(capsys, "decode", "--model", TARGET, *COMMON, "-")
+  assert code == 0 and out == expected, err
+
+
+def with_vocab(model, vocab_size):
+  """`model` cut to its first `vocab_size` tokens: a random model of that vocabulary, made
+  without compiling an initialiser (sd.init_model(config.replace(vocab_size=...)) is the
+  same thing, slower)."""
+  params = jax.tree_util.tree_map(np.asarray, model.params)
+  params["token_embedder"]["embedding"] = params["token_embedder"]["embedding"][:vocab_size]
+  kernel = params["decoder"]["logits_dense"]["kernel"]
+  params["decoder"]["logits_dense"]["kernel"] = kernel[:, :vocab_size]
+  return sd.Model(config=model.config.replace(vocab_size=vocab_size), params=params)
+
+
+@pytest.fixture(scope="module")
+def other_vocab_drafter(tmp_path_factory):
+  """A saved drafter whose vocabulary (300) differs from the tiny target's (512)."""
+  path = tmp_path_factory.mktemp("drafter300")
+  sd.save(path, with_vocab(cli.load_model(DRAFTER, what="drafter"), 300))
+  return path
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["--model", "config:no_such_config"], "unknown config"),
+    (["--model", "/no/such/checkpoint_dir"], "no such file or directory"),
+    (["--gamma", "0", "--drafter", DRAFTER], "--gamma must be an integer >= 1"),
+    (["--temperature", "-1"], "temperature"),
+    (["--top-p", "1.5"], "top_p"),
+    (["--top-p", "0"], "top_p"),
+    (["--method", "greedy", "--temperature", "0.5"], "only apply with --method sample"),
+    (["--gamma", "3"], "add --drafter"),
+    (["--lenience", "0", "--drafter", DRAFTER], "lenience"),
+    (["--max-new-tokens", "0"], "max-new-tokens"),
+    (["--drafter", "OTHER"], "vocabulary mismatch"),
+    (["--tokenizer", "/no/such/spiece.model"], "tokenizer"),
+    (["--input-file", "/no/such/prompts.txt"], "No such file"),
+])
+def test_bad_input_exits_2_with_one_line(capsys, argv, problem, other_vocab_drafter):
+  argv = [str(other_vocab_drafter) if a == "OTHER" else a for a in argv]
+  if "--model" not in argv:
+    argv = ["--model", TARGET, *argv]
+  if "--input-file" not in argv:
+    argv = [*argv, PROMPTS[0]]
+  code, out, err = run(capsys, "decode", *COMMON, *argv)
+  assert code == 2
+  assert out == ""
+  errors = [line for line in err.splitlines() if "error" in line]
+  assert len(errors) == 1 and errors[0].startswith("specdec decode: error: "), err
+  assert problem.lower() in errors[0].lower(), err
+  assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("prompt, problem", [
+    ("5 x 1", "'x' is not an integer token id"),
+    ("5 1.5", "not an integer"),
+    ("5 512", "outside the model vocabulary"),
+    ("-3 1", "outside the model vocabulary"),
+])
+def test_bad_prompt_ids_exit_2(capsys, prompt, problem):
+  code, out, err = run(capsys, "decode", "--model", TARGET, *COMMON, prompt)
+  assert code == 2 and problem in err and "Traceback" not in err
+
+
+def test_argparse_errors_exit_2(capsys):
+  assert run(capsys, "decode", "5 1")[0] == 2             # --model missing
+  assert run(capsys, "decode", "--model", TARGET, "--method", "beam", "5")[0] == 2
+  assert run(capsys)[0] == 2                               # no subcommand
+  assert run(capsys, "--help")[0] == 0
+
+
+def test_text_prompts_with_a_tokenizer(capsys, tmp_path):
+  corpus = [f"{s} {v} {o}." for s in ("Der Hund", "Die Katze", "Ein Junge", "Das Haus")
+            for v in ("sieht", "mag", "sucht") for o in ("den Baum", "die Brücke", "das Öl")]
+  tok = train_sentencepiece(corpus, tmp_path / "tok" / "spiece", vocab_size=32)
+  model = with_vocab(cli.load_model(TARGET), tok.vocab_size)
+  sd.save(tmp_path / "model", model)
+  capsys.readouterr()
+  texts = ["Der Hund sieht den Baum.", "Die Katze mag das Öl."]
+  args = ["decode", "--model", tmp_path / "model", "--tokenizer", tmp_path / "tok" / "spiece.model",
+          *COMMON]
+  code, out, err = run(capsys, *args, *texts)
+  assert code == 0, err
+  lines = out.splitlines()
+  assert len(lines) == 2 and "RANDOM" not in err
+  code, out, err = run(capsys, *args, "--json", *texts)
+  payload = json.loads(out)
+  assert all(isinstance(o, str) for o in payload["outputs"])
+  # Text output is the tokenizer's decoding of exactly the ids the library generates.
+  direct = sd.generate(model, tok.encode(texts), max_new_tokens=6)
+  assert payload["outputs"] == tok.decode(np.asarray(direct.tokens))
+  # A tokenizer larger than the model's vocabulary is refused.
+  sd.save(tmp_path / "small", with_vocab(cli.load_model(TARGET), 20))
+  code, _, err = run(capsys, "decode", "--model", tmp_path / "small", "--tokenizer",
+                     tmp_path / "tok" / "spiece.model", "hallo")
+  assert code == 2 and "pieces" in err
+
+
+def _flat(params):
+  return {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(v)
+          for path, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+
+def test_convert_round_trip(capsys, tmp_path):
+  original = _flat(cli.load_model(TARGET).params)
+  code, _, err = run(capsys, "convert", TARGET, tmp_path / "ours")
+  assert code == 0, err
+  loaded = _flat(sd.load(str(tmp_path / "ours")).params)
+  assert loaded.keys() == original.keys()
+  for key, value in original.items():
+    np.testing.assert_array_equal(loaded[key], value, err_msg=key)
+  # Our format -> HF -> back again, and a bfloat16 copy.
+  code, _, err = run(capsys, "convert", tmp_path / "ours", tmp_path / "hf", "--to", "hf")
+  assert code == 0, err
+  assert (tmp_path / "hf" / "config.json").exists()
+  from_hf = _flat(sd.load(str(tmp_path / "hf")).params)
+  for key, value in original.items():
+    np.testing.assert_array_equal(from_hf[key], value, err_msg=key)
+  code, _, err = run(capsys, "convert", tmp_path / "ours", tmp_path / "bf16", "--dtype", "bfloat16")
+  assert code == 0, err
+  assert all(str(v.dtype) == "bfloat16" for v in _flat(sd.load(str(tmp_path / "bf16")).params).values())
+  # A non-empty destination is refused unless --force.
+  code, _, err = run(capsys, "convert", TARGET, tmp_path / "ours")
+  assert code == 2 and "--force" in err
+  assert run(capsys, "convert", TARGET, tmp_path / "ours", "--force")[0] == 0
+
+
+def test_console_script_smoke():
+  exe = shutil.which("specdec") or os.path.join(os.path.dirname(sys.executable), "specdec")
+  if not os.path.exists(exe):
+    pytest.skip("console script not installed")
+  result = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0
+  for command in ("decode", "convert", "bench"):
+    assert command in result.stdout
+
+
+def test_merge_stats_of_several_batches():
+  a = {"target_calls": 4, "rounds": 2, "drafter_calls": 8, "drafted": 8, "accepted": 4,
+       "alpha": 0.5, "acceptance_rate": 0.5, "tokens_per_target_call": 2.0, "gamma": 2,
+       "per_position_accepted": np.array([3, 1]), "alpha_per_row": np.array([0.5, 0.5])}
+  b = {**a, "target_calls": 2, "rounds": 2, "drafted": 4, "accepted": 0, "alpha": 0.2,
+       "per_position_accepted": np.array([0, 0]), "alpha_per_row": np.array([0.2])}
+  merged = cli.merge_stats([a, b], [np.array([4, 4]), np.array([2])])
+  assert merged["target_calls"] == 6 and merged["accepted"] == 4 and merged["drafted"] == 12
+  assert merged["acceptance_rate"] == pytest.approx(4 / 12)
+  assert merged["tokens_per_target_call"] == pytest.approx(10 / 6)
+  assert merged["alpha"] == pytest.approx((0.5 * 8 + 0.2 * 4) / 12)
+  assert merged["per_position_accepted"].tolist() == [3, 1] and merged["gamma"] == 2
+  assert merged["alpha_per_row"].tolist() == [0.5, 0.5, 0.2]
+  base = cli.merge_stats([{"target_calls": 3, "tokens_per_target_call": 1.0},
+                          {"target_calls": 2, "tokens_per_target_call": 1.0}],
+                         [np.array([3, 2]), np.array([2])])
+  assert base["tokens_per_target_call"] == pytest.approx(7 / (3 * 2 + 2 * 1))

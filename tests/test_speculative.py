@@ -1,0 +1,181 @@
+"""Speculative decoding: greedy equivalence with the baseline, statistics, errors, compiles."""
+
+import jax
+import numpy as np
+import pytest
+
+import specdec_jax as sd
+from specdec_jax.decoding import speculative
+from conftest import peaked, perturbed, ragged_tokens
+
+MAX_NEW = 11   # not a multiple of gamma + 1 for gamma in {1, 2, 5}
+
+
+@pytest.fixture(scope="module")
+def target():
+  return peaked(sd.init_model(sd.get_config("t5_1_1_tiny"), 1), 6.0, 3.0)
+
+
+@pytest.fixture(scope="module")
+def encoder_tokens():
+  return ragged_tokens(6, 12, 512, seed=1)
+
+
+@pytest.fixture(scope="module")
+def baseline(target, encoder_tokens):
+  out = sd.generate(target, encoder_tokens, MAX_NEW)
+  lengths = np.asarray(out.lengths)
+  # The workload must exercise EOS at different times and the length cap.
+  assert len(set(lengths.tolist())) >= 3 and (lengths == MAX_NEW).any()
+  return out
+
+
+def _drafters(target, baseline):
+  return {
+      "close_model": perturbed(target, 0.05, seed=0),          # agrees often, not always
+      "other_model": sd.init_model(sd.get_config("t5_1_1_tiny_drafter"), 2),
+      "ngram": sd.NGramDrafter.fit(np.asarray(baseline.tokens), 512),
+      "prompt_lookup": sd.PromptLookupDrafter(vocab_size=512),
+  }
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 5])
+@pytest.mark.parametrize("kind", ["close_model", "ngram", "prompt_lookup"])
+def test_greedy_speculative_equals_baseline(target, encoder_tokens, baseline, gamma, kind):
+  drafter = _drafters(target, baseline)[kind]
+  out = sd.speculative_generate(target, drafter, encoder_tokens, gamma=gamma,
+                                max_new_tokens=MAX_NEW)
+  np.testing.assert_array_equal(out.tokens, baseline.tokens)
+  np.testing.assert_array_equal(out.lengths, baseline.lengths)
+  s = out.stats
+  assert int(s["accepted"]) <= int(s["drafted"])
+  # Every target call emits between 1 and gamma + 1 tokens.
+  calls = np.asarray(s["target_calls_per_row"])
+  assert np.all(calls >= np.ceil(np.asarray(out.lengths) / (gamma + 1)))
+  assert np.all(calls <= np.asarray(out.lengths))
+  np.testing.assert_array_equal(np.asarray(s["per_position_accepted"]).shape, (gamma,))
+
+
+def test_close_drafter_accepts_more_than_unrelated_one(target, encoder_tokens, baseline):
+  d = _drafters(target, baseline)
+  close = sd.speculative_generate(target, d["close_model"], encoder_tokens, gamma=3,
+                                  max_new_tokens=MAX_NEW)
+  other = sd.speculative_generate(target, d["other_model"], encoder_tokens, gamma=3,
+                                  max_new_tokens=MAX_NEW)
+  assert float(close.stats["acceptance_rate"]) > float(other.stats["acceptance_rate"]) + 0.2
+  assert float(close.stats["tokens_per_target_call"]) > 1.5
+  assert float(close.stats["alpha"]) > float(other.stats["alpha"])
+
+
+def test_stats_are_consistent(target, encoder_tokens, baseline):
+  out = sd.speculative_generate(target, perturbed(target, 0.05, seed=0), encoder_tokens,
+                                gamma=3, max_new_tokens=MAX_NEW)
+  s = {k: np.asarray(v) for k, v in out.stats.items()}
+  assert s["accepted"] == s["accepted_per_row"].sum()
+  assert s["drafted"] == s["drafted_per_row"].sum()
+  np.testing.assert_allclose(s["acceptance_rate"], s["accepted"] / s["drafted"], rtol=1e-6)
+  np.testing.assert_allclose(s["tokens_per_target_call"],
+                             np.asarray(out.lengths).sum() / s["target_calls"], rtol=1e-6)
+  # per-position counts are non-increasing (draft i+1 only counts if draft i was accepted)
+  assert np.all(np.diff(s["per_position_accepted"]) <= 0)
+  assert s["per_position_accepted"].sum() == s["accepted"]
+  assert s["drafter_calls"] >= s["drafted"] // 3 and not s["lossy"]
+  assert 0.0 <= float(s["alpha"]) <= 1.0
+
+
+def test_ngram_drafter_costs_no_model_calls_and_helps(target, encoder_tokens, baseline):
+  ngram = sd.NGramDrafter.fit(np.asarray(baseline.tokens), 512)
+  out = sd.speculative_generate(target, ngram, encoder_tokens, gamma=4, max_new_tokens=MAX_NEW)
+  assert float(out.stats["tokens_per_target_call"]) > 1.5   # fitted on the target's outputs
+
+
+def test_prompt_lookup_copies_from_input():
+  """A target that copies its input is predicted perfectly by prompt lookup."""
+  target = peaked(sd.init_model(sd.get_config("t5_1_1_tiny"), 1), 6.0, 3.0)
+  base = sd.generate(target, ragged_tokens(2, 12, 512, seed=3), 10, eos_id=-1)
+  enc = np.concatenate([np.asarray(base.tokens), np.ones((2, 1), np.int32)], 1)
+  drafter = sd.PromptLookupDrafter(vocab_size=512, max_ngram=2)
+  # The continuation of each output is in its own input: high acceptance once a match exists.
+  out = sd.speculative_generate(target, drafter, ragged_tokens(2, 12, 512, seed=3), gamma=4,
+                                max_new_tokens=10, eos_id=-1, drafter_encoder_tokens=None)
+  np.testing.assert_array_equal(out.tokens, base.tokens)
+  state = drafter.init(jax.numpy.asarray(enc), 8)
+  seq = jax.numpy.zeros((2, 11), jax.numpy.int32).at[:, 1:].set(base.tokens)
+  n = jax.numpy.array([3, 5])
+  logits, state = drafter.first(state, seq, n)
+  np.testing.assert_array_equal(np.argmax(logits, -1), np.asarray(base.tokens)[[0, 1], [3, 5]])
+
+
+def test_adaptive_gamma_keeps_greedy_equivalence(target, encoder_tokens, baseline):
+  for drafter in (perturbed(target, 0.05, seed=0),
+                  sd.init_model(sd.get_config("t5_1_1_tiny_drafter"), 2)):
+    out = sd.speculative_generate(target, drafter, encoder_tokens, gamma=6,
+                                  max_new_tokens=MAX_NEW, adaptive=sd.AdaptiveGamma(c=0.1))
+    np.testing.assert_array_equal(out.tokens, baseline.tokens)
+    np.testing.assert_array_equal(out.lengths, baseline.lengths)
+
+
+def test_adaptive_gamma_shrinks_for_a_bad_drafter(target, encoder_tokens):
+  bad = sd.init_model(sd.get_config("t5_1_1_tiny_drafter"), 2)
+  fixed = sd.speculative_generate(target, bad, encoder_tokens, gamma=6, max_new_tokens=MAX_NEW)
+  adaptive = sd.speculative_generate(target, bad, encoder_tokens, gamma=6,
+                                     max_new_tokens=MAX_NEW, adaptive=sd.AdaptiveGamma(c=0.2))
+  assert int(adaptive.stats["drafted"]) < int(fixed.stats["drafted"])
+  assert int(adaptive.stats["drafter_calls"]) < int(fixed.stats["drafter_calls"])
+
+
+def test_adaptive_choice_follows_theory():
+  rule = sd.AdaptiveGamma(c=0.05)
+  alphas = np.array([0.1, 0.6, 0.8, 0.95], np.float32)
+  got = np.asarray(rule.choose(jax.numpy.asarray(alphas), 10))
+  want = [sd.theory.optimal_gamma(float(a), 0.05, max_gamma=10)[0] for a in alphas]
+  np.testing.assert_array_equal(got, want)
+
+
+def test_lenience_is_labelled_lossy_and_accepts_more(target, encoder_tokens):
+  drafter = perturbed(target, 0.6, seed=1)
+  exact = sd.speculative_generate(target, drafter, encoder_tokens, gamma=4,
+                                  max_new_tokens=MAX_NEW)
+  lenient = sd.speculative_generate(target, drafter, encoder_tokens, gamma=4,
+                                    max_new_tokens=MAX_NEW, lenience=0.1)
+  assert bool(lenient.stats["lossy"]) and not bool(exact.stats["lossy"])
+  assert float(lenient.stats["acceptance_rate"]) >= float(exact.stats["acceptance_rate"])
+
+
+def test_sampling_runs_and_stays_in_bounds(target, encoder_tokens):
+  out = sd.speculative_generate(target, perturbed(target, 0.05, seed=0), encoder_tokens, gamma=3,
+                                max_new_tokens=MAX_NEW, rng=jax.random.PRNGKey(0),
+                                sampling=sd.Sampling(temperature=0.8, top_p=0.9))
+  tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+  for b in range(tokens.shape[0]):
+    assert np.all(tokens[b, lengths[b]:] == 0)
+    assert np.all(tokens[b, :lengths[b]] > 0) or tokens[b, lengths[b] - 1] == 1
+
+
+def test_no_recompilation_for_new_prompt_contents(target, baseline):
+  drafter = perturbed(target, 0.05, seed=0)
+  sd.speculative_generate(target, drafter, ragged_tokens(3, 9, 512, seed=0), gamma=2,
+                          max_new_tokens=6)
+  before = speculative._speculative_loop._cache_size()
+  for seed in (1, 2):
+    sd.speculative_generate(target, drafter, ragged_tokens(3, 9, 512, seed=seed), gamma=2,
+                            max_new_tokens=6)
+  assert speculative._speculative_loop._cache_size() == before
+
+
+def test_bad_requests_give_clear_errors(target, encoder_tokens):
+  drafter = sd.init_model(sd.get_config("t5_1_1_tiny_drafter"), 2)
+  with pytest.raises(sd.InputError, match="gamma must be an integer >= 1"):
+    sd.speculative_generate(target, drafter, encoder_tokens, gamma=0)
+  other_vocab = sd.init_model(sd.get_config("t5_1_1_tiny_drafter").replace(vocab_size=300), 0)
+  with pytest.raises(sd.InputError, match="vocabulary mismatch.*300.*512"):
+    sd.speculative_generate(target, other_vocab, encoder_tokens, gamma=2)
+  with pytest.raises(sd.InputError, match="vocabulary mismatch"):
+    sd.speculative_generate(target, sd.PromptLookupDrafter(vocab_size=100), encoder_tokens)
+  limited = sd.Model(target.config.replace(max_encoder_length=8), target.params)
+  with pytest.raises(sd.InputError, match="longer than the model allows"):
+    sd.speculative_generate(limited, drafter, encoder_tokens, gamma=2)
+  with pytest.raises(sd.InputError, match="lenience"):
+    sd.speculative_generate(target, drafter, encoder_tokens, lenience=0.0)
+  with pytest.raises(sd.SamplingError, match="temperature"):
+    sd.speculative_generate(target, drafter, encoder_tokens, sampling=sd.Sampling(-1.0))
