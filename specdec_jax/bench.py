@@ -1,9 +1,11 @@
 """Side-by-side decoding benchmark: baseline vs speculative decoding in ONE process.
 
 For every batch size and sampling mode, the baseline (`sd.generate`) and speculative
-decoding at each gamma run on the same prompts with the same PRNG key. Every method is
-called once first (compilation, excluded from the numbers); then `repeats` rounds each
-run every method once, the order rotated by one method per round, and the median wall
+decoding at each gamma run on the same prompts with the same PRNG key. First every
+method (and every step-cost loop) is called once to compile it, excluded from the
+numbers; these warm-up calls run `compile_workers` at a time, since XLA compiles in
+parallel threads. Then, one call at a time, `repeats` rounds each run every method of a
+(batch, mode) group once, the order rotated by one method per round, and the median wall
 time over rounds is reported. Alternating methods spreads slow drifts of the machine
 (thermal, other processes) over all methods instead of whichever ran last.
 
@@ -77,6 +79,8 @@ DEFINITIONS = {
                                   "assumed free)",
     "expected_block_efficiency": "theory.expected_tokens_per_call(alpha, gamma)",
     "measured_over_predicted": "speedup / predicted_speedup",
+    "first_call_s": "duration of the warm-up call (mostly compilation; concurrent with other "
+                    "warm-ups when compile_workers > 1)",
 }
 
 # Settings that must match for --resume to reuse entries of an existing bench.json.
@@ -162,54 +166,134 @@ def _decode_loop(model, cache, tokens, steps):
   return tok
 
 
+class StepTimer:
+  """Times `steps` k-token `model.decode` calls in one jitted `lax.fori_loop`.
+
+  Every call writes at the same offset of a started cache (so it never fills; a
+  fixed-shape cache costs the same at every offset) and feeds its argmax back as the
+  next input (each step includes that argmax over the vocabulary). `compile()` may run
+  in a worker thread; `time()` must not run concurrently with anything else.
+  """
+
+  def __init__(self, model, cache, k: int, steps: int = 16, seed: int = 0):
+    if k < 1 or steps < 1:
+      raise BenchError(f"StepTimer needs k >= 1 and steps >= 1, got {k}, {steps}")
+    if cache.capacity < k:
+      raise BenchError(f"cache capacity {cache.capacity} < k {k}")
+    batch = cache.batch_size
+    self.model, self.k, self.steps = model, k, steps
+    self.cache = cache.with_length(jnp.full((batch,), (cache.capacity - k) // 2, jnp.int32))
+    self.tokens = jnp.asarray(random_prompts(batch, k, model.config.vocab_size, seed + 1))
+    self.compiled = False
+
+  def _run(self):
+    return jax.block_until_ready(_decode_loop(self.model, self.cache, self.tokens, self.steps))
+
+  def compile(self) -> "StepTimer":
+    self._run()
+    self.compiled = True
+    return self
+
+  def time(self, repeats: int = 5) -> float:
+    """Median seconds per decode call over `repeats` timed loops."""
+    if repeats < 1:
+      raise BenchError(f"repeats must be >= 1, got {repeats}")
+    if not self.compiled:
+      self.compile()
+    times = []
+    for _ in range(repeats):
+      t0 = time.perf_counter()
+      self._run()
+      times.append(time.perf_counter() - t0)
+    return statistics.median(times) / self.steps
+
+
+def started_cache(model, encoder_tokens, capacity: int):
+  """`model.start` on `encoder_tokens` [B, Le] with `capacity` positions."""
+  return model.start(jnp.asarray(encoder_tokens, jnp.int32), capacity)
+
+
 def time_decode_step(model, batch: int, k: int, *, encoder_tokens=None, encoder_len: int = 32,
                      capacity: int = 128, steps: int = 16, repeats: int = 5,
                      seed: int = 0) -> float:
   """Seconds per call of `model.decode` with k tokens per row at batch size `batch`.
 
-  Runs a jitted `lax.fori_loop` of `steps` k-token decodes on a started cache of
-  `capacity` positions (each at the same offset, so the cache never fills; the cost of
-  a fixed-shape cache does not depend on the offset), compiles it once, and returns the
-  median over `repeats` timed loops divided by `steps`. Each step includes an argmax
-  over the vocabulary (its output is the next step's input).
+  Starts a cache of `capacity` positions on `encoder_tokens` (default: random prompts
+  of `encoder_len`), compiles a jitted `lax.fori_loop` of `steps` k-token decodes
+  (see `StepTimer`) and returns the median over `repeats` timed loops / `steps`.
   """
-  if k < 1 or steps < 1 or repeats < 1:
-    raise BenchError(f"time_decode_step needs k, steps, repeats >= 1, got {k}, {steps}, {repeats}")
-  if capacity < k:
-    raise BenchError(f"capacity {capacity} < k {k}")
+  if repeats < 1:
+    raise BenchError(f"repeats must be >= 1, got {repeats}")
   if encoder_tokens is None:
     encoder_tokens = random_prompts(batch, encoder_len, model.config.vocab_size, seed)
-  encoder_tokens = jnp.asarray(rows_for_batch(encoder_tokens, batch), jnp.int32)
-  offset = (capacity - k) // 2
-  cache = model.start(encoder_tokens, capacity)
-  cache = cache.with_length(jnp.full((batch,), offset, jnp.int32))
-  tokens = jnp.asarray(random_prompts(batch, k, model.config.vocab_size, seed + 1))
-  jax.block_until_ready(_decode_loop(model, cache, tokens, steps))   # compile
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(_decode_loop(model, cache, tokens, steps))
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times) / steps
+  cache = started_cache(model, rows_for_batch(np.asarray(encoder_tokens), batch), capacity)
+  return StepTimer(model, cache, k, steps, seed).compile().time(repeats)
+
+
+def cost_timers(target, drafter, gammas: Iterable[int], *, encoder_tokens, capacity: int,
+                steps: int = 16) -> dict[Any, StepTimer]:
+  """Uncompiled timers at one batch size: ("target", 1), ("drafter", 1), ("target", g+1)."""
+  t_cache = started_cache(target, encoder_tokens, capacity)
+  d_cache = started_cache(drafter, encoder_tokens, capacity)
+  timers = {("target", 1): StepTimer(target, t_cache, 1, steps),
+            ("drafter", 1): StepTimer(drafter, d_cache, 1, steps)}
+  for g in sorted(set(gammas)):
+    timers[("target", g + 1)] = StepTimer(target, t_cache, g + 1, steps)
+  return timers
 
 
 def measure_costs(target, drafter, batch: int, gammas: Iterable[int], *, encoder_tokens,
                   capacity: int, steps: int = 16, repeats: int = 5,
+                  timers: dict[Any, StepTimer] | None = None,
                   tick: Callable[[], None] = lambda: None) -> dict[str, Any]:
-  """c and verify costs at one batch size (see the module docstring)."""
-  kw = dict(encoder_tokens=encoder_tokens, capacity=capacity, steps=steps, repeats=repeats)
-  target_s = time_decode_step(target, batch, 1, **kw)
+  """c and verify costs at one batch size (see the module docstring).
+
+  `timers` (from `cost_timers`, possibly compiled already) are built when not given.
+  """
+  gammas = sorted(set(gammas))
+  if timers is None:
+    timers = cost_timers(target, drafter, gammas, encoder_tokens=encoder_tokens,
+                         capacity=capacity, steps=steps)
+  target_s = timers[("target", 1)].time(repeats)
   tick()
-  drafter_s = time_decode_step(drafter, batch, 1, **kw)
+  drafter_s = timers[("drafter", 1)].time(repeats)
   tick()
   verify = []
-  for g in sorted(set(gammas)):
-    v = time_decode_step(target, batch, g + 1, **kw)
+  for g in gammas:
+    v = timers[("target", g + 1)].time(repeats)
     tick()
     verify.append({"gamma": g, "tokens": g + 1, "ms": 1e3 * v, "verify_cost": v / target_s})
   return {"batch_size": batch, "target_step_ms": 1e3 * target_s,
           "drafter_step_ms": 1e3 * drafter_s, "c": drafter_s / target_s,
           "capacity": capacity, "steps": steps, "verify": verify}
+
+
+def default_compile_workers() -> int:
+  """Concurrent warm-up calls: up to 4 on CPU; 1 on accelerators (each holds device memory)."""
+  return max(1, min(4, os.cpu_count() or 1)) if jax.default_backend() == "cpu" else 1
+
+
+def run_parallel(fns: Sequence[Callable[[], Any]], workers: int,
+                 tick: Callable[[], None] = lambda: None) -> list[Any]:
+  """Call `fns` (in `workers` threads when > 1); their results in order.
+
+  Used for warm-up only: compilation releases the GIL, so compiles overlap. Timed calls
+  never run this way.
+  """
+  if workers <= 1 or len(fns) <= 1:
+    out = []
+    for fn in fns:
+      out.append(fn())
+      tick()
+    return out
+  from concurrent.futures import ThreadPoolExecutor, as_completed
+  with ThreadPoolExecutor(max_workers=workers) as pool:
+    futures = {pool.submit(fn): i for i, fn in enumerate(fns)}
+    out = [None] * len(fns)
+    for future in as_completed(futures):
+      out[futures[future]] = future.result()
+      tick()
+  return out
 
 
 def _verify_cost(costs: dict[str, Any], gamma: int) -> float | None:
@@ -222,27 +306,35 @@ def _verify_cost(costs: dict[str, Any], gamma: int) -> float | None:
 # ----------------------------------------------------------------------------- timing methods
 
 
-def time_methods(methods: dict[str, Callable[[], Any]], repeats: int,
-                 tick: Callable[[], None] = lambda: None) -> dict[str, dict[str, Any]]:
-  """Compile every method (first call), then `repeats` rounds of all, order rotated per round.
+def _timed_call(fn: Callable[[], Any]) -> tuple[float, Any]:
+  t0 = time.perf_counter()
+  result = jax.block_until_ready(fn())
+  return time.perf_counter() - t0, result
 
-  Returns per method {"first_call_s", "times_s", "median_s", "output"} (the output of
-  its last call, on the host).
+
+def time_methods(methods: dict[str, Callable[[], Any]], repeats: int,
+                 tick: Callable[[], None] = lambda: None,
+                 first_call_s: dict[str, float] | None = None) -> dict[str, dict[str, Any]]:
+  """Time every method: `repeats` rounds of all, the order rotated by one per round.
+
+  Methods are called once first (compilation) unless `first_call_s` gives the duration
+  of an earlier warm-up call of each. Returns per method {"first_call_s", "times_s",
+  "median_s", "output"} (the output of its last call, on the host).
   """
   names = list(methods)
   out = {}
   for name in names:
-    t0 = time.perf_counter()
-    jax.block_until_ready(methods[name]())
-    out[name] = {"first_call_s": time.perf_counter() - t0, "times_s": []}
-    tick()
+    if first_call_s is not None and name in first_call_s:
+      first = first_call_s[name]
+    else:
+      first, _ = _timed_call(methods[name])
+      tick()
+    out[name] = {"first_call_s": first, "times_s": []}
   last = {}
   for r in range(repeats):
     for name in names[r % len(names):] + names[:r % len(names)]:
-      t0 = time.perf_counter()
-      result = jax.block_until_ready(methods[name]())
-      out[name]["times_s"].append(time.perf_counter() - t0)
-      last[name] = result
+      seconds, last[name] = _timed_call(methods[name])
+      out[name]["times_s"].append(seconds)
       tick()
   for name in names:
     out[name]["median_s"] = statistics.median(out[name]["times_s"])
@@ -277,7 +369,7 @@ def run_bench(target, drafter=None, *, batch_sizes: Sequence[int] = (1, 8),
               prompts: np.ndarray | None = None, baseline_only: bool = False,
               ignore_eos: bool = False, timing_steps: int = 16,
               settings: dict[str, Any] | None = None, existing: dict[str, Any] | None = None,
-              progress: bool = True,
+              progress: bool = True, compile_workers: int | None = None,
               on_update: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
   """Benchmark baseline vs speculative decoding; returns the bench.json dict.
 
@@ -289,6 +381,8 @@ def run_bench(target, drafter=None, *, batch_sizes: Sequence[int] = (1, 8),
     existing: a previous bench.json dict; its entries with the same (batch, mode, gamma)
       are kept and not re-run (--resume). Its baselines serve the speedups of new gammas.
     on_update: called with the results so far after each (batch, mode) group.
+    compile_workers: concurrent warm-up (compiling) calls before any timing; default
+      `default_compile_workers()`. Timed calls always run one at a time.
   """
   import specdec_jax as sd
   from specdec_jax import theory
@@ -355,34 +449,65 @@ def run_bench(target, drafter=None, *, batch_sizes: Sequence[int] = (1, 8),
       old = kept_costs.get(b)
       if old is None or any(_verify_cost(old, g) is None for g in gammas):
         cost_plan[b] = True
-  total = (sum(len(todo) * (1 + repeats) for _, _, todo in plan)
-           + sum(2 + len(gammas) for _ in cost_plan))
-  bar = tqdm(total=total, desc="bench", unit="run", disable=not progress, file=sys.stderr,
+  workers = default_compile_workers() if compile_workers is None else max(1, compile_workers)
+  config["compile_workers"] = workers
+
+  def encoder(b):
+    return jnp.asarray(rows_for_batch(prompts, b))
+
+  def make_methods(b, mode, todo):
+    sampling, enc, methods = _sampling(mode), encoder(b), {}
+    for g in todo:
+      if g is None:
+        methods["baseline"] = functools.partial(
+            sd.generate, target, enc, max_new_tokens=max_new_tokens, sampling=sampling,
+            rng=rng, eos_id=eos_id)
+      else:
+        methods[f"gamma={g}"] = functools.partial(
+            sd.speculative_generate, target, drafter, enc, gamma=g,
+            max_new_tokens=max_new_tokens, sampling=sampling, rng=rng, eos_id=eos_id)
+    return methods
+
+  group_methods = {(b, mode): make_methods(b, mode, todo) for b, mode, todo in plan}
+  cost_batches = sorted(cost_plan)
+  n_warm = sum(len(m) for m in group_methods.values())
+  n_timers = sum(2 + len(gammas) for _ in cost_batches)
+  total = (len(cost_batches) + n_warm + n_timers + sum(len(m) * repeats
+                                                       for m in group_methods.values())
+           + n_timers)
+  bar = tqdm(total=total, desc="bench", unit="call", disable=not progress, file=sys.stderr,
              dynamic_ncols=True)
   tick = lambda: bar.update(1)
 
   try:
+    # 1. Warm-up: compile everything first, `workers` calls at a time.
+    bar.set_description("bench: compiling")
+    timers = dict(zip(cost_batches, run_parallel(
+        [functools.partial(cost_timers, target, drafter, gammas, encoder_tokens=encoder(b),
+                           capacity=capacity, steps=timing_steps) for b in cost_batches],
+        workers, tick)))
+    warm = [(key, name, fn) for key, methods in group_methods.items()
+            for name, fn in methods.items()]
+    tasks = [timer.compile for b in cost_batches for timer in timers[b].values()]
+    tasks += [functools.partial(_timed_call, fn) for _, _, fn in warm]
+    done = run_parallel(tasks, workers, tick)[n_timers:]
+    first_call_s = {(key, name): seconds for (key, name, _), (seconds, _) in zip(warm, done)}
+    del done
+
+    # 2. Timing, one call at a time.
     for b, mode, todo in plan:
-      enc = jnp.asarray(rows_for_batch(prompts, b))
       if b in cost_plan:
         bar.set_description(f"bench B={b} step costs")
-        kept_costs[b] = measure_costs(target, drafter, b, gammas, encoder_tokens=enc,
-                                      capacity=capacity, steps=timing_steps, tick=tick)
-        del cost_plan[b]
+        kept_costs[b] = measure_costs(target, drafter, b, gammas, encoder_tokens=None,
+                                      capacity=capacity, steps=timing_steps, timers=timers[b],
+                                      tick=tick)
+        del cost_plan[b], timers[b]
         results["costs"] = [kept_costs[k] for k in sorted(kept_costs)]
       bar.set_description(f"bench B={b} {mode}")
-      sampling = _sampling(mode)
-      methods = {}
-      for g in todo:
-        if g is None:
-          methods["baseline"] = functools.partial(
-              sd.generate, target, enc, max_new_tokens=max_new_tokens, sampling=sampling,
-              rng=rng, eos_id=eos_id)
-        else:
-          methods[f"gamma={g}"] = functools.partial(
-              sd.speculative_generate, target, drafter, enc, gamma=g,
-              max_new_tokens=max_new_tokens, sampling=sampling, rng=rng, eos_id=eos_id)
-      timed = time_methods(methods, repeats, tick)
+      methods = group_methods[(b, mode)]
+      timed = time_methods(methods, repeats, tick,
+                           first_call_s={name: first_call_s[((b, mode), name)]
+                                         for name in methods})
 
       base = timed.get("baseline")
       if base is not None:
@@ -617,6 +742,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                  help="keep entries of an existing DIR/bench.json (same settings) and run only "
                  "the missing (batch, mode, gamma) ones")
   p.add_argument("--baseline-only", action="store_true")
+  p.add_argument("--compile-workers", type=int, metavar="N",
+                 help="concurrent warm-up (compile) calls before timing; default: up to 4 on "
+                 "CPU, 1 on accelerators (each warm-up call holds device memory)")
   p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
 
 
@@ -681,7 +809,7 @@ def run_from_args(args) -> int:
       prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
       seed=args.seed, prompts=prompts, baseline_only=args.baseline_only,
       ignore_eos=args.ignore_eos, timing_steps=args.timing_steps, settings=settings,
-      existing=existing, progress=not args.no_progress,
+      existing=existing, progress=not args.no_progress, compile_workers=args.compile_workers,
       on_update=lambda r: write_report(r, args.out))
   paths = write_report(results, args.out)
   print(markdown_table(results))

@@ -95,3 +95,14 @@ def test_time_decode_step_and_bad_settings(capsys):
   assert cli.main(["bench", "--modes", "beam"]) == 2
   assert cli.main(["bench", "--gammas", "0"]) == 2
   assert cli.main(["bench", "--repeats", "0", "--target", TARGET, "--baseline-only"]) == 2
+
+
+def test_baseline_only(tmp_path):
+  argv = [a for a in ARGS if a not in ("--drafter", DRAFTER)]
+  argv[argv.index("--batch-sizes") + 1] = "1"
+  assert cli.main([*argv, "--baseline-only", "--out", str(tmp_path)]) == 0
+  results = json.loads((tmp_path / "bench.json").read_text())
+  assert [e["method"] for e in results["results"]] == ["baseline"]
+  assert results["costs"] == [] and results["config"]["drafter"] is None
+  assert positive(results["results"][0]["ms_per_token"])
+  assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,133 @@
+"""The bundled De→En demo pair: data, target, drafters (references / aligned / distilled), bundle.
+
+Each stage writes its result under `workdir` and is skipped when that result
+exists, so `run_pipeline` can be rerun or resumed after an interruption (the
+training stages also resume from their Orbax checkpoints mid-stage).
+
+    specdec train --recipe configs/demo/train.json --workdir runs/demo --stages all
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+import time
+
+import numpy as np
+
+from specdec_jax import config as config_lib
+from specdec_jax import training
+from specdec_jax.data import prepare
+from specdec_jax.decoding.autoregressive import generate
+from specdec_jax.model import Model, init_model
+
+STAGES = ("data", "target", "drafter", "aligned", "distilled", "bundle")
+ASSETS = pathlib.Path(__file__).resolve().parent / "assets" / "demo-de-en"
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _train_config(d: dict) -> training.TrainConfig:
+  keys = {f for f in training.TrainConfig.__dataclass_fields__}
+  return training.TrainConfig(**{k: v for k, v in d.items() if k in keys})
+
+
+def _load_final(path: pathlib.Path) -> Model:
+  from specdec_jax.checkpoints import load_checkpoint
+  cfg, params = load_checkpoint(str(path))
+  return Model(cfg, params)
+
+
+def _save_final(path: pathlib.Path, model: Model, seconds: float, history: list) -> None:
+  from specdec_jax.checkpoints import save_checkpoint
+  save_checkpoint(str(path), model.config, model.params)
+  (path / "train_log.json").write_text(json.dumps(
+      {"seconds": seconds, "num_params": model.num_params(), "history": history[-20:]}, indent=1))
+
+
+def greedy_targets(model: Model, inputs: np.ndarray, max_len: int, batch_size: int = 512,
+                   progress: bool = True) -> np.ndarray:
+  """The model's greedy outputs for every input, as training targets [N, max_len]."""
+  from tqdm.auto import tqdm
+  out = np.zeros((len(inputs), max_len), np.int32)
+  for i in tqdm(range(0, len(inputs), batch_size), desc="greedy targets", disable=not progress):
+    chunk = inputs[i:i + batch_size]
+    pad = batch_size - len(chunk)
+    if pad:   # keep one compiled shape
+      chunk = np.concatenate([chunk, np.repeat(chunk[-1:], pad, 0)])
+    tokens = np.asarray(generate(model, chunk, max_len).tokens)
+    out[i:i + batch_size] = tokens[:batch_size - pad]
+  return out
+
+
+def _stage_train(name, workdir, recipe, data, init, teacher=None, targets=None):
+  final = workdir / name / "final"
+  if (final / "specdec_config.json").exists():
+    return _load_final(final)
+  cfg = _train_config(recipe[name])
+  start = time.time()
+  model, history = training.train(init, data["inputs"], data["targets"] if targets is None
+                                  else targets, cfg, workdir / name, teacher=teacher)
+  model = model.replace(config=model.config.replace(dropout_rate=0.0))
+  _save_final(final, model, time.time() - start, history)
+  return model
+
+
+def run_pipeline(recipe_path: str | pathlib.Path, workdir: str | pathlib.Path,
+                 stages=STAGES) -> dict:
+  recipe = json.loads(pathlib.Path(recipe_path).read_text())
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  stages = STAGES if stages in ("all", None) else tuple(stages)
+  unknown = set(stages) - set(STAGES)
+  if unknown:
+    raise ValueError(f"unknown stages {sorted(unknown)}; stages: {', '.join(STAGES)}")
+  data_dir = workdir / "data"
+  if "data" in stages and not (data_dir / "meta.json").exists():
+    prepare.prepare_de_en(data_dir, **recipe["data"])
+  data = prepare.load_split(data_dir, "train")
+  results = {}
+
+  def config_for(name):
+    return config_lib.get_config(REPO / recipe[name]["config"])
+
+  if "target" in stages:
+    init = init_model(config_for("target"), recipe["target"].get("seed", 0))
+    results["target"] = _stage_train("target", workdir, recipe, data, init)
+  if "drafter" in stages:
+    init = init_model(config_for("drafter"), recipe["drafter"].get("seed", 1))
+    results["drafter"] = _stage_train("drafter", workdir, recipe, data, init)
+  if "aligned" in stages or "distilled" in stages:
+    target = results.get("target") or _load_final(workdir / "target" / "final")
+    drafter = results.get("drafter") or _load_final(workdir / "drafter" / "final")
+    trainable = drafter.replace(config=drafter.config.replace(
+        dropout_rate=config_for("drafter").dropout_rate))
+    if "aligned" in stages:
+      cache = workdir / "aligned_targets.npz"
+      if not cache.exists():
+        np.savez(cache, targets=greedy_targets(target, data["inputs"],
+                                               data["targets"].shape[1]))
+      aligned_targets = np.load(cache)["targets"]
+      results["aligned"] = _stage_train("aligned", workdir, recipe, data, trainable,
+                                        targets=aligned_targets)
+    if "distilled" in stages:
+      results["distilled"] = _stage_train("distilled", workdir, recipe, data, trainable,
+                                          teacher=target)
+  if "bundle" in stages:
+    bundle(workdir)
+  return results
+
+
+def bundle(workdir: str | pathlib.Path, assets: pathlib.Path = ASSETS,
+           drafter_stage: str = "aligned") -> None:
+  """Ship target (bfloat16), the aligned drafter (bfloat16) and the SentencePiece model."""
+  from specdec_jax.checkpoints import save_checkpoint
+  workdir = pathlib.Path(workdir)
+  assets.mkdir(parents=True, exist_ok=True)
+  for name, stage in (("target", "target"), ("drafter", drafter_stage)):
+    model = _load_final(workdir / stage / "final")
+    dest = assets / name
+    if dest.exists():
+      shutil.rmtree(dest)
+    save_checkpoint(str(dest), model.config, model.params, dtype="bfloat16")
+  shutil.copy(workdir / "data" / "spiece.model", assets / "spiece.model")
