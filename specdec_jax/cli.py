@@ -1,14 +1,15 @@
-"""The `specdec` command line: decode, convert, bench.
+"""The `specdec` command line: decode, convert, bench, train, eval.
 
     specdec decode --model config:t5_1_1_tiny "5 17 42 1"                 # token ids in, ids out
     specdec decode --model DIR --drafter DRAFT_DIR --tokenizer spiece.model "Hello." --stats
     specdec decode --model DIR --drafter prompt-lookup --input-file prompts.txt --json
     specdec convert t5x/checkpoint_1000000 out_dir --dtype bfloat16 [--to hf]
     specdec bench --target config:t5_1_1_small --drafter config:t5_1_1_tiny_drafter --out bench/
+    specdec train --recipe configs/demo/train.json --workdir runs/demo --stages data,target
+    specdec eval --model runs/demo/target/final --data runs/demo/data --drafter ngram --json
 
 Every subcommand is registered by one `_add_<name>(subparsers)` function listed in
-`COMMANDS`; it sets `func(args) -> int` on its parser. A later `train` / `eval`
-subcommand is one more function appended there.
+`COMMANDS`; it sets `func(args) -> int` on its parser.
 
 Bad input (unknown model or config, invalid sampling or gamma, malformed prompts, a
 drafter whose vocabulary differs from the target's, ...) prints one line
@@ -514,10 +515,220 @@ def _add_bench(subparsers) -> None:
   p.set_defaults(func=bench.run_from_args)
 
 
+# ----------------------------------------------------------------------------- train
+
+
+def parse_stages(text: str | None) -> tuple[str, ...]:
+  """--stages: "all" or a comma-separated subset of demo.STAGES, kept in pipeline order."""
+  from specdec_jax import demo
+  if text is None or text.strip() == "all":
+    return tuple(demo.STAGES)
+  names = [t.strip() for t in text.split(",") if t.strip()]
+  unknown = [n for n in names if n not in demo.STAGES]
+  if unknown or not names:
+    raise CLIError(f"unknown stage(s) {', '.join(map(repr, unknown)) or repr(text)}; "
+                   f"stages: {', '.join(demo.STAGES)} or all")
+  return tuple(n for n in demo.STAGES if n in names)
+
+
+def read_recipe(path: str, stages: Sequence[str]) -> dict[str, Any]:
+  """The recipe JSON, checked to hold a section for every requested stage."""
+  with open(path, encoding="utf-8") as f:
+    text = f.read()
+  try:
+    recipe = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise CLIError(f"recipe {path!r} is not valid JSON: {e}") from None
+  if not isinstance(recipe, dict):
+    raise CLIError(f"recipe {path!r} must hold a JSON object")
+  needed = [s for s in stages if s != "bundle"]
+  if {"aligned", "distilled"} & set(stages):
+    needed += ["drafter"]   # their starting point and its architecture
+  missing = sorted({s for s in needed if not isinstance(recipe.get(s), dict)})
+  if missing:
+    raise CLIError(f"recipe {path!r} has no section for stage(s) {', '.join(missing)}")
+  for name in ("target", "drafter"):
+    if name in needed and "config" not in recipe[name]:
+      raise CLIError(f"recipe {path!r}: section {name!r} needs a \"config\" (model config JSON)")
+  _check_recipe_arguments(path, recipe, needed)
+  return recipe
+
+
+def _check_recipe_arguments(path: str, recipe: dict[str, Any], sections: Sequence[str]) -> None:
+  """Settings the pipeline would only reject mid-run: unknown prepare_de_en arguments, invalid
+  TrainConfig values."""
+  import dataclasses
+  import inspect
+  from specdec_jax import training
+  from specdec_jax.data import prepare
+  for name in sections:
+    if name == "data":
+      try:
+        inspect.signature(prepare.prepare_de_en).bind("out_dir", **recipe["data"])
+      except TypeError as e:
+        raise CLIError(f"recipe {path!r}, section 'data': {e}") from None
+      continue
+    fields = {f.name for f in dataclasses.fields(training.TrainConfig)}
+    try:
+      training.TrainConfig(**{k: v for k, v in recipe[name].items() if k in fields})
+    except (TypeError, ValueError) as e:
+      raise CLIError(f"recipe {path!r}, section {name!r}: {e}") from None
+
+
+def run_train(args) -> int:
+  from specdec_jax import demo
+  from specdec_jax.data import DataError
+  stages = parse_stages(args.stages)
+  read_recipe(args.recipe, stages)
+  data_ready = os.path.isfile(os.path.join(args.workdir, "data", "meta.json"))
+  if "data" not in stages and not data_ready:   # every stage reads the train split
+    raise CLIError(f"{os.path.join(args.workdir, 'data')!r} holds no prepared data: "
+                   "add the 'data' stage")
+  start = time.perf_counter()
+  try:
+    results = demo.run_pipeline(args.recipe, args.workdir, stages=stages)
+  except DataError as e:   # an unusable dictionary file, too few pairs for the split sizes
+    raise CLIError(str(e)) from e
+  for name, model in results.items():
+    print(f"{name}: {os.path.join(args.workdir, name, 'final')} "
+          f"({model.num_params():,} parameters)")
+  if "bundle" in stages:
+    print(f"bundle: {demo.ASSETS}")
+  print(f"specdec train: stages {', '.join(stages)} done in {time.perf_counter() - start:.1f} s",
+        file=sys.stderr)
+  return EXIT_OK
+
+
+def _add_train(subparsers) -> None:
+  p = subparsers.add_parser(
+      "train", help="run the demo training pipeline (data, target, drafters, bundle)",
+      description="Run the De->En demo pipeline of a recipe JSON: 'data' prepares the "
+      "dictionary (the recipe's \"data\" section is passed to prepare_de_en), 'target' and "
+      "'drafter' train from scratch, 'aligned' / 'distilled' fine-tune the drafter on the "
+      "target's greedy outputs / softmax, 'bundle' ships target + aligned drafter into the "
+      "package assets. Finished stages are skipped and interrupted ones resume from their "
+      "Orbax checkpoints.")
+  p.add_argument("--recipe", required=True, metavar="JSON",
+                 help="recipe file, e.g. configs/demo/train.json (model \"config\" paths are "
+                 "relative to the repository root, or absolute)")
+  p.add_argument("--workdir", required=True, metavar="DIR", help="where every stage writes")
+  p.add_argument("--stages", default="all", metavar="LIST",
+                 help="comma-separated subset of data,target,drafter,aligned,distilled,bundle, "
+                 "or all")
+  p.set_defaults(func=run_train)
+
+
+# ----------------------------------------------------------------------------- eval
+
+
+def _eval_drafter(spec: str | None, dtype: str | None):
+  """--drafter for eval: None, the names evaluation resolves itself, or a loaded model."""
+  if spec is None or spec in DRAFTER_KINDS:
+    return spec
+  return load_model(spec, dtype, what="drafter")
+
+
+def _eval_report(result: dict[str, Any]) -> str:
+  def f(x, digits=3):
+    return "n/a" if x is None else f"{float(x):.{digits}f}"
+  stats = result["stats"]
+  lines = [f"BLEU                 {result['bleu']:.2f}",
+           f"chrF                 {result['chrf']:.2f}",
+           f"pairs                {result['pairs']} (batches of {result['batch_size']})",
+           f"generated tokens     {result['generated_tokens']}",
+           f"wall time            {result['wall_s']:.3f} s"
+           + (" (includes compilation; --warmup excludes it)" if result["includes_compile"]
+              else ""),
+           f"ms/token             {f(result['ms_per_token'], 2)}",
+           f"tokens/s             {f(result['tokens_per_s'], 1)}",
+           f"tokens/target call   {f(stats['tokens_per_target_call'])}"]
+  if result["speculative"]:
+    lines += [f"acceptance rate      {f(stats['acceptance_rate'])}   (accepted / drafted)",
+              f"alpha                {f(stats['alpha'])}",
+              f"target calls         {stats['target_calls']} per-row verifier calls"]
+  return "\n".join(lines)
+
+
+def run_eval(args) -> int:
+  from specdec_jax import evaluation
+  if args.gamma is not None and args.drafter is None:
+    raise CLIError("--gamma only applies to speculative decoding: add --drafter")
+  gamma = 5 if args.gamma is None else args.gamma
+  for flag, value in (("--gamma", gamma), ("--batch-size", args.batch_size),
+                      ("--limit", args.limit), ("--max-new-tokens", args.max_new_tokens)):
+    if value is not None and value < 1:
+      raise CLIError(f"{flag} must be an integer >= 1, got {value}")
+  sampling = make_sampling(args.method, args.temperature, args.top_k, args.top_p)
+  if not os.path.isdir(args.data):
+    raise CLIError(f"--data {args.data!r} is not a directory (prepare one with "
+                   "`specdec train --stages data`)")
+  tokenizer = None
+  if args.tokenizer:
+    import specdec_jax as sd
+    tokenizer = sd.load_tokenizer(args.tokenizer)
+  model = load_model(args.model, args.dtype, what="model")
+  drafter = _eval_drafter(args.drafter, args.dtype)
+  try:
+    result = evaluation.evaluate(
+        model, args.data, split=args.split, method="greedy" if sampling.is_greedy else "sample",
+        sampling=sampling, drafter=drafter, gamma=gamma, batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens, limit=args.limit, tokenizer=tokenizer,
+        seed=args.seed, warmup=args.warmup)
+  except evaluation.EvaluationError as e:
+    raise CLIError(str(e)) from e
+  result.pop("references")
+  if args.json:
+    settings = {"model": args.model, "data": args.data, "split": args.split,
+                "drafter": args.drafter, "dtype": args.dtype, "seed": args.seed}
+    print(json.dumps(to_jsonable({**result, "settings": settings})))
+  else:
+    kind = ("baseline" if args.drafter is None else
+            f"speculative (drafter {args.drafter}, gamma {gamma})")
+    print(f"{args.model} on {args.data} [{args.split}]: {kind}, {result['sampling']}")
+    print(_eval_report(result))
+  return EXIT_OK
+
+
+def _add_eval(subparsers) -> None:
+  p = subparsers.add_parser(
+      "eval", help="BLEU / chrF and speed of a model on a prepared data split",
+      description="Translate a split of a prepared data directory (written by `specdec train "
+      "--stages data`) with a model, baseline or speculative, and report sacrebleu corpus "
+      "BLEU and chrF against its English side, with wall time and ms/token.")
+  p.add_argument("--model", required=True, metavar="PATH_OR_NAME",
+                 help="model: checkpoint dir, bundled name, or config:NAME")
+  p.add_argument("--data", required=True, metavar="DIR",
+                 help="prepared data dir (spiece.model, {split}.npz/.jsonl)")
+  p.add_argument("--split", default="test", help="train, validation or test (default: test)")
+  p.add_argument("--drafter", metavar="PATH_OR_NAME",
+                 help="drafter model path/name, 'ngram' (bigram tables fitted on the data's "
+                 "train targets) or 'prompt-lookup'; none: baseline decoding")
+  p.add_argument("--gamma", type=int, help="drafts per round (default 5)")
+  p.add_argument("--method", choices=("greedy", "sample"),
+                 help="default: greedy, or sample if a sampling option is given")
+  p.add_argument("--temperature", type=float, help="sampling temperature (>= 0; default 1)")
+  p.add_argument("--top-k", type=int, help="keep the k most likely tokens (0 = off)")
+  p.add_argument("--top-p", type=float, help="nucleus mass in (0, 1] (1 = off)")
+  p.add_argument("--limit", type=int, help="evaluate only the first N pairs")
+  p.add_argument("--batch-size", type=int, default=32,
+                 help="rows per decode call; the last batch is padded to it (default: 32)")
+  p.add_argument("--max-new-tokens", type=int, help="default: the split's target length")
+  p.add_argument("--tokenizer", metavar="PATH_OR_NAME",
+                 help="SentencePiece model (default: the data dir's spiece.model)")
+  p.add_argument("--seed", type=int, default=0, help="PRNG seed for sampling (default: 0)")
+  p.add_argument("--dtype", choices=DTYPES, help="cast parameters (default: as stored)")
+  p.add_argument("--warmup", action="store_true",
+                 help="decode the first batch once untimed, so timing excludes compilation")
+  p.add_argument("--json", action="store_true",
+                 help="print one JSON object (scores, timing, stats, hypotheses, settings)")
+  p.set_defaults(func=run_eval)
+
+
 # ----------------------------------------------------------------------------- main
 
 #: One function per subcommand; each adds its parser and sets `func(args) -> int`.
-COMMANDS: list[Callable[[Any], None]] = [_add_decode, _add_convert, _add_bench]
+COMMANDS: list[Callable[[Any], None]] = [_add_decode, _add_convert, _add_bench,
+                                         _add_train, _add_eval]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -60,10 +60,12 @@ def greedy_targets(model: Model, inputs: np.ndarray, max_len: int, batch_size: i
   return out
 
 
-def _stage_train(name, workdir, recipe, data, init, teacher=None, targets=None):
+def _stage_train(name, workdir, recipe, data, make_init, teacher=None, targets=None):
+  """Train stage `name` from `make_init()` unless its final checkpoint already exists."""
   final = workdir / name / "final"
   if (final / "specdec_config.json").exists():
     return _load_final(final)
+  init = make_init()
   cfg = _train_config(recipe[name])
   start = time.time()
   model, history = training.train(init, data["inputs"], data["targets"] if targets is None
@@ -91,12 +93,12 @@ def run_pipeline(recipe_path: str | pathlib.Path, workdir: str | pathlib.Path,
   def config_for(name):
     return config_lib.get_config(REPO / recipe[name]["config"])
 
-  if "target" in stages:
-    init = init_model(config_for("target"), recipe["target"].get("seed", 0))
-    results["target"] = _stage_train("target", workdir, recipe, data, init)
-  if "drafter" in stages:
-    init = init_model(config_for("drafter"), recipe["drafter"].get("seed", 1))
-    results["drafter"] = _stage_train("drafter", workdir, recipe, data, init)
+  for name, seed in (("target", 0), ("drafter", 1)):
+    if name in stages:
+      results[name] = _stage_train(
+          name, workdir, recipe, data,
+          lambda name=name, seed=seed: init_model(config_for(name),
+                                                  recipe[name].get("seed", seed)))
   if "aligned" in stages or "distilled" in stages:
     target = results.get("target") or _load_final(workdir / "target" / "final")
     drafter = results.get("drafter") or _load_final(workdir / "drafter" / "final")
@@ -108,11 +110,11 @@ def run_pipeline(recipe_path: str | pathlib.Path, workdir: str | pathlib.Path,
         np.savez(cache, targets=greedy_targets(target, data["inputs"],
                                                data["targets"].shape[1]))
       aligned_targets = np.load(cache)["targets"]
-      results["aligned"] = _stage_train("aligned", workdir, recipe, data, trainable,
+      results["aligned"] = _stage_train("aligned", workdir, recipe, data, lambda: trainable,
                                         targets=aligned_targets)
     if "distilled" in stages:
-      results["distilled"] = _stage_train("distilled", workdir, recipe, data, trainable,
-                                          teacher=target)
+      results["distilled"] = _stage_train("distilled", workdir, recipe, data,
+                                          lambda: trainable, teacher=target)
   if "bundle" in stages:
     bundle(workdir)
   return results

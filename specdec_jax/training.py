@@ -71,8 +71,10 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
 
 
 def init_train_state(model: Model, tx: optax.GradientTransformation) -> TrainState:
-  return TrainState(step=jnp.zeros((), jnp.int32), params=model.params,
-                    opt_state=tx.init(model.params), tx=tx)
+  # A copy: `train_step` donates the state's buffers, the caller's model must stay usable.
+  params = jax.tree_util.tree_map(jnp.array, model.params)
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                    tx=tx)
 
 
 def shift_right(targets: Array, start_id: int = 0) -> Array:

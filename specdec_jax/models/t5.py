@@ -223,6 +223,11 @@ def _make_attention(cfg: T5Config, name: str | None) -> MultiHeadAttention:
                             name=name)
 
 
+def _make_relpos(cfg: T5Config) -> RelativePositionBias:
+  return RelativePositionBias(cfg.num_heads, cfg.relative_attention_num_buckets,
+                              cfg.relative_attention_max_distance)
+
+
 def _make_mlp(cfg: T5Config, name: str | None = "mlp") -> MlpBlock:
   return MlpBlock(cfg.mlp_dim, cfg.mlp_activations, cfg.gelu_approximate, cfg.activation_dtype,
                   name=name)
@@ -283,8 +288,7 @@ class Encoder(nn.Module):
 
   def setup(self):
     cfg = self.config
-    self.relpos_bias = RelativePositionBias(cfg.num_heads, cfg.relative_attention_num_buckets,
-                                            cfg.relative_attention_max_distance)
+    self.relpos_bias = _make_relpos(cfg)
     self.layers = [EncoderLayer(cfg, name=f"layers_{i}") for i in range(cfg.num_encoder_layers)]
     self.encoder_norm = RMSNorm(cfg.layer_norm_epsilon, cfg.activation_dtype)
     self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
@@ -307,8 +311,7 @@ class Decoder(nn.Module):
 
   def setup(self):
     cfg = self.config
-    self.relpos_bias = RelativePositionBias(cfg.num_heads, cfg.relative_attention_num_buckets,
-                                            cfg.relative_attention_max_distance)
+    self.relpos_bias = _make_relpos(cfg)
     self.layers = [DecoderLayer(cfg, name=f"layers_{i}") for i in range(cfg.num_decoder_layers)]
     self.decoder_norm = RMSNorm(cfg.layer_norm_epsilon, cfg.activation_dtype)
     self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))

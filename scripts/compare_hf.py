@@ -1,0 +1,96 @@
+#!/usr/bin/env python
+"""Side-by-side timing against Hugging Face transformers on the same weights.
+
+    # the demo pair on the first 20 test sentences
+    python scripts/compare_hf.py --workdir runs/demo --drafter-variant aligned --limit 20 \
+        --gamma 4 --max-new-tokens 32 --batch-sizes 8,32 --out results/hf_compare
+
+    # any two models (our format, T5X, HF dirs, config:NAME) and random prompts
+    python scripts/compare_hf.py --target PATH --drafter PATH --limit 10 --out results/hf_compare
+
+Writes OUT/hf_compare.json and OUT/hf_compare.md. See `specdec_jax/hf_compare.py` for
+what each method is and how it is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+
+import numpy as np
+
+
+def _int_list(text):
+  try:
+    values = [int(x) for x in text.split(",") if x.strip()]
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+  if any(v < 1 for v in values):
+    raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+  return values
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter,
+                              epilog=__doc__.split("\n\n", 1)[1])
+  p.add_argument("--workdir", help="demo workdir: target/final, <variant>/final, data/")
+  p.add_argument("--drafter-variant", default="aligned",
+                 choices=("drafter", "aligned", "distilled"))
+  p.add_argument("--target", help="target model (overrides --workdir's)")
+  p.add_argument("--drafter", help="drafter model (overrides --workdir's)")
+  p.add_argument("--data-dir", help="prompts from DATA_DIR/<split>.npz inputs (default: "
+                 "WORKDIR/data when --workdir is given, else random prompts)")
+  p.add_argument("--split", default="test")
+  p.add_argument("--limit", type=int, default=20, help="number of prompts")
+  p.add_argument("--prompt-len", type=int, default=16, help="length of random prompts")
+  p.add_argument("--gamma", type=int, default=4)
+  p.add_argument("--max-new-tokens", type=int, default=32)
+  p.add_argument("--batch-sizes", type=_int_list, default=[8, 32],
+                 help="extra batch sizes for our methods (batch 1 always runs)")
+  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--no-hf-default-assisted", action="store_true",
+                 help="skip HF assisted generation with transformers' default settings")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--out", default="results/hf_compare")
+  p.add_argument("--no-progress", action="store_true")
+  args = p.parse_args(argv)
+
+  import specdec_jax as sd
+  from specdec_jax import bench, hf_compare
+
+  target = args.target or (args.workdir and os.path.join(args.workdir, "target", "final"))
+  drafter = args.drafter or (args.workdir and os.path.join(args.workdir, args.drafter_variant,
+                                                           "final"))
+  if not target or not drafter:
+    p.error("give --workdir or both --target and --drafter")
+  data_dir = args.data_dir or (args.workdir and os.path.join(args.workdir, "data"))
+  target_model, drafter_model = sd.load(target), sd.load(drafter)
+  if data_dir:
+    from specdec_jax.data import prepare
+    inputs = prepare.load_split(data_dir, args.split)["inputs"]
+    prompts = inputs[:args.limit]
+    source = f"first {len(prompts)} inputs of {data_dir}/{args.split}.npz"
+  else:
+    prompts = bench.random_prompts(args.limit, args.prompt_len, target_model.config.vocab_size,
+                                   args.seed)
+    source = f"{args.limit} random prompts of length {args.prompt_len}"
+  settings = {"prompts": source, "target_source": target, "drafter_source": drafter,
+              "command": "python scripts/compare_hf.py " + " ".join(
+                  shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))}
+  results = hf_compare.compare(
+      target_model, drafter_model,
+      np.asarray(prompts), gamma=args.gamma, max_new_tokens=args.max_new_tokens,
+      batch_sizes=args.batch_sizes, repeats=args.repeats,
+      hf_default_assisted=not args.no_hf_default_assisted, progress=not args.no_progress,
+      settings=settings)
+  paths = hf_compare.write_report(results, args.out)
+  print(hf_compare.markdown_table(results))
+  print(f"wrote {paths['json']}, {paths['md']}", file=sys.stderr)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,128 @@
+"""specdec_jax.results: the demo-pair results pipeline on a tiny synthetic workdir."""
+
+import json
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+
+import specdec_jax as sd
+from specdec_jax import results as R
+from specdec_jax.data import de_en, prepare
+from specdec_jax.tokenizer import train_sentencepiece
+
+WORDS_DE = "der die das haus hund katze baum wasser brot gut klein gross rot blau".split()
+WORDS_EN = "the the the house dog cat tree water bread good small big red blue".split()
+
+
+def _pairs(n, seed):
+  rng = np.random.RandomState(seed)
+  out = []
+  for _ in range(n):
+    idx = rng.randint(0, len(WORDS_DE), rng.randint(2, 5))
+    out.append(de_en.Pair(de=" ".join(WORDS_DE[i] for i in idx),
+                          en=" ".join(WORDS_EN[i] for i in idx)))
+  return out
+
+
+def _write_split(data_dir, name, tok, pairs, max_len=12):
+  inputs, targets, kept = prepare.encode_split(tok, pairs, max_len)
+  np.savez(data_dir / f"{name}.npz", inputs=inputs, targets=targets)
+  (data_dir / f"{name}.jsonl").write_text(
+      "".join(json.dumps({"de": p.de, "en": p.en}) + "\n" for p in kept))
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+  root = tmp_path_factory.mktemp("demo")
+  data = root / "data"
+  data.mkdir()
+  train = _pairs(60, 0)
+  tok = train_sentencepiece([t for p in train for t in (p.de, p.en)], data / "spiece",
+                            vocab_size=48)
+  _write_split(data, "train", tok, train)
+  _write_split(data, "test", tok, _pairs(10, 1))
+  vocab = tok.vocab_size
+  target = sd.init_model(sd.get_config("t5_1_1_tiny").replace(vocab_size=vocab), 0)
+  params = jax.tree_util.tree_map(lambda x: x, target.params)
+  params["decoder"]["logits_dense"]["kernel"] = params["decoder"]["logits_dense"]["kernel"] * 6
+  sd.save(root / "target" / "final", target.replace(params=params))
+  drafter = sd.init_model(sd.get_config("t5_1_1_tiny_drafter").replace(vocab_size=vocab), 1)
+  sd.save(root / "drafter" / "final", drafter)   # aligned / distilled absent: skipped
+  return root
+
+
+def test_pipeline_writes_json_md_png_and_greedy_bleu_matches(workdir, tmp_path):
+  out = tmp_path / "out"
+  kwargs = dict(batch_sizes=(4,), gammas=(2,), table_gammas=(2,), limit=6, max_new_tokens=8,
+                repeats=1, timing_steps=2, progress=False, compile_workers=2)
+  res = R.run_results(workdir, settings={"command": "pytest"},
+                      on_update=lambda r: R.write_outputs(r, str(out)), **kwargs)
+  paths = R.write_outputs(res, str(out))
+  for p in paths.values():
+    assert pathlib.Path(p).stat().st_size > 0
+  assert res["skipped"] == ["aligned", "distilled"]
+  rows = {r["key"]: r for r in res["rows"]}
+  assert set(rows) == {"B4/target/greedy", "B4/target/sample", "B4/drafter/g2",
+                       "B4/ngram/g2", "B4/prompt-lookup/g2"}
+  base = rows["B4/target/greedy"]
+  assert base["speedup"] == pytest.approx(1.0)
+  for key in ("B4/drafter/g2", "B4/ngram/g2", "B4/prompt-lookup/g2"):
+    r = rows[key]
+    for col in ("alpha", "acceptance_rate", "block_efficiency", "ms_per_token", "speedup",
+                "c", "verify_cost", "predicted_speedup", "measured_over_predicted", "bleu",
+                "chrf"):
+      assert r[col] is not None, (key, col)
+    assert 0.0 <= r["alpha"] <= 1.0 and r["block_efficiency"] >= 1.0
+    assert r["mismatching_rows"] == 0
+    assert r["bleu"] == pytest.approx(base["bleu"]) and r["chrf"] == pytest.approx(base["chrf"])
+  assert rows["B4/ngram/g2"]["c"] < 1.0
+  assert "mismatching_rows" not in rows["B4/target/sample"]
+
+  saved = json.loads((out / "results.json").read_text())
+  assert len(saved["rows"]) == 5 and "4" in saved["costs"]
+  md = (out / "results.md").read_text()
+  header = "| " + " | ".join(R.TABLE_COLUMNS) + " |"
+  assert header in md and "speculative greedy" in md and "target sampling (T=1)" in md
+  assert (out / "speedup.png").read_bytes()[:4] == b"\x89PNG"
+
+  # --resume: every row is present, nothing runs again; other settings are refused
+  again = R.run_results(workdir, existing=saved, **kwargs)
+  assert [r["wall_s"] for r in again["rows"]] == [r["wall_s"] for r in saved["rows"]]
+  with pytest.raises(R.ResultsError, match="other settings"):
+    R.run_results(workdir, existing=saved, **{**kwargs, "limit": 5})
+
+
+def test_splice_readme_replaces_only_the_marked_block(tmp_path):
+  readme = tmp_path / "README.md"
+  before = "# Title\n\nintro\n\n<!-- results:start -->\nold table\n| a |\n<!-- results:end -->\n"
+  after = "\n## Next\ntext <!-- not a marker -->\n"
+  readme.write_text(before + after)
+  R.splice_readme(readme, "| new | table |\n|---|---|\n")
+  text = readme.read_text()
+  assert text == ("# Title\n\nintro\n\n<!-- results:start -->\n| new | table |\n|---|---|\n"
+                  "<!-- results:end -->\n" + after)
+  R.splice_readme(readme, "second")          # idempotent structure: markers kept
+  assert readme.read_text().count("<!-- results:start -->") == 1
+  assert "second\n<!-- results:end -->" in readme.read_text()
+  assert "new | table" not in readme.read_text()
+
+  readme.write_text("no markers\n")
+  with pytest.raises(R.ResultsError, match="found 0 times"):
+    R.splice_readme(readme, "x")
+  readme.write_text("<!-- results:end -->\n<!-- results:start -->\n")
+  with pytest.raises(R.ResultsError, match="before"):
+    R.splice_readme(readme, "x")
+
+
+def test_readme_block_links_plot_relative_to_readme(tmp_path):
+  res = {"config": {"pairs": 3, "split": "test", "workdir": "w", "max_new_tokens": 4,
+                    "batch_sizes": [8], "target_params": 1e6, "drafter_params": {},
+                    "repeats": 1},
+         "machine": {"jax_version": "x", "backend": "cpu", "device_kind": "cpu", "cpu_count": 2},
+         "rows": [], "skipped": [], "command": None}
+  block = R.readme_block(res, str(tmp_path / "results" / "demo" / "speedup.png"),
+                         str(tmp_path / "README.md"))
+  assert "![speedup vs gamma](results/demo/speedup.png)" in block
+  assert "| batch | decoding |" in block
