@@ -668,7 +668,27 @@ def plot(results: dict[str, Any], path: str) -> None:
   fig.savefig(path)
 
 
-def _atomic_write(path: str, text: str) -> None:
+def time_rounds(methods: dict[str, Callable[[], Any]], repeats: int,
+                tick: Callable[[], None] = lambda: None) -> dict[str, dict[str, Any]]:
+  """Time each method `repeats` times, rotating the order by one method per round.
+
+  Returns {name: {"times_s": [...], "median_s": float, "output": last result}}.
+  """
+  names = list(methods)
+  out = {name: {"times_s": []} for name in names}
+  for r in range(repeats):
+    for name in names[r % len(names):] + names[:r % len(names)]:
+      t0 = time.perf_counter()
+      result = methods[name]()
+      out[name]["times_s"].append(time.perf_counter() - t0)
+      out[name]["output"] = result
+      tick()
+  for name in names:
+    out[name]["median_s"] = statistics.median(out[name]["times_s"])
+  return out
+
+
+def atomic_write(path: str, text: str) -> None:
   tmp = path + ".tmp"
   with open(tmp, "w", encoding="utf-8") as f:
     f.write(text)
@@ -680,8 +700,8 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
   from specdec_jax.cli import to_jsonable
   os.makedirs(out_dir, exist_ok=True)
   paths = {name: os.path.join(out_dir, f"bench.{name}") for name in ("json", "md", "png")}
-  _atomic_write(paths["json"], json.dumps(to_jsonable(results), indent=1) + "\n")
-  _atomic_write(paths["md"], markdown_report(results))
+  atomic_write(paths["json"], json.dumps(to_jsonable(results), indent=1) + "\n")
+  atomic_write(paths["md"], markdown_report(results))
   tmp_png = paths["png"] + ".tmp.png"
   plot(results, tmp_png)
   os.replace(tmp_png, paths["png"])

@@ -44,7 +44,6 @@ import datetime
 import json
 import math
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -291,22 +290,6 @@ def _describe(x, model) -> dict[str, Any]:
           "params": int(model.num_params()), "config": model.config.to_dict()}
 
 
-def _time_rounds(methods: dict[str, Callable[[], Any]], repeats: int,
-                 tick: Callable[[], None]) -> dict[str, dict[str, Any]]:
-  names = list(methods)
-  out = {name: {"times_s": []} for name in names}
-  for r in range(repeats):
-    for name in names[r % len(names):] + names[:r % len(names)]:
-      t0 = time.perf_counter()
-      result = methods[name]()
-      out[name]["times_s"].append(time.perf_counter() - t0)
-      out[name]["output"] = result
-      tick()
-  for name in names:
-    out[name]["median_s"] = statistics.median(out[name]["times_s"])
-  return out
-
-
 def compare(target, drafter, prompts, *, gamma: int = 4, max_new_tokens: int = 32,
             batch_sizes: Sequence[int] = (8, 32), repeats: int = 3,
             hf_default_assisted: bool = True, progress: bool = True,
@@ -418,7 +401,7 @@ def compare(target, drafter, prompts, *, gamma: int = 4, max_new_tokens: int = 3
         bar.update(1)
       live = {n: m["fn"] for n, m in methods.items() if "error" not in m}
       bar.set_description("hf compare: timing")
-      timed = _time_rounds(live, repeats, lambda: bar.update(1))
+      timed = bench.time_rounds(live, repeats, lambda: bar.update(1))
       # HF decoder forward passes, counted in one extra untimed call per HF method.
       bar.set_description("hf compare: counting HF calls")
       hf_calls = {}

@@ -53,6 +53,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import bench
+
 SCHEMA_VERSION = 1
 VARIANTS = ("drafter", "aligned", "distilled")
 TABLE_DRAFTERS = ("ngram", "prompt-lookup")
@@ -256,22 +258,6 @@ def measure_costs(target, drafters: dict[str, Any], gammas: Iterable[int], encod
 # ----------------------------------------------------------------------------- timing
 
 
-def _time_group(methods: dict[str, Callable[[], Any]], repeats: int,
-                tick: Callable[[], None]) -> dict[str, dict[str, Any]]:
-  names = list(methods)
-  out = {n: {"times_s": []} for n in names}
-  for r in range(repeats):
-    for name in names[r % len(names):] + names[:r % len(names)]:
-      t0 = time.perf_counter()
-      result = methods[name]()
-      out[name]["times_s"].append(time.perf_counter() - t0)
-      out[name]["output"] = result
-      tick()
-  for n in names:
-    out[n]["median_s"] = statistics.median(out[n]["times_s"])
-  return out
-
-
 # ----------------------------------------------------------------------------- run
 
 
@@ -431,7 +417,7 @@ def run_results(workdir: str | os.PathLike, *, batch_sizes: Sequence[int] = (8,)
       warm = [functools.partial(_corpus_call, fn, first, base_key) for fn in methods.values()]
       bench.run_parallel(warm, workers, tick)
       bar.set_description(f"results B={b} {name}: timing")
-      timed = _time_group(calls, repeats, tick)
+      timed = bench.time_rounds(calls, repeats, tick)
 
       base = timed["baseline"]
       base_out = collect(base["output"], speculative=False)
@@ -638,13 +624,6 @@ def plot(results: dict[str, Any], path: str) -> None:
   fig.savefig(path)
 
 
-def _atomic_write(path: str, text: str) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(text)
-  os.replace(tmp, path)
-
-
 def write_outputs(results: dict[str, Any], out_dir: str) -> dict[str, str]:
   """results.json, results.md and speedup.png in `out_dir`; their paths."""
   from specdec_jax.cli import to_jsonable
@@ -652,8 +631,8 @@ def write_outputs(results: dict[str, Any], out_dir: str) -> dict[str, str]:
   paths = {"json": os.path.join(out_dir, "results.json"),
            "md": os.path.join(out_dir, "results.md"),
            "png": os.path.join(out_dir, "speedup.png")}
-  _atomic_write(paths["json"], json.dumps(to_jsonable(results), indent=1) + "\n")
-  _atomic_write(paths["md"], markdown_report(results, "speedup.png"))
+  bench.atomic_write(paths["json"], json.dumps(to_jsonable(results), indent=1) + "\n")
+  bench.atomic_write(paths["md"], markdown_report(results, "speedup.png"))
   tmp = paths["png"] + ".tmp.png"
   plot(results, tmp)
   os.replace(tmp, paths["png"])
