@@ -200,12 +200,17 @@ class StepTimer:
       raise BenchError(f"repeats must be >= 1, got {repeats}")
     if not self.compiled:
       self.compile()
-    times = []
-    for _ in range(repeats):
-      t0 = time.perf_counter()
-      self._run()
-      times.append(time.perf_counter() - t0)
-    return statistics.median(times) / self.steps
+    return median_call_seconds(self._run, repeats) / self.steps
+
+
+def median_call_seconds(run: Callable[[], Any], repeats: int) -> float:
+  """Median wall time in seconds of `repeats` calls of `run` (already compiled)."""
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    run()
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
 
 
 def started_cache(model, encoder_tokens, capacity: int):

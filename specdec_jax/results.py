@@ -44,9 +44,7 @@ import json
 import math
 import os
 import pathlib
-import statistics
 import sys
-import time
 from typing import Any, Callable, Iterable, Sequence
 
 import jax
@@ -214,12 +212,7 @@ class TableStepTimer:
     return self
 
   def time(self, repeats: int = 5) -> float:
-    times = []
-    for _ in range(repeats):
-      t0 = time.perf_counter()
-      self._run()
-      times.append(time.perf_counter() - t0)
-    return statistics.median(times) / self.steps
+    return bench.median_call_seconds(self._run, repeats) / self.steps
 
 
 def measure_costs(target, drafters: dict[str, Any], gammas: Iterable[int], encoder_tokens,
