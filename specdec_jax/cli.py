@@ -589,6 +589,10 @@ def run_train(args) -> int:
     results = demo.run_pipeline(args.recipe, args.workdir, stages=stages)
   except DataError as e:   # an unusable dictionary file, too few pairs for the split sizes
     raise CLIError(str(e)) from e
+  except ValueError as e:  # a stage's checkpoints are past the recipe's steps
+    if "past steps=" not in str(e):
+      raise
+    raise CLIError(str(e)) from e
   for name, model in results.items():
     print(f"{name}: {os.path.join(args.workdir, name, 'final')} "
           f"({model.num_params():,} parameters)")
@@ -607,7 +611,8 @@ def _add_train(subparsers) -> None:
       "'drafter' train from scratch, 'aligned' / 'distilled' fine-tune the drafter on the "
       "target's greedy outputs / softmax, 'bundle' ships target + aligned drafter into the "
       "package assets. Finished stages are skipped and interrupted ones resume from their "
-      "Orbax checkpoints.")
+      "Orbax checkpoints; raising a stage's steps continues it from its last checkpoint, and "
+      "a retrained target or drafter makes aligned / distilled start over.")
   p.add_argument("--recipe", required=True, metavar="JSON",
                  help="recipe file, e.g. configs/demo/train.json (model \"config\" paths are "
                  "relative to the repository root, or absolute)")

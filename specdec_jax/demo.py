@@ -1,8 +1,12 @@
 """The bundled De→En demo pair: data, target, drafters (references / aligned / distilled), bundle.
 
 Each stage writes its result under `workdir` and is skipped when that result
-exists, so `run_pipeline` can be rerun or resumed after an interruption (the
-training stages also resume from their Orbax checkpoints mid-stage).
+exists and is current, so `run_pipeline` can be rerun or resumed after an
+interruption (the training stages also resume from their Orbax checkpoints
+mid-stage). A training stage's result is current when it was trained for the
+recipe's `steps` from the current upstream models: raising `steps` continues
+training from the last checkpoint; a retrained target or drafter restarts the
+aligned and distilled stages (and regenerates the target's greedy outputs).
 
     specdec train --recipe configs/demo/train.json --workdir runs/demo --stages all
 """
@@ -38,11 +42,23 @@ def _load_final(path: pathlib.Path) -> Model:
   return Model(cfg, params)
 
 
-def _save_final(path: pathlib.Path, model: Model, seconds: float, history: list) -> None:
+def _save_final(path: pathlib.Path, model: Model, seconds: float, history: list, steps: int,
+                upstream: dict) -> None:
   from specdec_jax.checkpoints import save_checkpoint
   save_checkpoint(str(path), model.config, model.params)
   (path / "train_log.json").write_text(json.dumps(
-      {"seconds": seconds, "num_params": model.num_params(), "history": history[-20:]}, indent=1))
+      {"steps": steps, "upstream": upstream, "seconds": seconds,
+       "num_params": model.num_params(), "history": history[-20:]}, indent=1))
+
+
+def _final_log(workdir: pathlib.Path, name: str) -> dict | None:
+  path = workdir / name / "final" / "train_log.json"
+  return json.loads(path.read_text()) if path.exists() else None
+
+
+def _upstream(workdir: pathlib.Path, names) -> dict:
+  """Which upstream models a stage was trained from: {name: their steps}."""
+  return {n: (_final_log(workdir, n) or {}).get("steps") for n in names}
 
 
 def greedy_targets(model: Model, inputs: np.ndarray, max_len: int, batch_size: int = 512,
@@ -60,18 +76,30 @@ def greedy_targets(model: Model, inputs: np.ndarray, max_len: int, batch_size: i
   return out
 
 
-def _stage_train(name, workdir, recipe, data, make_init, teacher=None, targets=None):
-  """Train stage `name` from `make_init()` unless its final checkpoint already exists."""
-  final = workdir / name / "final"
-  if (final / "specdec_config.json").exists():
-    return _load_final(final)
-  init = make_init()
+def _stage_train(name, workdir, recipe, data, make_init, teacher=None, targets=None,
+                 upstream=()):
+  """Train stage `name` from `make_init()` unless its final checkpoint is current.
+
+  Current = trained for the recipe's steps from the same upstream models. Stale
+  because of `steps`: training continues from the stage's checkpoints. Stale
+  because an upstream model changed: the stage's checkpoints are discarded.
+  """
   cfg = _train_config(recipe[name])
+  final = workdir / name / "final"
+  upstream = _upstream(workdir, upstream)
+  log = _final_log(workdir, name)
+  if log is not None and log.get("steps") == cfg.steps and log.get("upstream", {}) == upstream:
+    return _load_final(final)
+  if log is not None and log.get("upstream", {}) != upstream:
+    shutil.rmtree(workdir / name)
+  elif final.exists():
+    shutil.rmtree(final)
+  init = make_init()
   start = time.time()
   model, history = training.train(init, data["inputs"], data["targets"] if targets is None
                                   else targets, cfg, workdir / name, teacher=teacher)
   model = model.replace(config=model.config.replace(dropout_rate=0.0))
-  _save_final(final, model, time.time() - start, history)
+  _save_final(final, model, time.time() - start, history, cfg.steps, upstream)
   return model
 
 
@@ -106,15 +134,19 @@ def run_pipeline(recipe_path: str | pathlib.Path, workdir: str | pathlib.Path,
         dropout_rate=config_for("drafter").dropout_rate))
     if "aligned" in stages:
       cache = workdir / "aligned_targets.npz"
-      if not cache.exists():
+      target_steps = _upstream(workdir, ["target"])["target"]
+      if not cache.exists() or int(np.load(cache).get("target_steps", -1)) != target_steps:
         np.savez(cache, targets=greedy_targets(target, data["inputs"],
-                                               data["targets"].shape[1]))
+                                               data["targets"].shape[1]),
+                 target_steps=-1 if target_steps is None else target_steps)
       aligned_targets = np.load(cache)["targets"]
       results["aligned"] = _stage_train("aligned", workdir, recipe, data, lambda: trainable,
-                                        targets=aligned_targets)
+                                        targets=aligned_targets,
+                                        upstream=("target", "drafter"))
     if "distilled" in stages:
       results["distilled"] = _stage_train("distilled", workdir, recipe, data,
-                                          lambda: trainable, teacher=target)
+                                          lambda: trainable, teacher=target,
+                                          upstream=("target", "drafter"))
   if "bundle" in stages:
     bundle(workdir)
   return results

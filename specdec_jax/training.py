@@ -186,6 +186,9 @@ def train(model: Model, inputs: np.ndarray, targets: np.ndarray, cfg: TrainConfi
     state = state.replace(step=jnp.asarray(restored["step"]), params=restored["params"],
                           opt_state=restored["opt_state"])
   start = int(state.step)
+  if start > cfg.steps:
+    raise ValueError(f"{workdir / 'checkpoints'} holds a checkpoint at step {start}, past "
+                     f"steps={cfg.steps}: raise steps or train in a fresh directory")
   history = []
   if history_path.exists():
     history = [json.loads(line) for line in history_path.read_text().splitlines()

@@ -89,6 +89,45 @@ def test_train_rerun_skips_finished_stages(trained, capsys):
   assert (workdir / "target" / "final").stat().st_mtime_ns == before
 
 
+def test_train_more_steps_continues_and_restarts_downstream(trained, capsys, tmp_path):
+  """Raising target.steps continues the target from its checkpoint; the aligned drafter,
+  trained from the old target, starts over on the new target's outputs."""
+  import shutil
+  recipe, workdir = trained
+  workdir = shutil.copytree(workdir, tmp_path / "work")
+  good = json.loads(recipe.read_text())
+  aligned = {**TRAIN, "steps": 10, "checkpoint_every": 10}
+  path = tmp_path / "recipe.json"
+  path.write_text(json.dumps({**good, "aligned": aligned}))
+  code, _, err = run(capsys, "train", "--recipe", path, "--workdir", workdir,
+                     "--stages", "aligned")
+  assert code == 0, err
+  log = json.loads((workdir / "aligned" / "final" / "train_log.json").read_text())
+  assert log["steps"] == 10 and log["upstream"] == {"target": 30, "drafter": 30}
+  old_history = (workdir / "target" / "history.jsonl").read_text().splitlines()
+
+  path.write_text(json.dumps({**good, "aligned": aligned,
+                              "target": {**good["target"], "steps": 40}}))
+  code, _, err = run(capsys, "train", "--recipe", path, "--workdir", workdir,
+                     "--stages", "target,aligned")
+  assert code == 0, err
+  assert (workdir / "target" / "checkpoints" / "40").is_dir()
+  history = (workdir / "target" / "history.jsonl").read_text().splitlines()
+  assert history[:len(old_history)] == old_history   # continued, not restarted
+  assert json.loads(history[-1])["step"] == 40
+  assert json.loads((workdir / "target" / "final" / "train_log.json").read_text())["steps"] == 40
+  log = json.loads((workdir / "aligned" / "final" / "train_log.json").read_text())
+  assert log["upstream"] == {"target": 40, "drafter": 30}
+  assert int(np.load(workdir / "aligned_targets.npz")["target_steps"]) == 40
+  assert sorted(p.name for p in (workdir / "aligned" / "checkpoints").iterdir()) == ["10"]
+
+  # steps lowered below the newest checkpoint: a clear error, not silently more steps
+  path.write_text(json.dumps({**good, "target": {**good["target"], "steps": 20}}))
+  code, _, err = run(capsys, "train", "--recipe", path, "--workdir", workdir,
+                     "--stages", "target")
+  assert code == 2 and "past steps=20" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--stages", "data,nope"], "unknown stage"),
     (["--stages", ""], "unknown stage"),
