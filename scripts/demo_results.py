@@ -82,6 +82,10 @@ def main(argv=None) -> int:
   p.add_argument("--readme", metavar="README.md",
                  help="splice the table into this file between the results markers")
   p.add_argument("--no-progress", action="store_true")
+  p.add_argument("--quality-limit", type=int,
+                 help="sentences for the quality table (default: the whole split)")
+  p.add_argument("--no-quality", action="store_true",
+                 help="skip the whole-split quality table (each model decoding alone)")
   args = p.parse_args(argv)
 
   command = "python scripts/demo_results.py " + " ".join(
@@ -97,12 +101,21 @@ def main(argv=None) -> int:
         compile_workers=args.compile_workers,
         on_update=lambda r: R.write_outputs(r, args.out))
     paths = R.write_outputs(results, args.out)
+    quality = None
+    if not args.no_quality:
+      quality = R.run_quality(args.workdir, variants=args.variants, split=args.split,
+                              limit=args.quality_limit, seed=args.seed,
+                              progress=not args.no_progress)
+      R.write_quality(quality, args.out)
     if args.readme:
-      R.splice_readme(args.readme, R.readme_block(results, paths["png"], args.readme))
+      R.splice_readme(args.readme, R.readme_block(results, paths["png"], args.readme,
+                                                  quality))
   except R.ResultsError as e:
     print(f"demo_results: error: {e}", file=sys.stderr)
     return 2
   print(R.markdown_table(results))
+  if quality:
+    print(R.quality_markdown(quality))
   print(f"wrote {paths['json']}, {paths['md']}, {paths['png']}"
         + (f"; updated {args.readme}" if args.readme else ""), file=sys.stderr)
   return 0

@@ -550,9 +550,11 @@ def markdown_report(results: dict[str, Any], image: str | None = "speedup.png") 
 
 
 def readme_block(results: dict[str, Any], image_path: str | None = None,
-                 readme_path: str | None = None) -> str:
-  """The README section: summary, table, legend, plot (linked relative to the README)."""
-  lines = [*_summary_lines(results), "", markdown_table(results), "", LEGEND]
+                 readme_path: str | None = None, quality: dict[str, Any] | None = None) -> str:
+  """The README section: [whole-split quality,] summary, table, legend, plot (linked
+  relative to the README)."""
+  lines = [quality_markdown(quality), ""] if quality else []
+  lines += [*_summary_lines(results), "", markdown_table(results), "", LEGEND]
   if image_path:
     rel = image_path
     if readme_path:
@@ -629,6 +631,64 @@ def write_outputs(results: dict[str, Any], out_dir: str) -> dict[str, str]:
   tmp = paths["png"] + ".tmp.png"
   plot(results, tmp)
   os.replace(tmp, paths["png"])
+  return paths
+
+
+# ----------------------------------------------------------------------------- quality
+
+
+def run_quality(workdir: str | os.PathLike, *, variants: Sequence[str] = VARIANTS,
+                split: str = "test", limit: int | None = None, batch_size: int = 64,
+                seed: int = 0, progress: bool = True) -> dict[str, Any]:
+  """BLEU / chrF of every demo model decoding ALONE on the whole split (not just the
+  timed subset): target greedy, target sampling (T = 1), each drafter variant greedy.
+
+  Speculative greedy output equals target greedy, so it needs no row of its own here.
+  """
+  from tqdm import tqdm
+  from specdec_jax import evaluation
+  from specdec_jax.checkpoints import load_checkpoint
+  from specdec_jax.model import Model
+
+  workdir = pathlib.Path(workdir)
+  target_dir = workdir / "target" / "final"
+  if not target_dir.is_dir():
+    raise ResultsError(f"no target at {target_dir} (train it: specdec train)")
+  jobs = [("target", target_dir, "greedy"), ("target", target_dir, "sample")]
+  jobs += [(v, path, "greedy") for v, path in find_variants(workdir, variants).items()]
+  rows, models = [], {}
+  for name, path, method in tqdm(jobs, desc="quality", disable=not progress):
+    if name not in models:
+      models[name] = Model(*load_checkpoint(str(path)))
+    r = evaluation.evaluate(models[name], workdir / "data", split=split, method=method,
+                            batch_size=batch_size, limit=limit, seed=seed)
+    rows.append({"model": name, "params": models[name].num_params(),
+                 "method": "greedy" if method == "greedy" else "sampling (T=1)",
+                 "bleu": r["bleu"], "chrf": r["chrf"], "pairs": r["pairs"],
+                 "generated_tokens": r["generated_tokens"]})
+  return {"schema_version": SCHEMA_VERSION, "split": split, "limit": limit,
+          "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+          "rows": rows}
+
+
+def quality_markdown(quality: dict[str, Any]) -> str:
+  pairs = quality["rows"][0]["pairs"] if quality["rows"] else 0
+  lines = [f"Quality on all {pairs} sentences of the `{quality['split']}` split, each model "
+           "decoding alone (speculative greedy output is identical to target greedy):", "",
+           "| model | parameters | decoding | BLEU | chrF |", "|---|--:|---|--:|--:|"]
+  for r in quality["rows"]:
+    lines.append(f"| {r['model']} | {r['params'] / 1e6:.2f}M | {r['method']} | "
+                 f"{r['bleu']:.1f} | {r['chrf']:.1f} |")
+  return "\n".join(lines)
+
+
+def write_quality(quality: dict[str, Any], out_dir: str) -> dict[str, str]:
+  from specdec_jax.cli import to_jsonable
+  os.makedirs(out_dir, exist_ok=True)
+  paths = {"json": os.path.join(out_dir, "quality.json"),
+           "md": os.path.join(out_dir, "quality.md")}
+  bench.atomic_write(paths["json"], json.dumps(to_jsonable(quality), indent=1) + "\n")
+  bench.atomic_write(paths["md"], quality_markdown(quality) + "\n")
   return paths
 
 

@@ -94,6 +94,25 @@ def test_pipeline_writes_json_md_png_and_greedy_bleu_matches(workdir, tmp_path):
     R.run_results(workdir, existing=saved, **{**kwargs, "limit": 5})
 
 
+def test_quality_table_every_model_alone_on_the_split(workdir, tmp_path):
+  from specdec_jax import evaluation
+  q = R.run_quality(workdir, batch_size=4, progress=False)
+  assert [(r["model"], r["method"]) for r in q["rows"]] == [
+      ("target", "greedy"), ("target", "sampling (T=1)"), ("drafter", "greedy")]
+  assert all(r["pairs"] == 10 for r in q["rows"])   # the whole split, not a timed subset
+  # each row is that model's own decode: the drafter row is the drafter's greedy BLEU
+  drafter = sd.load(str(workdir / "drafter" / "final"))
+  alone = evaluation.evaluate(drafter, workdir / "data", batch_size=4)
+  assert q["rows"][2]["bleu"] == pytest.approx(alone["bleu"])
+  assert q["rows"][2]["params"] == drafter.num_params()
+  paths = R.write_quality(q, str(tmp_path))
+  assert json.loads(pathlib.Path(paths["json"]).read_text())["rows"][0]["model"] == "target"
+  md = R.quality_markdown(q)
+  assert "| drafter |" in md and "all 10 sentences" in md
+  with pytest.raises(R.ResultsError, match="no target"):
+    R.run_quality(tmp_path)
+
+
 def test_splice_readme_replaces_only_the_marked_block(tmp_path):
   readme = tmp_path / "README.md"
   before = "# Title\n\nintro\n\n<!-- results:start -->\nold table\n| a |\n<!-- results:end -->\n"
