@@ -578,6 +578,7 @@ def _check_recipe_arguments(path: str, recipe: dict[str, Any], sections: Sequenc
 def run_train(args) -> int:
   from specdec_jax import demo
   from specdec_jax.data import DataError
+  from specdec_jax.training import TrainingError
   stages = parse_stages(args.stages)
   read_recipe(args.recipe, stages)
   data_ready = os.path.isfile(os.path.join(args.workdir, "data", "meta.json"))
@@ -589,9 +590,7 @@ def run_train(args) -> int:
     results = demo.run_pipeline(args.recipe, args.workdir, stages=stages)
   except DataError as e:   # an unusable dictionary file, too few pairs for the split sizes
     raise CLIError(str(e)) from e
-  except ValueError as e:  # a stage's checkpoints are past the recipe's steps
-    if "past steps=" not in str(e):
-      raise
+  except TrainingError as e:  # a stage's checkpoints are past the recipe's steps
     raise CLIError(str(e)) from e
   for name, model in results.items():
     print(f"{name}: {os.path.join(args.workdir, name, 'final')} "

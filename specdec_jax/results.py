@@ -645,10 +645,9 @@ def run_quality(workdir: str | os.PathLike, *, variants: Sequence[str] = VARIANT
 
   Speculative greedy output equals target greedy, so it needs no row of its own here.
   """
+  import specdec_jax as sd
   from tqdm import tqdm
   from specdec_jax import evaluation
-  from specdec_jax.checkpoints import load_checkpoint
-  from specdec_jax.model import Model
 
   workdir = pathlib.Path(workdir)
   target_dir = workdir / "target" / "final"
@@ -659,7 +658,7 @@ def run_quality(workdir: str | os.PathLike, *, variants: Sequence[str] = VARIANT
   rows, models = [], {}
   for name, path, method in tqdm(jobs, desc="quality", disable=not progress):
     if name not in models:
-      models[name] = Model(*load_checkpoint(str(path)))
+      models[name] = sd.load(str(path))
     r = evaluation.evaluate(models[name], workdir / "data", split=split, method=method,
                             batch_size=batch_size, limit=limit, seed=seed)
     rows.append({"model": name, "params": models[name].num_params(),
@@ -673,7 +672,8 @@ def run_quality(workdir: str | os.PathLike, *, variants: Sequence[str] = VARIANT
 
 def quality_markdown(quality: dict[str, Any]) -> str:
   pairs = quality["rows"][0]["pairs"] if quality["rows"] else 0
-  lines = [f"Quality on all {pairs} sentences of the `{quality['split']}` split, each model "
+  scope = f"the first {pairs}" if quality.get("limit") is not None else f"all {pairs}"
+  lines = [f"Quality on {scope} sentences of the `{quality['split']}` split, each model "
            "decoding alone (speculative greedy output is identical to target greedy):", "",
            "| model | parameters | decoding | BLEU | chrF |", "|---|--:|---|--:|--:|"]
   for r in quality["rows"]:

@@ -58,6 +58,10 @@ class TrainState:
   tx: optax.GradientTransformation = struct.field(pytree_node=False)
 
 
+class TrainingError(ValueError):
+  """A training run that cannot continue as asked (e.g. checkpoints past its steps)."""
+
+
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
   """AdamW with linear warm-up and inverse-square-root decay (T5's schedule shape)."""
   warm = max(cfg.warmup_steps, 1)
@@ -187,7 +191,7 @@ def train(model: Model, inputs: np.ndarray, targets: np.ndarray, cfg: TrainConfi
                           opt_state=restored["opt_state"])
   start = int(state.step)
   if start > cfg.steps:
-    raise ValueError(f"{workdir / 'checkpoints'} holds a checkpoint at step {start}, past "
+    raise TrainingError(f"{workdir / 'checkpoints'} holds a checkpoint at step {start}, past "
                      f"steps={cfg.steps}: raise steps or train in a fresh directory")
   history = []
   if history_path.exists():
