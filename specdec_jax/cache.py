@@ -31,8 +31,10 @@ class DecoderCache:
   """Decoder state for cached decoding. L = layers, C = capacity, Le = encoder length.
 
   Attributes:
-    self_key, self_value: per layer, [B, C, H, Dh] self-attention buffers.
-    cross_key, cross_value: per layer, [B, Le, H, Dh] K/V of the encoder output.
+    self_key, self_value: per layer, [B, H, C, Dh] self-attention buffers.
+    cross_key, cross_value: per layer, [B, H, Le, Dh] K/V of the encoder output.
+
+  Heads-major, as attention consumes them: reading a buffer needs no transpose.
     encoder_mask: [B, Le] bool, True at real (non-pad) encoder tokens.
     length: [B] int32, number of valid positions per row.
   """
@@ -46,7 +48,7 @@ class DecoderCache:
 
   @property
   def capacity(self) -> int:
-    return self.self_key[0].shape[1]
+    return self.self_key[0].shape[2]
 
   @property
   def batch_size(self) -> int:
@@ -58,13 +60,15 @@ class DecoderCache:
 
 
 def write(buffer: jax.Array, new: jax.Array, positions: jax.Array) -> jax.Array:
-  """Overwrite rows of `buffer` [B, C, ...] with `new` [B, k, ...] at `positions` [B, k].
+  """Overwrite `buffer` [B, H, C, Dh] with `new` [B, H, k, Dh] at `positions` [B, k].
 
   Positions >= C are dropped (a finished row may point past its buffer); they are
   never read, since the causal mask only admits positions < C.
   """
-  rows = jnp.arange(buffer.shape[0])[:, None]
-  return buffer.at[rows, positions].set(new.astype(buffer.dtype), mode="drop")
+  rows = jnp.arange(buffer.shape[0])[:, None, None]
+  heads = jnp.arange(buffer.shape[1])[None, :, None]
+  return buffer.at[rows, heads, positions[:, None, :]].set(new.astype(buffer.dtype),
+                                                            mode="drop")
 
 
 def query_positions(length: jax.Array, k: int) -> jax.Array:
@@ -80,7 +84,7 @@ def causal_mask(q_pos: jax.Array, num_keys: int) -> jax.Array:
 
 def empty_self_kv(batch: int, capacity: int, num_heads: int, head_dim: int, dtype,
                   num_layers: int) -> tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]:
-  shape = (batch, capacity, num_heads, head_dim)
+  shape = (batch, num_heads, capacity, head_dim)
   zeros = tuple(jnp.zeros(shape, dtype) for _ in range(num_layers))
   return zeros, tuple(jnp.zeros(shape, dtype) for _ in range(num_layers))
 

@@ -569,6 +569,10 @@ def _check_recipe_arguments(path: str, recipe: dict[str, Any], sections: Sequenc
         raise CLIError(f"recipe {path!r}, section 'data': {e}") from None
       continue
     fields = {f.name for f in dataclasses.fields(training.TrainConfig)}
+    unknown = sorted(set(recipe[name]) - fields - {"config"})
+    if unknown:     # a typo must not silently train with the default
+      raise CLIError(f"recipe {path!r}, section {name!r}: unknown key(s) {', '.join(unknown)}; "
+                     f"known: config, {', '.join(sorted(fields))}")
     try:
       training.TrainConfig(**{k: v for k, v in recipe[name].items() if k in fields})
     except (TypeError, ValueError) as e:

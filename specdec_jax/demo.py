@@ -80,26 +80,32 @@ def _stage_train(name, workdir, recipe, data, make_init, teacher=None, targets=N
                  upstream=()):
   """Train stage `name` from `make_init()` unless its final checkpoint is current.
 
-  Current = trained for the recipe's steps from the same upstream models. Stale
-  because of `steps`: training continues from the stage's checkpoints. Stale
-  because an upstream model changed: the stage's checkpoints are discarded.
+  Current = trained for the recipe's steps and settings from the same upstream
+  models. Stale because of `steps`: training continues from the stage's
+  checkpoints. Stale because another setting (optimizer, learning rate, ...) or
+  an upstream model changed: the stage's checkpoints are discarded.
   """
   cfg = _train_config(recipe[name])
   final = workdir / name / "final"
   upstream = _upstream(workdir, upstream)
+  if training.changed_settings(workdir / name, cfg):   # e.g. another optimizer: start over
+    shutil.rmtree(workdir / name)
   log = _final_log(workdir, name)
   if log is not None and log.get("steps") == cfg.steps and log.get("upstream", {}) == upstream:
     return _load_final(final)
   if log is not None and log.get("upstream", {}) != upstream:
     shutil.rmtree(workdir / name)
-  elif final.exists():
-    shutil.rmtree(final)
   init = make_init()
   start = time.time()
   model, history = training.train(init, data["inputs"], data["targets"] if targets is None
                                   else targets, cfg, workdir / name, teacher=teacher)
   model = model.replace(config=model.config.replace(dropout_rate=0.0))
-  _save_final(final, model, time.time() - start, history, cfg.steps, upstream)
+  # The old final stays until the new one is complete (a failed run must not lose it).
+  fresh = final.with_name("final.tmp")
+  shutil.rmtree(fresh, ignore_errors=True)
+  _save_final(fresh, model, time.time() - start, history, cfg.steps, upstream)
+  shutil.rmtree(final, ignore_errors=True)
+  fresh.rename(final)
   return model
 
 

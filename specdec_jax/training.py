@@ -36,18 +36,28 @@ Array = jax.Array
 class TrainConfig:
   steps: int = 1000
   batch_size: int = 64
+  optimizer: str = "adamw"     # or "adafactor" (T5's: updates scale with the parameter)
   learning_rate: float = 1e-3
   warmup_steps: int = 200
+  decay_start: int = 0         # inverse-sqrt decay from this step on (0: from warmup_steps)
   weight_decay: float = 0.0
   label_smoothing: float = 0.0
   distill_temperature: float = 1.0
   checkpoint_every: int = 500
   seed: int = 0
+  # > 0: batches of similar-length examples, trimmed to a multiple of this many tokens
+  # (less padding, a handful of compiled shapes); 0: every batch at the data's full width.
+  length_bucket: int = 0
 
   def __post_init__(self):
     for name in ("steps", "batch_size", "checkpoint_every"):
       if getattr(self, name) < 1:
         raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
+    if self.optimizer not in OPTIMIZERS:
+      raise ValueError(f"TrainConfig.optimizer must be one of {', '.join(OPTIMIZERS)}, "
+                       f"got {self.optimizer!r}")
+    if self.length_bucket < 0:
+      raise ValueError(f"TrainConfig.length_bucket must be >= 0, got {self.length_bucket}")
 
 
 @struct.dataclass
@@ -62,14 +72,37 @@ class TrainingError(ValueError):
   """A training run that cannot continue as asked (e.g. checkpoints past its steps)."""
 
 
-def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
-  """AdamW with linear warm-up and inverse-square-root decay (T5's schedule shape)."""
+OPTIMIZERS = ("adamw", "adafactor")
+
+
+def learning_rate_schedule(cfg: TrainConfig):
+  """Linear warm-up to `learning_rate`, flat until `decay_start`, then inverse-sqrt decay.
+
+  T5's own schedule is 0.01 flat for 10k steps, then 1/sqrt(step): decay_start=10000.
+  """
   warm = max(cfg.warmup_steps, 1)
+  decay = max(cfg.decay_start, warm)
 
   def schedule(step):
-    step = jnp.maximum(step.astype(jnp.float32), 1.0)
-    return cfg.learning_rate * jnp.minimum(step / warm, jnp.sqrt(warm / step))
+    step = jnp.maximum(jnp.asarray(step, jnp.float32), 1.0)
+    return cfg.learning_rate * jnp.minimum(jnp.minimum(step / warm, 1.0),
+                                           jnp.sqrt(decay / step))
+  return schedule
 
+
+def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
+  """AdamW (global-norm clipped) or Adafactor, on `learning_rate_schedule(cfg)`.
+
+  Adafactor's updates are relative to each parameter's scale, which suits T5X's
+  N(0, 1) embedding init: AdamW moves every embedding entry by ~lr per step
+  whatever its size, so at lr 2e-3 a rarely-seen token's embedding hardly leaves
+  its random init.
+  """
+  schedule = learning_rate_schedule(cfg)
+  if cfg.optimizer == "adafactor":
+    return optax.adafactor(schedule, multiply_by_parameter_scale=True, clipping_threshold=1.0,
+                           decay_rate=0.8, min_dim_size_to_factor=128,
+                           weight_decay_rate=cfg.weight_decay or None)
   return optax.chain(optax.clip_by_global_norm(1.0),
                      optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=cfg.weight_decay))
 
@@ -127,20 +160,48 @@ def train_step(state: TrainState, batch: dict, rng: Array, teacher: Model | None
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
-def batch_indices(num_examples: int, batch_size: int, seed: int, step: int) -> np.ndarray:
-  """Indices of the examples in batch `step`: a fresh permutation each epoch, from (seed, epoch)."""
+def batch_indices(num_examples: int, batch_size: int, seed: int, step: int,
+                  lengths: np.ndarray | None = None, pool_batches: int = 64) -> np.ndarray:
+  """Indices of the examples in batch `step`, a pure function of (seed, step).
+
+  A fresh permutation each epoch, from (seed, epoch). With `lengths` [N], each
+  run of `pool_batches` batches of the permutation is sorted by length and cut
+  into batches, served in a random order: similar lengths share a batch.
+  """
   per_epoch = max(num_examples // batch_size, 1)
   epoch, offset = divmod(step, per_epoch)
   perm = np.random.default_rng([seed, epoch]).permutation(num_examples)
-  return perm[offset * batch_size:(offset + 1) * batch_size]
+  if lengths is None:
+    return perm[offset * batch_size:(offset + 1) * batch_size]
+  pool_index, j = divmod(offset, pool_batches)
+  pool = perm[pool_index * pool_batches * batch_size:(pool_index + 1) * pool_batches * batch_size]
+  pool = pool[np.argsort(lengths[pool], kind="stable")]
+  order = np.random.default_rng([seed, epoch, pool_index]).permutation(
+      max(len(pool) // batch_size, 1))
+  return pool[order[j] * batch_size:(order[j] + 1) * batch_size]
+
+
+def token_lengths(tokens: np.ndarray) -> np.ndarray:
+  """[N, L] 0-padded -> [N] lengths (position of the last non-pad token + 1)."""
+  nonzero = tokens > 0
+  return np.where(nonzero.any(1), tokens.shape[1] - np.argmax(nonzero[:, ::-1], 1), 0)
 
 
 def batches(inputs: np.ndarray, targets: np.ndarray, batch_size: int, seed: int,
-            start_step: int = 0) -> Iterator[dict]:
+            start_step: int = 0, length_bucket: int = 0) -> Iterator[dict]:
+  """Training batches from `start_step` on. With `length_bucket` > 0, batches group
+  similar lengths and are trimmed to the longest row, rounded up to that multiple."""
+  lengths = None
+  if length_bucket:
+    lengths = np.maximum(token_lengths(inputs), token_lengths(targets))
   step = start_step
   while True:
-    idx = batch_indices(len(inputs), batch_size, seed, step)
-    yield {"inputs": jnp.asarray(inputs[idx]), "targets": jnp.asarray(targets[idx])}
+    idx = batch_indices(len(inputs), batch_size, seed, step, lengths)
+    x, y = inputs[idx], targets[idx]
+    if length_bucket:
+      width = -(-max(int(lengths[idx].max()), 1) // length_bucket) * length_bucket
+      x, y = x[:, :width], y[:, :width]
+    yield {"inputs": jnp.asarray(x), "targets": jnp.asarray(y)}
     step += 1
 
 
@@ -166,6 +227,35 @@ def _checkpoint_manager(directory: pathlib.Path, keep: int = 2):
                                                                     create=True))
 
 
+# Settings a run may change when it resumes; any other change makes the checkpoints invalid.
+RESUMABLE_CHANGES = ("steps", "checkpoint_every")
+
+
+def changed_settings(workdir: pathlib.Path, cfg: TrainConfig) -> list[str]:
+  """Settings of `cfg` that differ from the run recorded in `workdir` (none recorded: [])."""
+  path = workdir / "train_config.json"
+  if not path.exists():
+    return []
+  before, now = json.loads(path.read_text()), dataclasses.asdict(cfg)
+  return sorted(k for k in set(now) | set(before)
+                if k not in RESUMABLE_CHANGES and before.get(k) != now.get(k))
+
+
+def _check_settings(workdir: pathlib.Path, cfg: TrainConfig, resuming: bool) -> None:
+  """Record the run's settings in workdir/train_config.json; refuse to resume under others."""
+  path = workdir / "train_config.json"
+  now = dataclasses.asdict(cfg)
+  if resuming:
+    changed = changed_settings(workdir, cfg)
+    before = json.loads(path.read_text()) if changed else {}
+    if changed:
+      raise TrainingError(
+          f"{workdir} holds checkpoints trained with other settings ("
+          + ", ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed)
+          + "): train in a fresh directory")
+  path.write_text(json.dumps(now, indent=1) + "\n")
+
+
 def train(model: Model, inputs: np.ndarray, targets: np.ndarray, cfg: TrainConfig,
           workdir: str | pathlib.Path, teacher: Model | None = None,
           progress: bool = True) -> tuple[Model, list[dict]]:
@@ -184,6 +274,7 @@ def train(model: Model, inputs: np.ndarray, targets: np.ndarray, cfg: TrainConfi
   manager = _checkpoint_manager(workdir / "checkpoints")
   history_path = workdir / "history.jsonl"
   latest = manager.latest_step()
+  _check_settings(workdir, cfg, resuming=latest is not None)
   if latest is not None:
     abstract = {"step": state.step, "params": state.params, "opt_state": state.opt_state}
     restored = manager.restore(latest, args=ocp.args.StandardRestore(abstract))
@@ -198,7 +289,7 @@ def train(model: Model, inputs: np.ndarray, targets: np.ndarray, cfg: TrainConfi
     history = [json.loads(line) for line in history_path.read_text().splitlines()
                if json.loads(line)["step"] <= start]
   base_rng = jax.random.PRNGKey(cfg.seed)
-  data = batches(inputs, targets, cfg.batch_size, cfg.seed, start)
+  data = batches(inputs, targets, cfg.batch_size, cfg.seed, start, cfg.length_bucket)
   bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress,
              desc=f"train {workdir.name}", dynamic_ncols=True)
   running = None

@@ -126,6 +126,19 @@ def test_train_more_steps_continues_and_restarts_downstream(trained, capsys, tmp
   code, _, err = run(capsys, "train", "--recipe", path, "--workdir", workdir,
                      "--stages", "target")
   assert code == 2 and "past steps=20" in err and "Traceback" not in err
+  assert (workdir / "target" / "final" / "train_log.json").exists()   # the failure kept it
+
+  # another setting than steps (the aligned stage's optimizer): that stage starts over
+  before = (workdir / "aligned" / "history.jsonl").read_text()
+  path.write_text(json.dumps({**good, "aligned": {**aligned, "optimizer": "adafactor"},
+                              "target": {**good["target"], "steps": 40}}))
+  code, _, err = run(capsys, "train", "--recipe", path, "--workdir", workdir,
+                     "--stages", "aligned")
+  assert code == 0, err
+  settings = json.loads((workdir / "aligned" / "train_config.json").read_text())
+  assert settings["optimizer"] == "adafactor"
+  after = (workdir / "aligned" / "history.jsonl").read_text()
+  assert [json.loads(l)["step"] for l in after.splitlines()] == [10] and after != before
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -156,6 +169,10 @@ def test_train_bad_recipes(capsys, tmp_path):
       ("noconfig", {**good, "target": {"steps": 3}}, "needs a \"config\""),
       ("badsteps", {**good, "target": {**good["target"], "steps": 0}}, "steps must be >= 1"),
       ("badkey", {**good, "data": {**good["data"], "vocab": 3}}, "section 'data'"),
+      ("typo", {**good, "target": {**good["target"], "optimiser": "adafactor"}},
+       "section 'target': unknown key(s) optimiser"),
+      ("badopt", {**good, "target": {**good["target"], "optimizer": "sgd"}},
+       "optimizer must be one of adamw, adafactor"),
   ]:
     (tmp_path / f"{name}.json").write_text(json.dumps(recipe))
     check(tmp_path / f"{name}.json", message)

@@ -1,6 +1,7 @@
 """specdec_jax.training on a tiny model: optimisation, exact Orbax resume, batch order,
 distillation, shift_right."""
 
+import dataclasses
 import json
 
 import jax
@@ -110,6 +111,25 @@ def test_optax_steps_reduce_the_loss(model, data):
   assert 0.0 <= float(metrics["accuracy"]) <= 1.0
 
 
+def test_adafactor_steps_reduce_the_loss(model, data):
+  batch = batch_of(data[0][:BATCH], data[1][:BATCH])
+  initial = loss_of(model.params, batch)
+  state, _ = run_steps(model, batch, training.TrainConfig(optimizer="adafactor", **OPT), 40)
+  assert loss_of(state.params, batch) < 0.6 * initial
+
+
+def test_schedule_warms_up_stays_flat_then_decays():
+  cfg = training.TrainConfig(learning_rate=0.01, warmup_steps=10, decay_start=40)
+  lr = training.learning_rate_schedule(cfg)
+  np.testing.assert_allclose([float(lr(s)) for s in (1, 5, 10, 25, 40, 160)],
+                             [0.001, 0.005, 0.01, 0.01, 0.01, 0.005], rtol=1e-6)
+  t5 = training.learning_rate_schedule(training.TrainConfig(learning_rate=0.01,
+                                                            warmup_steps=10))
+  assert float(t5(40)) == pytest.approx(0.01 * 0.5)       # decay_start 0: from warm-up on
+  with pytest.raises(ValueError, match="optimizer must be one of"):
+    training.TrainConfig(optimizer="sgd")
+
+
 def test_zero_learning_rate_changes_nothing(model, data):
   batch = batch_of(*data)
   initial = loss_of(model.params, batch)
@@ -156,6 +176,17 @@ def test_resume_continues_exactly(model, data, tmp_path):
   assert tree_equal(again.params, resumed.params) and hist_again == hist_b2
 
 
+def test_resume_under_other_settings_is_refused(model, data, tmp_path):
+  inputs, targets = data
+  cfg = training.TrainConfig(steps=3, batch_size=BATCH, checkpoint_every=3, seed=7, **OPT)
+  training.train(on_device(model), inputs, targets, cfg, tmp_path, progress=False)
+  other = dataclasses.replace(cfg, steps=6, optimizer="adafactor", learning_rate=0.02)
+  with pytest.raises(training.TrainingError, match="learning_rate: 0.01 -> 0.02.*optimizer"):
+    training.train(on_device(model), inputs, targets, other, tmp_path, progress=False)
+  assert training.changed_settings(tmp_path, other) == ["learning_rate", "optimizer"]
+  assert training.changed_settings(tmp_path, dataclasses.replace(cfg, steps=9)) == []
+
+
 # ----------------------------------------------------------------------------- batch order
 
 
@@ -189,6 +220,49 @@ def test_batches_start_step_matches_batch_indices(data):
     b = next(it)
     np.testing.assert_array_equal(np.asarray(b["inputs"]),
                                   inputs[training.batch_indices(len(inputs), 8, 1, step)])
+
+
+def test_length_buckets_group_lengths_cover_the_epoch_and_trim_only_padding():
+  rng = np.random.default_rng(0)
+  n, bs, width = 640, 8, 24
+  inputs = np.zeros((n, width), np.int32)
+  targets = np.zeros((n, width), np.int32)
+  in_len, tgt_len = rng.integers(1, width + 1, n), rng.integers(1, width + 1, n)
+  for i in range(n):
+    inputs[i, :in_len[i]] = rng.integers(2, 50, in_len[i])
+    targets[i, :tgt_len[i]] = rng.integers(2, 50, tgt_len[i])
+  np.testing.assert_array_equal(training.token_lengths(inputs), in_len)
+  lengths = np.maximum(in_len, tgt_len)
+  per_epoch = n // bs
+  epoch = [training.batch_indices(n, bs, 5, s, lengths, pool_batches=16)
+           for s in range(per_epoch)]
+  flat = np.concatenate(epoch)
+  assert sorted(flat.tolist()) == list(range(n))                # every example once
+  spread = np.mean([np.ptp(lengths[b]) for b in epoch])         # within-batch length spread
+  plain = np.mean([np.ptp(lengths[training.batch_indices(n, bs, 5, s)])
+                   for s in range(per_epoch)])
+  assert spread < 0.35 * plain                                  # negative control: no buckets
+  # a pure function of (seed, step): resuming at step 7 serves the same batch
+  np.testing.assert_array_equal(epoch[7], training.batch_indices(n, bs, 5, 7, lengths, 16))
+
+  it = training.batches(inputs, targets, bs, seed=5, start_step=0, length_bucket=4)
+  widths = set()
+  for step in range(per_epoch):
+    b = next(it)
+    idx = training.batch_indices(n, bs, 5, step, lengths)
+    w = b["inputs"].shape[1]
+    widths.add(w)
+    assert w % 4 == 0 and w >= lengths[idx].max() > w - 4      # trimmed, rounded up to 4
+    np.testing.assert_array_equal(np.asarray(b["inputs"]), inputs[idx, :w])
+    np.testing.assert_array_equal(np.asarray(b["targets"]), targets[idx, :w])
+  assert len(widths) > 2
+
+
+def test_trimmed_batch_has_the_same_loss(model, data):
+  inputs, targets = data                       # rows are at most LENGTH - 1 tokens + EOS
+  wide = batch_of(np.pad(inputs, ((0, 0), (0, 6))), np.pad(targets, ((0, 0), (0, 6))))
+  assert loss_of(model.params, wide) == pytest.approx(
+      loss_of(model.params, batch_of(inputs, targets)), rel=1e-5)
 
 
 # ----------------------------------------------------------------------------- distillation

@@ -72,17 +72,32 @@ def _kernel_init(scale: float = 1.0) -> Callable:
 class Dense(nn.Module):
   """y = x @ kernel, no bias; kernel [in, out] stored 2-D as in T5X checkpoints."""
 
+  in_features: int
   features: int
   axes: tuple[str, str]
   dtype: jnp.dtype = jnp.float32
   init_scale: float = 1.0
 
-  @nn.compact
+  def setup(self):
+    self.kernel = self.param("kernel",
+                             nn.with_logical_partitioning(_kernel_init(self.init_scale), self.axes),
+                             (self.in_features, self.features), jnp.float32)
+
   def __call__(self, x: Array) -> Array:
-    kernel = self.param("kernel",
-                        nn.with_logical_partitioning(_kernel_init(self.init_scale), self.axes),
-                        (x.shape[-1], self.features), jnp.float32)
-    return jnp.dot(x.astype(self.dtype), jnp.asarray(kernel, self.dtype))
+    return jnp.dot(x.astype(self.dtype), jnp.asarray(self.kernel, self.dtype))
+
+
+def fused_dense(x: Array, denses: list[Dense], dtype) -> list[Array]:
+  """[x @ k_1, x @ k_2, ...] as ONE dot against the concatenated kernel [in, sum(out)].
+
+  Same maths as calling each Dense; in a decode loop the concatenation is
+  loop-invariant (XLA hoists it out of the while loop), and one wide GEMV streams
+  the weights faster than several narrow ones (CPU batch-1 decode is
+  bandwidth-bound: ~14% less time per token for T5 1.1 small).
+  """
+  kernel = jnp.concatenate([jnp.asarray(d.kernel, dtype) for d in denses], axis=1)
+  y = jnp.dot(x.astype(dtype), kernel)
+  return jnp.split(y, np.cumsum([d.features for d in denses])[:-1].tolist(), axis=-1)
 
 
 class RMSNorm(nn.Module):
@@ -162,39 +177,50 @@ def attention_bias(mask: Array, bias: Array | None = None) -> Array:
 
 
 class MultiHeadAttention(nn.Module):
-  """T5 attention: no biases, no 1/sqrt(d) scaling (it lives in the query init)."""
+  """T5 attention: no biases, no 1/sqrt(d) scaling (it lives in the query init).
+
+  Heads-major layout: queries, keys and values are [B, H, T|S, Dh], the layout
+  of the decoder caches, so attending over a cache needs no transposed copy.
+  """
 
   num_heads: int
   head_dim: int
-  out_features: int
+  in_features: int
   dtype: jnp.dtype = jnp.float32
 
   def setup(self):
     joined = self.num_heads * self.head_dim
-    dense = functools.partial(Dense, dtype=self.dtype)
-    self.query = dense(joined, ("embed", "joined_kv"), init_scale=self.head_dim ** -0.5)
-    self.key = dense(joined, ("embed", "joined_kv"))
-    self.value = dense(joined, ("embed", "joined_kv"))
-    self.out = dense(self.out_features, ("joined_kv", "embed"))
+    dense = functools.partial(Dense, self.in_features, joined, ("embed", "joined_kv"),
+                              self.dtype)
+    self.query = dense(init_scale=self.head_dim ** -0.5)
+    self.key = dense()
+    self.value = dense()
+    self.out = Dense(joined, self.in_features, ("joined_kv", "embed"), self.dtype)
 
   def _split(self, x: Array) -> Array:
-    return x.reshape(x.shape[:-1] + (self.num_heads, self.head_dim))
+    """[B, T, H * Dh] -> [B, H, T, Dh]."""
+    return jnp.swapaxes(x.reshape(x.shape[:-1] + (self.num_heads, self.head_dim)), 1, 2)
 
   def project_q(self, x: Array) -> Array:
-    """[B, T, E] -> [B, T, H, Dh]."""
+    """[B, T, E] -> [B, H, T, Dh]."""
     return self._split(self.query(x))
 
   def project_kv(self, x: Array) -> tuple[Array, Array]:
-    """[B, S, E] -> two [B, S, H, Dh]."""
-    return self._split(self.key(x)), self._split(self.value(x))
+    """[B, S, E] -> two [B, H, S, Dh]."""
+    k, v = fused_dense(x, [self.key, self.value], self.dtype)
+    return self._split(k), self._split(v)
+
+  def project_qkv(self, x: Array) -> tuple[Array, Array, Array]:
+    """Self-attention projections in one dot: [B, T, E] -> three [B, H, T, Dh]."""
+    return tuple(map(self._split, fused_dense(x, [self.query, self.key, self.value],
+                                               self.dtype)))
 
   def attend(self, q: Array, k: Array, v: Array, bias: Array) -> Array:
-    """q [B, T, H, Dh], k/v [B, S, H, Dh], bias [B|1, H, T, S] -> [B, T, E]."""
-    logits = jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=jnp.float32) + bias
+    """q [B, H, T, Dh], k/v [B, H, S, Dh], bias [B|1, H, T, S] -> [B, T, E]."""
+    logits = jnp.einsum("bhtd,bhsd->bhts", q, k, preferred_element_type=jnp.float32) + bias
     weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
-    y = jnp.einsum("bhts,bshd->bthd", weights, v)
-    y = y.reshape(y.shape[:2] + (self.num_heads * self.head_dim,))
-    return self.out(y)
+    y = jnp.swapaxes(jnp.einsum("bhts,bhsd->bhtd", weights, v), 1, 2)
+    return self.out(y.reshape(y.shape[:2] + (self.num_heads * self.head_dim,)))
 
 
 class MlpBlock(nn.Module):
@@ -210,12 +236,12 @@ class MlpBlock(nn.Module):
     acts = {"relu": nn.relu, "linear": lambda h: h, "silu": nn.silu,
             "gelu": functools.partial(nn.gelu, approximate=self.gelu_approximate),
             "gelu_exact": functools.partial(nn.gelu, approximate=False)}
-    h = None
-    for i, name in enumerate(self.activations):
-      branch = "wi" if len(self.activations) == 1 else f"wi_{i}"
-      y = acts[name](Dense(self.mlp_dim, ("embed", "mlp"), self.dtype, name=branch)(x))
-      h = y if h is None else h * y
-    return Dense(x.shape[-1], ("mlp", "embed"), self.dtype, name="wo")(h)
+    names = ["wi"] if len(self.activations) == 1 else [f"wi_{i}" for i in
+                                                         range(len(self.activations))]
+    wi = [Dense(x.shape[-1], self.mlp_dim, ("embed", "mlp"), self.dtype, name=n) for n in names]
+    h = functools.reduce(jnp.multiply, [acts[a](y) for a, y in
+                                        zip(self.activations, fused_dense(x, wi, self.dtype))])
+    return Dense(self.mlp_dim, x.shape[-1], ("mlp", "embed"), self.dtype, name="wo")(h)
 
 
 def _make_attention(cfg: T5Config, name: str | None) -> MultiHeadAttention:
@@ -241,7 +267,7 @@ class EncoderLayer(nn.Module):
     cfg, dt = self.config, self.config.activation_dtype
     attn = _make_attention(cfg, "attention")
     h = RMSNorm(cfg.layer_norm_epsilon, dt, name="pre_attention_layer_norm")(x)
-    x = x + dropout(attn.attend(attn.project_q(h), *attn.project_kv(h), bias))
+    x = x + dropout(attn.attend(*attn.project_qkv(h), bias))
     h = RMSNorm(cfg.layer_norm_epsilon, dt, name="pre_mlp_layer_norm")(x)
     return x + dropout(_make_mlp(cfg)(h))
 
@@ -269,8 +295,7 @@ class DecoderLayer(nn.Module):
 
   def __call__(self, x, cross_kv, self_bias, cross_bias, dropout, kv_cache=None, write_pos=None):
     h = self.pre_self_attention_layer_norm(x)
-    q = self.self_attention.project_q(h)
-    k, v = self.self_attention.project_kv(h)
+    q, k, v = self.self_attention.project_qkv(h)
     if kv_cache is not None:
       k = cache_lib.write(kv_cache[0], k, write_pos)
       v = cache_lib.write(kv_cache[1], v, write_pos)
@@ -316,7 +341,7 @@ class Decoder(nn.Module):
     self.decoder_norm = RMSNorm(cfg.layer_norm_epsilon, cfg.activation_dtype)
     self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
     if not cfg.logits_via_embedding:
-      self.logits_dense = Dense(cfg.vocab_size, ("embed", "vocab"), jnp.float32)
+      self.logits_dense = Dense(cfg.emb_dim, cfg.vocab_size, ("embed", "vocab"), jnp.float32)
 
   def _logits(self, x: Array) -> Array:
     if self.config.logits_via_embedding:

@@ -1,0 +1,66 @@
+#!/usr/bin/env python
+"""Greedy decode time per token: the real T5X decoder vs specdec-jax, same weights, one process.
+
+    git clone https://github.com/google-research/t5x /path/to/t5x     # T5X is not on PyPI
+    python scripts/compare_t5x.py --t5x-src /path/to/t5x --model config:t5_1_1_small \
+        --batch-sizes 1,8 --repeats 7 --out results/t5x_compare
+
+Writes OUT/t5x_compare.json, .md and .png. See `specdec_jax/t5x_bench.py` for what
+runs on each side (only four pure-JAX files of the checkout are imported).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter,
+                              epilog=__doc__.split("\n\n", 1)[1])
+  p.add_argument("--t5x-src", required=True, help="a google-research/t5x source checkout")
+  p.add_argument("--model", default="config:t5_1_1_small",
+                 help="checkpoint path or config:NAME (random weights, --seed)")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--batch-sizes", default="1,8")
+  p.add_argument("--prompt-len", type=int, default=32)
+  p.add_argument("--steps", type=int, default=32)
+  p.add_argument("--repeats", type=int, default=7)
+  p.add_argument("--out", default="results/t5x_compare")
+  args = p.parse_args(argv)
+
+  import specdec_jax as sd
+  from specdec_jax import bench, t5x_bench
+  from specdec_jax.cli import to_jsonable
+  try:
+    t5x_bench.load_t5x(args.t5x_src)      # fail before building the model
+  except t5x_bench.T5XSourceError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  if args.model.startswith("config:"):
+    model = sd.init_model(sd.get_config(args.model[len("config:"):]), args.seed)
+  else:
+    model = sd.load(args.model)
+  batch_sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
+  try:
+    results = t5x_bench.run_t5x_compare(model, args.t5x_src, batch_sizes=batch_sizes,
+                                        prompt_len=args.prompt_len, steps=args.steps,
+                                        repeats=args.repeats)
+  except t5x_bench.T5XSourceError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  results["model"]["source"] = args.model
+  os.makedirs(args.out, exist_ok=True)
+  base = os.path.join(args.out, "t5x_compare")
+  bench.atomic_write(base + ".json", json.dumps(to_jsonable(results), indent=1) + "\n")
+  bench.atomic_write(base + ".md", t5x_bench.markdown(results))
+  t5x_bench.plot(results, base + ".png")
+  print(t5x_bench.markdown(results))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
