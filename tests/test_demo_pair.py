@@ -43,8 +43,11 @@ def test_speculative_translation_equals_greedy(pair, gamma):
   spec = sd.speculative_generate(target, drafter, enc, gamma=gamma, max_new_tokens=24)
   np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(base.tokens))
   np.testing.assert_array_equal(np.asarray(spec.lengths), np.asarray(base.lengths))
-  # the aligned drafter agrees with its target most of the time
-  assert spec.stats["acceptance_rate"] > 0.5
+  # the aligned drafter's drafts are accepted far more often than an untrained drafter's
+  # (same config, random weights: the negative control), and save target calls
+  control = sd.speculative_generate(target, sd.init_model(drafter.config, 0), enc, gamma=gamma,
+                                    max_new_tokens=24)
+  assert float(spec.stats["acceptance_rate"]) > float(control.stats["acceptance_rate"]) + 0.15
   assert float(spec.stats["tokens_per_target_call"]) > 1.3
   texts = tok.decode(base.tokens)
   assert all(t.strip() for t in texts)
