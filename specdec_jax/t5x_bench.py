@@ -7,8 +7,8 @@ from it — ``t5x/decoding.py``, ``t5x/binary_search.py``,
 ``t5x/__init__.py`` (which pulls in TensorFlow, seqio, ...).
 
 The T5X side is what ``t5x.models.EncoderDecoderModel.predict_batch`` does for
-greedy decoding: encode once; an empty decode cache from ``module.init(...,
-decode=True)``; ``t5x.decoding.temperature_sample(temperature=0)`` with a
+greedy decoding: encode once; an empty decode cache from ``module.apply(...,
+decode=True, mutable=["cache"])`` (as ``_compute_kv_cache``); ``t5x.decoding.temperature_sample(temperature=0)`` with a
 ``tokens_to_logits`` that applies ``Transformer.decode(..., decode=True)`` to
 one token (T5X recomputes cross-attention K/V from the encoder output at every
 step). Our side is ``sd.generate`` (cross K/V cached). Both run ``steps`` tokens
