@@ -21,15 +21,7 @@ import sys
 
 import numpy as np
 
-
-def _int_list(text):
-  try:
-    values = [int(x) for x in text.split(",") if x.strip()]
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-  if any(v < 1 for v in values):
-    raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-  return values
+from specdec_jax.cli import int_list
 
 
 def main(argv=None) -> int:
@@ -48,7 +40,7 @@ def main(argv=None) -> int:
   p.add_argument("--prompt-len", type=int, default=16, help="length of random prompts")
   p.add_argument("--gamma", type=int, default=4)
   p.add_argument("--max-new-tokens", type=int, default=32)
-  p.add_argument("--batch-sizes", type=_int_list, default=[8, 32],
+  p.add_argument("--batch-sizes", type=int_list, default=[8, 32],
                  help="extra batch sizes for our methods (batch 1 always runs)")
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--no-hf-default-assisted", action="store_true",

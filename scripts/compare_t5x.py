@@ -16,6 +16,8 @@ import json
 import os
 import sys
 
+from specdec_jax.cli import int_list
+
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -23,33 +25,23 @@ def main(argv=None) -> int:
                               epilog=__doc__.split("\n\n", 1)[1])
   p.add_argument("--t5x-src", required=True, help="a google-research/t5x source checkout")
   p.add_argument("--model", default="config:t5_1_1_small",
-                 help="checkpoint path or config:NAME (random weights, --seed)")
-  p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--batch-sizes", default="1,8")
+                 help="checkpoint path or config:NAME (random weights, seed 0)")
+  p.add_argument("--batch-sizes", type=int_list, default=[1, 8], metavar="1,8")
   p.add_argument("--prompt-len", type=int, default=32)
   p.add_argument("--steps", type=int, default=32)
   p.add_argument("--repeats", type=int, default=7)
   p.add_argument("--out", default="results/t5x_compare")
   args = p.parse_args(argv)
 
-  import specdec_jax as sd
   from specdec_jax import bench, t5x_bench
-  from specdec_jax.cli import to_jsonable
+  from specdec_jax.cli import load_model, to_jsonable, user_errors
   try:
-    t5x_bench.load_t5x(args.t5x_src)      # fail before building the model
-  except t5x_bench.T5XSourceError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  if args.model.startswith("config:"):
-    model = sd.init_model(sd.get_config(args.model[len("config:"):]), args.seed)
-  else:
-    model = sd.load(args.model)
-  batch_sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
-  try:
-    results = t5x_bench.run_t5x_compare(model, args.t5x_src, batch_sizes=batch_sizes,
+    t5x = t5x_bench.load_t5x(args.t5x_src)      # fail before building the model
+    model = load_model(args.model)
+    results = t5x_bench.run_t5x_compare(model, t5x, batch_sizes=args.batch_sizes,
                                         prompt_len=args.prompt_len, steps=args.steps,
                                         repeats=args.repeats)
-  except t5x_bench.T5XSourceError as e:
+  except (t5x_bench.T5XSourceError, *user_errors()) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   results["model"]["source"] = args.model

@@ -23,22 +23,7 @@ import argparse
 import shlex
 import sys
 
-
-def _int_list(text):
-  try:
-    values = []
-    for part in text.split(","):
-      part = part.strip()
-      if "-" in part:
-        lo, hi = part.split("-")
-        values += list(range(int(lo), int(hi) + 1))
-      elif part:
-        values.append(int(part))
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"expected integers like 1,2,4 or 1-8, got {text!r}") from None
-  if not values or min(values) < 1:
-    raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-  return values
+from specdec_jax.cli import int_list
 
 
 def _names(choices):
@@ -60,11 +45,11 @@ def main(argv=None) -> int:
   p.add_argument("--out", default="results/demo")
   p.add_argument("--split", default="test")
   p.add_argument("--limit", type=int, help="only the first N sentences of the split")
-  p.add_argument("--batch-sizes", "--batch-size", type=_int_list, default=[8], metavar="8",
+  p.add_argument("--batch-sizes", "--batch-size", type=int_list, default=[8], metavar="8",
                  help="comma-separated batch sizes (default 8)")
-  p.add_argument("--gammas", type=_int_list, default=list(R.DEFAULT_GAMMAS), metavar="1-8",
+  p.add_argument("--gammas", type=int_list, default=list(R.DEFAULT_GAMMAS), metavar="1-8",
                  help="gammas for the model drafters (default 1-8)")
-  p.add_argument("--table-gammas", type=_int_list, default=list(R.DEFAULT_TABLE_GAMMAS),
+  p.add_argument("--table-gammas", type=int_list, default=list(R.DEFAULT_TABLE_GAMMAS),
                  metavar="2,4", help="gammas for the n-gram and prompt-lookup drafters")
   p.add_argument("--variants", type=_names(R.VARIANTS), default=list(R.VARIANTS),
                  metavar="drafter,aligned,distilled")

@@ -6,6 +6,8 @@
     out.tokens, out.lengths, out.stats
 """
 
+import jax
+
 from specdec_jax import t5x_compat, theory
 from specdec_jax.cache import DecoderCache
 from specdec_jax.config import ConfigError, T5Config, available_configs, get_config
@@ -24,18 +26,24 @@ __all__ = [
 ]
 
 
-def load(path_or_name: str, dtype=None, config: T5Config | None = None) -> Model:
+def load(path_or_name: str, dtype="float32", config: T5Config | None = None) -> Model:
   """Load a model: T5X checkpoint (legacy or Orbax), HF T5 dir, our saved dir, a bundled
   name such as "demo-de-en/target", or a named config ("config:t5_1_1_tiny", random weights).
 
-  dtype: cast floating params (e.g. "bfloat16"); None keeps what is stored.
+  dtype: of the floating params. float32 by default, as T5X restores and HF's
+  `from_pretrained` loads (the bundled demo pair is stored in bfloat16; computing
+  with bfloat16 params and float32 activations re-casts every weight on every
+  call, ~20 ms per demo sentence on CPU). "bfloat16" halves memory; None keeps
+  what is stored. Params come back as device arrays.
   """
   from specdec_jax import checkpoints
   if isinstance(path_or_name, str) and path_or_name.startswith("config:"):
     model = init_model(get_config(path_or_name[len("config:"):]), 0)
   else:
     cfg, params = checkpoints.load_checkpoint(path_or_name, config=config)
-    model = Model(config=cfg, params=params)
+    # Device arrays, not numpy: a jitted call would copy numpy params host -> device
+    # on every call (for the demo target, ~8 ms per sentence on CPU).
+    model = Model(config=cfg, params=jax.device_put(params))
   return model if dtype is None else model.astype(dtype)
 
 

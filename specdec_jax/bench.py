@@ -56,6 +56,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax.cli import int_list
+
 SCHEMA_VERSION = 1
 MODES = ("greedy", "sample")
 DEFAULT_TARGET = "config:t5_1_1_small"
@@ -716,16 +718,6 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
 # ----------------------------------------------------------------------------- command line
 
 
-def _int_list(text: str) -> list[int]:
-  try:
-    values = [int(x) for x in text.split(",") if x.strip()]
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-  if not values or min(values) < 1:
-    raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-  return values
-
-
 def _mode_list(text: str) -> list[str]:
   modes = [m.strip() for m in text.split(",") if m.strip()]
   bad = [m for m in modes if m not in MODES]
@@ -744,8 +736,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                  help="architecture overrides of a config: target, e.g. num_decoder_layers=4")
   p.add_argument("--drafter-overrides", metavar="K=V,...",
                  help="architecture overrides of a config: drafter, e.g. vocab_size=32128")
-  p.add_argument("--batch-sizes", type=_int_list, default=[1, 8], metavar="1,8")
-  p.add_argument("--gammas", type=_int_list, default=[1, 3, 5, 7], metavar="1,3,5,7")
+  p.add_argument("--batch-sizes", type=int_list, default=[1, 8], metavar="1,8")
+  p.add_argument("--gammas", type=int_list, default=[1, 3, 5, 7], metavar="1,3,5,7")
   p.add_argument("--modes", type=_mode_list, default=list(MODES), metavar="greedy,sample",
                  help="greedy and/or sample (temperature 1)")
   p.add_argument("--prompt-len", type=int, default=32,
@@ -755,7 +747,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--timing-steps", type=int, default=16,
                  help="decode steps per jitted loop when measuring c and verify cost")
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--dtype", choices=("float32", "bfloat16"), help="cast both models' params")
+  p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                 help="both models' parameter dtype (default float32)")
   p.add_argument("--ignore-eos", action="store_true",
                  help="always decode max_new_tokens per row (eos_id=-1)")
   p.add_argument("--prompts-file", metavar="FILE",

@@ -39,7 +39,7 @@ class CLIError(ValueError):
   """A command-line input the library would not catch itself (prompts, flag combinations)."""
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
+def user_errors() -> tuple[type[BaseException], ...]:
   """Exception types that mean "bad input": reported in one line with exit code 2."""
   import specdec_jax as sd
   from specdec_jax.checkpoints.errors import CheckpointError
@@ -156,9 +156,29 @@ def _config_model(name: str, overrides: dict[str, Any], dtype: str | None):
   return _CONFIG_MODELS[key]
 
 
-def load_model(spec: str, dtype: str | None = None, what: str = "model",
+def int_list(text: str) -> list[int]:
+  """argparse type: "1,2,4" or "1-8" (or a mix, "1,4-6") -> positive ints."""
+  values: list[int] = []
+  try:
+    for part in (p.strip() for p in text.split(",")):
+      if "-" in part[1:]:
+        lo, hi = part.split("-", 1)
+        values += range(int(lo), int(hi) + 1)
+      elif part:
+        values.append(int(part))
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected integers like 1,2,4 or 1-8, got {text!r}") from None
+  if not values or min(values) < 1:
+    raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+  return values
+
+
+def load_model(spec: str, dtype: str | None = "float32", what: str = "model",
                overrides: dict[str, Any] | None = None):
-  """`sd.load` plus the CLI's notes; "config:NAME" may take architecture `overrides`."""
+  """`sd.load` plus the CLI's notes; "config:NAME" may take architecture `overrides`.
+
+  dtype None keeps the stored dtype (config:NAME models: float32).
+  """
   import specdec_jax as sd
   if spec.startswith("config:"):
     model = _config_model(spec[len("config:"):], overrides or {}, dtype)
@@ -444,7 +464,9 @@ def _add_decode(subparsers) -> None:
   p.add_argument("--max-new-tokens", type=int, default=64)
   p.add_argument("--batch-size", type=int, help="prompts per decode call (default: all)")
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--dtype", choices=DTYPES, help="cast parameters (default: as stored)")
+  p.add_argument("--dtype", choices=DTYPES, default="float32",
+                 help="parameter dtype (default float32, as T5X and HF load; bfloat16 "
+                 "halves memory)")
   p.add_argument("--warmup", action="store_true",
                  help="run once before timing, so timing excludes compilation")
   p.add_argument("--stats", action="store_true", help="print decode statistics to stderr")
@@ -468,7 +490,7 @@ def run_convert(args) -> int:
                                   and not args.force):
     raise CLIError(f"{args.dst!r} exists and is not an empty directory (pass --force to "
                    "write into it)")
-  model = load_model(args.src, what="source")
+  model = load_model(args.src, dtype=None, what="source")   # convert keeps the stored dtype
   if args.to == "hf":
     if args.dtype is not None:
       model = model.astype(args.dtype)
@@ -724,7 +746,9 @@ def _add_eval(subparsers) -> None:
   p.add_argument("--tokenizer", metavar="PATH_OR_NAME",
                  help="SentencePiece model (default: the data dir's spiece.model)")
   p.add_argument("--seed", type=int, default=0, help="PRNG seed for sampling (default: 0)")
-  p.add_argument("--dtype", choices=DTYPES, help="cast parameters (default: as stored)")
+  p.add_argument("--dtype", choices=DTYPES, default="float32",
+                 help="parameter dtype (default float32, as T5X and HF load; bfloat16 "
+                 "halves memory)")
   p.add_argument("--warmup", action="store_true",
                  help="decode the first batch once untimed, so timing excludes compilation")
   p.add_argument("--json", action="store_true",
@@ -757,7 +781,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   args.argv = list(sys.argv[1:] if argv is None else argv)
   try:
     return int(args.func(args) or EXIT_OK)
-  except _user_errors() as e:
+  except user_errors() as e:
     message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     if isinstance(e, OSError) and getattr(e, "filename", None) and e.strerror:
       message = f"{e.filename}: {e.strerror}"

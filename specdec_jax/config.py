@@ -115,6 +115,20 @@ class T5Config:
     out = 0 if self.logits_via_embedding else e * v
     return v * e + enc + dec + rel + out
 
+  def decode_macs_per_token(self) -> int:
+    """Weight multiply-accumulates to decode one token with cached K/V.
+
+    Per decoder layer: self-attention Q, K, V, O (4 E·H), cross-attention Q and O
+    (2 E·H; its K/V come from the cache), the MLP ((n_wi + 1) E·M); plus the
+    output projection E·V. The encoder (once per input) and the attention over the
+    cache (grows with length, small at these sizes) are not counted. This is the
+    cost ratio c of the speculative-decoding analysis when a step is bound by
+    reading weights.
+    """
+    e, h, m = self.emb_dim, self.joined_kv, self.mlp_dim
+    layer = 6 * e * h + (len(self.mlp_activations) + 1) * e * m
+    return self.num_decoder_layers * layer + e * self.vocab_size
+
 
 def available_configs() -> list[str]:
   return sorted(p.stem for p in CONFIG_DIR.glob("*.json"))

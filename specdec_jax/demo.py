@@ -37,9 +37,8 @@ def _train_config(d: dict) -> training.TrainConfig:
 
 
 def _load_final(path: pathlib.Path) -> Model:
-  from specdec_jax.checkpoints import load_checkpoint
-  cfg, params = load_checkpoint(str(path))
-  return Model(cfg, params)
+  import specdec_jax as sd
+  return sd.load(str(path))
 
 
 def _save_final(path: pathlib.Path, model: Model, seconds: float, history: list, steps: int,

@@ -277,7 +277,6 @@ def run_results(workdir: str | os.PathLike, *, batch_sizes: Sequence[int] = (8,)
   import specdec_jax as sd
   from tqdm import tqdm
   from specdec_jax import bench, evaluation, theory
-  from specdec_jax.checkpoints import load_checkpoint
   from specdec_jax.tokenizer import load_tokenizer
 
   workdir = pathlib.Path(workdir)
@@ -306,13 +305,9 @@ def run_results(workdir: str | os.PathLike, *, batch_sizes: Sequence[int] = (8,)
     max_new_tokens = int(split_data["targets"].shape[1])
   tokenizer = load_tokenizer(data_dir / "spiece.model")
 
-  cfg, params = load_checkpoint(str(target_dir))
-  target = sd.Model(cfg, params)
+  target = sd.load(str(target_dir))
   found = find_variants(workdir, variants)
-  drafters: dict[str, Any] = {}
-  for v, path in found.items():
-    c, p = load_checkpoint(str(path))
-    drafters[v] = sd.Model(c, p)
+  drafters: dict[str, Any] = {v: sd.load(str(path)) for v, path in found.items()}
   for t in table_drafters:
     drafters[t] = evaluation.resolve_drafter(t, target, data_dir)
 

@@ -117,11 +117,14 @@ def _check_tree(t5x_params, ours) -> None:
     raise T5XSourceError("our parameter tree differs from T5X's network.Transformer tree")
 
 
-def run_t5x_compare(model: Model, t5x_src: str, *, batch_sizes=(1, 8), prompt_len: int = 32,
-                    steps: int = 32, repeats: int = 5, progress: bool = True) -> dict[str, Any]:
-  """Greedy ms/token of T5X and `sd.generate` per batch size, same weights and prompts."""
+def run_t5x_compare(model: Model, t5x: types.SimpleNamespace, *, batch_sizes=(1, 8),
+                    prompt_len: int = 32, steps: int = 32, repeats: int = 5,
+                    progress: bool = True) -> dict[str, Any]:
+  """Greedy ms/token of T5X (`t5x` from `load_t5x`) and `sd.generate` per batch size.
+
+  Same weights, same prompts, one process; fails if the greedy tokens differ.
+  """
   from tqdm.auto import tqdm
-  t5x = load_t5x(t5x_src)
   module = t5x_network(t5x, model)
   prompts = bench.random_prompts(max(batch_sizes), prompt_len, model.vocab_size)
   abstract = jax.eval_shape(lambda: module.init(

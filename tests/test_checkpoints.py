@@ -430,6 +430,18 @@ def test_save_load_round_trip(dtype, tmp_path, reference, fixture_config):
   assert_params_equal(ckpt.flatten(loaded), {k: v.astype(cast) for k, v in reference.items()})
 
 
+def test_sd_load_gives_float32_device_arrays_unless_asked(tmp_path, reference, fixture_config):
+  """Like T5X's restore and HF's from_pretrained: float32 by default, whatever is stored."""
+  import jax
+  import specdec_jax as sd
+  ckpt.save_checkpoint(tmp_path / "bf16", fixture_config, ckpt.unflatten(reference),
+                       dtype="bfloat16")
+  leaves = jax.tree_util.tree_leaves(sd.load(str(tmp_path / "bf16")).params)
+  assert all(isinstance(x, jax.Array) and x.dtype == np.float32 for x in leaves)
+  stored = jax.tree_util.tree_leaves(sd.load(str(tmp_path / "bf16"), dtype=None).params)
+  assert all(isinstance(x, jax.Array) and x.dtype == ml_dtypes.bfloat16 for x in stored)
+
+
 def test_bundled_names(tmp_path, reference, fixture_config, monkeypatch):
   assets = tmp_path / "assets"
   ckpt.save_checkpoint(assets / "demo-de-en" / "target", fixture_config, ckpt.unflatten(reference))

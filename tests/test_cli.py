@@ -217,7 +217,8 @@ def test_convert_round_trip(capsys, tmp_path):
     np.testing.assert_array_equal(from_hf[key], value, err_msg=key)
   code, _, err = run(capsys, "convert", tmp_path / "ours", tmp_path / "bf16", "--dtype", "bfloat16")
   assert code == 0, err
-  assert all(str(v.dtype) == "bfloat16" for v in _flat(sd.load(str(tmp_path / "bf16")).params).values())
+  stored = _flat(sd.load(str(tmp_path / "bf16"), dtype=None).params)
+  assert all(str(v.dtype) == "bfloat16" for v in stored.values())
   # A non-empty destination is refused unless --force.
   code, _, err = run(capsys, "convert", TARGET, tmp_path / "ours")
   assert code == 2 and "--force" in err
@@ -251,3 +252,12 @@ def test_merge_stats_of_several_batches():
                           {"target_calls": 2, "tokens_per_target_call": 1.0}],
                          [np.array([3, 2]), np.array([2])])
   assert base["tokens_per_target_call"] == pytest.approx(7 / (3 * 2 + 2 * 1))
+
+
+def test_int_list_parses_lists_and_ranges():
+  import argparse
+  assert cli.int_list("1,2,4") == [1, 2, 4]
+  assert cli.int_list("1-3,8") == [1, 2, 3, 8]
+  for bad in ("", "0,1", "a", "2-x", "-1"):
+    with pytest.raises(argparse.ArgumentTypeError):
+      cli.int_list(bad)

@@ -1,5 +1,6 @@
 """The cached decoder against the full forward pass, and the T5X fixture logits."""
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -143,6 +144,21 @@ def test_num_params_formula():
     assert sd.init_model(cfg, 0).num_params() == cfg.num_params()
   assert round(sd.get_config("t5_1_1_small").num_params() / 1e6, 1) == 77.0
   assert round(sd.get_config("t5_1_1_xxl").num_params() / 1e9, 1) == 11.1
+
+
+def test_decode_macs_per_token_counts_the_weights_a_step_reads():
+  """Every decoder kernel but the cached cross-attention K/V, plus the output projection."""
+  for name in ["t5_1_1_tiny", "t5_1_0_tiny"]:
+    cfg = sd.get_config(name)
+    flat = flax.traverse_util.flatten_dict(sd.init_model(cfg, 0).params, sep="/")
+    read = sum(v.size for k, v in flat.items()
+               if k.endswith("kernel") and (k.startswith("decoder/layers_")
+                                           or k.startswith("decoder/logits_dense"))
+               and "encoder_decoder_attention/key" not in k
+               and "encoder_decoder_attention/value" not in k)
+    if cfg.logits_via_embedding:   # tied: the step reads the embedding as the projection
+      read += flat["token_embedder/embedding"].size
+    assert cfg.decode_macs_per_token() == read
 
 
 def test_config_errors(tmp_path):

@@ -25,3 +25,16 @@ def test_compare_script_reports_a_missing_checkout(tmp_path):
                          "--out", str(tmp_path / "out")], capture_output=True, text=True)
   assert proc.returncode == 2
   assert "not a T5X source checkout" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_compare_script_reports_a_missing_model(tmp_path):
+  src = tmp_path / "t5x_src"
+  for rel in ("t5x/decoding.py", "t5x/binary_search.py", "t5x/examples/t5/layers.py",
+              "t5x/examples/t5/network.py"):
+    (src / rel).parent.mkdir(parents=True, exist_ok=True)
+    (src / rel).write_text("")
+  proc = subprocess.run([sys.executable, str(SCRIPT), "--t5x-src", str(src), "--model",
+                         str(tmp_path / "no_such_checkpoint"), "--out", str(tmp_path / "out")],
+                        capture_output=True, text=True)
+  assert proc.returncode == 2, proc.stderr
+  assert "no_such_checkpoint" in proc.stderr and "Traceback" not in proc.stderr

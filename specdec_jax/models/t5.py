@@ -87,14 +87,18 @@ class Dense(nn.Module):
     return jnp.dot(x.astype(self.dtype), jnp.asarray(self.kernel, self.dtype))
 
 
-def fused_dense(x: Array, denses: list[Dense], dtype) -> list[Array]:
-  """[x @ k_1, x @ k_2, ...] as ONE dot against the concatenated kernel [in, sum(out)].
+def fused_dense(x: Array, denses: list[Dense], dtype, fuse: bool = True) -> list[Array]:
+  """[x @ k_1, x @ k_2, ...], with `fuse` as ONE dot against the concatenated kernel.
 
-  Same maths as calling each Dense; in a decode loop the concatenation is
+  Same maths either way. Fuse in decode steps: there the concatenation is
   loop-invariant (XLA hoists it out of the while loop), and one wide GEMV streams
   the weights faster than several narrow ones (CPU batch-1 decode is
-  bandwidth-bound: ~14% less time per token for T5 1.1 small).
+  bandwidth-bound: ~14% less time per token for T5 1.1 small). Don't fuse in
+  passes that run once per call (encoder, cross K/V): there the concatenated copy
+  of the kernels is paid on every call (~1 ms per layer for the demo target).
   """
+  if not fuse:
+    return [d(x) for d in denses]
   kernel = jnp.concatenate([jnp.asarray(d.kernel, dtype) for d in denses], axis=1)
   y = jnp.dot(x.astype(dtype), kernel)
   return jnp.split(y, np.cumsum([d.features for d in denses])[:-1].tolist(), axis=-1)
@@ -205,15 +209,15 @@ class MultiHeadAttention(nn.Module):
     """[B, T, E] -> [B, H, T, Dh]."""
     return self._split(self.query(x))
 
-  def project_kv(self, x: Array) -> tuple[Array, Array]:
-    """[B, S, E] -> two [B, H, S, Dh]."""
-    k, v = fused_dense(x, [self.key, self.value], self.dtype)
+  def project_kv(self, x: Array, fuse: bool = True) -> tuple[Array, Array]:
+    """[B, S, E] -> two [B, H, S, Dh] (`fuse`: see `fused_dense`)."""
+    k, v = fused_dense(x, [self.key, self.value], self.dtype, fuse)
     return self._split(k), self._split(v)
 
-  def project_qkv(self, x: Array) -> tuple[Array, Array, Array]:
-    """Self-attention projections in one dot: [B, T, E] -> three [B, H, T, Dh]."""
+  def project_qkv(self, x: Array, fuse: bool = True) -> tuple[Array, Array, Array]:
+    """Self-attention projections: [B, T, E] -> three [B, H, T, Dh] (`fuse`: one dot)."""
     return tuple(map(self._split, fused_dense(x, [self.query, self.key, self.value],
-                                               self.dtype)))
+                                               self.dtype, fuse)))
 
   def attend(self, q: Array, k: Array, v: Array, bias: Array) -> Array:
     """q [B, H, T, Dh], k/v [B, H, S, Dh], bias [B|1, H, T, S] -> [B, T, E]."""
@@ -230,6 +234,7 @@ class MlpBlock(nn.Module):
   activations: tuple[str, ...]
   gelu_approximate: bool = True
   dtype: jnp.dtype = jnp.float32
+  fuse: bool = True      # wi_* as one dot (see `fused_dense`)
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
@@ -240,7 +245,7 @@ class MlpBlock(nn.Module):
                                                          range(len(self.activations))]
     wi = [Dense(x.shape[-1], self.mlp_dim, ("embed", "mlp"), self.dtype, name=n) for n in names]
     h = functools.reduce(jnp.multiply, [acts[a](y) for a, y in
-                                        zip(self.activations, fused_dense(x, wi, self.dtype))])
+                                        zip(self.activations, fused_dense(x, wi, self.dtype, self.fuse))])
     return Dense(self.mlp_dim, x.shape[-1], ("mlp", "embed"), self.dtype, name="wo")(h)
 
 
@@ -254,9 +259,9 @@ def _make_relpos(cfg: T5Config) -> RelativePositionBias:
                               cfg.relative_attention_max_distance)
 
 
-def _make_mlp(cfg: T5Config, name: str | None = "mlp") -> MlpBlock:
+def _make_mlp(cfg: T5Config, name: str | None = "mlp", fuse: bool = True) -> MlpBlock:
   return MlpBlock(cfg.mlp_dim, cfg.mlp_activations, cfg.gelu_approximate, cfg.activation_dtype,
-                  name=name)
+                  fuse, name=name)
 
 
 class EncoderLayer(nn.Module):
@@ -267,9 +272,10 @@ class EncoderLayer(nn.Module):
     cfg, dt = self.config, self.config.activation_dtype
     attn = _make_attention(cfg, "attention")
     h = RMSNorm(cfg.layer_norm_epsilon, dt, name="pre_attention_layer_norm")(x)
-    x = x + dropout(attn.attend(*attn.project_qkv(h), bias))
+    # The encoder runs once per call: unfused projections (see `fused_dense`).
+    x = x + dropout(attn.attend(*attn.project_qkv(h, fuse=False), bias))
     h = RMSNorm(cfg.layer_norm_epsilon, dt, name="pre_mlp_layer_norm")(x)
-    return x + dropout(_make_mlp(cfg)(h))
+    return x + dropout(_make_mlp(cfg, fuse=False)(h))
 
 
 class DecoderLayer(nn.Module):
@@ -291,7 +297,7 @@ class DecoderLayer(nn.Module):
     self.mlp = _make_mlp(cfg, None)
 
   def cross_kv(self, encoded: Array) -> tuple[Array, Array]:
-    return self.encoder_decoder_attention.project_kv(encoded)
+    return self.encoder_decoder_attention.project_kv(encoded, fuse=False)   # once per call
 
   def __call__(self, x, cross_kv, self_bias, cross_bias, dropout, kv_cache=None, write_pos=None):
     h = self.pre_self_attention_layer_norm(x)
