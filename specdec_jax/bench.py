@@ -56,7 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.cli import int_list
+from specdec_jax import cli
 
 SCHEMA_VERSION = 1
 MODES = ("greedy", "sample")
@@ -135,7 +135,6 @@ def rows_for_batch(prompts: np.ndarray, batch: int) -> np.ndarray:
 
 def file_prompts(path: str, length: int, tokenizer, vocab_size: int) -> np.ndarray:
   """Lines of `path` -> [N, length] (text via `tokenizer`, else token ids), padded or cut."""
-  from specdec_jax import cli
   with open(path, encoding="utf-8") as f:
     lines = [line for line in f.read().splitlines() if line.strip()]
   if not lines:
@@ -704,10 +703,9 @@ def atomic_write(path: str, text: str) -> None:
 
 def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
   """Write bench.json, bench.md and bench.png into `out_dir` (overwriting); their paths."""
-  from specdec_jax.cli import to_jsonable
   os.makedirs(out_dir, exist_ok=True)
   paths = {name: os.path.join(out_dir, f"bench.{name}") for name in ("json", "md", "png")}
-  atomic_write(paths["json"], json.dumps(to_jsonable(results), indent=1) + "\n")
+  atomic_write(paths["json"], json.dumps(cli.to_jsonable(results), indent=1) + "\n")
   atomic_write(paths["md"], markdown_report(results))
   tmp_png = paths["png"] + ".tmp.png"
   plot(results, tmp_png)
@@ -736,8 +734,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                  help="architecture overrides of a config: target, e.g. num_decoder_layers=4")
   p.add_argument("--drafter-overrides", metavar="K=V,...",
                  help="architecture overrides of a config: drafter, e.g. vocab_size=32128")
-  p.add_argument("--batch-sizes", type=int_list, default=[1, 8], metavar="1,8")
-  p.add_argument("--gammas", type=int_list, default=[1, 3, 5, 7], metavar="1,3,5,7")
+  p.add_argument("--batch-sizes", type=cli.int_list, default=[1, 8], metavar="1,8")
+  p.add_argument("--gammas", type=cli.int_list, default=[1, 3, 5, 7], metavar="1,3,5,7")
   p.add_argument("--modes", type=_mode_list, default=list(MODES), metavar="greedy,sample",
                  help="greedy and/or sample (temperature 1)")
   p.add_argument("--prompt-len", type=int, default=32,
@@ -768,7 +766,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_from_args(args) -> int:
   import specdec_jax as sd
-  from specdec_jax import cli
   for name in ("prompt_len", "max_new_tokens", "repeats", "timing_steps"):
     if getattr(args, name) < 1:
       raise BenchError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

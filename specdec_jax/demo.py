@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+import specdec_jax as sd
 from specdec_jax import config as config_lib
 from specdec_jax import training
 from specdec_jax.data import prepare
@@ -34,11 +35,6 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 def _train_config(d: dict) -> training.TrainConfig:
   keys = {f for f in training.TrainConfig.__dataclass_fields__}
   return training.TrainConfig(**{k: v for k, v in d.items() if k in keys})
-
-
-def _load_final(path: pathlib.Path) -> Model:
-  import specdec_jax as sd
-  return sd.load(str(path))
 
 
 def _save_final(path: pathlib.Path, model: Model, seconds: float, history: list, steps: int,
@@ -91,7 +87,7 @@ def _stage_train(name, workdir, recipe, data, make_init, teacher=None, targets=N
     shutil.rmtree(workdir / name)
   log = _final_log(workdir, name)
   if log is not None and log.get("steps") == cfg.steps and log.get("upstream", {}) == upstream:
-    return _load_final(final)
+    return sd.load(str(final))
   if log is not None and log.get("upstream", {}) != upstream:
     shutil.rmtree(workdir / name)
   init = make_init()
@@ -133,8 +129,8 @@ def run_pipeline(recipe_path: str | pathlib.Path, workdir: str | pathlib.Path,
           lambda name=name, seed=seed: init_model(config_for(name),
                                                   recipe[name].get("seed", seed)))
   if "aligned" in stages or "distilled" in stages:
-    target = results.get("target") or _load_final(workdir / "target" / "final")
-    drafter = results.get("drafter") or _load_final(workdir / "drafter" / "final")
+    target = results.get("target") or sd.load(str(workdir / "target" / "final"))
+    drafter = results.get("drafter") or sd.load(str(workdir / "drafter" / "final"))
     trainable = drafter.replace(config=drafter.config.replace(
         dropout_rate=config_for("drafter").dropout_rate))
     if "aligned" in stages:
@@ -164,7 +160,7 @@ def bundle(workdir: str | pathlib.Path, assets: pathlib.Path = ASSETS,
   workdir = pathlib.Path(workdir)
   assets.mkdir(parents=True, exist_ok=True)
   for name, stage in (("target", "target"), ("drafter", drafter_stage)):
-    model = _load_final(workdir / stage / "final")
+    model = sd.load(str(workdir / stage / "final"))
     dest = assets / name
     if dest.exists():
       shutil.rmtree(dest)

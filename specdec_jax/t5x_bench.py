@@ -8,12 +8,13 @@ from it — ``t5x/decoding.py``, ``t5x/binary_search.py``,
 
 The T5X side is what ``t5x.models.EncoderDecoderModel.predict_batch`` does for
 greedy decoding: encode once; an empty decode cache from ``module.apply(...,
-decode=True, mutable=["cache"])`` (as ``_compute_kv_cache``); ``t5x.decoding.temperature_sample(temperature=0)`` with a
-``tokens_to_logits`` that applies ``Transformer.decode(..., decode=True)`` to
-one token (T5X recomputes cross-attention K/V from the encoder output at every
-step). Our side is ``sd.generate`` (cross K/V cached). Both run ``steps`` tokens
-per row (EOS disabled, eos_id=-1) on the same prompts; the greedy tokens must be
-identical, or the comparison stops with an error.
+decode=True, mutable=["cache"])`` (as ``_compute_kv_cache``);
+``t5x.decoding.temperature_sample(temperature=0)`` with a ``tokens_to_logits``
+that applies ``Transformer.decode(..., decode=True)`` to one token (T5X recomputes
+cross-attention K/V from the encoder output at every step). Our side is
+``sd.generate`` (cross K/V cached). Both run ``steps`` tokens per row (EOS
+disabled, eos_id=-1) on the same prompts; the greedy tokens must be identical,
+or the comparison stops with an error.
 
 Timing: both functions are compiled first (excluded), then `repeats` rounds
 alternate the two (`bench.time_rounds`); we report medians and the ratio

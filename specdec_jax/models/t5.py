@@ -244,8 +244,8 @@ class MlpBlock(nn.Module):
     names = ["wi"] if len(self.activations) == 1 else [f"wi_{i}" for i in
                                                          range(len(self.activations))]
     wi = [Dense(x.shape[-1], self.mlp_dim, ("embed", "mlp"), self.dtype, name=n) for n in names]
-    h = functools.reduce(jnp.multiply, [acts[a](y) for a, y in
-                                        zip(self.activations, fused_dense(x, wi, self.dtype, self.fuse))])
+    branches = fused_dense(x, wi, self.dtype, self.fuse)
+    h = functools.reduce(jnp.multiply, [acts[a](y) for a, y in zip(self.activations, branches)])
     return Dense(self.mlp_dim, x.shape[-1], ("mlp", "embed"), self.dtype, name="wo")(h)
 
 
