@@ -9,7 +9,7 @@ See `specdec_jax/bench.py` for the definitions; `--help` for every option.
 
 import sys
 
-from specdec_jax import cli
+from specdec_jax.tools import cli
 
 if __name__ == "__main__":
   sys.exit(cli.main(["bench", *sys.argv[1:]]))

@@ -21,7 +21,7 @@ import sys
 
 import numpy as np
 
-from specdec_jax.cli import int_list
+from specdec_jax.tools.cli import int_list
 
 
 def main(argv=None) -> int:
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
   args = p.parse_args(argv)
 
   import specdec_jax as sd
-  from specdec_jax import bench, hf_compare
+  from specdec_jax.tools import bench, hf_compare
 
   target = args.target or (args.workdir and os.path.join(args.workdir, "target", "final"))
   drafter = args.drafter or (args.workdir and os.path.join(args.workdir, args.drafter_variant,
@@ -61,7 +61,7 @@ def main(argv=None) -> int:
   data_dir = args.data_dir or (args.workdir and os.path.join(args.workdir, "data"))
   target_model, drafter_model = sd.load(target), sd.load(drafter)
   if data_dir:
-    from specdec_jax.data import prepare
+    from specdec_jax.tools.data import prepare
     inputs = prepare.load_split(data_dir, args.split)["inputs"]
     prompts = inputs[:args.limit]
     source = f"first {len(prompts)} inputs of {data_dir}/{args.split}.npz"

@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-from specdec_jax.cli import int_list
+from specdec_jax.tools.cli import int_list
 
 
 def main(argv=None) -> int:
@@ -33,8 +33,8 @@ def main(argv=None) -> int:
   p.add_argument("--out", default="results/t5x_compare")
   args = p.parse_args(argv)
 
-  from specdec_jax import bench, t5x_bench
-  from specdec_jax.cli import load_model, to_jsonable, user_errors
+  from specdec_jax.tools import bench, t5x_bench
+  from specdec_jax.tools.cli import load_model, to_jsonable, user_errors
   try:
     t5x = t5x_bench.load_t5x(args.t5x_src)      # fail before building the model
     model = load_model(args.model)

@@ -9,7 +9,7 @@
 
 import sys
 
-from specdec_jax import cli
+from specdec_jax.tools import cli
 
 if __name__ == "__main__":
   sys.exit(cli.main(["decode", *sys.argv[1:]]))

@@ -23,7 +23,7 @@ import argparse
 import shlex
 import sys
 
-from specdec_jax.cli import int_list
+from specdec_jax.tools.cli import int_list
 
 
 def _names(choices):
@@ -37,7 +37,7 @@ def _names(choices):
 
 
 def main(argv=None) -> int:
-  from specdec_jax import results as R
+  from specdec_jax.tools import results as R
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                               formatter_class=argparse.RawDescriptionHelpFormatter,
                               epilog=__doc__.split("\n\n", 1)[1])

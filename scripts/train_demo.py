@@ -1,11 +1,11 @@
-"""Train the bundled De->En demo pair (thin wrapper over specdec_jax.demo).
+"""Train the bundled De->En demo pair (thin wrapper over specdec_jax.tools.demo).
 
     python scripts/train_demo.py --workdir runs/demo [--stages data,target,drafter,aligned,distilled,bundle]
 """
 
 import argparse
 
-from specdec_jax import demo
+from specdec_jax.tools import demo
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--recipe", default="configs/demo/train.json")

@@ -8,20 +8,26 @@
 
 import jax
 
-from specdec_jax import t5x_compat, theory
+from specdec_jax import theory
 from specdec_jax.cache import DecoderCache
-from specdec_jax.config import ConfigError, T5Config, available_configs, get_config
+from specdec_jax.config import T5Config, available_configs, get_config
+from specdec_jax.decoding import t5x_compat
+from specdec_jax.decoding.adaptive import AdaptiveGamma
 from specdec_jax.decoding.autoregressive import generate
-from specdec_jax.decoding.common import DecodeOutput
-from specdec_jax.decoding.speculative import AdaptiveGamma, speculative_generate
+from specdec_jax.decoding.buffer import DecodeOutput
+from specdec_jax.decoding.speculative import speculative_generate
+from specdec_jax.decoding.stats import DecodeStats
 from specdec_jax.drafters import ModelDrafter, NGramDrafter, PromptLookupDrafter
-from specdec_jax.model import InputError, Model, init_model, logical_axes
-from specdec_jax.sampling import Greedy, Sampling, SamplingError
+from specdec_jax.errors import (CheckpointError, ConfigError, InputError, SamplingError,
+                                SpecdecError, TokenizerError)
+from specdec_jax.models.model import Model, init_model, logical_axes
+from specdec_jax.sampling import Greedy, Sampling
 
 __all__ = [
-    "AdaptiveGamma", "ConfigError", "DecodeOutput", "DecoderCache", "Greedy", "InputError",
-    "Model", "ModelDrafter", "NGramDrafter", "PromptLookupDrafter", "Sampling", "SamplingError",
-    "T5Config", "available_configs", "generate", "get_config", "init_model", "load",
+    "AdaptiveGamma", "CheckpointError", "ConfigError", "DecodeOutput", "DecodeStats",
+    "DecoderCache", "Greedy", "InputError", "Model", "ModelDrafter", "NGramDrafter",
+    "PromptLookupDrafter", "Sampling", "SamplingError", "SpecdecError", "T5Config",
+    "TokenizerError", "available_configs", "generate", "get_config", "init_model", "load",
     "load_tokenizer", "logical_axes", "save", "speculative_generate", "t5x_compat", "theory",
 ]
 
@@ -36,7 +42,7 @@ def load(path_or_name: str, dtype="float32", config: T5Config | None = None) -> 
   call, ~20 ms per demo sentence on CPU). "bfloat16" halves memory; None keeps
   what is stored. Params come back as device arrays.
   """
-  from specdec_jax import checkpoints
+  from specdec_jax.io import checkpoints
   if isinstance(path_or_name, str) and path_or_name.startswith("config:"):
     model = init_model(get_config(path_or_name[len("config:"):]), 0)
   else:
@@ -49,11 +55,11 @@ def load(path_or_name: str, dtype="float32", config: T5Config | None = None) -> 
 
 def save(path, model: Model, dtype=None) -> None:
   """Save `model` in our own format (config + safetensors); `sd.load(path)` reads it back."""
-  from specdec_jax import checkpoints
+  from specdec_jax.io import checkpoints
   checkpoints.save_checkpoint(path, model.config, model.params, dtype=dtype)
 
 
 def load_tokenizer(path_or_name):
   """SentencePiece tokenizer with T5 conventions (pad 0, EOS 1, unk 2)."""
-  from specdec_jax.tokenizer import load_tokenizer as _load
+  from specdec_jax.io.tokenizer import load_tokenizer as _load
   return _load(path_or_name)

@@ -20,6 +20,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from specdec_jax.errors import ConfigError
+
 # Named configs live at the repository top level (configs/models/); the project is installed
 # editable (`pip install -e .`), so the package finds them beside itself.
 CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs" / "models"
@@ -29,8 +31,6 @@ _IGNORED_KEYS = frozenset({"params_dtype_in_checkpoint", "tied_logits_scale", "n
 _ACTIVATIONS = frozenset({"gelu", "relu", "linear", "gelu_exact", "silu"})
 
 
-class ConfigError(ValueError):
-  """A model config is unknown or malformed."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,11 +22,11 @@ import math
 import jax
 import jax.numpy as jnp
 
+from specdec_jax.errors import SamplingError
+
 Array = jax.Array
 
 
-class SamplingError(ValueError):
-  """Invalid sampling parameters."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +108,17 @@ def log_probs(logits: Array, method: SamplingMethod) -> Array:
 def probs(logits: Array, method: SamplingMethod) -> Array:
   """Adjusted distribution [..., V] float32 (sums to 1)."""
   return jnp.exp(log_probs(logits, method))
+
+
+def token_log_probs(logits: Array, tokens: Array, method: SamplingMethod) -> Array:
+  """Log-probability of `tokens` [...] under the adjusted distribution of `logits` [..., V].
+
+  Greedy: 0 for the argmax, -inf otherwise (without building the one-hot [..., V]).
+  """
+  if method.is_greedy:
+    best = jnp.argmax(logits, axis=-1)
+    return jnp.where(tokens == best, 0.0, -jnp.inf).astype(jnp.float32)
+  return jnp.take_along_axis(log_probs(logits, method), tokens[..., None], axis=-1)[..., 0]
 
 
 def sample(rng: Array, logits: Array, method: SamplingMethod) -> Array:

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from specdec_jax import bench, cli
+from specdec_jax.tools import bench, cli
 
 TARGET = "config:t5_1_1_tiny"
 DRAFTER = "config:t5_1_1_tiny_drafter"

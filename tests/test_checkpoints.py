@@ -1,4 +1,4 @@
-"""specdec_jax.checkpoints: T5X (legacy, Orbax), Hugging Face, own format, names, errors."""
+"""specdec_jax.io.checkpoints: T5X (legacy, Orbax), Hugging Face, own format, names, errors."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import pytest
 import tensorstore as ts
 from flax import serialization
 
-from specdec_jax import checkpoints as ckpt
-from specdec_jax.checkpoints import CheckpointError, hf, resolve, t5x_legacy
+from specdec_jax.io import checkpoints as ckpt
+from specdec_jax.io.checkpoints import CheckpointError, hf, resolve, t5x_legacy
 from specdec_jax.config import T5Config
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "t5x_tiny_v1_1"

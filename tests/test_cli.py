@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import specdec_jax as sd
-from specdec_jax import cli
-from specdec_jax.tokenizer import train_sentencepiece
+from specdec_jax.tools import cli
+from specdec_jax.io.tokenizer import train_sentencepiece
 
 TARGET = "config:t5_1_1_tiny"
 DRAFTER = "config:t5_1_1_tiny_drafter"

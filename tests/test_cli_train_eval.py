@@ -1,5 +1,5 @@
 """`specdec train` / `specdec eval` on a tiny recipe over a synthetic dictionary, and the
-pure helpers of specdec_jax.evaluation."""
+pure helpers of specdec_jax.tools.evaluation."""
 
 import json
 import math
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import specdec_jax as sd
-from specdec_jax import cli, evaluation
+from specdec_jax.tools import cli, evaluation
 from test_prepare import write_dictionary
 
 VOCAB = 120

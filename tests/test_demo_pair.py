@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import specdec_jax as sd
-from specdec_jax import cli, demo
-from specdec_jax.training import shift_right
+from specdec_jax.tools import cli, demo
+from specdec_jax.tools.training import shift_right
 
 PAIRS = [json.loads(line) for line in
          (pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl").read_text().splitlines()]

@@ -7,8 +7,8 @@ import pytest
 
 import specdec_jax as sd
 from specdec_jax import sampling as sampling_lib
-from specdec_jax import t5x_compat
-from specdec_jax.decoding import autoregressive
+from specdec_jax.decoding import t5x_compat
+from specdec_jax.decoding import engine
 from conftest import peaked, ragged_tokens
 
 
@@ -126,12 +126,12 @@ def test_no_recompilation_for_new_prompt_contents():
   model = sd.init_model(sd.get_config("t5_1_1_tiny"), 0)
   enc = ragged_tokens(2, 7, model.vocab_size, seed=0)
   sd.generate(model, enc, 5)
-  before = autoregressive._generate._cache_size()
+  before = engine.run._cache_size()
   for seed in (1, 2, 3):
     sd.generate(model, ragged_tokens(2, 7, model.vocab_size, seed=seed), 5)
-  assert autoregressive._generate._cache_size() == before
+  assert engine.run._cache_size() == before
   sd.generate(model, ragged_tokens(2, 8, model.vocab_size), 5)    # new shape: one compile
-  assert autoregressive._generate._cache_size() == before + 1
+  assert engine.run._cache_size() == before + 1
 
 
 def test_top_k_and_top_p_masks():

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import specdec_jax as sd
-from specdec_jax import checkpoints
+from specdec_jax.io import checkpoints
 from conftest import FIXTURE_DIR
 
 torch = pytest.importorskip("torch", reason="needs the interop extra (torch, transformers)")

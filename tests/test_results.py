@@ -1,4 +1,4 @@
-"""specdec_jax.results: the demo-pair results pipeline on a tiny synthetic workdir."""
+"""specdec_jax.tools.results: the demo-pair results pipeline on a tiny synthetic workdir."""
 
 import json
 import pathlib
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import specdec_jax as sd
-from specdec_jax import results as R
-from specdec_jax.data import de_en, prepare
-from specdec_jax.tokenizer import train_sentencepiece
+from specdec_jax.tools import results as R
+from specdec_jax.tools.data import de_en, prepare
+from specdec_jax.io.tokenizer import train_sentencepiece
 
 WORDS_DE = "der die das haus hund katze baum wasser brot gut klein gross rot blau".split()
 WORDS_EN = "the the the house dog cat tree water bread good small big red blue".split()
@@ -95,7 +95,7 @@ def test_pipeline_writes_json_md_png_and_greedy_bleu_matches(workdir, tmp_path):
 
 
 def test_quality_table_every_model_alone_on_the_split(workdir, tmp_path):
-  from specdec_jax import evaluation
+  from specdec_jax.tools import evaluation
   q = R.run_quality(workdir, batch_size=4, progress=False)
   assert [(r["model"], r["method"]) for r in q["rows"]] == [
       ("target", "greedy"), ("target", "sampling (T=1)"), ("drafter", "greedy")]

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from specdec_jax import t5x_bench
+from specdec_jax.tools import t5x_bench
 
 SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "compare_t5x.py"
 

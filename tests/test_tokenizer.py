@@ -1,4 +1,4 @@
-"""Tests for specdec_jax.tokenizer, on a tiny SentencePiece model trained here."""
+"""Tests for specdec_jax.io.tokenizer, on a tiny SentencePiece model trained here."""
 
 import itertools
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from specdec_jax.tokenizer import (
+from specdec_jax.io.tokenizer import (
     EOS_ID,
     PAD_ID,
     UNK_ID,

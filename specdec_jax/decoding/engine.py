@@ -1,0 +1,219 @@
+"""The round engine: every decoding method here is one wiring of the same four phases.
+
+    propose   proposer.propose(state, ctx, key)      up to G tokens per row   (Proposal)
+    verify    config.verify(target, state, proposal)  ONE cached (G+1)-token call (Verified)
+    accept    config.accept(logits, proposal, ...)    a rule passed as a value  (Acceptance)
+    commit    commit(...)                             emit, EOS, lengths, cache rollback, stats
+
+A round for a row at n emitted tokens (caches of length n, see `buffer`):
+
+    x_1..x_c  = proposals (c = count <= G)
+    logits    = target([seq[n], x_1 .. x_G])           positions n .. n+G written in its cache
+    m, t      = rule(logits, proposal)                 keep x_1..x_m, then the target's t
+    emit        x_1 .. x_m, t                          (cut after EOS and at max_new_tokens)
+    cache       length n + m + 1: the stale positions beyond are never read
+
+Pure pieces, to call from research code (vmap them, or drive your own loop):
+
+    state = init_state(target, proposer, encoder_tokens, config, rng)
+    while cond(state): state = round_step(target, proposer, state, config)
+    out = finish(state, config)
+
+`run` is exactly that loop under `jax.jit` (one program per shapes and config). To
+change one phase, pass another value: `dataclasses.replace(config, accept=MyRule())`,
+another `verify`, or another proposer; the loop is never copied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specdec_jax import sampling as sampling_lib
+from specdec_jax.cache import DecoderCache
+from specdec_jax.decoding import buffer
+from specdec_jax.decoding.acceptance import Speculative
+from specdec_jax.decoding.phases import (Acceptance, Proposal, RoundContext, RoundOutcome,
+                                         Verified)
+from specdec_jax.decoding.stats import DecodeStats
+from specdec_jax.errors import InputError
+from specdec_jax.models.model import Model
+
+Array = jax.Array
+
+
+# ----------------------------------------------------------------------------- state
+
+
+@struct.dataclass
+class RoundState:
+  """Loop state; every field has a fixed shape for the whole loop.
+
+  Attributes:
+    seq: int32 [B, T + 1] start token, then emitted tokens (see `buffer`).
+    n: int32 [B] tokens emitted per row.
+    done: bool [B] rows that emitted EOS or T tokens.
+    cache: the target's `DecoderCache`, length n (every emitted token but the last).
+    proposer: the proposer's own state (a drafter's cache, heads' hidden state, ...).
+    rng: PRNG key, split once per round.
+    stats: `DecodeStats` counters, per row.
+  """
+
+  seq: Array
+  n: Array
+  done: Array
+  cache: DecoderCache
+  proposer: Any
+  rng: Array
+  stats: DecodeStats
+
+
+def verify(target: Model, state: RoundState, proposal: Proposal) -> Verified:
+  """ONE cached call of the target over [last emitted token, x_1 .. x_G], for every row."""
+  cache = state.cache if proposal.target_cache is None else proposal.target_cache
+  tokens = jnp.concatenate([buffer.last_tokens(state.seq, state.n, 1), proposal.tokens], 1)
+  logits, cache = target.decode(tokens, cache.with_length(state.n))
+  return Verified(logits=logits, hidden=None, cache=cache, ran=jnp.ones((), jnp.bool_))
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundConfig:
+  """Static settings of a run (hashable: a jit static argument).
+
+  Attributes:
+    max_new_tokens: T, tokens per row at most.
+    max_proposals: G, proposal slots per round (gamma; 0 for the baseline).
+    sampling: the transform applied to target (and proposer) logits.
+    eos_id: a row stops after emitting it (negative: never).
+    accept: the acceptance rule (a frozen dataclass, see `acceptance`).
+    verify: the verify phase, `verify(target, state, proposal) -> Verified`.
+    info: static facts reported with the statistics, as (key, value) pairs.
+  """
+
+  max_new_tokens: int
+  max_proposals: int
+  sampling: sampling_lib.SamplingMethod = sampling_lib.Greedy()
+  eos_id: int = 1
+  accept: Callable[..., Acceptance] = Speculative()
+  verify: Callable[[Model, RoundState, Proposal], Verified] = verify
+  info: tuple[tuple[str, Any], ...] = ()
+
+  def __post_init__(self):
+    if self.max_proposals < 0:
+      raise InputError(f"max_proposals must be >= 0, got {self.max_proposals}")
+
+  @property
+  def capacity(self) -> int:
+    """Cache positions: T, plus G + 1 slack for the proposals a last round writes."""
+    if not self.max_proposals:
+      return self.max_new_tokens
+    return self.max_new_tokens + self.max_proposals + 1
+
+
+def init_state(target: Model, proposer: Any, encoder_tokens: Array, config: RoundConfig,
+               rng: Array, proposer_inputs: Array | None = None) -> RoundState:
+  """Run the target's encoder once, build empty caches, and the proposer's first state."""
+  batch = encoder_tokens.shape[0]
+  inputs = encoder_tokens if proposer_inputs is None else proposer_inputs
+  return RoundState(
+      seq=buffer.init_sequence(batch, config.max_new_tokens, target.config.decoder_start_id),
+      n=jnp.zeros((batch,), jnp.int32), done=jnp.zeros((batch,), jnp.bool_),
+      cache=target.start(encoder_tokens, config.capacity),
+      proposer=proposer.init(inputs, config.capacity), rng=rng,
+      stats=DecodeStats.zeros(batch, config.max_proposals))
+
+
+# ----------------------------------------------------------------------------- one round
+
+
+def context(state: RoundState, config: RoundConfig) -> RoundContext:
+  limit = jnp.where(state.done, 0, config.max_proposals).astype(jnp.int32)
+  return RoundContext(seq=state.seq, n=state.n, limit=limit, cache=state.cache,
+                      max_proposals=config.max_proposals, sampling=config.sampling,
+                      eos_id=config.eos_id, max_new_tokens=config.max_new_tokens)
+
+
+def round_step(target: Model, proposer: Any, state: RoundState,
+               config: RoundConfig) -> RoundState:
+  """propose -> verify -> accept -> commit, for every live row at once."""
+  rng, k_propose, k_accept = jax.random.split(state.rng, 3)
+  proposal = proposer.propose(state.proposer, context(state, config), k_propose)
+  verified = config.verify(target, state, proposal)
+  acceptance = config.accept(verified.logits, proposal, config.sampling, k_accept)
+  return commit(proposer, state.replace(rng=rng), proposal, verified, acceptance, config)
+
+
+def commit(proposer: Any, state: RoundState, proposal: Proposal, verified: Verified,
+           acceptance: Acceptance, config: RoundConfig) -> RoundState:
+  """Emit x_1..x_m and the target's token, roll the cache back by length, count."""
+  live = ~state.done
+  m = jnp.where(proposal.final, proposal.count, acceptance.m)
+  width = config.max_proposals
+  candidates = jnp.where(jnp.arange(width + 1)[None] < m[:, None],
+                         jnp.pad(proposal.tokens, ((0, 0), (0, 1))),
+                         acceptance.next_token[:, None])                    # [B, G + 1]
+  # A final proposal is committed as it is: the target adds no token after it.
+  seq, n, done, emitted = buffer.emit(state.seq, state.n, state.done, candidates,
+                                      m + (~proposal.final), config.eos_id)
+  stats = count_round(state.stats, live, proposal, verified, acceptance, m, candidates,
+                      emitted, config.sampling)
+  outcome = RoundOutcome(live=live, m=m, acceptance=acceptance, verified=verified)
+  return RoundState(seq=seq, n=n, done=done, cache=verified.cache.with_length(n),
+                    proposer=proposer.update(proposal.state, outcome), rng=state.rng,
+                    stats=stats)
+
+
+def count_round(stats: DecodeStats, live: Array, proposal: Proposal, verified: Verified,
+                acceptance: Acceptance, m: Array, candidates: Array, emitted: Array,
+                sampling: sampling_lib.SamplingMethod) -> DecodeStats:
+  """Add one round to the counters (meanings: `stats.DecodeStats`)."""
+  verified_rows = live & ~proposal.final & verified.ran
+  scored = acceptance.scored & verified_rows[:, None]
+  width = proposal.tokens.shape[1]
+  token_log_p = sampling_lib.token_log_probs(verified.logits, candidates, sampling)  # [B, G+1]
+  kept = jnp.arange(width + 1)[None] < emitted[:, None]
+  return stats.add(
+      rounds=verified.ran.astype(jnp.int32),
+      target_calls=verified_rows.astype(jnp.int32),
+      drafter_calls=proposal.calls * live,
+      drafted=proposal.count * live,
+      accepted=m * live,
+      rejections=(verified_rows & (acceptance.m < proposal.count)).astype(jnp.int32),
+      fallbacks=(proposal.fallback & live).astype(jnp.int32),
+      per_position_accepted=((jnp.arange(width)[None] < m[:, None])
+                             & live[:, None]).astype(jnp.int32),
+      beta_sum=jnp.sum(jnp.where(scored, acceptance.beta, 0.0), axis=1),
+      beta_count=jnp.sum(scored, axis=1).astype(jnp.int32),
+      drafter_tokens=jnp.minimum(m, emitted),
+      log_prob=jnp.sum(jnp.where(kept, token_log_p, 0.0), axis=1),
+      draft_pairs=jnp.maximum(proposal.count - 1, 0) * live,
+      repeated_drafts=jnp.sum((proposal.tokens[:, 1:] == proposal.tokens[:, :-1])
+                              & (jnp.arange(1, max(width, 1))[None] < proposal.count[:, None]),
+                              axis=1) * live)
+
+
+def cond(state: RoundState) -> Array:
+  return ~jnp.all(state.done)
+
+
+def finish(state: RoundState, config: RoundConfig) -> buffer.DecodeOutput:
+  return buffer.DecodeOutput(tokens=state.seq[:, 1:], lengths=state.n,
+                             counters=state.stats.replace(emitted=state.n), info=config.info)
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def run(target: Model, proposer: Any, encoder_tokens: Array, proposer_inputs: Array | None,
+        rng: Array, *, config: RoundConfig) -> buffer.DecodeOutput:
+  """The whole decode as ONE jitted `lax.while_loop` of `round_step`."""
+  state = init_state(target, proposer, encoder_tokens, config, rng, proposer_inputs)
+  state = jax.lax.while_loop(
+      cond, functools.partial(round_step, target, proposer, config=config), state)
+  return finish(state, config)

@@ -1,0 +1,177 @@
+"""Decode statistics: one counters dataclass that every method fills the same way.
+
+Counters are accumulated on device, per row, inside the jitted loop; ratios are
+derived from counters only when asked (`summarize`), so statistics of several
+calls merge exactly (`merge`): alpha of a corpus is sum(beta_sum) / sum(beta_count)
+over all its rows, never an average of per-call ratios.
+
+A "target call" is counted per ROW: a row that is live when the verifier runs
+gets +1. Over a batch of B rows that finish at different times this is the
+number of (row, call) pairs, so `tokens_per_target_call` = emitted / target_calls
+is the block efficiency (tokens a row gains per verifier call; 1.0 for the
+autoregressive baseline) in every method, report and tool. The number of batched
+verifier invocations (loop iterations, what wall time follows) is `rounds`.
+
+Worked example (one row, speculative decoding, gamma 3, EOS off, 7 tokens):
+
+    round 1: drafts a b c, target accepts a b, corrects -> x     emitted 3
+    round 2: drafts d e f, target accepts all, bonus     -> y     emitted 4
+
+    rounds 2, target_calls 2, drafter_calls 6, drafted 6, accepted 5, rejections 1,
+    per_position_accepted [2, 2, 1], emitted 7, drafter_tokens 5,
+    acceptance_rate 5/6, tokens_per_target_call 3.5
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from specdec_jax.errors import InputError
+
+Array = jax.Array
+
+
+@struct.dataclass
+class DecodeStats:
+  """Per-row counters of one decode call ([B] unless noted; int32 unless noted).
+
+  Attributes:
+    rounds: [] batched verifier invocations (loop iterations that called the target).
+    target_calls: verifier calls in which the row was live.
+    drafter_calls: proposer invocations in which the row was drafting.
+    drafted: proposals made for the row (per round: its number of proposals).
+    accepted: proposals committed: accepted by the verifier, or committed unverified
+      (BiLD's small model ending a sentence).
+    rejections: rounds in which one of the row's proposals was rejected (BiLD: rollbacks).
+    fallbacks: rounds the proposer ended because it was unsure (BiLD's fallback policy).
+    per_position_accepted: [B, G] rounds in which proposal i (0-based) was accepted.
+    beta_sum: float32, sum over scored proposals of beta = sum_x min(p(x), q(x))
+      (Leviathan et al.'s acceptance probability; greedy: 1 if the proposal is the argmax).
+    beta_count: scored proposals (those the target saw on its own path: up to and
+      including the first rejected one).
+    emitted: tokens emitted (EOS included): the row's output length.
+    drafter_tokens: emitted tokens that came from the proposer; the rest are the target's.
+    log_prob: float32, sum over emitted tokens of the target's log-probability under the
+      adjusted (temperature / top-k / top-p) distribution, as T5X's rescale_log_probs.
+    repeated_drafts: adjacent proposal pairs with equal tokens (blockwise drafts' repetition).
+    draft_pairs: adjacent proposal pairs made.
+    oracle_accepted: proposals an oracle choosing from each head's top-k would get accepted
+      (blockwise's oracle block efficiency).
+  """
+
+  rounds: Array
+  target_calls: Array
+  drafter_calls: Array
+  drafted: Array
+  accepted: Array
+  rejections: Array
+  fallbacks: Array
+  per_position_accepted: Array
+  beta_sum: Array
+  beta_count: Array
+  emitted: Array
+  drafter_tokens: Array
+  log_prob: Array
+  repeated_drafts: Array
+  draft_pairs: Array
+  oracle_accepted: Array
+
+  @classmethod
+  def zeros(cls, batch: int, max_proposals: int) -> "DecodeStats":
+    i = jnp.zeros((batch,), jnp.int32)
+    f = jnp.zeros((batch,), jnp.float32)
+    return cls(rounds=jnp.zeros((), jnp.int32), target_calls=i, drafter_calls=i, drafted=i,
+               accepted=i, rejections=i, fallbacks=i,
+               per_position_accepted=jnp.zeros((batch, max_proposals), jnp.int32),
+               beta_sum=f, beta_count=i, emitted=i, drafter_tokens=i, log_prob=f,
+               repeated_drafts=i, draft_pairs=i, oracle_accepted=i)
+
+  def add(self, **increments) -> "DecodeStats":
+    """Counters plus `increments` (same shapes): stats.add(accepted=m, drafted=count)."""
+    return self.replace(**{k: getattr(self, k) + v for k, v in increments.items()})
+
+
+# Ratios derived from the counters: name -> (numerator, denominator).
+_RATIOS = {
+    "acceptance_rate": ("accepted", "drafted"),
+    "tokens_per_target_call": ("emitted", "target_calls"),
+    "alpha": ("beta_sum", "beta_count"),
+    "fallback_rate": ("fallbacks", "emitted"),
+    "rollback_rate": ("rejections", "emitted"),
+    "repeated_draft_rate": ("repeated_drafts", "draft_pairs"),
+}
+_ROW_COUNTERS = ("target_calls", "drafter_calls", "drafted", "accepted", "rejections",
+                 "fallbacks", "beta_sum", "beta_count", "emitted", "drafter_tokens",
+                 "log_prob", "repeated_drafts", "draft_pairs", "oracle_accepted")
+
+
+def _ratio(num, den):
+  return num / jnp.maximum(den, 1)
+
+
+def summarize(stats: DecodeStats, info: Mapping[str, Any] | None = None) -> dict[str, Any]:
+  """The user-facing mapping: totals, ratios of totals, the same per row, and `info`.
+
+  Keys: every counter (total over rows), `rounds`, `per_position_accepted` [G],
+  `target_tokens` (= emitted - drafter_tokens), the ratios `acceptance_rate`,
+  `tokens_per_target_call`, `alpha`, `fallback_rate`, `rollback_rate`,
+  `repeated_draft_rate` (and `oracle_tokens_per_target_call` when `info` names an
+  `oracle_top_k`); each per-row value under `<name>_per_row`; then the static `info`
+  (method, gamma, lossy, ...).
+  """
+  total = {k: jnp.sum(getattr(stats, k), axis=0) for k in _ROW_COUNTERS}
+  per_row = {k: getattr(stats, k) for k in _ROW_COUNTERS}
+  for view in (total, per_row):
+    view["per_position_accepted"] = (jnp.sum(stats.per_position_accepted, axis=0)
+                                     if view is total else stats.per_position_accepted)
+    view["target_tokens"] = view["emitted"] - view["drafter_tokens"]
+    for name, (num, den) in _RATIOS.items():
+      view[name] = _ratio(view[num], view[den])
+    if info and dict(info).get("oracle_top_k"):
+      view["oracle_tokens_per_target_call"] = _ratio(
+          view["oracle_accepted"] + view["target_calls"], view["target_calls"])
+  out = dict(total)
+  out["rounds"] = stats.rounds
+  out.update({f"{k}_per_row": v for k, v in per_row.items()})
+  out.update(dict(info or {}))
+  return out
+
+
+def merge(parts: Sequence[tuple[DecodeStats, int]]) -> DecodeStats:
+  """One DecodeStats for several calls: (stats, real_rows) each, padding rows dropped.
+
+  Per-row counters are concatenated (the first `real_rows` rows of each part),
+  `rounds` add up. Proposal widths may differ between parts (adaptive gamma,
+  different gammas): per-position counters are zero-padded to the widest.
+  """
+  if not parts:
+    raise InputError("stats.merge needs at least one part")
+  parts = [(jax.tree_util.tree_map(np.asarray, s), int(r)) for s, r in parts]
+  width = max(s.per_position_accepted.shape[1] for s, _ in parts)
+  fields = {}
+  for name in DecodeStats.__dataclass_fields__:
+    if name == "rounds":
+      fields[name] = np.sum([s.rounds for s, _ in parts]).astype(np.int32)
+      continue
+    rows = [getattr(s, name)[:r] for s, r in parts]
+    if name == "per_position_accepted":
+      rows = [np.pad(x, ((0, 0), (0, width - x.shape[1]))) for x in rows]
+    fields[name] = np.concatenate(rows, axis=0)
+  return DecodeStats(**fields)
+
+
+def merge_outputs(outputs: Sequence[Any], real_rows: Sequence[int] | None = None
+                  ) -> dict[str, Any]:
+  """`summarize` over several `DecodeOutput`s (e.g. the batches of a corpus) as one run.
+
+  real_rows[i]: rows of output i that are real (the rest pad a short last batch).
+  The `info` of the first output is reported.
+  """
+  rows = real_rows or [o.lengths.shape[0] for o in outputs]
+  merged = merge([(o.counters, r) for o, r in zip(outputs, rows)])
+  return summarize(merged, dict(outputs[0].info))

@@ -1,0 +1,43 @@
+"""Proposers: whatever drafts tokens for the target to verify.
+
+    ModelDrafter(model)            a smaller T5 with the same vocabulary
+    NGramDrafter.fit(sequences)    unigram / bigram tables (cost c ~ 0)
+    PromptLookupDrafter(V)         copies continuations of matching n-grams from the input
+
+These are token-level drafters (init / first / next, see `loop`); `as_proposer`
+wraps one in a `DraftLoop`, the proposer the round engine calls. A proposer
+written from scratch (prediction heads, ...) implements `decoding.phases.Proposer`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specdec_jax.decoding.inputs import check_same_vocabulary
+from specdec_jax.drafters.lookup import LookupState, PromptLookupDrafter
+from specdec_jax.drafters.loop import DraftLoop, NoProposals, Unsure
+from specdec_jax.drafters.model import ModelDrafter
+from specdec_jax.drafters.ngram import NGramDrafter
+from specdec_jax.errors import InputError
+from specdec_jax.models.model import Model
+
+__all__ = ["DraftLoop", "LookupState", "ModelDrafter", "NGramDrafter", "NoProposals",
+           "PromptLookupDrafter", "Unsure", "as_drafter", "as_proposer"]
+
+
+def as_drafter(drafter: Any, target: Model) -> Any:
+  """A `Model` becomes a `ModelDrafter`; token-level drafters pass through. Checks the vocabulary."""
+  if isinstance(drafter, Model):
+    drafter = ModelDrafter(drafter)
+  if not all(hasattr(drafter, a) for a in ("init", "first", "next", "vocab_size")):
+    raise InputError(f"not a drafter: {type(drafter).__name__} (need init/first/next)")
+  check_same_vocabulary(target.config.vocab_size, drafter.vocab_size)
+  return drafter
+
+
+def as_proposer(proposer: Any, target: Model) -> Any:
+  """A proposer passes through; a `Model` or token-level drafter is wrapped in a `DraftLoop`."""
+  if all(hasattr(proposer, a) for a in ("init", "propose", "update", "vocab_size")):
+    check_same_vocabulary(target.config.vocab_size, proposer.vocab_size)
+    return proposer
+  return DraftLoop(as_drafter(proposer, target))

@@ -1,0 +1,67 @@
+"""Prompt lookup: copy the continuation of a suffix n-gram found in the input."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specdec_jax.decoding.buffer import last_tokens
+
+Array = jax.Array
+_NEG = -1e9  # log-probability of "impossible" (finite: no NaNs under scaling)
+
+
+@struct.dataclass
+class LookupState:
+  encoder_tokens: Array  # [B, Le]
+  pointer: Array         # [B] index into encoder_tokens of the next proposal, -1: none
+
+
+@struct.dataclass
+class PromptLookupDrafter:
+  """Copy the continuation of the longest suffix n-gram (<= max_ngram) found in the input.
+
+  Proposals are one-hot: q(x) = 1 for the copied token. Without a match the
+  drafter proposes from a uniform q (almost surely rejected under greedy).
+  """
+
+  vocab_size: int = struct.field(pytree_node=False)
+  max_ngram: int = struct.field(pytree_node=False, default=3)
+  kind: str = struct.field(pytree_node=False, default="table")
+
+  def _logits(self, state: LookupState) -> Array:
+    batch, length = state.encoder_tokens.shape
+    ok = (state.pointer >= 0) & (state.pointer < length)
+    token = jnp.take_along_axis(state.encoder_tokens,
+                                jnp.clip(state.pointer, 0, length - 1)[:, None], axis=1)[:, 0]
+    ok = ok & (token > 0)
+    one_hot = jax.nn.one_hot(token, self.vocab_size, dtype=jnp.bool_)
+    return jnp.where(ok[:, None], jnp.where(one_hot, 0.0, _NEG), 0.0)
+
+  def init(self, encoder_tokens: Array, capacity: int) -> LookupState:
+    return LookupState(encoder_tokens, jnp.full((encoder_tokens.shape[0],), -1, jnp.int32))
+
+  def first(self, state: LookupState, seq: Array, n: Array):
+    enc = state.encoder_tokens
+    batch, length = enc.shape
+    pointer = jnp.full((batch,), -1, jnp.int32)
+    for g in range(1, self.max_ngram + 1):   # longer matches override shorter ones
+      suffix = last_tokens(seq, n, g)                       # [B, g]
+      windows = jnp.stack([jnp.roll(enc, -j, axis=1) for j in range(g)], -1)  # [B, Le, g]
+      starts = jnp.arange(length)
+      match = jnp.all(windows == suffix[:, None, :], -1) & (starts + g < length)[None]
+      match = match & (jnp.take_along_axis(enc, jnp.minimum(starts + g, length - 1)[None]
+                                           .repeat(batch, 0), axis=1) > 0)
+      found = jnp.any(match, axis=1) & (n >= g)      # the suffix must be emitted tokens
+      pointer = jnp.where(found, jnp.argmax(match, axis=1) + g, pointer)
+    state = LookupState(enc, pointer)
+    return self._logits(state), state
+
+  def next(self, state: LookupState, token: Array):
+    length = state.encoder_tokens.shape[1]
+    proposed = jnp.take_along_axis(state.encoder_tokens,
+                                   jnp.clip(state.pointer, 0, length - 1)[:, None], 1)[:, 0]
+    follows = (state.pointer >= 0) & (proposed == token)
+    state = LookupState(state.encoder_tokens, jnp.where(follows, state.pointer + 1, -1))
+    return self._logits(state), state

@@ -1,0 +1,139 @@
+"""From a token-level drafter to a proposer: the autoregressive drafting loop of a round.
+
+A token-level drafter is a pytree with three pure methods:
+
+    state = drafter.init(encoder_tokens [B, Le], capacity)
+    logits, state = drafter.first(state, seq [B, T+1], n [B])   # next-token logits after seq[:, :n+1]
+    logits, state = drafter.next(state, token [B])               # append a draft, logits after it
+
+`first` starts a round from the emitted prefix (so any rollback of the previous
+round is implicit), `next` extends the round's own drafts.
+
+`DraftLoop(drafter)` drafts up to `ctx.limit[b]` tokens per row, one batched drafter
+call per step, and stops early per row on `stop` (BiLD's fallback: the drafter is
+unsure, so its proposal is discarded) and, with `final_at_eos`, on EOS or a full
+buffer (BiLD's small model ends the sentence itself). The loop runs while any row
+is still drafting; the last draft needs no further drafter call.
+
+Worked example (limit 3 for both rows; row 1 unsure at its 2nd step)::
+
+    step 1   first()  row 0 drafts a    row 1 drafts d
+    step 2   next()   row 0 drafts b    row 1 unsure: stops (fallback), count 1
+    step 3   next()   row 0 drafts c    -> count [3, 1], calls [3, 2]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specdec_jax import sampling as sampling_lib
+from specdec_jax.decoding.phases import Proposal, RoundContext, RoundOutcome
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class Unsure:
+  """BiLD's fallback test: the drafter is unsure when max_x softmax(logits)(x) <= threshold."""
+
+  fallback_threshold: float
+
+  def __call__(self, logits: Array) -> Array:
+    """logits [B, V] -> bool [B]."""
+    return jnp.max(jax.nn.softmax(logits.astype(jnp.float32), axis=-1), axis=-1) \
+        <= self.fallback_threshold
+
+
+@struct.dataclass
+class DraftLoop:
+  """A proposer that runs a token-level `drafter` autoregressively (see module doc).
+
+  Attributes:
+    drafter: the token-level drafter (a pytree: a model drafter carries its params).
+    stop: optional static predicate logits [B, V] -> bool [B]: stop drafting, discard.
+    final_at_eos: a row whose draft is EOS, or whose drafts fill the buffer, commits
+      them unverified (BiLD; speculative decoding verifies everything).
+  """
+
+  drafter: Any
+  stop: Callable[[Array], Array] | None = struct.field(pytree_node=False, default=None)
+  final_at_eos: bool = struct.field(pytree_node=False, default=False)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.drafter.vocab_size
+
+  @property
+  def kind(self) -> str:
+    return self.drafter.kind
+
+  def init(self, encoder_tokens: Array, capacity: int) -> Any:
+    return self.drafter.init(encoder_tokens, capacity)
+
+  def update(self, state: Any, outcome: RoundOutcome) -> Any:
+    return state
+
+  def propose(self, state: Any, ctx: RoundContext, key: Array) -> Proposal:
+    width, sampling = ctx.max_proposals, ctx.sampling
+    logits, state = self.drafter.first(state, ctx.seq, ctx.n)
+    batch, vocab = logits.shape
+    keys = jax.random.split(key, width)
+    active = ctx.limit > 0
+    zeros = jnp.zeros((batch,), jnp.int32)
+    no = jnp.zeros((batch,), jnp.bool_)
+    carry = dict(i=jnp.zeros((), jnp.int32), logits=logits, state=state, active=active,
+                 tokens=jnp.zeros((batch, width), jnp.int32), count=zeros,
+                 calls=active.astype(jnp.int32), fallback=no, final=no,
+                 q=None if sampling.is_greedy else jnp.zeros((batch, width, vocab), jnp.float32))
+
+    def step(c):
+      active, fallback = c["active"], c["fallback"]
+      if self.stop is not None:
+        unsure = active & self.stop(c["logits"])
+        fallback, active = fallback | unsure, active & ~unsure
+      x = sampling_lib.sample(keys[c["i"]], c["logits"], sampling)
+      tokens = c["tokens"].at[:, c["i"]].set(jnp.where(active, x, 0))
+      q = c["q"]
+      if q is not None:
+        q = q.at[:, c["i"]].set(sampling_lib.probs(c["logits"], sampling))
+      count = c["count"] + active
+      final = c["final"]
+      if self.final_at_eos:
+        ends = active & ((x == ctx.eos_id) | (ctx.n + count >= ctx.max_new_tokens))
+        final, active = final | ends, active & ~ends
+      active = active & (count < ctx.limit)
+      logits, state = jax.lax.cond(jnp.any(active),
+                                   lambda: self.drafter.next(c["state"], x),
+                                   lambda: (c["logits"], c["state"]))
+      return dict(i=c["i"] + 1, logits=logits, state=state, active=active, tokens=tokens,
+                  count=count, calls=c["calls"] + active, fallback=fallback, final=final, q=q)
+
+    c = jax.lax.while_loop(lambda c: (c["i"] < width) & jnp.any(c["active"]), step, carry)
+    return Proposal(tokens=c["tokens"], count=c["count"], q=c["q"], calls=c["calls"],
+                    fallback=c["fallback"], final=c["final"], state=c["state"])
+
+
+@struct.dataclass
+class NoProposals:
+  """The proposer of the autoregressive baseline: nothing to propose, ever."""
+
+  vocab_size: int = struct.field(pytree_node=False)
+  kind: str = struct.field(pytree_node=False, default="none")
+
+  def init(self, encoder_tokens: Array, capacity: int) -> Array:
+    return jnp.zeros((), jnp.int32)
+
+  def update(self, state: Any, outcome: RoundOutcome) -> Any:
+    return state
+
+  def propose(self, state: Any, ctx: RoundContext, key: Array) -> Proposal:
+    batch = ctx.n.shape[0]
+    zeros = jnp.zeros((batch,), jnp.int32)
+    no = jnp.zeros((batch,), jnp.bool_)
+    return Proposal(tokens=jnp.zeros((batch, 0), jnp.int32), count=zeros, q=None, calls=zeros,
+                    fallback=no, final=no, state=state)

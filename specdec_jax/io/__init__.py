@@ -1,0 +1,1 @@
+"""Checkpoints and tokenizers: reading and writing what models are made of."""

@@ -1,0 +1,113 @@
+"""Load and save T5 checkpoints as a T5X-named parameter tree.
+
+The tree is a nested dict of arrays with exactly T5X's names and 2-D kernels, e.g.
+``params["encoder"]["layers_0"]["attention"]["query"]["kernel"]`` [emb, heads*head_dim]
+(see ``tree.expected_shapes``). Supported sources, auto-detected by ``load_checkpoint``:
+
+- T5X legacy: ``checkpoint_<step>/checkpoint`` (flax msgpack) + zarr arrays (``t5x_legacy``),
+  local or gs:// (tensorstore file/gcs kvstore);
+- T5X Orbax: ``checkpoint_<step>/state/`` (``t5x_orbax``);
+- Hugging Face T5/mT5 dirs with safetensors weights, or hub ids "org/name" (``hf``);
+- this package's own format written by ``save_checkpoint`` (``native``);
+- bundled names under ``specdec_jax/assets/`` such as "demo-de-en/target".
+
+Every user-caused failure raises ``CheckpointError`` naming the file and the problem.
+Nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from specdec_jax.io.checkpoints import hf, native, resolve, t5x_legacy, t5x_orbax, tree
+from specdec_jax.io.checkpoints.errors import CheckpointError
+from specdec_jax.io.checkpoints.hf import (config_from_hf_dict, config_to_hf_dict, export_hf,
+                                        hf_to_t5x_params, t5x_to_hf_state_dict)
+from specdec_jax.io.checkpoints.resolve import FORMATS, bundled_names, detect_format
+from specdec_jax.io.checkpoints.tree import expected_shapes, flatten, infer_config, unflatten
+from specdec_jax.config import ConfigError, T5Config
+
+__all__ = [
+    "CheckpointError", "FORMATS", "load_checkpoint", "save_checkpoint", "export_hf",
+    "detect_format", "bundled_names", "t5x_to_hf_state_dict", "hf_to_t5x_params",
+    "config_to_hf_dict", "config_from_hf_dict", "expected_shapes", "validate_params",
+    "infer_config", "flatten", "unflatten",
+]
+
+
+def config_from_json_dict(d: Mapping[str, Any], source: str) -> T5Config:
+  """A config.json found beside a T5X checkpoint: T5X-style keys, or a HF config (model_type)."""
+  if "model_type" in d:
+    return hf.config_from_hf_dict(d, source=source)
+  try:
+    return T5Config.from_dict(dict(d))
+  except (ConfigError, TypeError) as e:
+    raise CheckpointError(f"{source}: invalid T5 config: {e}") from e
+
+
+def _t5x_config(checkpoint_dir: str, flat: Mapping[str, np.ndarray]) -> tuple[T5Config, str]:
+  """(config, where it came from): nearest config.json at/above the checkpoint, else shapes."""
+  start = checkpoint_dir
+  if resolve.has_file(checkpoint_dir, "_METADATA"):  # an Orbax state/ dir: search from its step
+    start = resolve.parent(checkpoint_dir)
+  found = resolve.find_config_json(start)
+  if found is not None:
+    file, d = found
+    return config_from_json_dict(d, file), f"config from {file}"
+  return tree.infer_config(flat, checkpoint_dir), "config inferred from parameter shapes"
+
+
+def _read(fmt: str, directory: str, need_config: bool) -> tuple[T5Config | None, str, dict]:
+  """(stored or inferred config, its origin, flat params) of a located checkpoint."""
+  if fmt in (resolve.T5X_LEGACY, resolve.T5X_ORBAX):
+    reader = t5x_legacy if fmt == resolve.T5X_LEGACY else t5x_orbax
+    flat = reader.load_params(directory)
+    if not need_config:
+      return None, "given config", flat
+    config, origin = _t5x_config(directory, flat)
+    return config, origin, flat
+  if fmt == resolve.HF:
+    config, flat = hf.load(directory)
+    return config, "config from config.json", flat
+  config, flat = native.load(directory)
+  return config, f"config from {resolve.SPECDEC_CONFIG}", flat
+
+
+def load_checkpoint(path_or_name: str | os.PathLike,
+                    config: T5Config | None = None) -> tuple[T5Config, dict[str, Any]]:
+  """Load any supported checkpoint -> (config, nested params of numpy arrays).
+
+  Args:
+    path_or_name: a checkpoint dir (or a parent of ``checkpoint_<step>`` dirs: highest step),
+      a gs:// URL (T5X), a bundled name ("demo-de-en/target") or a HF hub id ("org/name").
+    config: the architecture; default: the checkpoint's own (HF config.json,
+      specdec_config.json), for T5X a config.json in or up to two dirs above the checkpoint
+      dir, else inferred from parameter shapes.
+  Returns:
+    (config, params) with params validated against config (names and shapes).
+  """
+  location = resolve.resolve(path_or_name)
+  fmt, directory = resolve.locate(location)
+  stored, origin, flat = _read(fmt, directory, need_config=config is None)
+  final = config if config is not None else stored
+  tree.validate(flat, final, f"{directory} ({fmt}, {origin})")
+  return final, tree.unflatten(flat)
+
+
+def validate_params(params: Mapping[str, Any], config: T5Config, source: str = "params") -> None:
+  """CheckpointError unless nested or flat ``params`` have exactly the config's names/shapes."""
+  tree.validate(tree.flatten(params), config, source)
+
+
+def save_checkpoint(path: str | os.PathLike, config: T5Config, params: Mapping[str, Any],
+                    dtype: str | None = None) -> str:
+  """Write ``params`` as a specdec-jax dir (specdec_config.json + params.safetensors).
+
+  ``dtype`` ("float32", "bfloat16", "float16") casts the floating params; None keeps them.
+  Returns the directory path.
+  """
+  return native.save(path, config, params, dtype)

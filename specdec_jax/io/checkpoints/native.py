@@ -1,0 +1,88 @@
+"""specdec-jax's own format: ``specdec_config.json`` + ``params.safetensors``.
+
+``specdec_config.json`` = {"format": "specdec-jax", "version": 1, "config": T5Config.to_dict(),
+"dtype": "float32" | "bfloat16" | ... | "mixed"}; ``params.safetensors`` holds the T5X tree
+under flat "/"-joined keys in the stored dtype (bfloat16 through ml_dtypes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import safetensors.numpy
+
+from specdec_jax.io.checkpoints import hf, resolve, tree
+from specdec_jax.io.checkpoints.errors import CheckpointError
+from specdec_jax.config import ConfigError, T5Config
+
+FORMAT, VERSION = "specdec-jax", 1
+CONFIG_NAME = resolve.SPECDEC_CONFIG
+PARAMS_NAME = "params.safetensors"
+SAVE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def cast_floating(flat: Mapping[str, Any], dtype: str | None) -> dict[str, np.ndarray]:
+  """Host numpy copies of the params; floating arrays cast to ``dtype`` when given."""
+  if dtype is not None and dtype not in SAVE_DTYPES:
+    raise CheckpointError(f"unsupported save dtype {dtype!r}; use one of {SAVE_DTYPES}")
+  out = {}
+  for key, value in flat.items():
+    array = np.asarray(value)
+    if dtype is not None and jnp.issubdtype(array.dtype, jnp.floating):
+      array = array.astype(jnp.dtype(dtype))
+    out[key] = np.ascontiguousarray(array)
+  return out
+
+
+def _dtype_name(flat: Mapping[str, np.ndarray]) -> str:
+  names = {str(v.dtype) for v in flat.values() if jnp.issubdtype(v.dtype, jnp.floating)}
+  return names.pop() if len(names) == 1 else "mixed"
+
+
+def save(path: str | os.PathLike, config: T5Config, params: Mapping[str, Any],
+         dtype: str | None = None) -> str:
+  """Write ``params`` (nested or flat, validated against ``config``) to dir ``path``."""
+  path = os.fspath(path)
+  flat = cast_floating(tree.flatten(params), dtype)
+  tree.validate(flat, config, "params to save")
+  os.makedirs(path, exist_ok=True)
+  meta = {"format": FORMAT, "version": VERSION, "config": config.to_dict(),
+          "dtype": _dtype_name(flat)}
+  params_tmp = os.path.join(path, PARAMS_NAME + ".tmp")
+  safetensors.numpy.save_file(flat, params_tmp, metadata={"format": FORMAT})
+  os.replace(params_tmp, os.path.join(path, PARAMS_NAME))
+  config_tmp = os.path.join(path, CONFIG_NAME + ".tmp")
+  with open(config_tmp, "w") as f:
+    json.dump(meta, f, indent=1)
+  os.replace(config_tmp, os.path.join(path, CONFIG_NAME))
+  return path
+
+
+def read_config(directory: str) -> T5Config:
+  """The T5Config stored in ``specdec_config.json``."""
+  source = resolve.join(directory, CONFIG_NAME)
+  meta = resolve.read_json(directory, CONFIG_NAME)
+  if meta is None:
+    raise CheckpointError(f"{source}: not found")
+  if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+    raise CheckpointError(f"{source}: expected format {FORMAT!r} version {VERSION}, got "
+                          f"{meta.get('format')!r} version {meta.get('version')!r}")
+  if not isinstance(meta.get("config"), dict):
+    raise CheckpointError(f"{source}: no 'config' object")
+  try:
+    return T5Config.from_dict(meta["config"])
+  except (ConfigError, TypeError) as e:
+    raise CheckpointError(f"{source}: invalid config: {e}") from e
+
+
+def load(directory: str) -> tuple[T5Config, dict[str, np.ndarray]]:
+  """(config, flat params) of a dir written by ``save``."""
+  if resolve.is_gcs(directory):
+    raise CheckpointError(f"{directory}: specdec-jax dirs are read from local disk only")
+  config = read_config(directory)
+  return config, hf.read_safetensors(os.path.join(directory, PARAMS_NAME))

@@ -1,0 +1,385 @@
+"""SentencePiece tokenizer with T5 conventions (pad 0, EOS 1, unk 2, no BOS).
+
+A :class:`Tokenizer` wraps a loaded ``sentencepiece.SentencePieceProcessor``.
+Every tokenizer built here is checked to use T5's special ids, because the
+decoding code relies on them (0 doubles as the decoder start token and as
+padding, 1 ends a sequence)::
+
+    tok = load_tokenizer("path/to/spiece.model")      # or a directory
+    ids = tok.encode(["Guten Morgen.", "Danke!"])     # int32 [2, L], EOS-terminated, 0-padded
+    tok.decode(ids)                                   # ['Guten Morgen.', 'Danke!']
+
+``train_sentencepiece`` trains a new model from an in-memory iterable of
+sentences with the same conventions, reproducibly (one thread, no shuffling).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+import os
+import pathlib
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import sentencepiece as spm
+
+from specdec_jax.errors import TokenizerError
+
+PAD_ID = 0
+EOS_ID = 1
+UNK_ID = 2
+
+# File names looked for, in this order, when `load_tokenizer` is given a directory.
+MODEL_FILENAMES = ("spiece.model", "tokenizer.model", "sentencepiece.model")
+ASSETS_PACKAGE = "specdec_jax"
+ASSETS_DIR = "assets"
+_BUNDLED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Tokenizer:
+  """A SentencePiece model used with T5's special ids.
+
+  Attributes:
+    processor: the loaded ``sentencepiece.SentencePieceProcessor``.
+    path: where the model came from (file path, or ``<bundled:name>``); informational.
+  """
+
+  processor: spm.SentencePieceProcessor = dataclasses.field(repr=False, compare=False)
+  path: str
+
+  def __post_init__(self):
+    _check_t5_ids(self.processor, self.path)
+
+  @property
+  def vocab_size(self) -> int:
+    """Number of pieces in the SentencePiece model (a T5 network may pad its embedding beyond this)."""
+    return int(self.processor.get_piece_size())
+
+  @property
+  def pad_id(self) -> int:
+    return PAD_ID
+
+  @property
+  def eos_id(self) -> int:
+    return EOS_ID
+
+  @property
+  def unk_id(self) -> int:
+    return UNK_ID
+
+  def encode_one(self, text: str, add_eos: bool = True) -> list[int]:
+    """Token ids of one string (no padding), with EOS appended if ``add_eos``."""
+    if not isinstance(text, str):
+      raise TokenizerError(f"encode_one expects a str, got {type(text).__name__}")
+    ids = list(self.processor.encode(text, out_type=int))
+    return ids + [EOS_ID] if add_eos else ids
+
+  def encode(
+      self,
+      texts: Sequence[str],
+      max_length: int | None = None,
+      add_eos: bool = True,
+      truncate: bool = False,
+  ) -> np.ndarray:
+    """Tokenizes a batch of strings into a right-padded id matrix.
+
+    Args:
+      texts: a list (or other sequence) of B strings. A bare ``str`` is rejected,
+        since iterating it would silently tokenize single characters; wrap it in
+        a list or use :meth:`encode_one`.
+      max_length: pad every row to exactly this length. A longer row is an error
+        unless ``truncate``. ``None`` pads to the longest row.
+      add_eos: append EOS (id 1) to every row.
+      truncate: cut rows longer than ``max_length``, keeping EOS as the last
+        token when ``add_eos``.
+
+    Returns:
+      int32 array [B, L]; pads are 0. ``L == max_length`` when given.
+    """
+    rows = [self.encode_one(t, add_eos=add_eos) for t in _check_texts(texts)]
+    if max_length is None:
+      length = max((len(r) for r in rows), default=0)
+    else:
+      length = _check_max_length(max_length, add_eos)
+      rows = [_fit_row(r, i, length, add_eos, truncate) for i, r in enumerate(rows)]
+    return _pad_rows(rows, length)
+
+  def decode_one(self, tokens: Any) -> str:
+    """Text of one id sequence [L]: stops at the first EOS, drops pads (0)."""
+    arr = _as_id_array(tokens)
+    if arr.ndim != 1:
+      raise TokenizerError(f"decode_one expects a 1-D id sequence [L], got shape {arr.shape}")
+    return self._decode_row(arr, 0)
+
+  def decode(self, tokens: Any) -> list[str]:
+    """Texts of an id matrix [B, L] (or a single row [L], giving a list of one).
+
+    Accepts numpy or jax integer arrays, or nested lists of ints. Each row is
+    cut at its first EOS; pads (0) are dropped; the remaining ids are decoded.
+    Ids outside ``[0, vocab_size)`` raise :class:`TokenizerError`.
+    """
+    arr = _as_id_array(tokens)
+    if arr.ndim == 1:
+      arr = arr[None, :]
+    if arr.ndim != 2:
+      raise TokenizerError(f"decode expects ids of shape [B, L] or [L], got shape {arr.shape}")
+    return [self._decode_row(row, i) for i, row in enumerate(arr)]
+
+  def _decode_row(self, row: np.ndarray, index: int) -> str:
+    eos = np.flatnonzero(row == EOS_ID)
+    if eos.size:
+      row = row[: eos[0]]
+    row = row[row != PAD_ID]
+    bad = row[(row < 0) | (row >= self.vocab_size)]
+    if bad.size:
+      raise TokenizerError(
+          f"row {index} holds id {int(bad[0])} outside the tokenizer vocabulary [0, {self.vocab_size}) "
+          f"(a model whose embedding is padded beyond the SentencePiece vocab produced it?)"
+      )
+    return self.processor.decode([int(t) for t in row])
+
+
+def load_tokenizer(path_or_name: str | os.PathLike) -> Tokenizer:
+  """Loads a T5-convention SentencePiece tokenizer.
+
+  Args:
+    path_or_name: one of
+      * a ``.model`` file path (e.g. T5's ``spiece.model``);
+      * a directory holding ``spiece.model``, ``tokenizer.model`` or
+        ``sentencepiece.model`` (first found, in that order);
+      * the name of a bundled tokenizer, resolving to
+        ``specdec_jax/assets/<name>/spiece.model`` inside the package.
+
+  Raises:
+    TokenizerError: the file is missing, unreadable, not a SentencePiece model,
+      or does not use T5 ids; or the bundled name is unknown (the message lists
+      the bundled names).
+  """
+  path = pathlib.Path(path_or_name)
+  if path.is_dir():
+    return _load_file(_model_in_dir(path))
+  if path.is_file():
+    return _load_file(path)
+  if isinstance(path_or_name, str) and _BUNDLED_NAME_RE.match(path_or_name) and not path.suffix == ".model":
+    return _load_bundled(path_or_name)
+  raise TokenizerError(f"tokenizer file or directory not found: {str(path)!r}")
+
+
+def bundled_tokenizers() -> list[str]:
+  """Names of tokenizers shipped in ``specdec_jax/assets/<name>/spiece.model`` (sorted)."""
+  root = importlib.resources.files(ASSETS_PACKAGE) / ASSETS_DIR
+  if not root.is_dir():
+    return []
+  return sorted(d.name for d in root.iterdir() if d.is_dir() and (d / "spiece.model").is_file())
+
+
+def train_sentencepiece(
+    texts: Iterable[str],
+    model_prefix: str | os.PathLike,
+    vocab_size: int,
+    model_type: str = "unigram",
+    character_coverage: float = 1.0,
+    seed_sentencepiece_size: int = 1_000_000,
+    input_sentence_size: int = 0,
+    user_defined_symbols: Sequence[str] = (),
+    verbose: bool = False,
+) -> Tokenizer:
+  """Trains a SentencePiece model with T5 ids from in-memory sentences.
+
+  Writes ``<model_prefix>.model`` and ``<model_prefix>.vocab`` (creating the
+  parent directory) and returns the loaded :class:`Tokenizer`. Training is
+  reproducible: one thread, SentencePiece's input shuffling off, so the same
+  texts and arguments give a byte-identical ``.model`` (the prefix itself is
+  recorded in the model, so compare files written to the same prefix).
+
+  Args:
+    texts: sentences, one per item (consumed once).
+    model_prefix: output path without extension.
+    vocab_size: total pieces including ``<pad>``, ``</s>``, ``<unk>`` and
+      ``user_defined_symbols``. SentencePiece refuses sizes the corpus cannot fill.
+    model_type: "unigram" (as T5), "bpe", "char" or "word".
+    character_coverage: fraction of characters covered by the vocabulary;
+      1.0 keeps every character (e.g. umlauts, ß).
+    seed_sentencepiece_size: unigram seed-vocabulary size.
+    input_sentence_size: use only the first N sentences (0 = all); no sampling.
+    user_defined_symbols: pieces always kept whole (ids right after ``<unk>``).
+    verbose: show SentencePiece's training log on stderr.
+
+  Raises:
+    TokenizerError: no sentences, or SentencePiece rejected the settings.
+  """
+  prefix = pathlib.Path(model_prefix)
+  if isinstance(texts, str):
+    raise TokenizerError("train_sentencepiece expects an iterable of sentences, not a single str")
+  sentences = _SentenceStream(texts)
+  prefix.parent.mkdir(parents=True, exist_ok=True)
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=sentences,
+        model_prefix=str(prefix),
+        vocab_size=int(vocab_size),
+        model_type=model_type,
+        character_coverage=float(character_coverage),
+        seed_sentencepiece_size=int(seed_sentencepiece_size),
+        input_sentence_size=int(input_sentence_size),
+        shuffle_input_sentence=False,
+        num_threads=1,
+        pad_id=PAD_ID,
+        eos_id=EOS_ID,
+        unk_id=UNK_ID,
+        bos_id=-1,
+        pad_piece="<pad>",
+        eos_piece="</s>",
+        unk_piece="<unk>",
+        user_defined_symbols=list(user_defined_symbols),
+        minloglevel=0 if verbose else 2,
+    )
+  except RuntimeError as e:
+    sentences.raise_if_failed()
+    raise TokenizerError(f"SentencePiece training for {str(prefix)!r} failed: {e}") from e
+  sentences.raise_if_failed()
+  return _load_file(prefix.with_name(prefix.name + ".model"))
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+class _SentenceStream:
+  """Iterator over training sentences that checks them and keeps the first problem.
+
+  SentencePiece calls the iterator from C++ and turns a Python exception into an
+  opaque RuntimeError, so problems are recorded here, iteration stops, and
+  `raise_if_failed` re-raises them as a TokenizerError after training.
+  """
+
+  def __init__(self, texts: Iterable[str]):
+    self._it = iter(texts)
+    self._index = 0
+    self._non_empty = 0
+    self.error: TokenizerError | None = None
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> str:
+    if self.error is not None:
+      raise StopIteration
+    try:
+      text = next(self._it)
+    except StopIteration:
+      if self._non_empty == 0:
+        self.error = TokenizerError("train_sentencepiece got no non-empty sentences")
+      raise
+    if not isinstance(text, str):
+      self.error = TokenizerError(f"training text {self._index} is {type(text).__name__}, expected str")
+      raise StopIteration
+    self._index += 1
+    self._non_empty += bool(text.strip())
+    return text
+
+  def raise_if_failed(self) -> None:
+    if self.error is not None:
+      raise self.error
+
+
+def _check_t5_ids(processor: spm.SentencePieceProcessor, origin: str) -> None:
+  got = (processor.pad_id(), processor.eos_id(), processor.unk_id())
+  if got != (PAD_ID, EOS_ID, UNK_ID):
+    raise TokenizerError(
+        f"tokenizer {origin!r} has pad/eos/unk ids {got}; T5 needs ({PAD_ID}, {EOS_ID}, {UNK_ID}) "
+        f"(train with pad_id=0, eos_id=1, unk_id=2, bos_id=-1)"
+    )
+
+
+def _from_bytes(data: bytes, origin: str) -> Tokenizer:
+  processor = spm.SentencePieceProcessor()
+  try:
+    processor.LoadFromSerializedProto(data)
+  except (RuntimeError, OSError, ValueError) as e:
+    raise TokenizerError(f"{origin!r} is not a valid SentencePiece model: {e}") from e
+  if processor.get_piece_size() == 0:
+    raise TokenizerError(f"{origin!r} is not a valid SentencePiece model (no pieces)")
+  return Tokenizer(processor=processor, path=origin)
+
+
+def _load_file(path: pathlib.Path) -> Tokenizer:
+  try:
+    data = path.read_bytes()
+  except OSError as e:
+    raise TokenizerError(f"cannot read tokenizer file {str(path)!r}: {e.strerror or e}") from e
+  return _from_bytes(data, str(path))
+
+
+def _model_in_dir(directory: pathlib.Path) -> pathlib.Path:
+  for name in MODEL_FILENAMES:
+    if (directory / name).is_file():
+      return directory / name
+  raise TokenizerError(f"directory {str(directory)!r} holds none of {', '.join(MODEL_FILENAMES)}")
+
+
+def _load_bundled(name: str) -> Tokenizer:
+  resource = importlib.resources.files(ASSETS_PACKAGE) / ASSETS_DIR / name / "spiece.model"
+  if not resource.is_file():
+    available = ", ".join(bundled_tokenizers()) or "none"
+    raise TokenizerError(
+        f"no tokenizer file or directory {name!r}, and no bundled tokenizer of that name "
+        f"(bundled: {available})"
+    )
+  return _from_bytes(resource.read_bytes(), f"<bundled:{name}>")
+
+
+def _check_texts(texts: Sequence[str]) -> Sequence[str]:
+  if isinstance(texts, (str, bytes)):
+    raise TokenizerError(
+        "encode expects a list of strings, got a single "
+        f"{type(texts).__name__}; wrap it in a list (encode([text])) or use encode_one"
+    )
+  texts = list(texts)
+  for i, t in enumerate(texts):
+    if not isinstance(t, str):
+      raise TokenizerError(f"encode: text {i} is {type(t).__name__}, expected str")
+  return texts
+
+
+def _check_max_length(max_length: int, add_eos: bool) -> int:
+  least = 1 if add_eos else 0
+  if int(max_length) != max_length or max_length < least:
+    raise TokenizerError(f"max_length must be an integer >= {least}, got {max_length!r}")
+  return int(max_length)
+
+
+def _fit_row(row: list[int], index: int, length: int, add_eos: bool, truncate: bool) -> list[int]:
+  """Returns `row` if it fits in `length`, its truncation (EOS kept last) if allowed, else raises."""
+  if len(row) <= length:
+    return row
+  if not truncate:
+    eos_note = " (including EOS)" if add_eos else ""
+    raise TokenizerError(
+        f"row {index} has {len(row)} tokens{eos_note}, longer than max_length={length}; "
+        "pass truncate=True to cut it"
+    )
+  return row[: length - 1] + [EOS_ID] if add_eos else row[:length]
+
+
+def _pad_rows(rows: list[list[int]], length: int) -> np.ndarray:
+  """[B, length] int32 matrix of `rows`, right-padded with PAD_ID."""
+  out = np.full((len(rows), length), PAD_ID, dtype=np.int32)
+  for i, r in enumerate(rows):
+    out[i, : len(r)] = r
+  return out
+
+
+def _as_id_array(tokens: Any) -> np.ndarray:
+  try:
+    arr = np.asarray(tokens)
+  except (ValueError, TypeError) as e:
+    raise TokenizerError(f"cannot read token ids as an array: {e}") from e
+  if arr.size == 0 and arr.dtype.kind not in "iu":
+    arr = arr.astype(np.int32)
+  if arr.dtype.kind not in "iu":
+    raise TokenizerError(f"token ids must be integers, got dtype {arr.dtype}")
+  return arr.astype(np.int64)

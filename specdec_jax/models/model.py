@@ -1,0 +1,145 @@
+"""`Model`: a T5 config plus its parameter pytree, with pure jitted entry points.
+
+`Model` is a pytree (params are leaves, config is static), so it can be passed
+through `jax.jit`, `vmap` or `lax.while_loop` like any array container:
+
+    model = sd.init_model(sd.get_config("t5_1_1_tiny"), jax.random.PRNGKey(0))
+    logits = model.forward(enc, dec_in)           # [B, Ld, V] float32
+    cache = model.start(enc, capacity=32)         # encoder once, cross K/V cached
+    logits, cache = model.decode(tok, cache)      # tok [B, k]; writes at cache.length
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specdec_jax import cache as cache_lib
+from specdec_jax.config import T5Config
+from specdec_jax.errors import InputError
+from specdec_jax.models.t5 import Transformer
+
+Array = jax.Array
+
+
+
+
+@functools.lru_cache(maxsize=None)
+def module_for(config: T5Config) -> Transformer:
+  return Transformer(config)
+
+
+def _apply(model: "Model", *args, method: str, **kwargs):
+  module = module_for(model.config)
+  return module.apply({"params": model.params}, *args, method=getattr(Transformer, method),
+                      **kwargs)
+
+
+@functools.partial(jax.jit, static_argnames=("deterministic",))
+def _forward(model, encoder_tokens, decoder_input_tokens, deterministic=True, rngs=None):
+  module = module_for(model.config)
+  return module.apply({"params": model.params}, encoder_tokens, decoder_input_tokens,
+                      deterministic, rngs=rngs)
+
+
+@jax.jit
+def _encode(model, encoder_tokens):
+  return _apply(model, encoder_tokens, method="encode")
+
+
+@functools.partial(jax.jit, static_argnames=("capacity",))
+def _start(model, encoder_tokens, capacity):
+  encoded = _apply(model, encoder_tokens, method="encode")
+  return _apply(model, encoded, encoder_tokens, capacity, method="init_cache")
+
+
+@jax.jit
+def _decode(model, tokens, cache):
+  return _apply(model, tokens, cache, method="decode")
+
+
+@struct.dataclass
+class Model:
+  """A T5 encoder-decoder: `config` (static) and `params` (T5X tree names)."""
+
+  config: T5Config = struct.field(pytree_node=False)
+  params: Any
+
+  @property
+  def vocab_size(self) -> int:
+    return self.config.vocab_size
+
+  def forward(self, encoder_tokens: Array, decoder_input_tokens: Array) -> Array:
+    """Full non-cached pass: [B, Le], [B, Ld] int32 -> logits float32 [B, Ld, V]."""
+    check_tokens(encoder_tokens, self.config, "encoder_tokens")
+    check_tokens(decoder_input_tokens, self.config, "decoder_input_tokens")
+    return _forward(self, jnp.asarray(encoder_tokens, jnp.int32),
+                    jnp.asarray(decoder_input_tokens, jnp.int32))
+
+  def encode(self, encoder_tokens: Array) -> Array:
+    """[B, Le] int32 -> encoder output [B, Le, E]."""
+    return _encode(self, encoder_tokens)
+
+  def start(self, encoder_tokens: Array, capacity: int) -> cache_lib.DecoderCache:
+    """Run the encoder once and build an empty decoder cache of `capacity` positions."""
+    return _start(self, encoder_tokens, capacity)
+
+  def decode(self, tokens: Array, cache: cache_lib.DecoderCache
+             ) -> tuple[Array, cache_lib.DecoderCache]:
+    """k tokens per row at offsets `cache.length`: tokens [B, k] -> (logits f32 [B, k, V], cache).
+
+    The returned cache has `length + k`; roll back with `cache.with_length(...)`.
+    """
+    return _decode(self, tokens, cache)
+
+  def num_params(self) -> int:
+    return sum(x.size for x in jax.tree_util.tree_leaves(self.params))
+
+  def astype(self, dtype) -> "Model":
+    """Cast floating parameters (e.g. to bfloat16 for storage or speed)."""
+    dtype = jnp.dtype(dtype)
+    params = jax.tree_util.tree_map(
+        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, self.params)
+    return self.replace(params=params)
+
+
+def init_model(config: T5Config, rng: Array | int = 0) -> Model:
+  """Randomly initialised model (T5X-style initialisers), float32 params."""
+  if isinstance(rng, int):
+    rng = jax.random.PRNGKey(rng)
+  module = module_for(config)
+  dummy = jnp.ones((1, 2), jnp.int32)
+  variables = jax.jit(module.init)(rng, dummy, dummy)
+  return Model(config=config, params=nn.unbox(variables["params"]))
+
+
+def logical_axes(config: T5Config) -> Any:
+  """Pytree of logical axis-name tuples, matching the params tree (T5X names)."""
+  module = module_for(config)
+  dummy = jnp.ones((1, 2), jnp.int32)
+  abstract = jax.eval_shape(module.init, jax.random.PRNGKey(0), dummy, dummy)
+  return nn.get_partition_spec(abstract["params"])
+
+
+def check_tokens(tokens, config: T5Config, name: str) -> None:
+  """Clear errors for the malformed token arrays users most often pass."""
+  shape = getattr(tokens, "shape", None)
+  if shape is None or len(shape) != 2:
+    raise InputError(f"{name} must be a 2-D int array [batch, length], got shape {shape}")
+  if shape[0] < 1 or shape[1] < 1:
+    raise InputError(f"{name} must have a non-empty batch and length, got shape {shape}")
+  dtype = jnp.asarray(tokens).dtype if not hasattr(tokens, "dtype") else tokens.dtype
+  if not jnp.issubdtype(dtype, jnp.integer):
+    raise InputError(f"{name} must hold integer token ids, got dtype {dtype}")
+  if isinstance(tokens, jax.core.Tracer):
+    return
+  import numpy as np
+  arr = np.asarray(tokens)
+  if arr.size and (arr.min() < 0 or arr.max() >= config.vocab_size):
+    raise InputError(f"{name} has token ids outside [0, {config.vocab_size}) "
+                     f"(min {arr.min()}, max {arr.max()})")

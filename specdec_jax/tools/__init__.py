@@ -1,0 +1,1 @@
+"""Tools over the core library: CLI, benchmarks, comparisons, evaluation, training, demo."""

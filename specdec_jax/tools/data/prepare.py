@@ -1,0 +1,70 @@
+"""Turn the De→En dictionary into a tokenised, split dataset for training and evaluation.
+
+    prepare_de_en(out_dir, vocab_size=8000)  ->  out_dir/
+        spiece.model                 SentencePiece (pad 0, EOS 1, unk 2) trained on train De + En
+        {train,validation,test}.npz  inputs / targets int32 [N, L] (EOS appended, 0-padded)
+        {train,validation,test}.jsonl  the text pairs, one {"de", "en"} per line
+        meta.json                    counts, lengths, filters
+
+Everything is deterministic given the arguments (the split is hash-based, see `split_pairs`).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+
+from specdec_jax.tools.data import de_en
+from specdec_jax.io.tokenizer import Tokenizer, load_tokenizer, train_sentencepiece
+
+
+def encode_split(tok: Tokenizer, pairs: list[de_en.Pair], max_len: int
+                 ) -> tuple[np.ndarray, np.ndarray, list[de_en.Pair]]:
+  """Tokenise pairs, dropping those longer than `max_len` tokens (EOS included) on either side."""
+  kept = []
+  ins, outs = [], []
+  for p in pairs:
+    a, b = tok.encode_one(p.de), tok.encode_one(p.en)
+    if len(a) <= max_len and len(b) <= max_len:
+      kept.append(p)
+      ins.append(a)
+      outs.append(b)
+  pad = lambda rows: np.array([r + [0] * (max_len - len(r)) for r in rows], np.int32).reshape(
+      len(rows), max_len)
+  return pad(ins), pad(outs), kept
+
+
+def load_split(data_dir: str | pathlib.Path, split: str) -> dict:
+  """{'inputs', 'targets'} arrays and the text 'pairs' of one split."""
+  data_dir = pathlib.Path(data_dir)
+  arrays = np.load(data_dir / f"{split}.npz")
+  pairs = [de_en.Pair(**json.loads(line))
+           for line in (data_dir / f"{split}.jsonl").read_text().splitlines()]
+  return {"inputs": arrays["inputs"], "targets": arrays["targets"], "pairs": pairs}
+
+
+def prepare_de_en(out_dir: str | pathlib.Path, vocab_size: int = 8000, max_len: int = 32,
+                  min_words_de: int = 2, path: str = de_en.DEFAULT_PATH,
+                  test_size: int = 2000, valid_size: int = 1000, seed: int = 0) -> dict:
+  out = pathlib.Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  pairs = de_en.filter_pairs(de_en.load_pairs(path), min_words_de=min_words_de)
+  splits = de_en.split_pairs(pairs, valid_size=valid_size, test_size=test_size, seed=seed)
+  texts = [t for p in splits["train"] for t in (p.de, p.en)]
+  tok = train_sentencepiece(texts, out / "spiece", vocab_size=vocab_size)
+  tok = load_tokenizer(out / "spiece.model")
+  meta = {"source": path, "licence": "GPL-2.0-or-later (Debian trans-de-en, TU Chemnitz Ding)",
+          "vocab_size": vocab_size, "max_len": max_len, "min_words_de": min_words_de,
+          "seed": seed, "pairs_after_filter": len(pairs), "splits": {}}
+  for name, split_pairs in splits.items():
+    inputs, targets, kept = encode_split(tok, split_pairs, max_len)
+    np.savez(out / f"{name}.npz", inputs=inputs, targets=targets)
+    (out / f"{name}.jsonl").write_text(
+        "".join(json.dumps({"de": p.de, "en": p.en}, ensure_ascii=False) + "\n" for p in kept))
+    meta["splits"][name] = {"pairs": len(kept), "dropped_too_long": len(split_pairs) - len(kept),
+                            "mean_input_tokens": float((inputs > 0).sum(1).mean()),
+                            "mean_target_tokens": float((targets > 0).sum(1).mean())}
+  (out / "meta.json").write_text(json.dumps(meta, indent=1))
+  return meta
