@@ -1,6 +1,7 @@
 """T5 architecture configs: one frozen dataclass, read from declarative JSON files.
 
-A config file (``configs/models/<name>.json``) uses the key names of T5X's
+A named config is package data, ``specdec_jax/configs/models/<name>.json`` (the repository's
+``configs/models`` links to it); a config file uses the key names of T5X's
 ``t5x.examples.t5.network.T5Config`` so a T5X user recognises every field::
 
     {"vocab_size": 32128, "emb_dim": 512, "num_heads": 6, "head_dim": 64,
@@ -16,15 +17,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import re
 from typing import Any
 
 import jax.numpy as jnp
 
 from specdec_jax.errors import ConfigError
+from specdec_jax.io import package_data
 
-# Named configs live at the repository top level (configs/models/); the project is installed
-# editable (`pip install -e .`), so the package finds them beside itself.
-CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs" / "models"
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 # Keys some T5X/fixture config files carry that describe storage, not architecture.
 _IGNORED_KEYS = frozenset({"params_dtype_in_checkpoint", "tied_logits_scale", "name", "comment"})
@@ -131,21 +132,39 @@ class T5Config:
 
 
 def available_configs() -> list[str]:
-  return sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
+  """Names of the configs shipped in ``specdec_jax/configs/models/`` (sorted)."""
+  root = package_data.model_configs()
+  if not root.is_dir():
+    return []
+  return sorted(f.name[:-len(".json")] for f in root.iterdir()
+                if f.name.endswith(".json") and f.is_file())
 
 
 def get_config(name_or_path: str | pathlib.Path, **overrides) -> T5Config:
   """A named config (``"t5_1_1_small"``) or a path to a JSON config file."""
   path = pathlib.Path(name_or_path)
-  if path.suffix != ".json" or not path.exists():
-    path = CONFIG_DIR / f"{name_or_path}.json"
-  if not path.exists():
-    raise ConfigError(
-        f"unknown config {str(name_or_path)!r}; named configs: {', '.join(available_configs())}"
-        " (or give a path to a .json file)")
+  if path.suffix == ".json" and path.is_file():
+    source, text = str(path), _read_text(path)
+  else:
+    resource = package_data.model_configs() / f"{name_or_path}.json"
+    if not (isinstance(name_or_path, str) and _NAME_RE.fullmatch(name_or_path)
+            and resource.is_file()):
+      raise ConfigError(
+          f"unknown config {str(name_or_path)!r}; named configs: {', '.join(available_configs())}"
+          " (or give a path to a .json file)")
+    source, text = f"named config {name_or_path!r}", resource.read_text(encoding="utf-8")
   try:
-    d = json.loads(path.read_text())
+    d = json.loads(text)
   except json.JSONDecodeError as e:
-    raise ConfigError(f"config file {path} is not valid JSON: {e}") from e
+    raise ConfigError(f"config file {source} is not valid JSON: {e}") from e
+  if not isinstance(d, dict):
+    raise ConfigError(f"config file {source} must hold a JSON object, got {type(d).__name__}")
   d.update(overrides)
   return T5Config.from_dict(d)
+
+
+def _read_text(path: pathlib.Path) -> str:
+  try:
+    return path.read_text(encoding="utf-8")
+  except (OSError, UnicodeDecodeError) as e:
+    raise ConfigError(f"cannot read config file {path}: {e}") from e

@@ -16,7 +16,6 @@ sentences with the same conventions, reproducibly (one thread, no shuffling).
 from __future__ import annotations
 
 import dataclasses
-import importlib.resources
 import os
 import pathlib
 import re
@@ -27,6 +26,7 @@ import numpy as np
 import sentencepiece as spm
 
 from specdec_jax.errors import TokenizerError
+from specdec_jax.io import package_data
 
 PAD_ID = 0
 EOS_ID = 1
@@ -34,8 +34,6 @@ UNK_ID = 2
 
 # File names looked for, in this order, when `load_tokenizer` is given a directory.
 MODEL_FILENAMES = ("spiece.model", "tokenizer.model", "sentencepiece.model")
-ASSETS_PACKAGE = "specdec_jax"
-ASSETS_DIR = "assets"
 _BUNDLED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -171,7 +169,7 @@ def load_tokenizer(path_or_name: str | os.PathLike) -> Tokenizer:
 
 def bundled_tokenizers() -> list[str]:
   """Names of tokenizers shipped in ``specdec_jax/assets/<name>/spiece.model`` (sorted)."""
-  root = importlib.resources.files(ASSETS_PACKAGE) / ASSETS_DIR
+  root = package_data.assets()
   if not root.is_dir():
     return []
   return sorted(d.name for d in root.iterdir() if d.is_dir() and (d / "spiece.model").is_file())
@@ -322,7 +320,7 @@ def _model_in_dir(directory: pathlib.Path) -> pathlib.Path:
 
 
 def _load_bundled(name: str) -> Tokenizer:
-  resource = importlib.resources.files(ASSETS_PACKAGE) / ASSETS_DIR / name / "spiece.model"
+  resource = package_data.assets() / name / "spiece.model"
   if not resource.is_file():
     available = ", ".join(bundled_tokenizers()) or "none"
     raise TokenizerError(

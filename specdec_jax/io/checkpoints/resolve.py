@@ -15,6 +15,7 @@ from typing import Any
 
 import tensorstore as ts
 
+from specdec_jax.io import package_data
 from specdec_jax.io.checkpoints.errors import CheckpointError
 
 T5X_LEGACY, T5X_ORBAX, HF, SPECDEC = "t5x_legacy", "t5x_orbax", "hf", "specdec"
@@ -30,8 +31,13 @@ _HF_WEIGHTS_RE = re.compile(
 
 
 def default_assets_dir() -> pathlib.Path:
-  """``specdec_jax/assets/`` inside the installed package."""
-  return pathlib.Path(__file__).resolve().parents[2] / "assets"
+  """``specdec_jax/assets/`` of the installed package (package data, via importlib.resources)."""
+  root = package_data.assets_path()
+  if root is None:
+    raise CheckpointError(
+        f"bundled checkpoints are read from disk, but specdec_jax is imported from "
+        f"{package_data.assets()} (not a directory); install the package as files (pip install)")
+  return root
 
 
 def is_gcs(path: str) -> bool:
