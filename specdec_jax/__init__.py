@@ -14,6 +14,7 @@ from specdec_jax.config import T5Config, available_configs, get_config
 from specdec_jax.decoding import t5x_compat
 from specdec_jax.decoding.adaptive import AdaptiveGamma
 from specdec_jax.decoding.autoregressive import generate
+from specdec_jax.decoding.bild import bild_generate, early_exit
 from specdec_jax.decoding.buffer import DecodeOutput
 from specdec_jax.decoding.speculative import speculative_generate
 from specdec_jax.decoding.stats import DecodeStats
@@ -27,7 +28,7 @@ __all__ = [
     "AdaptiveGamma", "CheckpointError", "ConfigError", "DecodeOutput", "DecodeStats",
     "DecoderCache", "Greedy", "InputError", "Model", "ModelDrafter", "NGramDrafter",
     "PromptLookupDrafter", "Sampling", "SamplingError", "SpecdecError", "T5Config",
-    "TokenizerError", "available_configs", "generate", "get_config", "init_model", "load",
+    "TokenizerError", "available_configs", "bild_generate", "early_exit", "generate", "get_config", "init_model", "load",
     "load_tokenizer", "logical_axes", "save", "speculative_generate", "t5x_compat", "theory",
 ]
 

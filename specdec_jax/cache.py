@@ -1,7 +1,8 @@
 """Fixed-shape decoder caches as explicit pytrees.
 
 A `DecoderCache` holds, per decoder layer, self-attention K/V buffers of a fixed
-capacity C and the cross-attention K/V of the encoder output (computed once).
+capacity C, and as a separate part (`CrossKV`) the cross-attention K/V of the
+encoder output (computed once per request).
 Each row b has its own `length[b]`: positions ``0 .. length[b]-1`` are valid.
 
 A decode call with k tokens per row writes their K/V at positions
@@ -27,24 +28,34 @@ from flax import struct
 
 
 @struct.dataclass
-class DecoderCache:
-  """Decoder state for cached decoding. L = layers, C = capacity, Le = encoder length.
+class CrossKV:
+  """Cross-attention K/V of one encoder output, computed once per request.
 
   Attributes:
-    self_key, self_value: per layer, [B, H, C, Dh] self-attention buffers.
-    cross_key, cross_value: per layer, [B, H, Le, Dh] K/V of the encoder output.
+    key, value: per layer, [B, H, Le, Dh].
+    mask: [B, Le] bool, True at real (non-pad) encoder tokens.
+  """
 
-  Heads-major, as attention consumes them: reading a buffer needs no transpose.
-    encoder_mask: [B, Le] bool, True at real (non-pad) encoder tokens.
+  key: tuple[jax.Array, ...]
+  value: tuple[jax.Array, ...]
+  mask: jax.Array
+
+
+@struct.dataclass
+class DecoderCache:
+  """Decoder state for cached decoding. L = layers, C = capacity.
+
+  Attributes:
+    self_key, self_value: per layer, [B, H, C, Dh] self-attention buffers (heads-major,
+      as attention consumes them: reading a buffer needs no transpose).
     length: [B] int32, number of valid positions per row.
+    cross: the cross-attention part (an encoder-decoder's), or None for a decoder alone.
   """
 
   self_key: tuple[jax.Array, ...]
   self_value: tuple[jax.Array, ...]
-  cross_key: tuple[jax.Array, ...]
-  cross_value: tuple[jax.Array, ...]
-  encoder_mask: jax.Array
   length: jax.Array
+  cross: CrossKV | None = None
 
   @property
   def capacity(self) -> int:

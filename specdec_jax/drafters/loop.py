@@ -55,14 +55,22 @@ class DraftLoop:
 
   Attributes:
     drafter: the token-level drafter (a pytree: a model drafter carries its params).
+      One with `shares_target_cache = True` (an early exit of the target) drafts in
+      the target's own cache: its state is `ctx.cache`, returned as the proposal's
+      `target_cache` for the verify call to complete.
     stop: optional static predicate logits [B, V] -> bool [B]: stop drafting, discard.
     final_at_eos: a row whose draft is EOS, or whose drafts fill the buffer, commits
       them unverified (BiLD; speculative decoding verifies everything).
+    stop_together: when one row stops on `stop`, every row stops after this step (its
+      drafts so far are verified early) instead of waiting for the others.
+    keep_q: keep the drafter's distributions (the exact sampling rule needs them).
   """
 
   drafter: Any
   stop: Callable[[Array], Array] | None = struct.field(pytree_node=False, default=None)
   final_at_eos: bool = struct.field(pytree_node=False, default=False)
+  stop_together: bool = struct.field(pytree_node=False, default=False)
+  keep_q: bool = struct.field(pytree_node=False, default=True)
 
   @property
   def vocab_size(self) -> int:
@@ -80,7 +88,9 @@ class DraftLoop:
 
   def propose(self, state: Any, ctx: RoundContext, key: Array) -> Proposal:
     width, sampling = ctx.max_proposals, ctx.sampling
-    logits, state = self.drafter.first(state, ctx.seq, ctx.n)
+    shared = getattr(self.drafter, "shares_target_cache", False)
+    own_state = state
+    logits, state = self.drafter.first(ctx.cache if shared else state, ctx.seq, ctx.n)
     batch, vocab = logits.shape
     keys = jax.random.split(key, width)
     active = ctx.limit > 0
@@ -89,10 +99,12 @@ class DraftLoop:
     carry = dict(i=jnp.zeros((), jnp.int32), logits=logits, state=state, active=active,
                  tokens=jnp.zeros((batch, width), jnp.int32), count=zeros,
                  calls=active.astype(jnp.int32), fallback=no, final=no,
-                 q=None if sampling.is_greedy else jnp.zeros((batch, width, vocab), jnp.float32))
+                 q=(None if sampling.is_greedy or not self.keep_q
+                    else jnp.zeros((batch, width, vocab), jnp.float32)))
 
     def step(c):
       active, fallback = c["active"], c["fallback"]
+      unsure = jnp.zeros_like(active)
       if self.stop is not None:
         unsure = active & self.stop(c["logits"])
         fallback, active = fallback | unsure, active & ~unsure
@@ -107,6 +119,8 @@ class DraftLoop:
         ends = active & ((x == ctx.eos_id) | (ctx.n + count >= ctx.max_new_tokens))
         final, active = final | ends, active & ~ends
       active = active & (count < ctx.limit)
+      if self.stop_together:
+        active = active & ~jnp.any(unsure)
       logits, state = jax.lax.cond(jnp.any(active),
                                    lambda: self.drafter.next(c["state"], x),
                                    lambda: (c["logits"], c["state"]))
@@ -115,7 +129,9 @@ class DraftLoop:
 
     c = jax.lax.while_loop(lambda c: (c["i"] < width) & jnp.any(c["active"]), step, carry)
     return Proposal(tokens=c["tokens"], count=c["count"], q=c["q"], calls=c["calls"],
-                    fallback=c["fallback"], final=c["final"], state=c["state"])
+                    fallback=c["fallback"], final=c["final"],
+                    state=own_state if shared else c["state"],
+                    target_cache=c["state"] if shared else None)
 
 
 @struct.dataclass

@@ -58,9 +58,9 @@ def _start(model, encoder_tokens, capacity):
   return _apply(model, encoded, encoder_tokens, capacity, method="init_cache")
 
 
-@jax.jit
-def _decode(model, tokens, cache):
-  return _apply(model, tokens, cache, method="decode")
+@functools.partial(jax.jit, static_argnames=("num_layers",))
+def _decode(model, tokens, cache, num_layers=None):
+  return _apply(model, tokens, cache, num_layers, method="decode")
 
 
 @struct.dataclass
@@ -89,13 +89,29 @@ class Model:
     """Run the encoder once and build an empty decoder cache of `capacity` positions."""
     return _start(self, encoder_tokens, capacity)
 
-  def decode(self, tokens: Array, cache: cache_lib.DecoderCache
-             ) -> tuple[Array, cache_lib.DecoderCache]:
+  def decode(self, tokens: Array, cache: cache_lib.DecoderCache, *,
+             exit_layer: int | None = None) -> tuple[Array, cache_lib.DecoderCache]:
     """k tokens per row at offsets `cache.length`: tokens [B, k] -> (logits f32 [B, k, V], cache).
 
     The returned cache has `length + k`; roll back with `cache.with_length(...)`.
+    `exit_layer`: read the logits after that many decoder layers (shared final norm
+    and output layer: an early exit); only those layers' buffers are written.
     """
+    logits, _, cache = _decode(self, tokens, cache, exit_layer)
+    return logits, cache
+
+  def decode_with_hidden(self, tokens: Array, cache: cache_lib.DecoderCache
+                         ) -> tuple[Array, Array, cache_lib.DecoderCache]:
+    """`decode` that also returns the final-norm decoder states [B, k, E] (what the
+    output layer reads; prediction heads draft from them)."""
     return _decode(self, tokens, cache)
+
+  def exit_logits(self, encoder_tokens: Array, decoder_input_tokens: Array,
+                  exits: tuple[int, ...], deterministic: bool = True, rngs=None):
+    """Teacher-forced logits read after each of `exits` decoder layers: a tuple of [B, Ld, V]."""
+    return module_for(self.config).apply({"params": self.params}, encoder_tokens,
+                                         decoder_input_tokens, tuple(exits), deterministic,
+                                         method=Transformer.exit_logits, rngs=rngs)
 
   def num_params(self) -> int:
     return sum(x.size for x in jax.tree_util.tree_leaves(self.params))

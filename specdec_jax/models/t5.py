@@ -356,42 +356,64 @@ class Decoder(nn.Module):
     return self.logits_dense(x)
 
   def _run(self, tokens, cross_kvs, self_bias, cross_bias, dropout, kv_caches=None,
-           write_pos=None):
+           write_pos=None, exits=None):
+    """The decoder stack; returns (final-norm hidden states at each exit, new K/V per run layer).
+
+    exits: 1-based layer counts after which to read the stack (default: all layers only).
+    Only layers up to the deepest exit run (an early exit skips the rest).
+    """
+    exits = (len(self.layers),) if exits is None else tuple(exits)
     x = dropout(self.shared_embedding(tokens).astype(self.config.activation_dtype))
-    new_caches = []
-    for i, layer in enumerate(self.layers):
+    hidden, new_caches = [], []
+    for i, layer in enumerate(self.layers[:max(exits)]):
       x, kv = layer(x, cross_kvs[i], self_bias, cross_bias, dropout,
                     None if kv_caches is None else kv_caches[i], write_pos)
       new_caches.append(kv)
-    return self._logits(dropout(self.decoder_norm(x))), new_caches
+      if i + 1 in exits:
+        hidden.append(dropout(self.decoder_norm(x)))
+    return hidden, new_caches
 
   def cross_kvs(self, encoded: Array) -> list[tuple[Array, Array]]:
     return [layer.cross_kv(encoded) for layer in self.layers]
 
-  def __call__(self, tokens, encoded, encoder_mask, deterministic: bool = True) -> Array:
-    """Teacher-forced pass: tokens [B, Ld], encoded [B, Le, E] -> logits float32 [B, Ld, V]."""
+  def __call__(self, tokens, encoded, encoder_mask, deterministic: bool = True,
+               exits: tuple[int, ...] | None = None):
+    """Teacher-forced pass: tokens [B, Ld], encoded [B, Le, E] -> logits float32 [B, Ld, V].
+
+    With `exits` (1-based layer counts), a tuple of logits, one per exit: the shared
+    final norm and output layer read after that many layers (early-exit training).
+    """
     dropout = functools.partial(self.dropout, deterministic=deterministic)
     length = tokens.shape[1]
     q_pos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), tokens.shape)
     self_bias = attention_bias(cache_lib.causal_mask(q_pos, length),
                                self.relpos_bias.causal(q_pos, length))
     cross_bias = attention_bias(encoder_mask[:, None, None, :])
-    logits, _ = self._run(tokens, self.cross_kvs(encoded), self_bias, cross_bias, dropout)
-    return logits
+    hidden, _ = self._run(tokens, self.cross_kvs(encoded), self_bias, cross_bias, dropout,
+                          exits=exits)
+    logits = tuple(self._logits(h) for h in hidden)
+    return logits if exits is not None else logits[0]
 
-  def decode(self, tokens: Array, cache: cache_lib.DecoderCache):
-    """Cached decode of k tokens per row: tokens [B, k] -> (logits f32 [B, k, V], cache)."""
+  def decode(self, tokens: Array, cache: cache_lib.DecoderCache, num_layers: int | None = None):
+    """Cached decode of k tokens per row at per-row offsets `cache.length`.
+
+    tokens [B, k] -> (logits f32 [B, k, V], hidden [B, k, E], cache with length + k).
+    `num_layers` < all: an early exit; only those layers' buffers are written.
+    """
     q_pos = cache_lib.query_positions(cache.length, tokens.shape[1])
     self_bias = attention_bias(cache_lib.causal_mask(q_pos, cache.capacity),
                                self.relpos_bias.causal(q_pos, cache.capacity))
-    cross_bias = attention_bias(cache.encoder_mask[:, None, None, :])
-    cross_kvs = list(zip(cache.cross_key, cache.cross_value))
+    cross = cache.cross
+    cross_bias = attention_bias(cross.mask[:, None, None, :])
     kv_caches = list(zip(cache.self_key, cache.self_value))
-    logits, new = self._run(tokens, cross_kvs, self_bias, cross_bias, lambda y: y,
-                            kv_caches, q_pos)
-    cache = cache.replace(self_key=tuple(k for k, _ in new), self_value=tuple(v for _, v in new),
+    exits = None if num_layers is None else (num_layers,)
+    (hidden,), new = self._run(tokens, list(zip(cross.key, cross.value)), self_bias, cross_bias,
+                               lambda y: y, kv_caches, q_pos, exits)
+    run = len(new)
+    cache = cache.replace(self_key=tuple(k for k, _ in new) + cache.self_key[run:],
+                          self_value=tuple(v for _, v in new) + cache.self_value[run:],
                           length=cache.length + tokens.shape[1])
-    return logits, cache
+    return self._logits(hidden), hidden, cache
 
 
 class Transformer(nn.Module):
@@ -421,10 +443,16 @@ class Transformer(nn.Module):
                                              cfg.head_dim, cfg.activation_dtype,
                                              cfg.num_decoder_layers)
     return cache_lib.DecoderCache(
-        self_key=self_k, self_value=self_v,
-        cross_key=tuple(k for k, _ in cross), cross_value=tuple(v for _, v in cross),
-        encoder_mask=encoder_tokens > 0,
-        length=jnp.zeros((encoded.shape[0],), jnp.int32))
+        self_key=self_k, self_value=self_v, length=jnp.zeros((encoded.shape[0],), jnp.int32),
+        cross=cache_lib.CrossKV(key=tuple(k for k, _ in cross), value=tuple(v for _, v in cross),
+                                mask=encoder_tokens > 0))
 
-  def decode(self, tokens: Array, cache: cache_lib.DecoderCache):
-    return self.decoder.decode(tokens, cache)
+  def decode(self, tokens: Array, cache: cache_lib.DecoderCache, num_layers: int | None = None):
+    return self.decoder.decode(tokens, cache, num_layers)
+
+  def exit_logits(self, encoder_tokens, decoder_input_tokens, exits: tuple[int, ...],
+                  deterministic: bool = True):
+    """Logits read after each of `exits` decoder layers (shared norm and head): a tuple."""
+    encoded = self.encoder(encoder_tokens, deterministic)
+    return self.decoder(decoder_input_tokens, encoded, encoder_tokens > 0, deterministic,
+                        exits=exits)

@@ -1,0 +1,140 @@
+"""BiLD, the Big Little Decoder (Kim et al., NeurIPS 2023), as a wiring of the round engine.
+
+Algorithm 1 (one row): the small model proposes while it is confident,
+max p_S > fallback_threshold, for at most `max_small_steps` consecutive tokens;
+then the large model runs ONCE over every not-yet-verified small token plus one
+position (the small model's unsure proposal is discarded); at the first small
+token y_m with -log p_L(y_m) > rollback_threshold it rolls back: y_m.. are dropped
+and y_m becomes the large model's token; otherwise the large model's next token is
+appended. A sentence the small model ends (EOS) is final, unverified: Algorithm 1
+stops when the last token is EOS. So is a buffer the small model fills.
+
+    propose   DraftLoop(small, stop=Unsure(fallback_threshold), final_at_eos=True),
+              at most max_small_steps proposals      -> the fallback policy
+    verify    one call of the large model, skipped when every live row is final
+    accept    acceptance.Rollback(rollback_threshold) -> the rollback policy
+    commit    as every method: both caches roll back by length
+
+Batched semantics (B > 1, fixed shapes; `batch_policy`):
+  "wait" (default): a row that falls back waits, its proposals kept, until every row
+      has fallen back or hit the cap; then one large call verifies all rows. Each row
+      follows Algorithm 1 exactly, as if decoded alone; the small model runs for the
+      slowest row (rows that wait ride along in the batched small calls).
+  "sync": the first row to fall back stops every row's drafting: rows still confident
+      are verified early (their small-model run is cut short, which can change their
+      tokens). Fewer small calls per large call, more large calls.
+
+BiLD is lossy by design: `stats["lossy"]` is True. Its statistics: `fallbacks`
+(rounds ended because the small model was unsure), `rejections` (rollbacks),
+`drafter_tokens` / `target_tokens` (tokens each model produced), `drafter_calls` /
+`target_calls` (small / large calls per row), `tokens_per_target_call`, and
+`fallback_rate` / `rollback_rate` (per emitted token).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from specdec_jax import sampling as sampling_lib
+from specdec_jax.decoding import engine, inputs
+from specdec_jax.decoding.acceptance import Rollback
+from specdec_jax.decoding.buffer import DecodeOutput
+from specdec_jax.decoding.phases import Proposal, Verified
+from specdec_jax.drafters import DraftLoop, Unsure, as_drafter
+from specdec_jax.drafters.early_exit import EarlyExitDrafter
+from specdec_jax.drafters.model import ModelDrafter
+from specdec_jax.errors import InputError
+from specdec_jax.models.model import Model
+
+BATCH_POLICIES = ("wait", "sync")
+
+
+def verify_unless_final(target: Model, state: engine.RoundState,
+                        proposal: Proposal) -> Verified:
+  """`engine.verify`, skipped (ran=False) when every live row's proposals are final."""
+  needed = jnp.any(~state.done & ~proposal.final)
+
+  def skip() -> Verified:
+    batch, width = proposal.tokens.shape
+    cache = state.cache if proposal.target_cache is None else proposal.target_cache
+    return Verified(logits=jnp.zeros((batch, width + 1, target.config.vocab_size), jnp.float32),
+                    hidden=None, cache=cache, ran=jnp.zeros((), jnp.bool_))
+
+  return jax.lax.cond(needed, lambda: engine.verify(target, state, proposal), skip)
+
+
+def check_thresholds(fallback_threshold: float, rollback_threshold: float,
+                     max_small_steps: int) -> None:
+  f = fallback_threshold
+  if not isinstance(f, (int, float)) or isinstance(f, bool) or not 0.0 <= f <= 1.0:
+    raise InputError(f"fallback_threshold must be in [0, 1], got {f!r}")
+  r = rollback_threshold
+  if not isinstance(r, (int, float)) or isinstance(r, bool) or math.isnan(r) or r <= 0:
+    raise InputError(f"rollback_threshold must be > 0 (inf: never roll back), got {r!r}")
+  inputs.check_positive_int(max_small_steps, "max_small_steps")
+
+
+def round_config(fallback_threshold: float, rollback_threshold: float, max_small_steps: int,
+                 max_new_tokens: int, sampling=None, eos_id: int = 1,
+                 batch_policy: str = "wait", small_kind: str = "model") -> engine.RoundConfig:
+  check_thresholds(fallback_threshold, rollback_threshold, max_small_steps)
+  return engine.RoundConfig(
+      max_new_tokens=inputs.check_positive_int(max_new_tokens, "max_new_tokens"),
+      max_proposals=int(max_small_steps), sampling=sampling_lib.as_method(sampling),
+      eos_id=eos_id, accept=Rollback(float(rollback_threshold)), verify=verify_unless_final,
+      info=(("method", "bild"), ("fallback_threshold", float(fallback_threshold)),
+            ("rollback_threshold", float(rollback_threshold)),
+            ("max_small_steps", int(max_small_steps)), ("batch_policy", batch_policy),
+            ("small", small_kind), ("lossy", True)))
+
+
+def proposer(small: Any, large: Model, fallback_threshold: float,
+             batch_policy: str = "wait") -> DraftLoop:
+  """The small model (a `Model`, a drafter, or `EarlyExitDrafter(large, k)`) under BiLD's
+  fallback policy."""
+  if batch_policy not in BATCH_POLICIES:
+    raise InputError(f"batch_policy must be one of {BATCH_POLICIES}, got {batch_policy!r}")
+  return DraftLoop(as_drafter(small, large), stop=Unsure(float(fallback_threshold)),
+                   final_at_eos=True, stop_together=batch_policy == "sync", keep_q=False)
+
+
+def bild_generate(large: Model, small: Any, encoder_tokens, fallback_threshold: float = 0.5,
+                  rollback_threshold: float = 5.0, max_small_steps: int = 10,
+                  max_new_tokens: int = 64, sampling: sampling_lib.SamplingMethod | None = None,
+                  rng=None, eos_id: int | None = None, batch_policy: str = "wait",
+                  small_encoder_tokens=None) -> DecodeOutput:
+  """BiLD decoding of `encoder_tokens` [B, Le] (0-padded). Lossy by design.
+
+  Args:
+    large: the large model (it verifies and corrects).
+    small: a `Model` with the same vocabulary, or `EarlyExitDrafter(large, exit_layer)`
+      (`sd.early_exit(large, k)`) for the early-exit variant.
+    fallback_threshold: in [0, 1]; the small model hands over when max p_S <= it
+      (1.0: the large model decides every token; 0.0: the small model never hands over).
+    rollback_threshold: > 0; roll back a small token y when -log p_L(y) > it (inf: never).
+    max_small_steps: most consecutive small-model tokens before the large model runs.
+    sampling: `sd.Greedy()` (default) or `sd.Sampling(...)` for both models' tokens
+      (the paper's sampling variant uses top_p=0.8).
+    batch_policy: "wait" or "sync" (module doc).
+    small_encoder_tokens: the small model's input if it differs (default: the large's).
+  Returns:
+    DecodeOutput(tokens [B, max_new_tokens], lengths [B], counters; `.stats` mapping).
+  """
+  encoder_tokens = inputs.check_request(encoder_tokens, large.config, max_new_tokens)
+  p = proposer(small, large, fallback_threshold, batch_policy)
+  config = round_config(fallback_threshold, rollback_threshold, max_small_steps, max_new_tokens,
+                        sampling, inputs.resolve_eos(eos_id, large.config), batch_policy,
+                        p.drafter.kind)
+  s_tokens = encoder_tokens if small_encoder_tokens is None else small_encoder_tokens
+  if isinstance(p.drafter, ModelDrafter):
+    s_tokens = inputs.check_request(s_tokens, p.drafter.model.config, max_new_tokens)
+  return engine.run(large, p, encoder_tokens, s_tokens, inputs.as_rng(rng), config=config)
+
+
+def early_exit(model: Model, exit_layer: int = 1) -> EarlyExitDrafter:
+  """The small model of BiLD's early-exit variant: `model` read after `exit_layer` layers."""
+  return EarlyExitDrafter(model, exit_layer)
