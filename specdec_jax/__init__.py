@@ -15,10 +15,12 @@ from specdec_jax.decoding import t5x_compat
 from specdec_jax.decoding.adaptive import AdaptiveGamma
 from specdec_jax.decoding.autoregressive import generate
 from specdec_jax.decoding.bild import bild_generate, early_exit
+from specdec_jax.decoding.blockwise import blockwise_generate
 from specdec_jax.decoding.buffer import DecodeOutput
 from specdec_jax.decoding.speculative import speculative_generate
 from specdec_jax.decoding.stats import DecodeStats
 from specdec_jax.drafters import ModelDrafter, NGramDrafter, PromptLookupDrafter
+from specdec_jax.drafters.heads import Heads, init_heads, load_heads, save_heads
 from specdec_jax.errors import (CheckpointError, ConfigError, InputError, SamplingError,
                                 SpecdecError, TokenizerError)
 from specdec_jax.models.model import Model, init_model, logical_axes
@@ -26,10 +28,11 @@ from specdec_jax.sampling import Greedy, Sampling
 
 __all__ = [
     "AdaptiveGamma", "CheckpointError", "ConfigError", "DecodeOutput", "DecodeStats",
-    "DecoderCache", "Greedy", "InputError", "Model", "ModelDrafter", "NGramDrafter",
+    "DecoderCache", "Greedy", "Heads", "InputError", "Model", "ModelDrafter", "NGramDrafter",
     "PromptLookupDrafter", "Sampling", "SamplingError", "SpecdecError", "T5Config",
-    "TokenizerError", "available_configs", "bild_generate", "early_exit", "generate", "get_config", "init_model", "load",
-    "load_tokenizer", "logical_axes", "save", "speculative_generate", "t5x_compat", "theory",
+    "TokenizerError", "available_configs", "bild_generate", "blockwise_generate", "early_exit",
+    "generate", "get_config", "init_heads", "init_model", "load", "load_heads", "load_tokenizer",
+    "logical_axes", "save", "save_heads", "speculative_generate", "t5x_compat", "theory",
 ]
 
 

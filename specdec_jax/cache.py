@@ -93,6 +93,39 @@ def causal_mask(q_pos: jax.Array, num_keys: int) -> jax.Array:
   return (k_pos[None, None, :] <= q_pos[:, :, None])[:, None]
 
 
+def tree_mask(length: jax.Array, slots: jax.Array, visible: jax.Array,
+              num_keys: int) -> jax.Array:
+  """Mask of a call whose new tokens form a tree (several drafts behind one shared token).
+
+  length [B]: valid prefix; slots [B, k]: where the k new tokens are written;
+  visible [B | 1, k, k] bool: new token i may attend to new token j.
+  Returns [B, 1, k, C] bool: the whole valid prefix, plus the visible new tokens.
+  """
+  keys = jnp.arange(num_keys, dtype=jnp.int32)
+  prefix = keys[None, None, :] < length[:, None, None]                      # [B, 1, C]
+  is_slot = keys[None, None, :] == slots[:, :, None]                         # [B, k, C]
+  new = jnp.any(visible[..., None] & is_slot[:, None, :, :], axis=2)         # [B, k, C]
+  return (prefix | new)[:, None]
+
+
+def key_positions(slots: jax.Array, positions: jax.Array, num_keys: int) -> jax.Array:
+  """[B, C] logical position of every key: its slot, except new tokens' given positions."""
+  keys = jnp.broadcast_to(jnp.arange(num_keys, dtype=jnp.int32), (slots.shape[0], num_keys))
+  return keys.at[jnp.arange(slots.shape[0])[:, None], slots].set(positions, mode="drop")
+
+
+def move(cache: DecoderCache, src: jax.Array, dst: jax.Array) -> DecoderCache:
+  """Copy every layer's K/V at slots `src` [B, g] to slots `dst` [B, g] (parallel drafts:
+  the accepted draft's entries move to where a single draft would have written them)."""
+  idx = src[:, None, :, None]
+
+  def moved(buffer):
+    return write(buffer, jnp.take_along_axis(buffer, idx, axis=2, mode="clip"), dst)
+
+  return cache.replace(self_key=tuple(map(moved, cache.self_key)),
+                       self_value=tuple(map(moved, cache.self_value)))
+
+
 def empty_self_kv(batch: int, capacity: int, num_heads: int, head_dim: int, dtype,
                   num_layers: int) -> tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]:
   shape = (batch, num_heads, capacity, head_dim)

@@ -57,14 +57,16 @@ def verify_unless_final(target: Model, state: engine.RoundState,
                         proposal: Proposal) -> Verified:
   """`engine.verify`, skipped (ran=False) when every live row's proposals are final."""
   needed = jnp.any(~state.done & ~proposal.final)
+  real = lambda: engine.verify(target, state, proposal)
+  shape = jax.eval_shape(real)
 
   def skip() -> Verified:
-    batch, width = proposal.tokens.shape
     cache = state.cache if proposal.target_cache is None else proposal.target_cache
-    return Verified(logits=jnp.zeros((batch, width + 1, target.config.vocab_size), jnp.float32),
-                    hidden=None, cache=cache, ran=jnp.zeros((), jnp.bool_))
+    return Verified(logits=jnp.zeros(shape.logits.shape, shape.logits.dtype),
+                    hidden=jnp.zeros(shape.hidden.shape, shape.hidden.dtype),
+                    cache=cache, ran=jnp.zeros((), jnp.bool_))
 
-  return jax.lax.cond(needed, lambda: engine.verify(target, state, proposal), skip)
+  return jax.lax.cond(needed, real, skip)
 
 
 def check_thresholds(fallback_threshold: float, rollback_threshold: float,

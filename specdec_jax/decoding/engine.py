@@ -74,11 +74,15 @@ class RoundState:
 
 
 def verify(target: Model, state: RoundState, proposal: Proposal) -> Verified:
-  """ONE cached call of the target over [last emitted token, x_1 .. x_G], for every row."""
+  """ONE cached call of the target over [last emitted token, x_1 .. x_G], for every row.
+
+  The final decoder states come along (prediction heads draft from them; XLA drops
+  them when nothing reads them).
+  """
   cache = state.cache if proposal.target_cache is None else proposal.target_cache
   tokens = jnp.concatenate([buffer.last_tokens(state.seq, state.n, 1), proposal.tokens], 1)
-  logits, cache = target.decode(tokens, cache.with_length(state.n))
-  return Verified(logits=logits, hidden=None, cache=cache, ran=jnp.ones((), jnp.bool_))
+  logits, hidden, cache = target.decode_with_hidden(tokens, cache.with_length(state.n))
+  return Verified(logits=logits, hidden=hidden, cache=cache, ran=jnp.ones((), jnp.bool_))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +97,7 @@ class RoundConfig:
     accept: the acceptance rule (a frozen dataclass, see `acceptance`).
     verify: the verify phase, `verify(target, state, proposal) -> Verified`.
     info: static facts reported with the statistics, as (key, value) pairs.
+    extra_capacity: cache slots beyond T + G + 1 a verify phase needs (a tree of drafts).
   """
 
   max_new_tokens: int
@@ -102,6 +107,7 @@ class RoundConfig:
   accept: Callable[..., Acceptance] = Speculative()
   verify: Callable[[Model, RoundState, Proposal], Verified] = verify
   info: tuple[tuple[str, Any], ...] = ()
+  extra_capacity: int = 0
 
   def __post_init__(self):
     if self.max_proposals < 0:
@@ -112,7 +118,7 @@ class RoundConfig:
     """Cache positions: T, plus G + 1 slack for the proposals a last round writes."""
     if not self.max_proposals:
       return self.max_new_tokens
-    return self.max_new_tokens + self.max_proposals + 1
+    return self.max_new_tokens + self.max_proposals + 1 + self.extra_capacity
 
 
 def init_state(target: Model, proposer: Any, encoder_tokens: Array, config: RoundConfig,
@@ -144,6 +150,8 @@ def round_step(target: Model, proposer: Any, state: RoundState,
   rng, k_propose, k_accept = jax.random.split(state.rng, 3)
   proposal = proposer.propose(state.proposer, context(state, config), k_propose)
   verified = config.verify(target, state, proposal)
+  if verified.proposal is not None:     # the verify phase chose one of several drafts
+    proposal = verified.proposal
   acceptance = config.accept(verified.logits, proposal, config.sampling, k_accept)
   return commit(proposer, state.replace(rng=rng), proposal, verified, acceptance, config)
 
@@ -175,6 +183,9 @@ def count_round(stats: DecodeStats, live: Array, proposal: Proposal, verified: V
   verified_rows = live & ~proposal.final & verified.ran
   scored = acceptance.scored & verified_rows[:, None]
   width = proposal.tokens.shape[1]
+  repeats = ((proposal.tokens[:, 1:] == proposal.tokens[:, :-1])
+             & (jnp.arange(1, width)[None] < proposal.count[:, None]))          # [B, G-1]
+  drafting = (live & (proposal.count > 0)).astype(jnp.int32)
   token_log_p = sampling_lib.token_log_probs(verified.logits, candidates, sampling)  # [B, G+1]
   kept = jnp.arange(width + 1)[None] < emitted[:, None]
   return stats.add(
@@ -192,9 +203,19 @@ def count_round(stats: DecodeStats, live: Array, proposal: Proposal, verified: V
       drafter_tokens=jnp.minimum(m, emitted),
       log_prob=jnp.sum(jnp.where(kept, token_log_p, 0.0), axis=1),
       draft_pairs=jnp.maximum(proposal.count - 1, 0) * live,
-      repeated_drafts=jnp.sum((proposal.tokens[:, 1:] == proposal.tokens[:, :-1])
-                              & (jnp.arange(1, max(width, 1))[None] < proposal.count[:, None]),
-                              axis=1) * live)
+      repeated_drafts=jnp.sum(repeats, axis=1) * live,
+      max_run=longest_run(repeats) * drafting,
+      drafting_rounds=drafting)
+
+
+def longest_run(repeats: Array) -> Array:
+  """bool [B, G-1] "proposal i+1 equals proposal i" -> int32 [B] longest run of equal
+  proposals (1 for none repeated). E.g. proposals [5, 5, 5, 2, 2] -> 3."""
+  run = best = jnp.ones(repeats.shape[:1], jnp.int32)
+  for i in range(repeats.shape[1]):        # G is small and static
+    run = jnp.where(repeats[:, i], run + 1, 1)
+    best = jnp.maximum(best, run)
+  return best
 
 
 def cond(state: RoundState) -> Array:

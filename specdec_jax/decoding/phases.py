@@ -90,12 +90,15 @@ class Verified:
     cache: the target's cache with those G + 1 positions written (commit rolls it back).
     ran: bool [] whether the target actually ran (a method may skip the call when no
       live row needs it).
+    proposal: the proposal actually verified, when the verify phase chose it among
+      several (parallel drafts); None: the proposal it was given.
   """
 
   logits: Array
   hidden: Array | None
   cache: DecoderCache
   ran: Array
+  proposal: Proposal | None = None
 
 
 @struct.dataclass

@@ -60,8 +60,11 @@ class DecodeStats:
       adjusted (temperature / top-k / top-p) distribution, as T5X's rescale_log_probs.
     repeated_drafts: adjacent proposal pairs with equal tokens (blockwise drafts' repetition).
     draft_pairs: adjacent proposal pairs made.
-    oracle_accepted: proposals an oracle choosing from each head's top-k would get accepted
-      (blockwise's oracle block efficiency).
+    max_run: sum over drafting rounds of the round's longest run of equal adjacent
+      proposals (1 when no two neighbours are equal; Kim et al.'s "max run" is its mean).
+    drafting_rounds: rounds in which the row made at least one proposal.
+    oracle_calls: target calls an oracle choosing each draft token from the heads' top-k
+      would need for the row's final output (blockwise, when asked; 0 otherwise).
   """
 
   rounds: Array
@@ -79,7 +82,9 @@ class DecodeStats:
   log_prob: Array
   repeated_drafts: Array
   draft_pairs: Array
-  oracle_accepted: Array
+  max_run: Array
+  drafting_rounds: Array
+  oracle_calls: Array
 
   @classmethod
   def zeros(cls, batch: int, max_proposals: int) -> "DecodeStats":
@@ -89,7 +94,8 @@ class DecodeStats:
                accepted=i, rejections=i, fallbacks=i,
                per_position_accepted=jnp.zeros((batch, max_proposals), jnp.int32),
                beta_sum=f, beta_count=i, emitted=i, drafter_tokens=i, log_prob=f,
-               repeated_drafts=i, draft_pairs=i, oracle_accepted=i)
+               repeated_drafts=i, draft_pairs=i, max_run=i, drafting_rounds=i,
+               oracle_calls=i)
 
   def add(self, **increments) -> "DecodeStats":
     """Counters plus `increments` (same shapes): stats.add(accepted=m, drafted=count)."""
@@ -104,10 +110,12 @@ _RATIOS = {
     "fallback_rate": ("fallbacks", "emitted"),
     "rollback_rate": ("rejections", "emitted"),
     "repeated_draft_rate": ("repeated_drafts", "draft_pairs"),
+    "mean_max_run": ("max_run", "drafting_rounds"),
 }
 _ROW_COUNTERS = ("target_calls", "drafter_calls", "drafted", "accepted", "rejections",
                  "fallbacks", "beta_sum", "beta_count", "emitted", "drafter_tokens",
-                 "log_prob", "repeated_drafts", "draft_pairs", "oracle_accepted")
+                 "log_prob", "repeated_drafts", "draft_pairs", "max_run", "drafting_rounds",
+                 "oracle_calls")
 
 
 def _ratio(num, den):
@@ -120,8 +128,8 @@ def summarize(stats: DecodeStats, info: Mapping[str, Any] | None = None) -> dict
   Keys: every counter (total over rows), `rounds`, `per_position_accepted` [G],
   `target_tokens` (= emitted - drafter_tokens), the ratios `acceptance_rate`,
   `tokens_per_target_call`, `alpha`, `fallback_rate`, `rollback_rate`,
-  `repeated_draft_rate` (and `oracle_tokens_per_target_call` when `info` names an
-  `oracle_top_k`); each per-row value under `<name>_per_row`; then the static `info`
+  `repeated_draft_rate`, `mean_max_run` (and `oracle_tokens_per_target_call` when `info`
+  names an `oracle_top_k`); each per-row value under `<name>_per_row`; then the static `info`
   (method, gamma, lossy, ...).
   """
   total = {k: jnp.sum(getattr(stats, k), axis=0) for k in _ROW_COUNTERS}
@@ -133,8 +141,7 @@ def summarize(stats: DecodeStats, info: Mapping[str, Any] | None = None) -> dict
     for name, (num, den) in _RATIOS.items():
       view[name] = _ratio(view[num], view[den])
     if info and dict(info).get("oracle_top_k"):
-      view["oracle_tokens_per_target_call"] = _ratio(
-          view["oracle_accepted"] + view["target_calls"], view["target_calls"])
+      view["oracle_tokens_per_target_call"] = _ratio(view["emitted"], view["oracle_calls"])
   out = dict(total)
   out["rounds"] = stats.rounds
   out.update({f"{k}_per_row": v for k, v in per_row.items()})

@@ -59,8 +59,8 @@ def _start(model, encoder_tokens, capacity):
 
 
 @functools.partial(jax.jit, static_argnames=("num_layers",))
-def _decode(model, tokens, cache, num_layers=None):
-  return _apply(model, tokens, cache, num_layers, method="decode")
+def _decode(model, tokens, cache, num_layers=None, positions=None, visible=None):
+  return _apply(model, tokens, cache, num_layers, positions, visible, method="decode")
 
 
 @struct.dataclass
@@ -100,11 +100,16 @@ class Model:
     logits, _, cache = _decode(self, tokens, cache, exit_layer)
     return logits, cache
 
-  def decode_with_hidden(self, tokens: Array, cache: cache_lib.DecoderCache
+  def decode_with_hidden(self, tokens: Array, cache: cache_lib.DecoderCache, *,
+                         positions: Array | None = None, visible: Array | None = None
                          ) -> tuple[Array, Array, cache_lib.DecoderCache]:
     """`decode` that also returns the final-norm decoder states [B, k, E] (what the
-    output layer reads; prediction heads draft from them)."""
-    return _decode(self, tokens, cache)
+    output layer reads; prediction heads draft from them).
+
+    `positions` [B, k] / `visible` [B | 1, k, k]: the k new tokens form a tree (several
+    drafts after one shared token; see `cache.tree_mask`).
+    """
+    return _decode(self, tokens, cache, None, positions, visible)
 
   def exit_logits(self, encoder_tokens: Array, decoder_input_tokens: Array,
                   exits: tuple[int, ...], deterministic: bool = True, rngs=None):
@@ -112,6 +117,17 @@ class Model:
     return module_for(self.config).apply({"params": self.params}, encoder_tokens,
                                          decoder_input_tokens, tuple(exits), deterministic,
                                          method=Transformer.exit_logits, rngs=rngs)
+
+  def output_logits(self, hidden: Array) -> Array:
+    """The output layer alone: final-norm decoder states [..., E] -> logits float32 [..., V]."""
+    return _apply(self, hidden, method="output_logits")
+
+  def hidden_states(self, encoder_tokens: Array, decoder_input_tokens: Array,
+                    deterministic: bool = True, rngs=None) -> Array:
+    """Teacher-forced final-norm decoder states [B, Ld, E] (prediction heads read them)."""
+    return module_for(self.config).apply({"params": self.params}, encoder_tokens,
+                                         decoder_input_tokens, deterministic,
+                                         method=Transformer.hidden_states, rngs=rngs)
 
   def num_params(self) -> int:
     return sum(x.size for x in jax.tree_util.tree_leaves(self.params))

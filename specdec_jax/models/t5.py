@@ -166,11 +166,17 @@ class RelativePositionBias(nn.Module):
                                        self.max_distance)
     return self.from_buckets(jnp.asarray(buckets)[None])
 
-  def causal(self, q_pos: Array, num_keys: int) -> Array:
-    """Decoder bias for per-row query positions [B, q] against keys 0..num_keys-1: [B, H, q, C]."""
+  def causal(self, q_pos: Array, num_keys: int, k_pos: Array | None = None) -> Array:
+    """Decoder bias for per-row query positions [B, q] against keys 0..num_keys-1: [B, H, q, C].
+
+    k_pos [B, C]: the keys' logical positions when they are not their slots (a tree of
+    drafts); distances below 0 (masked keys) read bucket 0.
+    """
     size = max(num_keys, self.max_distance) + 1
     table = jnp.asarray(_causal_bucket_table(size, self.num_buckets, self.max_distance))
-    distance = q_pos[:, :, None] - jnp.arange(num_keys, dtype=jnp.int32)[None, None, :]
+    if k_pos is None:
+      k_pos = jnp.arange(num_keys, dtype=jnp.int32)[None, :]
+    distance = q_pos[:, :, None] - k_pos[:, None, :]
     return self.from_buckets(jnp.take(table, jnp.clip(distance, 0, size - 1), axis=0))
 
 
@@ -376,13 +382,9 @@ class Decoder(nn.Module):
   def cross_kvs(self, encoded: Array) -> list[tuple[Array, Array]]:
     return [layer.cross_kv(encoded) for layer in self.layers]
 
-  def __call__(self, tokens, encoded, encoder_mask, deterministic: bool = True,
-               exits: tuple[int, ...] | None = None):
-    """Teacher-forced pass: tokens [B, Ld], encoded [B, Le, E] -> logits float32 [B, Ld, V].
-
-    With `exits` (1-based layer counts), a tuple of logits, one per exit: the shared
-    final norm and output layer read after that many layers (early-exit training).
-    """
+  def hidden(self, tokens, encoded, encoder_mask, deterministic: bool = True,
+             exits: tuple[int, ...] | None = None) -> list[Array]:
+    """Teacher-forced final-norm states [B, Ld, E] after each exit (default: the last layer)."""
     dropout = functools.partial(self.dropout, deterministic=deterministic)
     length = tokens.shape[1]
     q_pos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), tokens.shape)
@@ -391,24 +393,42 @@ class Decoder(nn.Module):
     cross_bias = attention_bias(encoder_mask[:, None, None, :])
     hidden, _ = self._run(tokens, self.cross_kvs(encoded), self_bias, cross_bias, dropout,
                           exits=exits)
+    return hidden
+
+  def __call__(self, tokens, encoded, encoder_mask, deterministic: bool = True,
+               exits: tuple[int, ...] | None = None):
+    """Teacher-forced pass: tokens [B, Ld], encoded [B, Le, E] -> logits float32 [B, Ld, V].
+
+    With `exits` (1-based layer counts), a tuple of logits, one per exit: the shared
+    final norm and output layer read after that many layers (early-exit training).
+    """
+    hidden = self.hidden(tokens, encoded, encoder_mask, deterministic, exits)
     logits = tuple(self._logits(h) for h in hidden)
     return logits if exits is not None else logits[0]
 
-  def decode(self, tokens: Array, cache: cache_lib.DecoderCache, num_layers: int | None = None):
+  def decode(self, tokens: Array, cache: cache_lib.DecoderCache, num_layers: int | None = None,
+             positions: Array | None = None, visible: Array | None = None):
     """Cached decode of k tokens per row at per-row offsets `cache.length`.
 
     tokens [B, k] -> (logits f32 [B, k, V], hidden [B, k, E], cache with length + k).
     `num_layers` < all: an early exit; only those layers' buffers are written.
+    `positions` [B, k] and `visible` [B | 1, k, k]: the new tokens form a tree (parallel
+    drafts): their logical positions, and which new tokens each may attend to.
     """
-    q_pos = cache_lib.query_positions(cache.length, tokens.shape[1])
-    self_bias = attention_bias(cache_lib.causal_mask(q_pos, cache.capacity),
-                               self.relpos_bias.causal(q_pos, cache.capacity))
+    slots = cache_lib.query_positions(cache.length, tokens.shape[1])
+    if positions is None:
+      self_bias = attention_bias(cache_lib.causal_mask(slots, cache.capacity),
+                                 self.relpos_bias.causal(slots, cache.capacity))
+    else:
+      k_pos = cache_lib.key_positions(slots, positions, cache.capacity)
+      self_bias = attention_bias(cache_lib.tree_mask(cache.length, slots, visible, cache.capacity),
+                                 self.relpos_bias.causal(positions, cache.capacity, k_pos))
     cross = cache.cross
     cross_bias = attention_bias(cross.mask[:, None, None, :])
     kv_caches = list(zip(cache.self_key, cache.self_value))
     exits = None if num_layers is None else (num_layers,)
     (hidden,), new = self._run(tokens, list(zip(cross.key, cross.value)), self_bias, cross_bias,
-                               lambda y: y, kv_caches, q_pos, exits)
+                               lambda y: y, kv_caches, slots, exits)
     run = len(new)
     cache = cache.replace(self_key=tuple(k for k, _ in new) + cache.self_key[run:],
                           self_value=tuple(v for _, v in new) + cache.self_value[run:],
@@ -447,8 +467,19 @@ class Transformer(nn.Module):
         cross=cache_lib.CrossKV(key=tuple(k for k, _ in cross), value=tuple(v for _, v in cross),
                                 mask=encoder_tokens > 0))
 
-  def decode(self, tokens: Array, cache: cache_lib.DecoderCache, num_layers: int | None = None):
-    return self.decoder.decode(tokens, cache, num_layers)
+  def decode(self, tokens: Array, cache: cache_lib.DecoderCache, num_layers: int | None = None,
+             positions: Array | None = None, visible: Array | None = None):
+    return self.decoder.decode(tokens, cache, num_layers, positions, visible)
+
+  def output_logits(self, hidden: Array) -> Array:
+    """The output layer alone: final-norm decoder states [..., E] -> logits float32 [..., V]."""
+    return self.decoder._logits(hidden)
+
+  def hidden_states(self, encoder_tokens, decoder_input_tokens, deterministic: bool = True):
+    """Teacher-forced final-norm decoder states [B, Ld, E] (what the output layer reads)."""
+    encoded = self.encoder(encoder_tokens, deterministic)
+    return self.decoder.hidden(decoder_input_tokens, encoded, encoder_tokens > 0,
+                               deterministic)[0]
 
   def exit_logits(self, encoder_tokens, decoder_input_tokens, exits: tuple[int, ...],
                   deterministic: bool = True):

@@ -1,0 +1,186 @@
+"""Blockwise parallel decoding (Stern et al. 2018; Kim et al. 2024) as a wiring of the round engine.
+
+    propose   HeadDrafter: heads 2..h on the verifier's last state (no drafter model)
+    verify    ONE verifier call over [last, x_1..x_G]; it also yields the states the
+              next round's heads read. With num_drafts = p > 1, the p best lattice paths
+              go in ONE call as a tree (every draft attends to the shared prefix and to
+              its own earlier tokens only) and the draft with the longest accepted prefix
+              wins; its cache entries move to where a single draft would have put them.
+    accept    acceptance.Speculative: greedy, the longest prefix equal to the verifier's
+              argmax (so the output is the verifier's greedy output, token for token);
+              sampling, the exact rule with q from the heads (the target's distribution)
+    commit    as every method
+
+Statistics (beside the common ones): `repeated_draft_rate` (Kim et al.'s "% consec"),
+`mean_max_run` ("max run"), and with `oracle=True` `oracle_tokens_per_target_call`,
+the block efficiency of the best path through the top-k lattice in hindsight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import cache as cache_lib
+from specdec_jax import sampling as sampling_lib
+from specdec_jax.decoding import engine, inputs
+from specdec_jax.decoding.acceptance import Speculative, prefix_length
+from specdec_jax.decoding.buffer import DecodeOutput, last_tokens
+from specdec_jax.decoding.phases import Proposal, Verified
+from specdec_jax.drafters import as_drafter
+from specdec_jax.drafters.blockwise import RESCORING, HeadDrafter
+from specdec_jax.drafters.heads import Heads, check_heads, head_logits
+from specdec_jax.errors import InputError
+from specdec_jax.models.model import Model
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelVerify:
+  """Verify `num_drafts` drafts of `width` tokens in ONE call shaped as a tree (greedy)."""
+
+  num_drafts: int
+  width: int
+
+  def layout(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(offsets [1 + pG] from n, visible [1 + pG, 1 + pG], views [p, G + 1]) of the call.
+
+    Token 0 is the last emitted token; token 1 + i*G + j is draft i's j-th token, at
+    position n + 1 + j. views[i] are the call's positions whose logits score draft i.
+    """
+    p, g = self.num_drafts, self.width
+    draft = np.concatenate([[-1], np.repeat(np.arange(p), g)])
+    step = np.concatenate([[-1], np.tile(np.arange(g), p)])
+    visible = (draft[None, :] == -1) | ((draft[:, None] == draft[None, :])
+                                        & (step[None, :] <= step[:, None]))
+    views = np.array([[0] + [1 + i * g + j for j in range(g)] for i in range(p)])
+    return step + 1, visible, views
+
+  def __call__(self, target: Model, state: engine.RoundState, proposal: Proposal) -> Verified:
+    offsets, visible, views = self.layout()
+    batch, g = state.n.shape[0], self.width
+    drafts = proposal.tokens.reshape(batch, self.num_drafts, g)
+    tokens = jnp.concatenate([last_tokens(state.seq, state.n, 1), proposal.tokens], axis=1)
+    logits, hidden, cache = target.decode_with_hidden(
+        tokens, state.cache.with_length(state.n), positions=state.n[:, None] + offsets,
+        visible=jnp.asarray(visible)[None])
+    logits, hidden = logits[:, views], hidden[:, views]              # [B, p, G + 1, ...]
+    match = drafts == jnp.argmax(logits[:, :, :g], axis=-1)
+    valid = jnp.arange(g)[None, None] < proposal.count[:, None, None]
+    m = jax.vmap(prefix_length, in_axes=1, out_axes=1)(match & valid)          # [B, p]
+    win = jnp.argmax(m, axis=1)                                        # first longest
+    pick = lambda x: jnp.take_along_axis(x, win.reshape((-1,) + (1,) * (x.ndim - 1)), 1)[:, 0]
+    src = state.n[:, None] + 1 + win[:, None] * g + jnp.arange(g)[None]
+    cache = cache_lib.move(cache, src, state.n[:, None] + 1 + jnp.arange(g)[None])
+    return Verified(logits=pick(logits), hidden=pick(hidden), cache=cache,
+                    ran=jnp.ones((), jnp.bool_), proposal=proposal.replace(tokens=pick(drafts)))
+
+
+def round_config(heads: Heads, max_new_tokens: int, sampling=None, eos_id: int = 1,
+                 top_k: int = 1, num_drafts: int = 1, rescoring: str | None = None,
+                 oracle: bool = False, accept=None) -> engine.RoundConfig:
+  g = heads.num_drafts
+  parallel = num_drafts > 1
+  return engine.RoundConfig(
+      max_new_tokens=inputs.check_positive_int(max_new_tokens, "max_new_tokens"),
+      max_proposals=g, sampling=sampling_lib.as_method(sampling), eos_id=eos_id,
+      accept=Speculative() if accept is None else accept,
+      verify=ParallelVerify(num_drafts, g) if parallel else engine.verify,
+      extra_capacity=(num_drafts - 1) * g,
+      info=(("method", "blockwise"), ("num_heads", heads.num_heads), ("top_k", top_k),
+            ("num_drafts", num_drafts), ("rescoring", rescoring),
+            ("oracle_top_k", top_k if oracle else 0), ("lossy", False)))
+
+
+def check_settings(model: Model, heads: Heads, top_k: int, num_drafts: int,
+                   rescoring: str | None, rescorer: Any, sampling) -> None:
+  inputs.check_positive_int(num_drafts, "num_drafts")
+  inputs.check_positive_int(top_k, "top_k")
+  if top_k > model.config.vocab_size:
+    raise InputError(f"top_k={top_k} exceeds the vocabulary size {model.config.vocab_size}")
+  if num_drafts > top_k ** heads.num_drafts:
+    raise InputError(f"num_drafts={num_drafts} exceeds the {top_k}^{heads.num_drafts} paths "
+                     f"of the top-{top_k} lattice")
+  if rescoring not in RESCORING:
+    raise InputError(f"rescoring must be one of {RESCORING}, got {rescoring!r}")
+  if rescoring is not None and rescorer is None:
+    raise InputError(f"rescoring={rescoring!r} needs a rescorer (an n-gram LM or a model)")
+  if rescoring == "neural" and num_drafts > 1:
+    raise InputError("neural rescoring builds one draft: use num_drafts=1")
+  if not sampling.is_greedy and (num_drafts > 1 or rescoring is not None or top_k > 1):
+    raise InputError("sampling with head drafts draws from the heads' distributions: "
+                     "use top_k=1, num_drafts=1 and no rescoring")
+  check_heads(model, heads)
+
+
+def blockwise_generate(model: Model, heads: Heads, encoder_tokens, max_new_tokens: int = 64,
+                       top_k: int = 1, rescoring: str | None = None, num_drafts: int = 1,
+                       rescoring_weight: float = 1.0, rescorer: Any = None,
+                       sampling: sampling_lib.SamplingMethod | None = None, rng=None,
+                       eos_id: int | None = None, oracle: bool = False,
+                       accept=None) -> DecodeOutput:
+  """Blockwise parallel decoding of `encoder_tokens` [B, Le] with `heads` on `model`.
+
+  Args:
+    top_k: lattice width per head (1: each head's argmax).
+    rescoring: None, "ngram" (`rescorer` = `lattice.NGramLM`) or "neural" (`rescorer` =
+      a small `Model` with the same vocabulary, e.g. the demo drafter).
+    num_drafts: p best lattice paths verified together in one call (parallel BPD).
+    rescoring_weight: the weight of the rescorer's log-probs against the heads'.
+    sampling: greedy (default; output == `generate(model)`) or `Sampling(...)`
+      (exact: the output has the model's distribution).
+    oracle: also compute the oracle top-k block efficiency (one extra teacher-forced pass).
+    accept: another acceptance rule (research; see `acceptance`).
+  """
+  encoder_tokens = inputs.check_request(encoder_tokens, model.config, max_new_tokens)
+  method = sampling_lib.as_method(sampling)
+  check_settings(model, heads, top_k, num_drafts, rescoring, rescorer, method)
+  neural = None
+  if rescoring == "neural":
+    neural = as_drafter(rescorer, model)
+  proposer = HeadDrafter(model, heads, lm=rescorer if rescoring == "ngram" else None,
+                         rescorer=neural, top_k=top_k, num_drafts=num_drafts,
+                         rescoring=rescoring, weight=float(rescoring_weight))
+  config = round_config(heads, max_new_tokens, method, inputs.resolve_eos(eos_id, model.config),
+                        top_k, num_drafts, rescoring, oracle, accept)
+  out = engine.run(model, proposer, encoder_tokens, None, inputs.as_rng(rng), config=config)
+  if oracle:
+    calls = oracle_calls(model, heads, encoder_tokens, out.tokens, out.lengths, top_k)
+    out = out.replace(counters=out.counters.replace(oracle_calls=calls))
+  return out
+
+
+@functools.partial(jax.jit, static_argnames=("top_k",))
+def oracle_calls(model: Model, heads: Heads, encoder_tokens: Array, tokens: Array,
+                 lengths: Array, top_k: int) -> Array:
+  """[B] target calls an oracle drafting from the top-k lattice needs for the same output.
+
+  The oracle decodes the same output: the first round has no heads' state (1 token);
+  then, with the last emitted token at index i, head j+2 at state i-1 may propose token
+  i+j; it accepts the longest prefix inside the heads' top-k sets, plus one target token.
+  One teacher-forced pass gives every state; the walk is a loop on device.
+  """
+  dec_in = jnp.concatenate([jnp.zeros_like(tokens[:, :1]), tokens[:, :-1]], axis=1)
+  logits = head_logits(model, heads, model.hidden_states(encoder_tokens, dec_in))  # [B,T,G,V]
+  batch, length, g = logits.shape[:3]
+  ahead = jnp.arange(length)[:, None] + jnp.arange(g)[None, :] + 1                # [T, G]
+  target = jnp.take_along_axis(jnp.pad(tokens, ((0, 0), (0, g + 1))),
+                               ahead.reshape(1, -1), axis=1).reshape(batch, length, g)
+  chosen = jnp.take_along_axis(logits, target[..., None], axis=-1)[..., 0]
+  in_top = chosen >= jax.lax.top_k(logits, top_k)[0][..., -1]                      # [B, T, G]
+
+  def walk(_, carry):
+    i, calls = carry              # i tokens emitted after `calls` target calls
+    row = jnp.take_along_axis(in_top, jnp.maximum(i - 1, 0)[:, None, None], axis=1)[:, 0]
+    run = prefix_length(row & (jnp.arange(g)[None] < (lengths - i)[:, None]))
+    live = i < lengths
+    return jnp.where(live, i + run + 1, i), calls + live
+
+  ones = jnp.ones((batch,), jnp.int32)
+  return jax.lax.fori_loop(0, length, walk, (ones, ones))[1]
