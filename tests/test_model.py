@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import specdec_jax as sd
-from specdec_jax.models import t5 as t5_lib
+from specdec_jax.models import layers as t5_lib
 from conftest import ragged_tokens
 
 
