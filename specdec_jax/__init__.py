@@ -36,25 +36,31 @@ __all__ = [
 ]
 
 
+COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
+
+
 def load(path_or_name: str, dtype="float32", config: T5Config | None = None) -> Model:
   """Load a model: T5X checkpoint (legacy or Orbax), HF T5 dir, our saved dir, a bundled
   name such as "demo-de-en/target", or a named config ("config:t5_1_1_tiny", random weights).
 
-  dtype: of the floating params. float32 by default, as T5X restores and HF's
-  `from_pretrained` loads (the bundled demo pair is stored in bfloat16; computing
-  with bfloat16 params and float32 activations re-casts every weight on every
-  call, ~20 ms per demo sentence on CPU). "bfloat16" halves memory; None keeps
-  what is stored. Params come back as device arrays.
+  dtype: the compute dtype, of the floating params AND the activations (attention and
+  output logits, hence every acceptance test, stay float32 whatever it is). float32
+  by default, as T5X restores and HF's `from_pretrained` loads. "bfloat16" halves
+  memory and bandwidth; a `config:` model is then initialised directly in bfloat16,
+  one parameter at a time on the device. None keeps what is stored (params as
+  stored, activations as the config says). Params come back as device arrays.
   """
   from specdec_jax.io import checkpoints
+  if dtype is not None and str(dtype) not in COMPUTE_DTYPES:
+    raise InputError(f"dtype must be one of {', '.join(COMPUTE_DTYPES)} or None (as stored), "
+                     f"got {dtype!r}")
   if isinstance(path_or_name, str) and path_or_name.startswith("config:"):
-    model = init_model(get_config(path_or_name[len("config:"):]), 0)
-  else:
-    cfg, params = checkpoints.load_checkpoint(path_or_name, config=config)
-    # Device arrays, not numpy: a jitted call would copy numpy params host -> device
-    # on every call (for the demo target, ~8 ms per sentence on CPU).
-    model = Model(config=cfg, params=jax.device_put(params))
-  return model if dtype is None else model.astype(dtype)
+    return init_model(get_config(path_or_name[len("config:"):]), 0, dtype)
+  cfg, params = checkpoints.load_checkpoint(path_or_name, config=config)
+  # Device arrays, not numpy: a jitted call would copy numpy params host -> device
+  # on every call (for the demo target, ~8 ms per sentence on CPU).
+  model = Model(config=cfg, params=jax.device_put(params))
+  return model if dtype is None else model.with_dtype(dtype)
 
 
 def save(path, model: Model, dtype=None) -> None:

@@ -193,7 +193,8 @@ def heads_loss(model: Model, heads: Heads, encoder_tokens: Array, targets: Array
   shifted right after the start token. Head j (2..h) at state t predicts targets[t + j - 1];
   with `freeze_model=False` head 1 (the model's own next-token loss) joins the sum and
   gradients reach the model too.
-  Returns (loss [], per-head mean cross-entropy [h] (index 0: head 1)).
+  Returns (loss [], per-head mean cross-entropy [h], per-head top-1 accuracy [h])
+  (index 0: head 1).
   """
   dec_in = jnp.concatenate([jnp.zeros_like(targets[:, :1]), targets[:, :-1]], axis=1)
   states = model.hidden_states(encoder_tokens, dec_in, deterministic=rngs is None, rngs=rngs)
@@ -207,8 +208,10 @@ def heads_loss(model: Model, heads: Heads, encoder_tokens: Array, targets: Array
                                ahead.reshape(1, -1), axis=1).reshape(targets.shape + (h,))
   mask = (wanted > 0).astype(jnp.float32)
   nll = -jnp.take_along_axis(jax.nn.log_softmax(logits, -1), wanted[..., None], -1)[..., 0]
-  per_head = jnp.sum(nll * mask, axis=(0, 1)) / jnp.maximum(jnp.sum(mask, axis=(0, 1)), 1.0)
+  count = jnp.maximum(jnp.sum(mask, axis=(0, 1)), 1.0)
+  per_head = jnp.sum(nll * mask, axis=(0, 1)) / count
+  accuracy = jnp.sum((jnp.argmax(logits, -1) == wanted) * mask, axis=(0, 1)) / count
   lam = jnp.ones((h,), jnp.float32) if weights is None else jnp.asarray(weights, jnp.float32)
   if freeze_model:
     lam = lam.at[0].set(0.0)                # head 1 is the frozen model: nothing to learn
-  return jnp.sum(lam * per_head), per_head
+  return jnp.sum(lam * per_head), per_head, accuracy

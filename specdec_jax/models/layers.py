@@ -7,6 +7,7 @@ scaling: it lives in the query init), and the (gated) MLP.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Callable
 
@@ -55,9 +56,50 @@ def _causal_bucket_table(size: int, num_buckets: int, max_distance: int) -> np.n
 # ----------------------------------------------------------------------------- layers
 
 
-def _kernel_init(scale: float = 1.0) -> Callable:
-  base = nn.initializers.variance_scaling(1.0, "fan_in", "normal")
-  return lambda key, shape, dtype=jnp.float32: base(key, shape, dtype) * scale
+@dataclasses.dataclass(frozen=True)
+class Init:
+  """A parameter initializer as a hashable value (equal inits share compiled code).
+
+  kind: "fan_in_normal" (T5X's dense kernels; queries scaled by head_dim ** -0.5),
+  "normal" (the embedding, stddev 1), "ones" (norm scales), "fan_avg_uniform"
+  (relative position tables).
+  """
+
+  kind: str
+  scale: float = 1.0
+
+  def __call__(self, key: Array, shape, dtype=jnp.float32) -> Array:
+    if self.kind == "ones":
+      return jnp.ones(shape, dtype)
+    if self.kind == "normal":
+      return jax.random.normal(key, shape, dtype) * self.scale
+    mode, distribution = {"fan_in_normal": ("fan_in", "normal"),
+                          "fan_avg_uniform": ("fan_avg", "uniform")}[self.kind]
+    return nn.initializers.variance_scaling(1.0, mode, distribution)(key, shape, dtype) \
+        * self.scale
+
+
+def kernel_init(scale: float = 1.0) -> Init:
+  """T5X's dense init: fan-in normal, times `scale` (queries: head_dim ** -0.5)."""
+  return Init("fan_in_normal", scale)
+
+
+EMBEDDING_INIT = Init("normal")
+NORM_SCALE_INIT = Init("ones")
+REL_EMBEDDING_INIT = Init("fan_avg_uniform")
+
+
+def initializer_for(path: tuple[str, ...], head_dim: int) -> Callable:
+  """The initializer of the parameter at `path` (T5X tree names), as the layers below use
+  it: lets a model be initialised one parameter at a time (`models.model.init_model`)."""
+  name = path[-1]
+  if name == "kernel":
+    return kernel_init(head_dim ** -0.5 if path[-2] == "query" else 1.0)
+  table = {"embedding": EMBEDDING_INIT, "scale": NORM_SCALE_INIT,
+           "rel_embedding": REL_EMBEDDING_INIT}
+  if name not in table:
+    raise KeyError(f"no initializer known for parameter {'/'.join(path)}")
+  return table[name]
 
 
 class Dense(nn.Module):
@@ -71,7 +113,7 @@ class Dense(nn.Module):
 
   def setup(self):
     self.kernel = self.param("kernel",
-                             nn.with_logical_partitioning(_kernel_init(self.init_scale), self.axes),
+                             nn.with_logical_partitioning(kernel_init(self.init_scale), self.axes),
                              (self.in_features, self.features), jnp.float32)
 
   def __call__(self, x: Array) -> Array:
@@ -103,7 +145,7 @@ class RMSNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+    scale = self.param("scale", nn.with_logical_partitioning(NORM_SCALE_INIT, ("embed",)),
                        (x.shape[-1],), jnp.float32)
     x = x.astype(jnp.float32)
     y = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + self.epsilon)
@@ -120,7 +162,7 @@ class Embed(nn.Module):
   def setup(self):
     self.embedding = self.param(
         "embedding",
-        nn.with_logical_partitioning(nn.initializers.normal(stddev=1.0), ("vocab", "embed")),
+        nn.with_logical_partitioning(EMBEDDING_INIT, ("vocab", "embed")),
         (self.vocab_size, self.features), jnp.float32)
 
   def __call__(self, tokens: Array) -> Array:
@@ -141,7 +183,7 @@ class RelativePositionBias(nn.Module):
     self.rel_embedding = self.param(
         "rel_embedding",
         nn.with_logical_partitioning(
-            nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
+            REL_EMBEDDING_INIT,
             ("heads", "relpos_buckets")),
         (self.num_heads, self.num_buckets), jnp.float32)
 
