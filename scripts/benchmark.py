@@ -4,7 +4,7 @@
     python scripts/benchmark.py --target config:t5_1_1_small --drafter config:t5_1_1_tiny_drafter \
         --batch-sizes 1 --gammas 1,3 --modes greedy --max-new-tokens 32 --out bench_out
 
-See `specdec_jax/bench.py` for the definitions; `--help` for every option.
+See `specdec_jax/tools/bench/` for the definitions; `--help` for every option.
 """
 
 import sys

@@ -8,7 +8,7 @@
     # any two models (our format, T5X, HF dirs, config:NAME) and random prompts
     python scripts/compare_hf.py --target PATH --drafter PATH --limit 10 --out results/hf_compare
 
-Writes OUT/hf_compare.json and OUT/hf_compare.md. See `specdec_jax/hf_compare.py` for
+Writes OUT/hf_compare.json and OUT/hf_compare.md. See `specdec_jax/tools/hf_compare/` for
 what each method is and how it is timed.
 """
 
@@ -21,7 +21,8 @@ import sys
 
 import numpy as np
 
-from specdec_jax.tools.cli import int_list
+from specdec_jax.errors import SpecdecError
+from specdec_jax.tools.options import int_list
 
 
 def main(argv=None) -> int:
@@ -49,15 +50,23 @@ def main(argv=None) -> int:
   p.add_argument("--out", default="results/hf_compare")
   p.add_argument("--no-progress", action="store_true")
   args = p.parse_args(argv)
+  if not (args.target or args.workdir) or not (args.drafter or args.workdir):
+    p.error("give --workdir or both --target and --drafter")
+  try:
+    return _run(args, argv)
+  except SpecdecError as e:
+    print(f"compare_hf: error: {e}", file=sys.stderr)
+    return 2
 
+
+def _run(args, argv) -> int:
   import specdec_jax as sd
-  from specdec_jax.tools import bench, hf_compare
+  from specdec_jax.tools import hf_compare
+  from specdec_jax.tools.prompts import random_prompts
 
   target = args.target or (args.workdir and os.path.join(args.workdir, "target", "final"))
   drafter = args.drafter or (args.workdir and os.path.join(args.workdir, args.drafter_variant,
                                                            "final"))
-  if not target or not drafter:
-    p.error("give --workdir or both --target and --drafter")
   data_dir = args.data_dir or (args.workdir and os.path.join(args.workdir, "data"))
   target_model, drafter_model = sd.load(target), sd.load(drafter)
   if data_dir:
@@ -66,8 +75,8 @@ def main(argv=None) -> int:
     prompts = inputs[:args.limit]
     source = f"first {len(prompts)} inputs of {data_dir}/{args.split}.npz"
   else:
-    prompts = bench.random_prompts(args.limit, args.prompt_len, target_model.config.vocab_size,
-                                   args.seed)
+    prompts = random_prompts(args.limit, args.prompt_len, target_model.config.vocab_size,
+                             args.seed)
     source = f"{args.limit} random prompts of length {args.prompt_len}"
   settings = {"prompts": source, "target_source": target, "drafter_source": drafter,
               "command": "python scripts/compare_hf.py " + " ".join(

@@ -5,18 +5,18 @@
     python scripts/compare_t5x.py --t5x-src /path/to/t5x --model config:t5_1_1_small \
         --batch-sizes 1,8 --repeats 7 --out results/t5x_compare
 
-Writes OUT/t5x_compare.json, .md and .png. See `specdec_jax/t5x_bench.py` for what
+Writes OUT/t5x_compare.json, .md and .png. See `specdec_jax/tools/t5x_bench.py` for what
 runs on each side (only four pure-JAX files of the checkout are imported).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
-from specdec_jax.tools.cli import int_list
+from specdec_jax.errors import SpecdecError
+from specdec_jax.tools.options import int_list
 
 
 def main(argv=None) -> int:
@@ -33,23 +33,23 @@ def main(argv=None) -> int:
   p.add_argument("--out", default="results/t5x_compare")
   args = p.parse_args(argv)
 
-  from specdec_jax.tools import bench, t5x_bench
-  from specdec_jax.tools.cli import load_model, to_jsonable, user_errors
+  from specdec_jax.tools import t5x_bench
+  from specdec_jax.tools.models import load_model
+  from specdec_jax.tools.report import atomic_write, write_json, write_plot
   try:
     t5x = t5x_bench.load_t5x(args.t5x_src)      # fail before building the model
     model = load_model(args.model)
     results = t5x_bench.run_t5x_compare(model, t5x, batch_sizes=args.batch_sizes,
                                         prompt_len=args.prompt_len, steps=args.steps,
                                         repeats=args.repeats)
-  except (t5x_bench.T5XSourceError, *user_errors()) as e:
+  except SpecdecError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   results["model"]["source"] = args.model
-  os.makedirs(args.out, exist_ok=True)
   base = os.path.join(args.out, "t5x_compare")
-  bench.atomic_write(base + ".json", json.dumps(to_jsonable(results), indent=1) + "\n")
-  bench.atomic_write(base + ".md", t5x_bench.markdown(results))
-  t5x_bench.plot(results, base + ".png")
+  write_json(base + ".json", results)
+  atomic_write(base + ".md", t5x_bench.markdown(results))
+  write_plot(base + ".png", t5x_bench.plot, results)
   print(t5x_bench.markdown(results))
   return 0
 

@@ -14,7 +14,7 @@ the n-gram (bigram, fitted on the train targets) and prompt-lookup drafters at g
 grows; pass --batch-sizes 1,8 to see both). Writes OUT/results.json, OUT/results.md
 and OUT/speedup.png; with --readme, replaces the README's block between
 `<!-- results:start -->` and `<!-- results:end -->` with the table. See
-`specdec_jax/results.py` for the definitions of the columns.
+`specdec_jax/tools/results/` for the definitions of the columns.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import argparse
 import shlex
 import sys
 
-from specdec_jax.tools.cli import int_list
+from specdec_jax.errors import SpecdecError
+from specdec_jax.tools.options import int_list
 
 
 def _names(choices):
@@ -95,7 +96,7 @@ def main(argv=None) -> int:
     if args.readme:
       R.splice_readme(args.readme, R.readme_block(results, paths["png"], args.readme,
                                                   quality))
-  except R.ResultsError as e:
+  except SpecdecError as e:
     print(f"demo_results: error: {e}", file=sys.stderr)
     return 2
   print(R.markdown_table(results))

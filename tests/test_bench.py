@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from specdec_jax.tools import bench, cli
+from specdec_jax.tools import bench, cli, models
 
 TARGET = "config:t5_1_1_tiny"
 DRAFTER = "config:t5_1_1_tiny_drafter"
@@ -51,6 +51,8 @@ def test_bench_writes_json_md_png(bench_dir):
     if e["method"] == "baseline":
       assert ENTRY_KEYS <= set(e)
       assert e["speedup"] == 1.0
+      # target calls are counted per row in every method: one per token for the baseline
+      assert e["target_calls"] == e["generated_tokens"] and e["block_efficiency"] == 1.0
       for k in ("ms_per_token", "tokens_per_s", "wall_s_median"):
         assert positive(e[k]), (k, e)
     else:
@@ -61,6 +63,9 @@ def test_bench_writes_json_md_png(bench_dir):
         assert positive(e[k]), (k, e)
       assert 0.0 <= e["alpha"] <= 1.0 and 0.0 <= e["acceptance_rate"] <= 1.0
       assert 1 <= e["generated_tokens"] <= 6 * e["batch_size"]
+      assert e["block_efficiency"] == pytest.approx(e["generated_tokens"] / e["target_calls"])
+      assert e["acceptance_rate"] == pytest.approx(e["accepted"] / max(e["drafted"], 1))
+      assert e["rounds"] <= e["target_calls"]
   costs = {c["batch_size"]: c for c in results["costs"]}
   assert set(costs) == {1, 2}
   for c in costs.values():
@@ -88,7 +93,7 @@ def test_resume_skips_present_entries_and_checks_settings(bench_dir, capsys):
 
 
 def test_time_decode_step_and_bad_settings(capsys):
-  model = cli.load_model(TARGET)
+  model = models.load_model(TARGET)
   t = bench.time_decode_step(model, 2, 1, encoder_len=5, capacity=9, steps=2, repeats=1)
   assert positive(t)
   capsys.readouterr()

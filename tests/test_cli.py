@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 
 import specdec_jax as sd
-from specdec_jax.tools import cli
 from specdec_jax.io.tokenizer import train_sentencepiece
+from specdec_jax.tools import cli, models, options, prompts
+from specdec_jax.tools import errors as cli_errors
+from specdec_jax.tools.report import to_jsonable
 
 TARGET = "config:t5_1_1_tiny"
 DRAFTER = "config:t5_1_1_tiny_drafter"
@@ -48,12 +50,31 @@ def test_decode_token_ids_prints_one_line_of_ids_per_prompt(capsys):
   assert "RANDOM weights" in err and "Traceback" not in err
 
 
+def assert_same_stats(json_stats, stats):
+  """The JSON statistics are exactly `stats` (a DecodeOutput.stats or merged mapping)."""
+  expected = to_jsonable(dict(stats))
+  assert set(json_stats) == set(expected)
+  for key, value in expected.items():
+    if isinstance(value, (bool, str)) or value is None:
+      assert json_stats[key] == value, key
+    else:
+      np.testing.assert_allclose(json_stats[key], value, rtol=1e-6, err_msg=key)
+
+
 def test_json_and_stats(capsys):
   payload, err = decode_json(capsys, "--stats", *PROMPTS)
   assert set(payload) >= {"outputs", "stats", "timing"}
   assert len(payload["outputs"]) == 2 and all(isinstance(t, int) for t in payload["outputs"][0])
   assert payload["lengths"] == [len(o) for o in payload["outputs"]]
-  assert payload["stats"]["target_calls"] >= 1
+  # the statistics are the library's for the same input, in the per-row meaning
+  direct = sd.generate(models.load_model(TARGET), prompts.parse_token_ids(PROMPTS, 512),
+                       max_new_tokens=6, rng=jax.random.PRNGKey(0))
+  assert payload["outputs"] == [np.asarray(t)[:n].tolist()
+                                for t, n in zip(direct.tokens, direct.lengths)]
+  stats = payload["stats"]
+  assert_same_stats(stats, direct.stats)
+  assert stats["target_calls"] == stats["emitted"] == sum(payload["lengths"])
+  assert stats["tokens_per_target_call"] == 1.0 and stats["rounds"] == max(payload["lengths"])
   timing = payload["timing"]
   assert timing["generated_tokens"] == sum(payload["lengths"])
   assert timing["tokens_per_s"] > 0 and timing["ms_per_token"] > 0
@@ -65,22 +86,59 @@ def test_greedy_speculative_equals_baseline(capsys):
   spec, err = decode_json(capsys, "--drafter", DRAFTER, "--gamma", "2", "--stats", *PROMPTS)
   assert spec["outputs"] == base["outputs"]
   stats = spec["stats"]
-  for key in ("alpha", "acceptance_rate", "tokens_per_target_call", "target_calls",
-              "drafter_calls"):
-    assert key in stats
+  direct = sd.speculative_generate(models.load_model(TARGET),
+                                   models.load_model(DRAFTER, what="drafter"),
+                                   prompts.parse_token_ids(PROMPTS, 512), gamma=2,
+                                   max_new_tokens=6, rng=jax.random.PRNGKey(0))
+  assert_same_stats(stats, direct.stats)
   assert 0.0 <= stats["alpha"] <= 1.0 and stats["gamma"] == 2
+  assert 0.0 <= stats["acceptance_rate"] <= 1.0
+  assert stats["acceptance_rate"] == pytest.approx(stats["accepted"] / stats["drafted"])
+  assert stats["tokens_per_target_call"] == pytest.approx(stats["emitted"]
+                                                          / stats["target_calls"])
   assert "acceptance rate" in err and "alpha" in err and "tokens/target call" in err
+
+
+def test_batches_merge_into_one_run(capsys):
+  """--batch-size 1 decodes two calls; their statistics merge to the one-call statistics."""
+  one, _ = decode_json(capsys, "--drafter", DRAFTER, "--gamma", "2", *PROMPTS)
+  two, _ = decode_json(capsys, "--drafter", DRAFTER, "--gamma", "2", "--batch-size", "1",
+                       *PROMPTS)
+  assert two["outputs"] == one["outputs"] and two["timing"]["batch_size"] == 1
+  for key in ("target_calls", "drafted", "accepted", "emitted", "beta_count", "alpha",
+              "acceptance_rate", "tokens_per_target_call", "target_calls_per_row"):
+    np.testing.assert_allclose(two["stats"][key], one["stats"][key], rtol=1e-6, err_msg=key)
+
+
+def test_main_reports_any_specdec_error_in_one_line(capsys, monkeypatch):
+  """main catches SpecdecError (any subclass, core or tools): one line, exit code 2;
+  anything else is a bug and propagates."""
+  from specdec_jax.tools.cli import decode
+
+  def fail(error):
+    def run(args):
+      raise error
+    return run
+  for error in (sd.SpecdecError("plain base class"), sd.InputError("core input error"),
+                cli_errors.DataError("tool data error\nsecond line")):
+    monkeypatch.setattr(decode, "run", fail(error))
+    code, out, err = run(capsys, "decode", "--model", TARGET, "5 1")
+    assert code == 2 and out == ""
+    assert err == f"specdec decode: error: {str(error).splitlines()[0]}\n"
+  monkeypatch.setattr(decode, "run", fail(RuntimeError("a bug")))
+  with pytest.raises(RuntimeError, match="a bug"):
+    cli.main(["decode", "--model", TARGET, "5 1"])
 
 
 def test_table_drafters(capsys):
   # Decoding with table drafters is the library's business (tests/test_generate.py); here
   # only what the CLI builds: n-gram tables fitted on the prompts, prompt lookup.
-  target = cli.load_model(TARGET)
-  tokens = cli.parse_token_ids(PROMPTS, 512)
-  ngram = cli.make_drafter("ngram", target, tokens, None)
+  target = models.load_model(TARGET)
+  tokens = prompts.parse_token_ids(PROMPTS, 512)
+  ngram = models.resolve_drafter("ngram", target, ngram_rows=tokens)
   assert isinstance(ngram, sd.NGramDrafter) and ngram.vocab_size == 512
   assert int(np.argmax(ngram.logits_after(np.asarray([17]))[0])) == 42   # 17 -> 42 in prompt 1
-  lookup = cli.make_drafter("prompt-lookup", target, tokens, None)
+  lookup = models.resolve_drafter("prompt-lookup", target)
   assert isinstance(lookup, sd.PromptLookupDrafter) and lookup.vocab_size == 512
 
 
@@ -116,7 +174,7 @@ def with_vocab(model, vocab_size):
 def other_vocab_drafter(tmp_path_factory):
   """A saved drafter whose vocabulary (300) differs from the tiny target's (512)."""
   path = tmp_path_factory.mktemp("drafter300")
-  sd.save(path, with_vocab(cli.load_model(DRAFTER, what="drafter"), 300))
+  sd.save(path, with_vocab(models.load_model(DRAFTER, what="drafter"), 300))
   return path
 
 
@@ -172,7 +230,7 @@ def test_text_prompts_with_a_tokenizer(capsys, tmp_path):
   corpus = [f"{s} {v} {o}." for s in ("Der Hund", "Die Katze", "Ein Junge", "Das Haus")
             for v in ("sieht", "mag", "sucht") for o in ("den Baum", "die Brücke", "das Öl")]
   tok = train_sentencepiece(corpus, tmp_path / "tok" / "spiece", vocab_size=32)
-  model = with_vocab(cli.load_model(TARGET), tok.vocab_size)
+  model = with_vocab(models.load_model(TARGET), tok.vocab_size)
   sd.save(tmp_path / "model", model)
   capsys.readouterr()
   texts = ["Der Hund sieht den Baum.", "Die Katze mag das Öl."]
@@ -189,7 +247,7 @@ def test_text_prompts_with_a_tokenizer(capsys, tmp_path):
   direct = sd.generate(model, tok.encode(texts), max_new_tokens=6)
   assert payload["outputs"] == tok.decode(np.asarray(direct.tokens))
   # A tokenizer larger than the model's vocabulary is refused.
-  sd.save(tmp_path / "small", with_vocab(cli.load_model(TARGET), 20))
+  sd.save(tmp_path / "small", with_vocab(models.load_model(TARGET), 20))
   code, _, err = run(capsys, "decode", "--model", tmp_path / "small", "--tokenizer",
                      tmp_path / "tok" / "spiece.model", "hallo")
   assert code == 2 and "pieces" in err
@@ -201,7 +259,7 @@ def _flat(params):
 
 
 def test_convert_round_trip(capsys, tmp_path):
-  original = _flat(cli.load_model(TARGET).params)
+  original = _flat(models.load_model(TARGET).params)
   code, _, err = run(capsys, "convert", TARGET, tmp_path / "ours")
   assert code == 0, err
   loaded = _flat(sd.load(str(tmp_path / "ours")).params)
@@ -235,29 +293,10 @@ def test_console_script_smoke():
     assert command in result.stdout
 
 
-def test_merge_stats_of_several_batches():
-  a = {"target_calls": 4, "rounds": 2, "drafter_calls": 8, "drafted": 8, "accepted": 4,
-       "alpha": 0.5, "acceptance_rate": 0.5, "tokens_per_target_call": 2.0, "gamma": 2,
-       "per_position_accepted": np.array([3, 1]), "alpha_per_row": np.array([0.5, 0.5])}
-  b = {**a, "target_calls": 2, "rounds": 2, "drafted": 4, "accepted": 0, "alpha": 0.2,
-       "per_position_accepted": np.array([0, 0]), "alpha_per_row": np.array([0.2])}
-  merged = cli.merge_stats([a, b], [np.array([4, 4]), np.array([2])])
-  assert merged["target_calls"] == 6 and merged["accepted"] == 4 and merged["drafted"] == 12
-  assert merged["acceptance_rate"] == pytest.approx(4 / 12)
-  assert merged["tokens_per_target_call"] == pytest.approx(10 / 6)
-  assert merged["alpha"] == pytest.approx((0.5 * 8 + 0.2 * 4) / 12)
-  assert merged["per_position_accepted"].tolist() == [3, 1] and merged["gamma"] == 2
-  assert merged["alpha_per_row"].tolist() == [0.5, 0.5, 0.2]
-  base = cli.merge_stats([{"target_calls": 3, "tokens_per_target_call": 1.0},
-                          {"target_calls": 2, "tokens_per_target_call": 1.0}],
-                         [np.array([3, 2]), np.array([2])])
-  assert base["tokens_per_target_call"] == pytest.approx(7 / (3 * 2 + 2 * 1))
-
-
 def test_int_list_parses_lists_and_ranges():
   import argparse
-  assert cli.int_list("1,2,4") == [1, 2, 4]
-  assert cli.int_list("1-3,8") == [1, 2, 3, 8]
+  assert options.int_list("1,2,4") == [1, 2, 4]
+  assert options.int_list("1-3,8") == [1, 2, 3, 8]
   for bad in ("", "0,1", "a", "2-x", "-1"):
     with pytest.raises(argparse.ArgumentTypeError):
-      cli.int_list(bad)
+      options.int_list(bad)

@@ -9,6 +9,7 @@ import pytest
 
 import specdec_jax as sd
 from specdec_jax.tools import cli, evaluation
+from specdec_jax.tools.errors import OptionError
 from test_prepare import write_dictionary
 
 VOCAB = 120
@@ -200,6 +201,9 @@ def test_eval_json_scores_and_speed(trained, capsys, baseline):
   assert result["pairs"] == LIMIT and len(result["hypotheses"]) == LIMIT
   assert result["generated_tokens"] > 0 and result["ms_per_token"] > 0
   assert result["speculative"] is False and result["stats"]["target_calls"] >= 1
+  # target calls are counted per row: the baseline makes one per generated token
+  assert result["stats"]["target_calls"] == result["generated_tokens"]
+  assert result["stats"]["tokens_per_target_call"] == 1.0
   # varied outputs, so that equal hypotheses below mean something
   assert len(set(result["hypotheses"])) > LIMIT // 2
   assert result["settings"]["split"] == "test"
@@ -229,6 +233,11 @@ def test_eval_speculative_greedy_equals_target_greedy(trained, capsys, baseline)
   assert 0.0 <= stats["acceptance_rate"] <= 1.0 and 0.0 <= stats["alpha"] <= 1.0
   assert stats["tokens_per_target_call"] >= 1.0
   assert 0 < stats["accepted"] <= stats["drafted"]
+  assert stats["acceptance_rate"] == pytest.approx(stats["accepted"] / stats["drafted"])
+  assert stats["alpha"] == pytest.approx(stats["beta_sum"] / stats["beta_count"])
+  assert stats["tokens_per_target_call"] == pytest.approx(result["generated_tokens"]
+                                                          / stats["target_calls"])
+  assert stats["emitted"] == result["generated_tokens"] and stats["gamma"] == 3
 
 
 def test_eval_ngram_drafter_fitted_on_train_split(trained, baseline):
@@ -266,33 +275,6 @@ def test_eval_missing_data_dir(capsys, tmp_path):
 # ----------------------------------------------------------------------------- helpers
 
 
-def test_padded_batches_repeat_the_last_row():
-  inputs = np.arange(10, dtype=np.int32).reshape(5, 2)
-  batches = evaluation.padded_batches(inputs, 2)
-  assert [real for _, real in batches] == [2, 2, 1]
-  assert all(b.shape == (2, 2) for b, _ in batches)
-  np.testing.assert_array_equal(batches[-1][0], [[8, 9], [8, 9]])
-  np.testing.assert_array_equal(np.concatenate([b[:r] for b, r in batches]), inputs)
-
-
-def test_aggregate_stats_weights_by_drafted():
-  rows = [{"target_calls": np.array([2, 3]), "drafter_calls": np.array([4, 6]),
-           "drafted": np.array([4, 6]), "accepted": np.array([2, 3]),
-           "alpha": np.array([0.5, 1.0])},
-          {"target_calls": np.array([5]), "drafter_calls": np.array([10]),
-           "drafted": np.array([10]), "accepted": np.array([1]), "alpha": np.array([0.2])}]
-  out = evaluation.aggregate_stats(rows, np.array([4, 6, 6]), speculative=True)
-  assert out["drafted"] == 20 and out["accepted"] == 6 and out["target_calls"] == 10
-  assert out["acceptance_rate"] == pytest.approx(6 / 20)
-  assert out["tokens_per_target_call"] == pytest.approx(16 / 10)
-  assert out["alpha"] == pytest.approx((0.5 * 4 + 1.0 * 6 + 0.2 * 10) / 20)
-  base = evaluation.aggregate_stats([{"target_calls": np.array(6), "rows": 2},
-                                     {"target_calls": np.array(4), "rows": 1}],
-                                    np.array([5, 6, 4]), speculative=False)
-  assert base["target_calls"] == 10
-  assert base["tokens_per_target_call"] == pytest.approx(15 / (6 * 2 + 4 * 1))
-
-
 def test_corpus_scores():
   refs = ["the old dog sleeps", "a big red house"]
   perfect = evaluation.corpus_scores(refs, refs)
@@ -308,12 +290,12 @@ def test_resolve_sampling_and_drafter_errors():
   assert not evaluation.resolve_sampling("sample").is_greedy
   with pytest.raises(evaluation.EvaluationError, match="conflicts"):
     evaluation.resolve_sampling("greedy", sd.Sampling(temperature=0.7))
-  with pytest.raises(evaluation.EvaluationError, match="method"):
+  with pytest.raises(OptionError, match="method"):
     evaluation.resolve_sampling("beam")
   target = sd.Model(config=sd.get_config("t5_1_1_tiny"), params={})
   with pytest.raises(evaluation.EvaluationError, match="train split"):
     evaluation.resolve_drafter("ngram", target, None)
-  with pytest.raises(evaluation.EvaluationError, match="drafter must be"):
+  with pytest.raises(OptionError, match="drafter must be"):
     evaluation.resolve_drafter("bigram", target, None)
   assert evaluation.resolve_drafter(None, target, None) is None
   assert isinstance(evaluation.resolve_drafter("prompt-lookup", target, None),

@@ -15,6 +15,7 @@ import pytest
 import specdec_jax as sd
 from specdec_jax.tools import cli, demo
 from specdec_jax.tools.training import shift_right
+from test_cli import assert_same_stats
 
 PAIRS = [json.loads(line) for line in
          (pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl").read_text().splitlines()]
@@ -73,12 +74,35 @@ def test_target_translates_its_input(pair):
   assert real < control - 0.5, (real, control)
 
 
-def test_main_command_prints_translation_and_stats(capsys):
+def test_main_command_prints_translation_and_stats(capsys, pair):
+  """`specdec decode --json` on the demo pair: the translations and statistics are exactly
+  what sd.speculative_generate returns for the same input."""
+  target, drafter, tok = pair
+  texts = ["Ich habe keine Zeit.", "Das ist mir egal."]
   code = cli.main(["decode", "--model", "demo-de-en/target", "--drafter", "demo-de-en/drafter",
-                   "--tokenizer", "demo-de-en", "--gamma", "4", "--json",
-                   "Ich habe keine Zeit.", "Das ist mir egal."])
+                   "--tokenizer", "demo-de-en", "--gamma", "4", "--json", *texts])
   out, err = capsys.readouterr()
   assert code == 0, err
   result = json.loads(out)
-  text = json.dumps(result)
-  assert "acceptance_rate" in text and "alpha" in text
+  direct = sd.speculative_generate(target, drafter, tok.encode(texts), gamma=4,
+                                   max_new_tokens=64, rng=jax.random.PRNGKey(0))
+  lengths = np.asarray(direct.lengths)
+  assert result["lengths"] == lengths.tolist()
+  assert result["outputs"] == [tok.decode_one(np.asarray(row)[:n])
+                               for row, n in zip(direct.tokens, lengths)]
+  assert all(t.strip() for t in result["outputs"])
+  stats = result["stats"]
+  assert_same_stats(stats, direct.stats)
+  # the counters are consistent with the tokens and with each other
+  assert stats["emitted"] == sum(result["lengths"]) == result["timing"]["generated_tokens"]
+  assert stats["emitted_per_row"] == result["lengths"]
+  assert 0 < stats["accepted"] <= stats["drafted"]
+  assert 0.0 <= stats["acceptance_rate"] <= 1.0
+  assert stats["acceptance_rate"] == pytest.approx(stats["accepted"] / stats["drafted"])
+  assert 0.0 <= stats["alpha"] <= 1.0
+  assert stats["alpha"] == pytest.approx(stats["beta_sum"] / stats["beta_count"])
+  assert stats["tokens_per_target_call"] == pytest.approx(stats["emitted"]
+                                                          / stats["target_calls"])
+  assert stats["tokens_per_target_call"] > 1.0 and stats["gamma"] == 4
+  assert stats["target_calls"] == sum(stats["target_calls_per_row"])
+  assert stats["rounds"] >= max(stats["target_calls_per_row"])

@@ -88,7 +88,7 @@ def test_failed_method_is_recorded_not_raised(monkeypatch, models):
 
   def broken(*a, **k):
     raise RuntimeError("cache exploded")
-  monkeypatch.setattr(hf_compare, "load_hf_from_dir", broken)
+  monkeypatch.setattr(hf_compare.hf, "load_hf_from_dir", broken)
   # same shapes as above: our compiled decoders are reused
   results = hf_compare.compare(target, drafter, _prompts(), gamma=3, max_new_tokens=8,
                                batch_sizes=(), repeats=1, progress=False)

@@ -22,10 +22,13 @@ import numpy as np
 
 import specdec_jax as sd
 from specdec_jax import config as config_lib
-from specdec_jax.tools import training
-from specdec_jax.tools.data import prepare
 from specdec_jax.decoding.autoregressive import generate
 from specdec_jax.models.model import Model, init_model
+from specdec_jax.tools import training
+from specdec_jax.tools.batching import padded_batches
+from specdec_jax.tools.data import prepare
+from specdec_jax.tools.errors import TrainingError
+from specdec_jax.tools.report import make_dirs, read_json
 
 STAGES = ("data", "target", "drafter", "aligned", "distilled", "bundle")
 ASSETS = pathlib.Path(__file__).resolve().parents[1] / "assets" / "demo-de-en"
@@ -60,15 +63,9 @@ def greedy_targets(model: Model, inputs: np.ndarray, max_len: int, batch_size: i
                    progress: bool = True) -> np.ndarray:
   """The model's greedy outputs for every input, as training targets [N, max_len]."""
   from tqdm.auto import tqdm
-  out = np.zeros((len(inputs), max_len), np.int32)
-  for i in tqdm(range(0, len(inputs), batch_size), desc="greedy targets", disable=not progress):
-    chunk = inputs[i:i + batch_size]
-    pad = batch_size - len(chunk)
-    if pad:   # keep one compiled shape
-      chunk = np.concatenate([chunk, np.repeat(chunk[-1:], pad, 0)])
-    tokens = np.asarray(generate(model, chunk, max_len).tokens)
-    out[i:i + batch_size] = tokens[:batch_size - pad]
-  return out
+  batches = padded_batches(inputs, batch_size)   # one compiled shape
+  return np.concatenate([np.asarray(generate(model, b.tokens, max_len).tokens)[:b.real]
+                         for b in tqdm(batches, desc="greedy targets", disable=not progress)])
 
 
 def _stage_train(name, workdir, recipe, data, make_init, teacher=None, targets=None,
@@ -106,13 +103,13 @@ def _stage_train(name, workdir, recipe, data, make_init, teacher=None, targets=N
 
 def run_pipeline(recipe_path: str | pathlib.Path, workdir: str | pathlib.Path,
                  stages=STAGES) -> dict:
-  recipe = json.loads(pathlib.Path(recipe_path).read_text())
+  recipe = read_json(recipe_path, "recipe")
   workdir = pathlib.Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
+  make_dirs(workdir)
   stages = STAGES if stages in ("all", None) else tuple(stages)
   unknown = set(stages) - set(STAGES)
   if unknown:
-    raise ValueError(f"unknown stages {sorted(unknown)}; stages: {', '.join(STAGES)}")
+    raise TrainingError(f"unknown stages {sorted(unknown)}; stages: {', '.join(STAGES)}")
   data_dir = workdir / "data"
   if "data" in stages and not (data_dir / "meta.json").exists():
     prepare.prepare_de_en(data_dir, **recipe["data"])

@@ -17,7 +17,7 @@ disabled, eos_id=-1) on the same prompts; the greedy tokens must be identical,
 or the comparison stops with an error.
 
 Timing: both functions are compiled first (excluded), then `repeats` rounds
-alternate the two (`bench.time_rounds`); we report medians and the ratio
+alternate the two (`timing.time_rounds`); we report medians and the ratio
 ours / T5X per batch size (< 1 means we are faster).
 """
 
@@ -33,16 +33,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.tools import bench
-from specdec_jax.decoding.autoregressive import generate
 from specdec_jax.models.model import Model
+from specdec_jax.tools.batching import cycled_rows
+from specdec_jax.tools.errors import CompareError, T5XSourceError
+from specdec_jax.tools.methods import Baseline
+from specdec_jax.tools.prompts import random_prompts
+from specdec_jax.tools.report import machine_info
+from specdec_jax.tools.timing import time_rounds
 
 T5X_FILES = ("t5x/binary_search.py", "t5x/decoding.py", "t5x/examples/t5/layers.py",
              "t5x/examples/t5/network.py")
-
-
-class T5XSourceError(ValueError):
-  """The T5X checkout is missing or lacks a file this comparison needs."""
 
 
 def load_t5x(src: str | pathlib.Path) -> types.SimpleNamespace:
@@ -127,7 +127,7 @@ def run_t5x_compare(model: Model, t5x: types.SimpleNamespace, *, batch_sizes=(1,
   """
   from tqdm.auto import tqdm
   module = t5x_network(t5x, model)
-  prompts = bench.random_prompts(max(batch_sizes), prompt_len, model.vocab_size)
+  prompts = random_prompts(max(batch_sizes), prompt_len, model.vocab_size)
   abstract = jax.eval_shape(lambda: module.init(
       jax.random.PRNGKey(0), jnp.ones((1, prompt_len), jnp.int32),
       jnp.ones((1, steps), jnp.int32), jnp.ones((1, steps), jnp.int32),
@@ -137,11 +137,12 @@ def run_t5x_compare(model: Model, t5x: types.SimpleNamespace, *, batch_sizes=(1,
   rows = []
   bar = tqdm(total=len(batch_sizes) * (repeats * 2 + 2), desc="t5x compare", disable=not progress)
   for b in batch_sizes:
-    enc = jnp.asarray(bench.rows_for_batch(prompts, b))
+    enc = jnp.asarray(cycled_rows(prompts, b))
     t5x_fn = t5x_greedy_fn(t5x, module, b, prompt_len, steps)
     methods = {
         "t5x": lambda: np.asarray(t5x_fn(params, enc)),
-        "ours": lambda: np.asarray(generate(model, enc, steps, eos_id=-1).tokens),
+        "ours": lambda: np.asarray(Baseline().decode(model, enc, max_new_tokens=steps,
+                                                     eos_id=-1).tokens),
     }
     outputs = {}
     for name, fn in methods.items():    # compile + correctness
@@ -149,8 +150,8 @@ def run_t5x_compare(model: Model, t5x: types.SimpleNamespace, *, batch_sizes=(1,
       bar.update()
     if not np.array_equal(outputs["t5x"], outputs["ours"]):
       diff = int(np.sum(outputs["t5x"] != outputs["ours"]))
-      raise AssertionError(f"batch {b}: greedy tokens differ from T5X's in {diff} places")
-    timed = bench.time_rounds(methods, repeats, tick=bar.update)
+      raise CompareError(f"batch {b}: greedy tokens differ from T5X's in {diff} places")
+    timed = time_rounds(methods, repeats, tick=bar.update)
     tokens = b * steps
     row = {"batch": b, "tokens": tokens, "identical_tokens": True}
     for name in methods:
@@ -163,7 +164,7 @@ def run_t5x_compare(model: Model, t5x: types.SimpleNamespace, *, batch_sizes=(1,
   bar.close()
   return {"model": {"config": model.config.to_dict(), "num_params": model.num_params()},
           "prompt_len": prompt_len, "steps": steps, "repeats": repeats,
-          "machine": bench.machine_info(), "rows": rows}
+          "machine": machine_info(), "rows": rows}
 
 
 def markdown(results: dict[str, Any]) -> str:

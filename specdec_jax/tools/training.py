@@ -28,6 +28,7 @@ import optax
 from flax import struct
 
 from specdec_jax.models.model import Model, module_for
+from specdec_jax.tools.errors import TrainingError
 
 Array = jax.Array
 
@@ -52,12 +53,12 @@ class TrainConfig:
   def __post_init__(self):
     for name in ("steps", "batch_size", "checkpoint_every"):
       if getattr(self, name) < 1:
-        raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
+        raise TrainingError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
     if self.optimizer not in OPTIMIZERS:
-      raise ValueError(f"TrainConfig.optimizer must be one of {', '.join(OPTIMIZERS)}, "
+      raise TrainingError(f"TrainConfig.optimizer must be one of {', '.join(OPTIMIZERS)}, "
                        f"got {self.optimizer!r}")
     if self.length_bucket < 0:
-      raise ValueError(f"TrainConfig.length_bucket must be >= 0, got {self.length_bucket}")
+      raise TrainingError(f"TrainConfig.length_bucket must be >= 0, got {self.length_bucket}")
 
 
 @struct.dataclass
@@ -66,10 +67,6 @@ class TrainState:
   params: Any
   opt_state: Any
   tx: optax.GradientTransformation = struct.field(pytree_node=False)
-
-
-class TrainingError(ValueError):
-  """A training run that cannot continue as asked (e.g. checkpoints past its steps)."""
 
 
 OPTIMIZERS = ("adamw", "adafactor")
@@ -283,7 +280,7 @@ def train(model: Model, inputs: np.ndarray, targets: np.ndarray, cfg: TrainConfi
   start = int(state.step)
   if start > cfg.steps:
     raise TrainingError(f"{workdir / 'checkpoints'} holds a checkpoint at step {start}, past "
-                     f"steps={cfg.steps}: raise steps or train in a fresh directory")
+                        f"steps={cfg.steps}: raise steps or train in a fresh directory")
   history = []
   if history_path.exists():
     history = [json.loads(line) for line in history_path.read_text().splitlines()

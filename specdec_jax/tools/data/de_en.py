@@ -37,6 +37,8 @@ import pathlib
 import re
 from collections.abc import Iterable, Sequence
 
+from specdec_jax.tools.errors import DataError, MissingDataError
+
 DEFAULT_PATH = "/usr/share/trans/de-en"
 SPLITS = ("train", "validation", "test")
 
@@ -50,14 +52,6 @@ _SENTENCE_END = (".", "!", "?", "…", ".\"", "!\"", "?\"", ".“", "!“", "?�
 _PLACEHOLDERS = frozenset({
     "etw.", "jdm.", "jdn.", "jds.", "sth.", "sb.", "ugs.", "usw.", "etc.", "z.B.", "u.a.",
 })
-
-
-class DataError(ValueError):
-  """The dictionary file is unusable or a data argument is invalid."""
-
-
-class MissingDataError(DataError, FileNotFoundError):
-  """The dictionary file does not exist (install Debian's ``trans-de-en``)."""
 
 
 @dataclasses.dataclass(frozen=True, order=True)

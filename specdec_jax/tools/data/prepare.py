@@ -16,8 +16,9 @@ import pathlib
 
 import numpy as np
 
-from specdec_jax.tools.data import de_en
 from specdec_jax.io.tokenizer import Tokenizer, load_tokenizer, train_sentencepiece
+from specdec_jax.tools.data import de_en
+from specdec_jax.tools.errors import DataError
 
 
 def encode_split(tok: Tokenizer, pairs: list[de_en.Pair], max_len: int
@@ -37,12 +38,21 @@ def encode_split(tok: Tokenizer, pairs: list[de_en.Pair], max_len: int
 
 
 def load_split(data_dir: str | pathlib.Path, split: str) -> dict:
-  """{'inputs', 'targets'} arrays and the text 'pairs' of one split."""
+  """{'inputs', 'targets'} arrays and the text 'pairs' of one split (DataError naming the
+  file when one is missing or unreadable)."""
   data_dir = pathlib.Path(data_dir)
-  arrays = np.load(data_dir / f"{split}.npz")
-  pairs = [de_en.Pair(**json.loads(line))
-           for line in (data_dir / f"{split}.jsonl").read_text().splitlines()]
-  return {"inputs": arrays["inputs"], "targets": arrays["targets"], "pairs": pairs}
+  path = data_dir / f"{split}.npz"
+  try:
+    with np.load(path) as arrays:
+      inputs, targets = arrays["inputs"], arrays["targets"]
+    path = data_dir / f"{split}.jsonl"
+    lines = path.read_text(encoding="utf-8").splitlines()
+  except OSError as e:
+    raise DataError(f"cannot read {str(path)!r}: {e.strerror or e}") from None
+  except (KeyError, ValueError) as e:
+    raise DataError(f"{str(path)!r} is not a prepared split: {e}") from None
+  pairs = [de_en.Pair(**json.loads(line)) for line in lines]
+  return {"inputs": inputs, "targets": targets, "pairs": pairs}
 
 
 def prepare_de_en(out_dir: str | pathlib.Path, vocab_size: int = 8000, max_len: int = 32,

@@ -1,0 +1,65 @@
+"""Rows of token ids to batches: padded rows, fixed-size batches, cycled rows.
+
+    batches = padded_batches(inputs, 8)     # [Batch(tokens [8, L], real 8), ..., Batch(.., real 3)]
+    outputs = [decode(b.tokens) for b in batches]
+    stats.merge_outputs(outputs, [b.real for b in batches])   # padding rows dropped
+
+Every batch has `batch_size` rows, so one compiled decode serves a whole corpus: the
+last one is filled with copies of its final row (a real prompt, so the decoder's input
+checks pass and the real rows' greedy outputs are unchanged), and `real` counts the rows
+that are not padding.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+
+class Batch(NamedTuple):
+  """tokens: int32 [batch_size, L]; real: its first `real` rows are inputs, the rest padding."""
+
+  tokens: np.ndarray
+  real: int
+
+
+def padded_batches(inputs: np.ndarray, batch_size: int) -> list[Batch]:
+  """`inputs` [N, L] in batches of `batch_size` rows, the last padded by repeating its final row.
+
+  >>> [(b.tokens[:, 0].tolist(), b.real) for b in padded_batches(np.arange(5)[:, None], 2)]
+  [([0, 1], 2), ([2, 3], 2), ([4, 4], 1)]
+  """
+  inputs = np.asarray(inputs)
+  out = []
+  for i in range(0, len(inputs), batch_size):
+    chunk = inputs[i:i + batch_size]
+    real = len(chunk)
+    if real < batch_size:
+      chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch_size - real, 0)])
+    out.append(Batch(chunk, real))
+  return out
+
+
+def cycled_rows(rows: np.ndarray, batch: int) -> np.ndarray:
+  """The first `batch` rows of `rows` [N, L], cycling when N < batch (same rows for every B)."""
+  rows = np.asarray(rows)
+  return rows[np.arange(batch) % len(rows)]
+
+
+def pad_rows(rows: Sequence[Sequence[int]], length: int | None = None) -> np.ndarray:
+  """Rows of ids -> int32 [N, length] right-padded with 0 and cut at `length`
+  (default: the longest row, at least 1)."""
+  if length is None:
+    length = max([len(r) for r in rows] + [1])
+  out = np.zeros((len(rows), length), np.int32)
+  for i, r in enumerate(rows):
+    r = np.asarray(r)[:length]
+    out[i, :len(r)] = r
+  return out
+
+
+def trim_padding(tokens: np.ndarray) -> np.ndarray:
+  """Drop all-pad (0) trailing columns: a batch of short prompts need not pay for a long one."""
+  used = np.flatnonzero(np.any(np.asarray(tokens) != 0, axis=0))
+  return tokens[:, :int(used[-1]) + 1 if used.size else 1]

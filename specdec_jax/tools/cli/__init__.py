@@ -1,0 +1,67 @@
+"""The `specdec` command line: decode, convert, bench, train, eval.
+
+    specdec decode --model config:t5_1_1_tiny "5 17 42 1"                 # token ids in, ids out
+    specdec decode --model DIR --drafter DRAFT_DIR --tokenizer spiece.model "Hello." --stats
+    specdec decode --model DIR --drafter prompt-lookup --input-file prompts.txt --json
+    specdec convert t5x/checkpoint_1000000 out_dir --dtype bfloat16 [--to hf]
+    specdec bench --target config:t5_1_1_small --drafter config:t5_1_1_tiny_drafter --out bench/
+    specdec train --recipe configs/demo/train.json --workdir runs/demo --stages data,target
+    specdec eval --model runs/demo/target/final --data runs/demo/data --drafter ngram --json
+
+Each subcommand is a module of this package whose `add(subparsers)` adds its parser and
+sets `func(args) -> int`; `COMMANDS` lists them.
+
+Bad input (unknown model or config, invalid sampling or gamma, malformed prompts, a
+drafter whose vocabulary differs from the target's, a missing file, ...) raises a
+`specdec_jax.errors.SpecdecError` wherever it is found; `main` catches that one class,
+prints one line ``specdec <command>: error: <message>`` on stderr and returns exit code
+2, like argparse's own usage errors. Anything else is a bug and keeps its traceback.
+`main` returns the exit code instead of raising SystemExit, so tests and scripts can
+call `main([...])` directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from specdec_jax.errors import SpecdecError
+from specdec_jax.tools.cli import bench, convert, decode, evaluate, train
+
+EXIT_OK, EXIT_USAGE, EXIT_INTERRUPTED = 0, 2, 130
+
+#: One module per subcommand, in the order `specdec --help` lists them.
+COMMANDS = (decode, convert, bench, train, evaluate)
+
+
+def build_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+      prog="specdec", description="Speculative decoding for T5 encoder-decoders in JAX.")
+  subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+  for command in COMMANDS:
+    command.add(subparsers)
+  return parser
+
+
+def error_line(e: SpecdecError) -> str:
+  """The first line of the message (the class name if it has none)."""
+  text = str(e).strip()
+  return text.splitlines()[0] if text else type(e).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = build_parser()
+  try:
+    args = parser.parse_args(argv)
+  except SystemExit as e:   # argparse: usage errors (2) and --help (0)
+    return e.code if isinstance(e.code, int) else EXIT_USAGE
+  args.argv = list(sys.argv[1:] if argv is None else argv)
+  try:
+    return int(args.func(args) or EXIT_OK)
+  except SpecdecError as e:
+    print(f"specdec {args.command}: error: {error_line(e)}", file=sys.stderr)
+    return EXIT_USAGE
+  except KeyboardInterrupt:
+    print("specdec: interrupted", file=sys.stderr)
+    return EXIT_INTERRUPTED

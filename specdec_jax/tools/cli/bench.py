@@ -1,0 +1,142 @@
+"""`specdec bench`: baseline vs speculative decoding timed side by side (see `tools.bench`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from typing import Any
+
+import specdec_jax as sd
+from specdec_jax.tools import bench
+from specdec_jax.tools.errors import BenchError
+from specdec_jax.tools.models import DRAFTER_KINDS, DTYPES, load_model, note
+from specdec_jax.tools.options import (MODES, check_at_least_one, int_list, mode_list,
+                                       parse_overrides)
+from specdec_jax.tools.prompts import file_prompts
+from specdec_jax.tools.report import read_json, to_jsonable
+
+DEFAULT_TARGET = "config:t5_1_1_small"
+DEFAULT_DRAFTER = "config:t5_1_1_tiny_drafter"
+
+
+def _check(args) -> None:
+  check_at_least_one(prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens,
+                     repeats=args.repeats, timing_steps=args.timing_steps)
+  if args.drafter in DRAFTER_KINDS and not args.baseline_only:
+    raise BenchError("bench times model drafters only (c comes from timing drafter decode "
+                     "steps); give a drafter model path/name or config:NAME")
+  if args.tokenizer and not args.prompts_file:
+    raise BenchError("--tokenizer is only used with --prompts-file")
+
+
+def _settings(args, target_over: dict[str, Any]) -> dict[str, Any]:
+  return {"target": args.target, "drafter": None if args.baseline_only else args.drafter,
+          "target_overrides": target_over or None, "dtype": args.dtype,
+          "prompts_file": args.prompts_file, "tokenizer": args.tokenizer,
+          "prompts": (f"lines of {args.prompts_file}" if args.prompts_file else
+                      "uniform random ids in [3, vocab), last token EOS"),
+          "command": "specdec " + " ".join(shlex.quote(a) for a in
+                                           getattr(args, "argv", sys.argv[1:]))}
+
+
+def _load_drafter(args, target, overrides: dict[str, Any]):
+  """The drafter model; a config: drafter takes the target's vocab_size unless overridden."""
+  if (args.drafter.startswith("config:") and "vocab_size" not in overrides
+      and sd.get_config(args.drafter[len("config:"):]).vocab_size != target.config.vocab_size):
+    overrides["vocab_size"] = target.config.vocab_size
+    note(f"drafter {args.drafter}: vocab_size set to the target's {target.config.vocab_size} "
+         "(random weights; pass --drafter-overrides to choose)")
+  return load_model(args.drafter, args.dtype, what="drafter", overrides=overrides)
+
+
+def _existing(args, settings: dict[str, Any]) -> dict[str, Any] | None:
+  """The bench.json to --resume from, checked to be made with the same settings."""
+  json_path = os.path.join(args.out, "bench.json")
+  if not (args.resume and os.path.exists(json_path)):
+    return None
+  existing = read_json(json_path, "--resume: bench file")
+  old = existing.get("config", {})
+  now = {**settings, "prompt_len": args.prompt_len, "max_new_tokens": args.max_new_tokens,
+         "seed": args.seed, "ignore_eos": args.ignore_eos, "temperature_sample": 1.0}
+  diff = [k for k in bench.RESUME_KEYS if old.get(k) != to_jsonable(now.get(k))]
+  if diff:
+    raise BenchError(f"--resume: {json_path} was made with other settings ({', '.join(diff)});"
+                     " drop --resume to overwrite it or choose another --out")
+  return existing
+
+
+def run(args) -> int:
+  _check(args)
+  target_over = parse_overrides(args.target_overrides)
+  drafter_over = parse_overrides(args.drafter_overrides)
+  settings = _settings(args, target_over)
+  tokenizer = sd.load_tokenizer(args.tokenizer) if args.tokenizer else None
+  target = load_model(args.target, args.dtype, what="target", overrides=target_over)
+  drafter = None if args.baseline_only else _load_drafter(args, target, drafter_over)
+  settings["drafter_overrides"] = drafter_over or None
+  existing = _existing(args, settings)
+  prompts = None
+  if args.prompts_file:
+    prompts = file_prompts(args.prompts_file, args.prompt_len, tokenizer,
+                           target.config.vocab_size)
+  results = bench.run_bench(
+      target, drafter, batch_sizes=args.batch_sizes, gammas=args.gammas, modes=args.modes,
+      prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+      seed=args.seed, prompts=prompts, baseline_only=args.baseline_only,
+      ignore_eos=args.ignore_eos, timing_steps=args.timing_steps, settings=settings,
+      existing=existing, progress=not args.no_progress, compile_workers=args.compile_workers,
+      on_update=lambda r: bench.write_report(r, args.out))
+  paths = bench.write_report(results, args.out)
+  print(bench.markdown_table(results))
+  print(f"wrote {paths['json']}, {paths['md']}, {paths['png']}", file=sys.stderr)
+  return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--target", default=DEFAULT_TARGET,
+                 help=f"target model path/name or config:NAME (default {DEFAULT_TARGET})")
+  p.add_argument("--drafter", default=DEFAULT_DRAFTER,
+                 help=f"drafter model path/name or config:NAME (default {DEFAULT_DRAFTER}; a "
+                 "config: drafter takes the target's vocab_size unless overridden)")
+  p.add_argument("--target-overrides", metavar="K=V,...",
+                 help="architecture overrides of a config: target, e.g. num_decoder_layers=4")
+  p.add_argument("--drafter-overrides", metavar="K=V,...",
+                 help="architecture overrides of a config: drafter, e.g. vocab_size=32128")
+  p.add_argument("--batch-sizes", type=int_list, default=[1, 8], metavar="1,8")
+  p.add_argument("--gammas", type=int_list, default=[1, 3, 5, 7], metavar="1,3,5,7")
+  p.add_argument("--modes", type=mode_list, default=list(MODES), metavar="greedy,sample",
+                 help="greedy and/or sample (temperature 1)")
+  p.add_argument("--prompt-len", type=int, default=32,
+                 help="encoder length: random ids (last = EOS), or file prompts padded/cut")
+  p.add_argument("--max-new-tokens", type=int, default=64)
+  p.add_argument("--repeats", type=int, default=5, help="timed rounds (median reported)")
+  p.add_argument("--timing-steps", type=int, default=16,
+                 help="decode steps per jitted loop when measuring c and verify cost")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--dtype", choices=DTYPES, default="float32",
+                 help="both models' parameter dtype (default float32)")
+  p.add_argument("--ignore-eos", action="store_true",
+                 help="always decode max_new_tokens per row (eos_id=-1)")
+  p.add_argument("--prompts-file", metavar="FILE",
+                 help="one prompt per line: text with --tokenizer, else token ids")
+  p.add_argument("--tokenizer", metavar="PATH_OR_NAME")
+  p.add_argument("--out", default="bench_out", metavar="DIR",
+                 help="writes bench.json, bench.md, bench.png (overwritten)")
+  p.add_argument("--resume", action="store_true",
+                 help="keep entries of an existing DIR/bench.json (same settings) and run only "
+                 "the missing (batch, mode, gamma) ones")
+  p.add_argument("--baseline-only", action="store_true")
+  p.add_argument("--compile-workers", type=int, metavar="N",
+                 help="concurrent warm-up (compile) calls before timing; default: up to 4 on "
+                 "CPU, 1 on accelerators (each warm-up call holds device memory)")
+  p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+
+
+def add(subparsers) -> None:
+  p = subparsers.add_parser(
+      "bench", help="time baseline vs speculative decoding side by side",
+      description=bench.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+  add_arguments(p)
+  p.set_defaults(func=run)

@@ -1,0 +1,171 @@
+"""`specdec decode`: decode prompts with a model, baseline or speculative."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+import specdec_jax as sd
+from specdec_jax.tools.batching import Batch, padded_batches, trim_padding
+from specdec_jax.tools.cli.args import (add_drafter_flag, add_dtype_flag, add_sampling_flags,
+                                        sampling_from_args)
+from specdec_jax.tools.errors import CLIError
+from specdec_jax.tools.methods import Baseline, Speculative, decode_corpus
+from specdec_jax.tools.models import DRAFTER_KINDS, drafter_loader, load_model, resolve_drafter
+from specdec_jax.tools.options import check_at_least_one
+from specdec_jax.tools.prompts import encode_prompts, read_prompt_lines
+from specdec_jax.tools.report import fmt, to_jsonable
+
+
+def _check(args) -> None:
+  """Cheap checks first: no model is loaded for an invalid request. Fills the defaults."""
+  check_at_least_one(gamma=args.gamma, max_new_tokens=args.max_new_tokens,
+                     batch_size=args.batch_size)
+  if args.drafter is None:
+    used = [flag for flag, on in (("--gamma", args.gamma is not None),
+                                  ("--adaptive-gamma", args.adaptive_gamma),
+                                  ("--lenience", args.lenience is not None)) if on]
+    if used:
+      raise CLIError(f"{', '.join(used)} only apply to speculative decoding: add --drafter")
+  args.gamma = 5 if args.gamma is None else args.gamma
+  args.lenience = 1.0 if args.lenience is None else args.lenience
+  if not 0.0 < args.lenience <= 1.0:
+    raise CLIError(f"--lenience must be in (0, 1] (1 = exact), got {args.lenience}")
+
+
+def _method(args, sampling, drafter):
+  if drafter is None:
+    return Baseline(sampling=sampling)
+  name = args.drafter if args.drafter in DRAFTER_KINDS else "model"   # as `--stats` shows it
+  return Speculative(sampling=sampling, drafter=drafter, drafter_name=name,
+                     gamma=args.gamma, lenience=args.lenience, adaptive=args.adaptive_gamma)
+
+
+def _stats_block(stats: dict[str, Any], timing: dict[str, Any], speculative: bool) -> str:
+  def f(x, digits=3):
+    return fmt(x, digits, missing="n/a")
+  lines = ["-- specdec decode statistics --",
+           f"method               {timing['method']}",
+           f"prompts              {timing['prompts']} (batches of {timing['batch_size']})",
+           f"generated tokens     {timing['generated_tokens']}",
+           f"wall time            {timing['wall_s']:.3f} s"
+           + ("" if timing["warmup"] else " (includes compilation; --warmup excludes it)"),
+           f"tokens/s             {f(timing['tokens_per_s'], 1)}",
+           f"ms/token             {f(timing['ms_per_token'], 2)}   (wall time / generated tokens,"
+           " summed over rows)",
+           f"target calls         {int(stats['target_calls'])} per-row verifier calls, "
+           f"{int(stats['rounds'])} batched rounds",
+           f"tokens/target call   {f(stats['tokens_per_target_call'])}   (per row)"]
+  if speculative:
+    lines += [f"drafter calls        {int(stats['drafter_calls'])}",
+              f"acceptance rate      {f(stats['acceptance_rate'])}   (accepted / drafted)",
+              f"alpha                {f(stats['alpha'])}   (mean of sum_x min(p, q))"]
+    if bool(stats.get("lossy", False)):
+      lines.append(f"lenience             {stats['lenience']} (LOSSY: output distribution "
+                   "differs from the target's)")
+  return "\n".join(lines)
+
+
+def _format_output(row: list[int], tokenizer) -> str | list[int]:
+  if tokenizer is None:
+    return row
+  # A model's embedding may be padded beyond the SentencePiece vocabulary (T5: 32128 vs
+  # 32100); such ids have no text, show them as <unk>.
+  row = np.where(np.asarray(row) < tokenizer.vocab_size, row, tokenizer.unk_id)
+  return tokenizer.decode_one(row)
+
+
+def _decode(args, method, target, tokens: np.ndarray):
+  """(corpus, wall seconds, batch size) of decoding `tokens` in padded batches."""
+  rng = jax.random.PRNGKey(args.seed)
+  batch = args.batch_size or len(tokens)
+  batches = [Batch(trim_padding(b.tokens), b.real) for b in padded_batches(tokens, batch)]
+  if args.warmup:
+    jax.block_until_ready(method.decode(target, batches[0].tokens,
+                                        max_new_tokens=args.max_new_tokens, rng=rng))
+  t0 = time.perf_counter()
+  corpus = decode_corpus(method, target, batches, max_new_tokens=args.max_new_tokens, rng=rng)
+  return corpus, time.perf_counter() - t0, batch
+
+
+def _payload(args, outputs, corpus, timing, method) -> dict[str, Any]:
+  speculative = method.uses_drafter
+  return {"outputs": outputs, "lengths": corpus.lengths, "stats": corpus.stats,
+          "timing": timing,
+          "settings": {"model": args.model, "drafter": args.drafter,
+                       "tokenizer": args.tokenizer, "sampling": repr(method.sampling),
+                       "gamma": args.gamma if speculative else None,
+                       "adaptive_gamma": bool(args.adaptive_gamma),
+                       "lenience": args.lenience, "max_new_tokens": args.max_new_tokens,
+                       "seed": args.seed, "dtype": args.dtype}}
+
+
+def run(args) -> int:
+  _check(args)
+  sampling = sampling_from_args(args)
+  prompts = read_prompt_lines(args.prompts, args.input_file)
+  tokenizer = sd.load_tokenizer(args.tokenizer) if args.tokenizer else None
+  t_load = time.perf_counter()
+  target = load_model(args.model, args.dtype, what="model")
+  tokens = encode_prompts(prompts, tokenizer, target.config.vocab_size)
+  drafter = resolve_drafter(args.drafter, target, ngram_rows=tokens,
+                            load=drafter_loader(args.dtype))
+  load_s = time.perf_counter() - t_load
+  method = _method(args, sampling, drafter)
+  corpus, wall, batch = _decode(args, method, target, tokens)
+  generated = corpus.generated
+  timing = {"method": method.describe(), "prompts": len(prompts), "batch_size": batch,
+            "generated_tokens": generated, "wall_s": wall, "load_s": load_s,
+            "warmup": bool(args.warmup), "includes_compile": not args.warmup,
+            "tokens_per_s": generated / wall if wall > 0 else None,
+            "ms_per_token": 1e3 * wall / generated if generated else None}
+  outputs = [_format_output(row, tokenizer) for row in corpus.token_rows()]
+  if args.json:
+    print(json.dumps(to_jsonable(_payload(args, outputs, corpus, timing, method))))
+  else:
+    for o in outputs:
+      print(o if isinstance(o, str) else " ".join(map(str, o)))
+  if args.stats:
+    print(_stats_block(corpus.stats, timing, method.uses_drafter), file=sys.stderr)
+  return 0
+
+
+def add(subparsers) -> None:
+  p = subparsers.add_parser(
+      "decode", help="decode prompts with a model (baseline or speculative)",
+      description="Decode prompts with a T5 model, optionally speculatively with a drafter. "
+      "Without --tokenizer, prompts are space-separated token ids used verbatim (no EOS is "
+      "added) and outputs are token ids (EOS included); with one, prompts are text.",
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  p.add_argument("prompts", nargs="*", metavar="PROMPT",
+                 help='prompts; "-" or none (with stdin not a terminal) reads stdin, one per line')
+  p.add_argument("--model", required=True, metavar="PATH_OR_NAME",
+                 help="target model: checkpoint dir (T5X, HF, ours), bundled name, or "
+                 "config:NAME for random weights")
+  add_drafter_flag(p, "bigram table fitted on the prompts' own tokens: poor but valid")
+  p.add_argument("--tokenizer", metavar="PATH_OR_NAME",
+                 help="SentencePiece model file/dir or bundled name; prompts become text")
+  p.add_argument("--input-file", metavar="FILE", help='one prompt per line ("-" = stdin)')
+  add_sampling_flags(p)
+  p.add_argument("--gamma", type=int, help="drafts per round (default 5)")
+  p.add_argument("--adaptive-gamma", action="store_true",
+                 help="per-row gamma in 1..GAMMA chosen on device each round")
+  p.add_argument("--lenience", type=float,
+                 help="(0, 1]; below 1 is LOSSY (Leviathan et al. A.5); default 1")
+  p.add_argument("--max-new-tokens", type=int, default=64)
+  p.add_argument("--batch-size", type=int,
+                 help="prompts per decode call (default: all; the last call is padded)")
+  p.add_argument("--seed", type=int, default=0)
+  add_dtype_flag(p)
+  p.add_argument("--warmup", action="store_true",
+                 help="run once before timing, so timing excludes compilation")
+  p.add_argument("--stats", action="store_true", help="print decode statistics to stderr")
+  p.add_argument("--json", action="store_true",
+                 help='print one JSON object {"outputs", "stats", "timing", ...} instead of lines')
+  p.set_defaults(func=run)

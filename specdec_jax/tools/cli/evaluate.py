@@ -1,0 +1,100 @@
+"""`specdec eval`: BLEU / chrF and speed of a model on a prepared data split."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import specdec_jax as sd
+from specdec_jax.tools import evaluation
+from specdec_jax.tools.cli.args import (add_drafter_flag, add_dtype_flag, add_sampling_flags,
+                                        sampling_from_args)
+from specdec_jax.tools.errors import CLIError
+from specdec_jax.tools.models import DRAFTER_KINDS, load_model
+from specdec_jax.tools.options import check_at_least_one
+from specdec_jax.tools.report import fmt, to_jsonable
+
+
+def _report(result: dict[str, Any]) -> str:
+  def f(x, digits=3):
+    return fmt(x, digits, missing="n/a")
+  stats = result["stats"]
+  lines = [f"BLEU                 {result['bleu']:.2f}",
+           f"chrF                 {result['chrf']:.2f}",
+           f"pairs                {result['pairs']} (batches of {result['batch_size']})",
+           f"generated tokens     {result['generated_tokens']}",
+           f"wall time            {result['wall_s']:.3f} s"
+           + (" (includes compilation; --warmup excludes it)" if result["includes_compile"]
+              else ""),
+           f"ms/token             {f(result['ms_per_token'], 2)}",
+           f"tokens/s             {f(result['tokens_per_s'], 1)}",
+           f"tokens/target call   {f(stats['tokens_per_target_call'])}",
+           f"target calls         {stats['target_calls']} per-row verifier calls, "
+           f"{stats['rounds']} batched rounds"]
+  if result["speculative"]:
+    lines += [f"acceptance rate      {f(stats['acceptance_rate'])}   (accepted / drafted)",
+              f"alpha                {f(stats['alpha'])}"]
+  return "\n".join(lines)
+
+
+def run(args) -> int:
+  if args.gamma is not None and args.drafter is None:
+    raise CLIError("--gamma only applies to speculative decoding: add --drafter")
+  gamma = 5 if args.gamma is None else args.gamma
+  check_at_least_one(gamma=gamma, batch_size=args.batch_size, limit=args.limit,
+                     max_new_tokens=args.max_new_tokens)
+  sampling = sampling_from_args(args)
+  if not os.path.isdir(args.data):
+    raise CLIError(f"--data {args.data!r} is not a directory (prepare one with "
+                   "`specdec train --stages data`)")
+  tokenizer = sd.load_tokenizer(args.tokenizer) if args.tokenizer else None
+  model = load_model(args.model, args.dtype, what="model")
+  drafter = args.drafter   # "ngram" is fitted on the data's train split by `evaluate`
+  if drafter is not None and drafter not in DRAFTER_KINDS:
+    drafter = load_model(drafter, args.dtype, what="drafter")
+  result = evaluation.evaluate(
+      model, args.data, split=args.split, method="greedy" if sampling.is_greedy else "sample",
+      sampling=sampling, drafter=drafter, gamma=gamma,
+      batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, limit=args.limit,
+      tokenizer=tokenizer, seed=args.seed, warmup=args.warmup)
+  result.pop("references")
+  if args.json:
+    settings = {"model": args.model, "data": args.data, "split": args.split,
+                "drafter": args.drafter, "dtype": args.dtype, "seed": args.seed}
+    print(json.dumps(to_jsonable({**result, "settings": settings})))
+  else:
+    kind = ("baseline" if args.drafter is None else
+            f"speculative (drafter {args.drafter}, gamma {gamma})")
+    print(f"{args.model} on {args.data} [{args.split}]: {kind}, {result['sampling']}")
+    print(_report(result))
+  return 0
+
+
+def add(subparsers) -> None:
+  p = subparsers.add_parser(
+      "eval", help="BLEU / chrF and speed of a model on a prepared data split",
+      description="Translate a split of a prepared data directory (written by `specdec train "
+      "--stages data`) with a model, baseline or speculative, and report sacrebleu corpus "
+      "BLEU and chrF against its English side, with wall time and ms/token.")
+  p.add_argument("--model", required=True, metavar="PATH_OR_NAME",
+                 help="model: checkpoint dir, bundled name, or config:NAME")
+  p.add_argument("--data", required=True, metavar="DIR",
+                 help="prepared data dir (spiece.model, {split}.npz/.jsonl)")
+  p.add_argument("--split", default="test", help="train, validation or test (default: test)")
+  add_drafter_flag(p, "bigram tables fitted on the data's train targets")
+  p.add_argument("--gamma", type=int, help="drafts per round (default 5)")
+  add_sampling_flags(p)
+  p.add_argument("--limit", type=int, help="evaluate only the first N pairs")
+  p.add_argument("--batch-size", type=int, default=32,
+                 help="rows per decode call; the last batch is padded to it (default: 32)")
+  p.add_argument("--max-new-tokens", type=int, help="default: the split's target length")
+  p.add_argument("--tokenizer", metavar="PATH_OR_NAME",
+                 help="SentencePiece model (default: the data dir's spiece.model)")
+  p.add_argument("--seed", type=int, default=0, help="PRNG seed for sampling (default: 0)")
+  add_dtype_flag(p)
+  p.add_argument("--warmup", action="store_true",
+                 help="decode the first batch once untimed, so timing excludes compilation")
+  p.add_argument("--json", action="store_true",
+                 help="print one JSON object (scores, timing, stats, hypotheses, settings)")
+  p.set_defaults(func=run)

@@ -1,0 +1,105 @@
+"""`specdec train`: the demo training pipeline of a recipe JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+from specdec_jax.tools import demo, training
+from specdec_jax.tools.data import prepare
+from specdec_jax.tools.errors import CLIError, TrainingError
+from specdec_jax.tools.report import read_json
+
+
+def parse_stages(text: str | None) -> tuple[str, ...]:
+  """--stages: "all" or a comma-separated subset of demo.STAGES, kept in pipeline order."""
+  if text is None or text.strip() == "all":
+    return tuple(demo.STAGES)
+  names = [t.strip() for t in text.split(",") if t.strip()]
+  unknown = [n for n in names if n not in demo.STAGES]
+  if unknown or not names:
+    raise CLIError(f"unknown stage(s) {', '.join(map(repr, unknown)) or repr(text)}; "
+                   f"stages: {', '.join(demo.STAGES)} or all")
+  return tuple(n for n in demo.STAGES if n in names)
+
+
+def read_recipe(path: str, stages: Sequence[str]) -> dict[str, Any]:
+  """The recipe JSON, checked to hold a section for every requested stage."""
+  recipe = read_json(path, "recipe")
+  if not isinstance(recipe, dict):
+    raise CLIError(f"recipe {path!r} must hold a JSON object")
+  needed = [s for s in stages if s != "bundle"]
+  if {"aligned", "distilled"} & set(stages):
+    needed += ["drafter"]   # their starting point and its architecture
+  missing = sorted({s for s in needed if not isinstance(recipe.get(s), dict)})
+  if missing:
+    raise CLIError(f"recipe {path!r} has no section for stage(s) {', '.join(missing)}")
+  for name in ("target", "drafter"):
+    if name in needed and "config" not in recipe[name]:
+      raise CLIError(f"recipe {path!r}: section {name!r} needs a \"config\" (model config JSON)")
+  _check_recipe_arguments(path, recipe, needed)
+  return recipe
+
+
+def _check_recipe_arguments(path: str, recipe: dict[str, Any], sections: Sequence[str]) -> None:
+  """Settings the pipeline would only reject mid-run: unknown prepare_de_en arguments,
+  invalid TrainConfig values."""
+  fields = {f.name for f in dataclasses.fields(training.TrainConfig)}
+  for name in sections:
+    if name == "data":
+      try:
+        inspect.signature(prepare.prepare_de_en).bind("out_dir", **recipe["data"])
+      except TypeError as e:
+        raise CLIError(f"recipe {path!r}, section 'data': {e}") from None
+      continue
+    unknown = sorted(set(recipe[name]) - fields - {"config"})
+    if unknown:     # a typo must not silently train with the default
+      raise CLIError(f"recipe {path!r}, section {name!r}: unknown key(s) {', '.join(unknown)}; "
+                     f"known: config, {', '.join(sorted(fields))}")
+    try:
+      training.TrainConfig(**{k: v for k, v in recipe[name].items() if k in fields})
+    except (TypeError, TrainingError) as e:   # the section's name makes the message useful
+      raise CLIError(f"recipe {path!r}, section {name!r}: {e}") from None
+
+
+def run(args) -> int:
+  stages = parse_stages(args.stages)
+  read_recipe(args.recipe, stages)
+  data_ready = os.path.isfile(os.path.join(args.workdir, "data", "meta.json"))
+  if "data" not in stages and not data_ready:   # every stage reads the train split
+    raise CLIError(f"{os.path.join(args.workdir, 'data')!r} holds no prepared data: "
+                   "add the 'data' stage")
+  start = time.perf_counter()
+  results = demo.run_pipeline(args.recipe, args.workdir, stages=stages)
+  for name, model in results.items():
+    print(f"{name}: {os.path.join(args.workdir, name, 'final')} "
+          f"({model.num_params():,} parameters)")
+  if "bundle" in stages:
+    print(f"bundle: {demo.ASSETS}")
+  print(f"specdec train: stages {', '.join(stages)} done in {time.perf_counter() - start:.1f} s",
+        file=sys.stderr)
+  return 0
+
+
+def add(subparsers) -> None:
+  p = subparsers.add_parser(
+      "train", help="run the demo training pipeline (data, target, drafters, bundle)",
+      description="Run the De->En demo pipeline of a recipe JSON: 'data' prepares the "
+      "dictionary (the recipe's \"data\" section is passed to prepare_de_en), 'target' and "
+      "'drafter' train from scratch, 'aligned' / 'distilled' fine-tune the drafter on the "
+      "target's greedy outputs / softmax, 'bundle' ships target + aligned drafter into the "
+      "package assets. Finished stages are skipped and interrupted ones resume from their "
+      "Orbax checkpoints; raising a stage's steps continues it from its last checkpoint, and "
+      "a retrained target or drafter makes aligned / distilled start over.")
+  p.add_argument("--recipe", required=True, metavar="JSON",
+                 help="recipe file, e.g. configs/demo/train.json (model \"config\" paths are "
+                 "relative to the repository root, or absolute)")
+  p.add_argument("--workdir", required=True, metavar="DIR", help="where every stage writes")
+  p.add_argument("--stages", default="all", metavar="LIST",
+                 help="comma-separated subset of data,target,drafter,aligned,distilled,bundle, "
+                 "or all")
+  p.set_defaults(func=run)

@@ -1,0 +1,115 @@
+"""Prompts in, encoder tokens out: from arguments, files, stdin, or random ids.
+
+    lines = read_prompt_lines(["5 17 42 1"], input_file=None)
+    tokens = encode_prompts(lines, tokenizer=None, vocab_size=512)   # int32 [B, L], 0-padded
+    tokens = file_prompts("prompts.txt", 32, tokenizer, 512)         # [N, 32], padded or cut
+    tokens = random_prompts(8, 32, 512)                              # last token EOS
+
+Without a tokenizer a prompt is space- or comma-separated token ids, used verbatim
+(no EOS is appended); with one it is text (the tokenizer appends EOS).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+import numpy as np
+
+from specdec_jax.tools.batching import pad_rows
+from specdec_jax.tools.errors import PromptError
+from specdec_jax.tools.report import read_text
+
+
+def read_prompt_lines(prompts: Sequence[str], input_file: str | None, stdin=None) -> list[str]:
+  """Prompts from arguments, `--input-file FILE` ("-" = stdin), or stdin.
+
+  Stdin is read when the only argument is "-", or when there are no prompt arguments
+  and stdin is not a terminal. File and stdin input is one prompt per line; blank
+  lines are skipped (so output line i answers the i-th non-blank input line).
+  """
+  stdin = sys.stdin if stdin is None else stdin
+  prompts = list(prompts)
+  if input_file is not None and prompts:
+    raise PromptError("give prompts either as arguments or with --input-file, not both")
+  if input_file is not None:
+    text = stdin.read() if input_file == "-" else read_text(input_file, "prompt file")
+  elif prompts == ["-"] or (not prompts and stdin is not None and not _isatty(stdin)):
+    text = stdin.read()
+  else:
+    if "-" in prompts:
+      raise PromptError('"-" (read stdin) must be the only prompt argument')
+    if not prompts:
+      raise PromptError("no prompts: give them as arguments, with --input-file, or on stdin")
+    return prompts
+  lines = [line for line in text.splitlines() if line.strip()]
+  if not lines:
+    where = "stdin" if input_file in (None, "-") else repr(input_file)
+    raise PromptError(f"no prompts: {where} holds no non-blank lines")
+  return lines
+
+
+def _isatty(stream) -> bool:
+  try:
+    return bool(stream.isatty())
+  except (AttributeError, ValueError, OSError):
+    return True  # unknown or closed stream: do not block on it
+
+
+def parse_token_ids(prompts: Sequence[str], vocab_size: int) -> np.ndarray:
+  """Space- or comma-separated token ids per prompt -> int32 [B, L], right-padded with 0.
+
+  Ids are used verbatim: no EOS is appended (end a prompt with 1 for T5's EOS).
+  """
+  rows = []
+  for i, prompt in enumerate(prompts, 1):
+    parts = prompt.replace(",", " ").split()
+    if not parts:
+      raise PromptError(f"prompt {i} is empty")
+    row = []
+    for part in parts:
+      try:
+        row.append(int(part))
+      except ValueError:
+        raise PromptError(f"prompt {i}: {part!r} is not an integer token id (without "
+                          "--tokenizer prompts are space-separated token ids, e.g. "
+                          "\"5 17 42 1\")") from None
+    bad = [t for t in row if not 0 <= t < vocab_size]
+    if bad:
+      raise PromptError(f"prompt {i}: token id {bad[0]} is outside the model vocabulary "
+                        f"[0, {vocab_size})")
+    rows.append(row)
+  return pad_rows(rows)
+
+
+def encode_prompts(prompts: Sequence[str], tokenizer, vocab_size: int,
+                   length: int | None = None) -> np.ndarray:
+  """Text prompts -> int32 [B, L] (EOS-terminated, 0-padded) with `tokenizer`, or token ids.
+
+  With `length`, every row is padded or cut to it.
+  """
+  if tokenizer is None:
+    return pad_rows(parse_token_ids(prompts, vocab_size), length)
+  if tokenizer.vocab_size > vocab_size:
+    raise PromptError(f"tokenizer {tokenizer.path!r} has {tokenizer.vocab_size} pieces but the "
+                      f"model vocabulary has only {vocab_size}: they do not belong together")
+  if length is None:
+    return np.asarray(tokenizer.encode(list(prompts)), np.int32)
+  return np.asarray(tokenizer.encode(list(prompts), max_length=length, truncate=True), np.int32)
+
+
+def file_prompts(path: str, length: int, tokenizer, vocab_size: int) -> np.ndarray:
+  """Lines of `path` -> [N, length] (text via `tokenizer`, else token ids), padded or cut."""
+  return encode_prompts(read_prompt_lines([], path), tokenizer, vocab_size, length)
+
+
+def random_prompts(batch: int, length: int, vocab_size: int, seed: int = 0) -> np.ndarray:
+  """int32 [batch, length]: uniform ids in [3, vocab) (no pad/EOS/unk), last token EOS (1)."""
+  if length < 1:
+    raise PromptError(f"prompt length must be >= 1, got {length}")
+  if vocab_size < 4:
+    raise PromptError(f"vocab_size {vocab_size} too small for random prompts")
+  rng = np.random.RandomState(seed)
+  tokens = rng.randint(3, vocab_size, size=(batch, length)).astype(np.int32)
+  tokens[:, -1] = 1
+  return tokens

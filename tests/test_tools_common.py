@@ -1,0 +1,275 @@
+"""The pieces every tool shares (specdec_jax.tools.*): one aggregator, padded batches, the
+decode-method dispatch, sampling options, drafter names, timing rotation, files, errors."""
+
+import inspect
+import json
+import statistics
+
+import jax
+import numpy as np
+import pytest
+
+import specdec_jax as sd
+from conftest import peaked, perturbed, ragged_tokens
+from specdec_jax.decoding import stats as stats_lib
+from specdec_jax.tools import errors, methods, models, options, report, timing
+from specdec_jax.tools.batching import Batch, cycled_rows, pad_rows, padded_batches, trim_padding
+
+GAMMA, MAX_NEW = 3, 8
+
+
+@pytest.fixture(scope="module")
+def pair():
+  """A peaked tiny target and a drafter that agrees with it about half the time."""
+  target = peaked(sd.init_model(sd.get_config("t5_1_1_tiny"), 0))
+  return target, perturbed(target, 0.1, 1)
+
+
+@pytest.fixture(scope="module")
+def inputs():
+  return ragged_tokens(5, 7, 512, 0)
+
+
+# ----------------------------------------------------------------------------- one aggregator
+
+
+AGGREGATES = ("alpha", "acceptance_rate", "tokens_per_target_call", "target_calls", "drafted",
+              "accepted", "beta_sum", "beta_count", "emitted", "drafter_calls", "rejections",
+              "per_position_accepted")
+
+
+def test_corpus_of_padded_batches_has_the_stats_of_one_big_batch(pair, inputs):
+  """Greedy speculative decoding of 5 rows in batches of 2 (the last padded) aggregates to
+  exactly the statistics of one batch of 5: alpha from summed beta sums and counts,
+  target_calls per row, padding rows dropped."""
+  target, drafter = pair
+  method = methods.Speculative(drafter=drafter, gamma=GAMMA)
+  whole = method.decode(target, inputs, max_new_tokens=MAX_NEW)
+  batches = padded_batches(inputs, 2)
+  corpus = methods.decode_corpus(method, target, batches, max_new_tokens=MAX_NEW)
+  assert corpus.real_rows == (2, 2, 1)
+  np.testing.assert_array_equal(corpus.tokens(), np.asarray(whole.tokens))
+  np.testing.assert_array_equal(corpus.lengths, np.asarray(whole.lengths))
+  merged, expected = corpus.stats, whole.stats
+  assert 0.0 < float(expected["alpha"]) < 1.0          # a meaningful mix of accepts/rejects
+  assert 0 < int(expected["accepted"]) < int(expected["drafted"])
+  for key in AGGREGATES:
+    np.testing.assert_allclose(merged[key], expected[key], rtol=1e-6, err_msg=key)
+    np.testing.assert_allclose(merged[f"{key}_per_row"], expected[f"{key}_per_row"],
+                               rtol=1e-6, err_msg=key)
+  assert float(merged["alpha"]) == pytest.approx(
+      float(merged["beta_sum"]) / float(merged["beta_count"]))
+  assert float(merged["tokens_per_target_call"]) == pytest.approx(
+      corpus.generated / int(merged["target_calls"]))
+  # rounds (batched verifier calls) add up over the calls: what wall time follows
+  assert int(merged["rounds"]) == sum(int(o.stats["rounds"]) for o in corpus.outputs)
+  assert merged["gamma"] == GAMMA and merged["method"] == "speculative"
+
+
+def test_merge_is_not_an_average_of_batch_ratios(pair, inputs):
+  """Two calls of different sizes: the merged alpha is sum(beta_sum) / sum(beta_count),
+  not the mean of the two calls' alphas."""
+  target, drafter = pair
+  method = methods.Speculative(drafter=drafter, gamma=GAMMA)
+  a = method.decode(target, inputs[:1], max_new_tokens=MAX_NEW)
+  b = method.decode(target, inputs[1:], max_new_tokens=MAX_NEW)
+  merged = stats_lib.merge_outputs([a, b])
+  beta_sum = float(a.stats["beta_sum"]) + float(b.stats["beta_sum"])
+  beta_count = int(a.stats["beta_count"]) + int(b.stats["beta_count"])
+  assert float(merged["alpha"]) == pytest.approx(beta_sum / beta_count)
+  assert int(merged["target_calls"]) == int(a.stats["target_calls"]) + int(
+      b.stats["target_calls"])
+
+
+def test_baseline_counts_one_target_call_per_row_and_token(pair, inputs):
+  target, _ = pair
+  corpus = methods.decode_corpus(methods.Baseline(), target, padded_batches(inputs, 2),
+                                 max_new_tokens=MAX_NEW)
+  row = methods.stats_row(corpus.stats, speculative=False)
+  assert row["target_calls"] == corpus.generated and row["block_efficiency"] == 1.0
+  assert set(row) == {"target_calls", "rounds", "block_efficiency"}
+  assert "_per_row" not in "".join(methods.totals(corpus.stats))
+
+
+# ----------------------------------------------------------------------------- batching
+
+
+def test_padded_batches_repeat_the_last_row():
+  rows = np.arange(10, dtype=np.int32).reshape(5, 2)
+  batches = padded_batches(rows, 2)
+  assert [b.real for b in batches] == [2, 2, 1]
+  assert all(isinstance(b, Batch) and b.tokens.shape == (2, 2) for b in batches)
+  np.testing.assert_array_equal(batches[-1].tokens, [[8, 9], [8, 9]])
+  np.testing.assert_array_equal(np.concatenate([t[:r] for t, r in batches]), rows)
+  assert [b.real for b in padded_batches(rows, 8)] == [5]       # one batch, 3 padding rows
+  assert padded_batches(rows, 8)[0].tokens.shape == (8, 2)
+
+
+def test_row_helpers():
+  np.testing.assert_array_equal(pad_rows([[5, 6, 1], [7, 1]]), [[5, 6, 1], [7, 1, 0]])
+  np.testing.assert_array_equal(pad_rows([[5, 6, 1]], 2), [[5, 6]])
+  assert pad_rows([]).shape == (0, 1)
+  np.testing.assert_array_equal(cycled_rows(np.array([[1], [2]]), 5)[:, 0], [1, 2, 1, 2, 1])
+  np.testing.assert_array_equal(trim_padding(np.array([[5, 1, 0, 0], [7, 0, 0, 0]])),
+                                [[5, 1], [7, 0]])
+
+
+# ----------------------------------------------------------------------------- dispatch
+
+
+def test_methods_run_the_library_functions(pair, inputs):
+  target, drafter = pair
+  key = jax.random.PRNGKey(3)
+  sampling = sd.Sampling(temperature=0.8, top_k=20)
+  cases = [
+      (methods.Baseline(sampling=sampling),
+       sd.generate(target, inputs, max_new_tokens=MAX_NEW, sampling=sampling, rng=key)),
+      (methods.Speculative(drafter=drafter, gamma=2, lenience=0.5, sampling=sampling),
+       sd.speculative_generate(target, drafter, inputs, gamma=2, max_new_tokens=MAX_NEW,
+                               sampling=sampling, rng=key, lenience=0.5)),
+      (methods.Speculative(drafter=drafter, gamma=4, adaptive=True),
+       sd.speculative_generate(target, drafter, inputs, gamma=4, max_new_tokens=MAX_NEW,
+                               rng=key, adaptive=True)),
+  ]
+  for method, expected in cases:
+    out = method.decode(target, inputs, max_new_tokens=MAX_NEW, rng=key)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(expected.tokens))
+    assert dict(out.info) == dict(expected.info)
+  # batch 0 of a corpus decodes with the key itself: one batch is exactly one call
+  method, expected = cases[0]
+  corpus = methods.decode_corpus(method, target, [Batch(inputs, len(inputs))],
+                                 max_new_tokens=MAX_NEW, rng=key)
+  np.testing.assert_array_equal(corpus.tokens(), np.asarray(expected.tokens))
+
+
+def test_method_settings_and_registry(pair):
+  _, drafter = pair
+  spec = methods.Speculative(drafter=drafter, drafter_name="ngram", gamma=4, adaptive=True)
+  settings = spec.settings()
+  assert settings == {"method": "speculative", "sampling": "Greedy()", "drafter_name": "ngram",
+                      "gamma": 4, "lenience": 1.0, "adaptive": True}
+  json.dumps(settings)   # JSON-friendly: the drafter object is left out
+  assert spec.describe() == "speculative (drafter ngram, gamma 4, adaptive), greedy"
+  assert methods.Baseline().describe() == "baseline (sd.generate), greedy"
+  assert methods.Baseline(sampling=sd.Sampling()).settings()["method"] == "baseline"
+  assert methods.METHODS == {"baseline": methods.Baseline, "speculative": methods.Speculative}
+  assert spec.uses_drafter and not methods.Baseline().uses_drafter
+  with pytest.raises(TypeError):
+    methods.Speculative(drafter, 4)         # keyword-only: settings are named
+
+
+def test_a_new_method_is_one_subclass(pair, inputs):
+  """A method the tools do not know (here: speculative decoding with prompt lookup as its
+  proposer) runs through decode_corpus and the aggregator unchanged."""
+  target, _ = pair
+
+  class PromptLookup(methods.DecodeMethod):
+    kind = "prompt-lookup"
+
+    def decode(self, target, encoder_tokens, *, max_new_tokens, rng=None, eos_id=None):
+      return sd.speculative_generate(target, sd.PromptLookupDrafter(target.config.vocab_size),
+                                     encoder_tokens, gamma=2, max_new_tokens=max_new_tokens,
+                                     sampling=self.sampling, rng=rng, eos_id=eos_id)
+
+  corpus = methods.decode_corpus(PromptLookup(), target, padded_batches(inputs, 2),
+                                 max_new_tokens=MAX_NEW)
+  baseline = methods.decode_corpus(methods.Baseline(), target, padded_batches(inputs, 2),
+                                   max_new_tokens=MAX_NEW)
+  assert corpus.token_rows() == baseline.token_rows()          # greedy: exact
+  assert int(corpus.stats["drafted"]) > 0 and PromptLookup().settings() == {
+      "method": "prompt-lookup", "sampling": "Greedy()"}
+
+
+# ----------------------------------------------------------------------------- options
+
+
+def test_make_sampling():
+  assert options.make_sampling() == sd.Greedy()
+  assert options.make_sampling("greedy") == sd.Greedy()
+  assert options.make_sampling("sample") == sd.Sampling(temperature=1.0)
+  assert options.make_sampling(None, temperature=0.7) == sd.Sampling(temperature=0.7)
+  assert options.make_sampling("sample", top_k=5, top_p=0.9) == sd.Sampling(top_k=5, top_p=0.9)
+  with pytest.raises(errors.OptionError, match="--temperature only apply with --method sample"):
+    options.make_sampling("greedy", temperature=0.5)
+  with pytest.raises(errors.OptionError, match="sampling method must be one of"):
+    options.make_sampling("beam")
+  with pytest.raises(sd.SamplingError):
+    options.make_sampling("sample", top_p=0.0)
+
+
+def test_int_list_overrides_and_modes():
+  import argparse
+  assert options.int_list("1-3,8") == [1, 2, 3, 8]
+  assert options.parse_overrides("vocab_size=300, name=x,") == {"vocab_size": 300, "name": "x"}
+  assert options.mode_list("sample,greedy,sample") == ["sample", "greedy"]
+  with pytest.raises(errors.OptionError, match="KEY=VALUE"):
+    options.parse_overrides("vocab_size")
+  with pytest.raises(argparse.ArgumentTypeError):
+    options.mode_list("beam")
+  with pytest.raises(errors.OptionError, match="--batch-size must be an integer >= 1, got 0"):
+    options.check_at_least_one(gamma=None, batch_size=0)
+
+
+def test_resolve_drafter_names(pair):
+  target, drafter = pair
+  assert models.resolve_drafter(None, target) is None
+  assert isinstance(models.resolve_drafter(drafter, target), sd.ModelDrafter)
+  assert isinstance(models.resolve_drafter("prompt-lookup", target), sd.PromptLookupDrafter)
+  rows = np.array([[5, 17, 42, 1, 0]])
+  calls = []
+  ngram = models.resolve_drafter("ngram", target, ngram_rows=lambda: calls.append(1) or rows)
+  assert isinstance(ngram, sd.NGramDrafter) and calls == [1]
+  assert int(np.argmax(ngram.logits_after(np.asarray([17]))[0])) == 42
+  loaded = models.resolve_drafter("config:t5_1_1_tiny_drafter", target, load=models.load_model)
+  assert isinstance(loaded, sd.ModelDrafter)
+  with pytest.raises(errors.OptionError, match="drafter must be"):
+    models.resolve_drafter("some/path", target)            # no loader: names only
+  with pytest.raises(errors.OptionError, match="token rows"):
+    models.resolve_drafter("ngram", target)
+  with pytest.raises(sd.InputError, match="vocabulary mismatch"):
+    models.resolve_drafter(sd.PromptLookupDrafter(vocab_size=100), target)
+
+
+# ----------------------------------------------------------------------------- timing, files
+
+
+def test_time_rounds_rotates_the_order():
+  calls = []
+  methods_ = {name: (lambda name=name: calls.append(name) or name) for name in "abc"}
+  timed = timing.time_rounds(methods_, repeats=4)
+  assert calls == list("abc" "bca" "cab" "abc")
+  for name, t in timed.items():
+    assert len(t["times_s"]) == 4 and t["output"] == name
+    assert t["median_s"] == statistics.median(t["times_s"])
+
+
+def test_atomic_writes_and_file_errors(tmp_path):
+  path = tmp_path / "deep" / "out.json"
+  report.write_json(path, {"a": np.float32(1.5), "b": np.arange(2), "c": float("nan")})
+  assert json.loads(path.read_text()) == {"a": 1.5, "b": [0, 1], "c": None}
+  assert not (tmp_path / "deep" / "out.json.tmp").exists()
+  with pytest.raises(errors.FileAccessError, match=r"prompt file '.*nope.txt': No such file"):
+    report.read_text(tmp_path / "nope.txt", "prompt file")
+  (tmp_path / "bad.json").write_text("{")
+  with pytest.raises(errors.FileAccessError, match="not valid JSON"):
+    report.read_json(tmp_path / "bad.json", "recipe")
+  (tmp_path / "file").write_text("")
+  with pytest.raises(errors.FileAccessError, match="file"):
+    report.atomic_write(tmp_path / "file" / "x.md", "text")   # a file where a dir must be
+
+
+def test_every_tool_error_is_a_specdec_error():
+  classes = [c for _, c in inspect.getmembers(errors, inspect.isclass)
+             if c.__module__ == errors.__name__]
+  assert len(classes) >= 13
+  for cls in classes:
+    assert issubclass(cls, sd.SpecdecError) and issubclass(cls, ValueError), cls
+  assert issubclass(errors.MissingDataError, FileNotFoundError)
+  assert issubclass(errors.T5XSourceError, errors.CompareError)
+  from specdec_jax.tools import bench, evaluation, hf_compare, results, t5x_bench, training
+  from specdec_jax.tools import data
+  for module, name in ((bench, "BenchError"), (evaluation, "EvaluationError"),
+                       (hf_compare, "CompareError"), (results, "ResultsError"),
+                       (t5x_bench, "T5XSourceError"), (training, "TrainingError"),
+                       (data, "DataError"), (data, "MissingDataError")):
+    assert getattr(module, name) is getattr(errors, name)
