@@ -1,5 +1,6 @@
 """Shared fixtures: the T5X-written tiny model and small random model pairs."""
 
+import gc
 import json
 import pathlib
 
@@ -11,6 +12,21 @@ from flax import traverse_util
 import specdec_jax as sd
 
 FIXTURE_DIR = pathlib.Path(__file__).parent / "fixtures" / "t5x_tiny_v1_1"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+  """Drop JAX's compiled programs after each test module.
+
+  Every XLA:CPU executable keeps its JIT-compiled code in a few hundred memory
+  mappings until it is freed. The suite compiles well over a thousand programs in
+  one process, which would pass the kernel's vm.max_map_count (65,530 by default);
+  LLVM then fails to map the next program and the process aborts or segfaults inside
+  a compile (seen in CI at about 60% of the suite). Modules share no compiled state.
+  """
+  yield
+  jax.clear_caches()
+  gc.collect()
 
 
 @pytest.fixture(scope="session")

@@ -21,21 +21,28 @@ from specdec_jax.drafters.loop import NoProposals
 from specdec_jax.models.model import Model
 
 
-def round_config(max_new_tokens: int, sampling=None, eos_id: int = 1) -> engine.RoundConfig:
+def round_config(max_new_tokens: int, sampling=None, eos_id: int = 1,
+                 exact: bool | None = None) -> engine.RoundConfig:
+  width = engine.call_width(exact, sampling, 1)
   return engine.RoundConfig(
       max_new_tokens=inputs.check_positive_int(max_new_tokens, "max_new_tokens"),
       max_proposals=0, sampling=sampling_lib.as_method(sampling), eos_id=eos_id,
-      accept=Sample(), info=(("method", "autoregressive"), ("lossy", False)))
+      accept=Sample(), call_width=width,
+      info=(("method", "autoregressive"), ("lossy", False)))
 
 
 def generate(model: Model, encoder_tokens, max_new_tokens: int = 64,
              sampling: sampling_lib.SamplingMethod | None = None, rng=None,
-             eos_id: int | None = None) -> DecodeOutput:
+             eos_id: int | None = None, exact: bool | None = None) -> DecodeOutput:
   """Decode up to `max_new_tokens` per row from `encoder_tokens` [B, Le] (0-padded).
 
+  exact: compute every step with the call shape every drafter/verifier method uses
+  (`engine.EXACT_WIDTH` tokens), so their greedy output is bitwise this one on any
+  backend and dtype; None: exact for greedy decoding (see README, "Exactness").
   Returns `DecodeOutput(tokens [B, T], lengths [B], counters)`; `.stats` has the mapping.
   """
   encoder_tokens = inputs.check_request(encoder_tokens, model.config, max_new_tokens)
-  config = round_config(max_new_tokens, sampling, inputs.resolve_eos(eos_id, model.config))
+  config = round_config(max_new_tokens, sampling, inputs.resolve_eos(eos_id, model.config),
+                        exact)
   return engine.run(model, NoProposals(model.config.vocab_size), encoder_tokens, None,
                     inputs.as_rng(rng), config=config)

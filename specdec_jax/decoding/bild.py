@@ -53,11 +53,11 @@ from specdec_jax.models.model import Model
 BATCH_POLICIES = ("wait", "sync")
 
 
-def verify_unless_final(target: Model, state: engine.RoundState,
-                        proposal: Proposal) -> Verified:
+def verify_unless_final(target: Model, state: engine.RoundState, proposal: Proposal,
+                        width: int = 0) -> Verified:
   """`engine.verify`, skipped (ran=False) when every live row's proposals are final."""
   needed = jnp.any(~state.done & ~proposal.final)
-  real = lambda: engine.verify(target, state, proposal)
+  real = lambda: engine.verify(target, state, proposal, width)
   shape = jax.eval_shape(real)
 
   def skip() -> Verified:
@@ -82,9 +82,11 @@ def check_thresholds(fallback_threshold: float, rollback_threshold: float,
 
 def round_config(fallback_threshold: float, rollback_threshold: float, max_small_steps: int,
                  max_new_tokens: int, sampling=None, eos_id: int = 1,
-                 batch_policy: str = "wait", small_kind: str = "model") -> engine.RoundConfig:
+                 batch_policy: str = "wait", small_kind: str = "model",
+                 exact: bool | None = None) -> engine.RoundConfig:
   check_thresholds(fallback_threshold, rollback_threshold, max_small_steps)
   return engine.RoundConfig(
+      call_width=engine.call_width(exact, sampling, int(max_small_steps) + 1),
       max_new_tokens=inputs.check_positive_int(max_new_tokens, "max_new_tokens"),
       max_proposals=int(max_small_steps), sampling=sampling_lib.as_method(sampling),
       eos_id=eos_id, accept=Rollback(float(rollback_threshold)), verify=verify_unless_final,
@@ -108,7 +110,7 @@ def bild_generate(large: Model, small: Any, encoder_tokens, fallback_threshold: 
                   rollback_threshold: float = 5.0, max_small_steps: int = 10,
                   max_new_tokens: int = 64, sampling: sampling_lib.SamplingMethod | None = None,
                   rng=None, eos_id: int | None = None, batch_policy: str = "wait",
-                  small_encoder_tokens=None) -> DecodeOutput:
+                  small_encoder_tokens=None, exact: bool | None = None) -> DecodeOutput:
   """BiLD decoding of `encoder_tokens` [B, Le] (0-padded). Lossy by design.
 
   Args:
@@ -123,6 +125,8 @@ def bild_generate(large: Model, small: Any, encoder_tokens, fallback_threshold: 
       (the paper's sampling variant uses top_p=0.8).
     batch_policy: "wait" or "sync" (module doc).
     small_encoder_tokens: the small model's input if it differs (default: the large's).
+    exact: large-model calls of `engine.EXACT_WIDTH` tokens (as `generate(exact=True)`),
+      so fallback_threshold=1.0 is bitwise the large model's greedy output. None: greedy.
   Returns:
     DecodeOutput(tokens [B, max_new_tokens], lengths [B], counters; `.stats` mapping).
   """
@@ -130,7 +134,7 @@ def bild_generate(large: Model, small: Any, encoder_tokens, fallback_threshold: 
   p = proposer(small, large, fallback_threshold, batch_policy)
   config = round_config(fallback_threshold, rollback_threshold, max_small_steps, max_new_tokens,
                         sampling, inputs.resolve_eos(eos_id, large.config), batch_policy,
-                        p.drafter.kind)
+                        p.drafter.kind, exact)
   s_tokens = encoder_tokens if small_encoder_tokens is None else small_encoder_tokens
   if isinstance(p.drafter, ModelDrafter):
     s_tokens = inputs.check_request(s_tokens, p.drafter.model.config, max_new_tokens)

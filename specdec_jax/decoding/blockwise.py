@@ -48,25 +48,29 @@ class ParallelVerify:
   num_drafts: int
   width: int
 
-  def layout(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(offsets [1 + pG] from n, visible [1 + pG, 1 + pG], views [p, G + 1]) of the call.
+  def layout(self, call_width: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(offsets [K] from n, visible [K, K], views [p, G + 1]) of the call, K = 1 + pG.
 
     Token 0 is the last emitted token; token 1 + i*G + j is draft i's j-th token, at
     position n + 1 + j. views[i] are the call's positions whose logits score draft i.
+    With `call_width` (exact mode) K = call_width: padding tokens nobody attends to.
     """
     p, g = self.num_drafts, self.width
-    draft = np.concatenate([[-1], np.repeat(np.arange(p), g)])
-    step = np.concatenate([[-1], np.tile(np.arange(g), p)])
+    pad = max(call_width - 1 - p * g, 0)
+    draft = np.concatenate([[-1], np.repeat(np.arange(p), g), np.full(pad, -2)])
+    step = np.concatenate([[-1], np.tile(np.arange(g), p), np.zeros(pad, int)])
     visible = (draft[None, :] == -1) | ((draft[:, None] == draft[None, :])
-                                        & (step[None, :] <= step[:, None]))
+                                        & (step[None, :] <= step[:, None]) & (draft >= 0))
     views = np.array([[0] + [1 + i * g + j for j in range(g)] for i in range(p)])
     return step + 1, visible, views
 
-  def __call__(self, target: Model, state: engine.RoundState, proposal: Proposal) -> Verified:
-    offsets, visible, views = self.layout()
+  def __call__(self, target: Model, state: engine.RoundState, proposal: Proposal,
+               width: int = 0) -> Verified:
+    offsets, visible, views = self.layout(width)
     batch, g = state.n.shape[0], self.width
     drafts = proposal.tokens.reshape(batch, self.num_drafts, g)
     tokens = jnp.concatenate([last_tokens(state.seq, state.n, 1), proposal.tokens], axis=1)
+    tokens = jnp.pad(tokens, ((0, 0), (0, len(offsets) - tokens.shape[1])))   # exact mode
     logits, hidden, cache = target.decode_with_hidden(
         tokens, state.cache.with_length(state.n), positions=state.n[:, None] + offsets,
         visible=jnp.asarray(visible)[None])
@@ -84,10 +88,12 @@ class ParallelVerify:
 
 def round_config(heads: Heads, max_new_tokens: int, sampling=None, eos_id: int = 1,
                  top_k: int = 1, num_drafts: int = 1, rescoring: str | None = None,
-                 oracle: bool = False, accept=None) -> engine.RoundConfig:
+                 oracle: bool = False, accept=None, exact: bool | None = None
+                 ) -> engine.RoundConfig:
   g = heads.num_drafts
   parallel = num_drafts > 1
   return engine.RoundConfig(
+      call_width=engine.call_width(exact, sampling, 1 + num_drafts * g),
       max_new_tokens=inputs.check_positive_int(max_new_tokens, "max_new_tokens"),
       max_proposals=g, sampling=sampling_lib.as_method(sampling), eos_id=eos_id,
       accept=Speculative() if accept is None else accept,
@@ -124,7 +130,7 @@ def blockwise_generate(model: Model, heads: Heads, encoder_tokens, max_new_token
                        rescoring_weight: float = 1.0, rescorer: Any = None,
                        sampling: sampling_lib.SamplingMethod | None = None, rng=None,
                        eos_id: int | None = None, oracle: bool = False,
-                       accept=None) -> DecodeOutput:
+                       accept=None, exact: bool | None = None) -> DecodeOutput:
   """Blockwise parallel decoding of `encoder_tokens` [B, Le] with `heads` on `model`.
 
   Args:
@@ -137,6 +143,8 @@ def blockwise_generate(model: Model, heads: Heads, encoder_tokens, max_new_token
       (exact: the output has the model's distribution).
     oracle: also compute the oracle top-k block efficiency (one extra teacher-forced pass).
     accept: another acceptance rule (research; see `acceptance`).
+    exact: verifier calls of `engine.EXACT_WIDTH` tokens (as `generate(exact=True)`), so
+      greedy output is bitwise the baseline's on any backend. None: greedy, if it fits.
   """
   encoder_tokens = inputs.check_request(encoder_tokens, model.config, max_new_tokens)
   method = sampling_lib.as_method(sampling)
@@ -148,7 +156,7 @@ def blockwise_generate(model: Model, heads: Heads, encoder_tokens, max_new_token
                          rescorer=neural, top_k=top_k, num_drafts=num_drafts,
                          rescoring=rescoring, weight=float(rescoring_weight))
   config = round_config(heads, max_new_tokens, method, inputs.resolve_eos(eos_id, model.config),
-                        top_k, num_drafts, rescoring, oracle, accept)
+                        top_k, num_drafts, rescoring, oracle, accept, exact)
   out = engine.run(model, proposer, encoder_tokens, None, inputs.as_rng(rng), config=config)
   if oracle:
     calls = oracle_calls(model, heads, encoder_tokens, out.tokens, out.lengths, top_k)

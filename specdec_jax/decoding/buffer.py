@@ -10,6 +10,7 @@ Every model cache holds every emitted token except the last: the K/V of
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Mapping
 
 import jax
@@ -37,9 +38,10 @@ class DecodeOutput:
   counters: DecodeStats
   info: tuple[tuple[str, Any], ...] = struct.field(pytree_node=False, default=())
 
-  @property
+  @functools.cached_property
   def stats(self) -> Mapping[str, Any]:
-    """Totals, ratios and per-row values (`*_per_row`) of the counters, plus `info`."""
+    """Totals, ratios and per-row values (`*_per_row`) of the counters, plus `info`
+    (computed once per output)."""
     return summarize(self.counters, dict(self.info))
 
 

@@ -1,7 +1,7 @@
 """The round engine: every decoding method here is one wiring of the same four phases.
 
     propose   proposer.propose(state, ctx, key)      up to G tokens per row   (Proposal)
-    verify    config.verify(target, state, proposal)  ONE cached (G+1)-token call (Verified)
+    verify    config.verify(target, state, ...)       ONE cached (G+1)-token call (Verified)
     accept    config.accept(logits, proposal, ...)    a rule passed as a value  (Acceptance)
     commit    commit(...)                             emit, EOS, lengths, cache rollback, stats
 
@@ -73,16 +73,37 @@ class RoundState:
   stats: DecodeStats
 
 
-def verify(target: Model, state: RoundState, proposal: Proposal) -> Verified:
+def verify(target: Model, state: RoundState, proposal: Proposal, width: int = 0) -> Verified:
   """ONE cached call of the target over [last emitted token, x_1 .. x_G], for every row.
 
-  The final decoder states come along (prediction heads draft from them; XLA drops
-  them when nothing reads them).
+  width > 0 (exact mode): the call carries `width` tokens, the proposals padded with
+  0 (written beyond the row's valid length: never read), so that every target call
+  of a run has ONE shape and a position's numerics cannot depend on how many tokens
+  its call carried. The final decoder states come along (prediction heads draft from
+  them; XLA drops them when nothing reads them).
   """
   cache = state.cache if proposal.target_cache is None else proposal.target_cache
   tokens = jnp.concatenate([buffer.last_tokens(state.seq, state.n, 1), proposal.tokens], 1)
+  real = tokens.shape[1]
+  if width:
+    tokens = jnp.pad(tokens, ((0, 0), (0, width - real)))
   logits, hidden, cache = target.decode_with_hidden(tokens, cache.with_length(state.n))
-  return Verified(logits=logits, hidden=hidden, cache=cache, ran=jnp.ones((), jnp.bool_))
+  return Verified(logits=logits[:, :real], hidden=hidden[:, :real], cache=cache,
+                  ran=jnp.ones((), jnp.bool_))
+
+
+#: Tokens per target call in exact mode: gamma + 1 (+ tree drafts) must fit.
+EXACT_WIDTH = 16
+
+
+def call_width(exact: bool | None, sampling, needed: int) -> int:
+  """`RoundConfig.call_width` for a run whose rounds need `needed` tokens per call.
+
+  exact None: exact for greedy decoding when the rounds fit in `EXACT_WIDTH`.
+  """
+  if exact is None:
+    exact = sampling_lib.as_method(sampling).is_greedy and needed <= EXACT_WIDTH
+  return EXACT_WIDTH if exact else 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,9 +116,13 @@ class RoundConfig:
     sampling: the transform applied to target (and proposer) logits.
     eos_id: a row stops after emitting it (negative: never).
     accept: the acceptance rule (a frozen dataclass, see `acceptance`).
-    verify: the verify phase, `verify(target, state, proposal) -> Verified`.
+    verify: the verify phase, `verify(target, state, proposal, call_width) -> Verified`.
     info: static facts reported with the statistics, as (key, value) pairs.
     extra_capacity: cache slots beyond T + G + 1 a verify phase needs (a tree of drafts).
+    call_width: 0, or W for EXACT mode: every target call carries W tokens (padded) and
+      every method's cache has capacity T + W, so the target computes each position with
+      the same program whatever the method, gamma or round: greedy output is then
+      bitwise the baseline's on every backend and dtype (`EXACT_WIDTH`).
   """
 
   max_new_tokens: int
@@ -108,14 +133,21 @@ class RoundConfig:
   verify: Callable[[Model, RoundState, Proposal], Verified] = verify
   info: tuple[tuple[str, Any], ...] = ()
   extra_capacity: int = 0
+  call_width: int = 0
 
   def __post_init__(self):
     if self.max_proposals < 0:
       raise InputError(f"max_proposals must be >= 0, got {self.max_proposals}")
+    needed = self.max_proposals + 1 + self.extra_capacity
+    if self.call_width and self.call_width < needed:
+      raise InputError(f"exact mode verifies at most {self.call_width - 1} proposals per call; "
+                       f"this run needs {needed - 1} (use exact=False)")
 
   @property
   def capacity(self) -> int:
-    """Cache positions: T, plus G + 1 slack for the proposals a last round writes."""
+    """Cache positions: T, plus slack for the proposals a last round writes."""
+    if self.call_width:
+      return self.max_new_tokens + self.call_width
     if not self.max_proposals:
       return self.max_new_tokens
     return self.max_new_tokens + self.max_proposals + 1 + self.extra_capacity
@@ -149,7 +181,7 @@ def round_step(target: Model, proposer: Any, state: RoundState,
   """propose -> verify -> accept -> commit, for every live row at once."""
   rng, k_propose, k_accept = jax.random.split(state.rng, 3)
   proposal = proposer.propose(state.proposer, context(state, config), k_propose)
-  verified = config.verify(target, state, proposal)
+  verified = config.verify(target, state, proposal, config.call_width)
   if verified.proposal is not None:     # the verify phase chose one of several drafts
     proposal = verified.proposal
   acceptance = config.accept(verified.logits, proposal, config.sampling, k_accept)
@@ -224,7 +256,8 @@ def cond(state: RoundState) -> Array:
 
 def finish(state: RoundState, config: RoundConfig) -> buffer.DecodeOutput:
   return buffer.DecodeOutput(tokens=state.seq[:, 1:], lengths=state.n,
-                             counters=state.stats.replace(emitted=state.n), info=config.info)
+                             counters=state.stats.replace(emitted=state.n),
+                             info=config.info + (("exact", bool(config.call_width)),))
 
 
 # ----------------------------------------------------------------------------- driver

@@ -33,14 +33,16 @@ from specdec_jax.models.model import Model
 
 
 def round_config(gamma: int, max_new_tokens: int, sampling=None, eos_id: int = 1,
-                 lenience: float = 1.0, accept=None) -> engine.RoundConfig:
+                 lenience: float = 1.0, accept=None, exact: bool | None = None
+                 ) -> engine.RoundConfig:
   """The engine settings of speculative decoding; `accept` replaces the rule (research)."""
   gamma = inputs.check_positive_int(gamma, "gamma")
   rule = Speculative(lenience=float(lenience)) if accept is None else accept
+  width = engine.call_width(exact, sampling, gamma + 1)
   return engine.RoundConfig(
       max_new_tokens=inputs.check_positive_int(max_new_tokens, "max_new_tokens"),
       max_proposals=gamma, sampling=sampling_lib.as_method(sampling), eos_id=eos_id,
-      accept=rule,
+      accept=rule, call_width=width,
       info=(("method", "speculative"), ("gamma", gamma), ("lenience", float(lenience)),
             ("lossy", bool(getattr(rule, "lossy", False)))))
 
@@ -59,7 +61,8 @@ def speculative_generate(target: Model, drafter, encoder_tokens, gamma: int = 5,
                          sampling: sampling_lib.SamplingMethod | None = None, rng=None,
                          eos_id: int | None = None, lenience: float = 1.0,
                          adaptive: AdaptiveGamma | bool | None = None,
-                         drafter_encoder_tokens=None, accept=None) -> DecodeOutput:
+                         drafter_encoder_tokens=None, accept=None,
+                         exact: bool | None = None) -> DecodeOutput:
   """Speculative decoding of `encoder_tokens` [B, Le] (0-padded) with a drafter.
 
   Args:
@@ -73,12 +76,14 @@ def speculative_generate(target: Model, drafter, encoder_tokens, gamma: int = 5,
     adaptive: `True` or an `AdaptiveGamma` for per-row gamma chosen on device.
     drafter_encoder_tokens: the drafter's input if it differs (defaults to the target's).
     accept: another acceptance rule (a frozen dataclass; see `acceptance`), for research.
+    exact: every target call with `engine.EXACT_WIDTH` tokens, as `generate(exact=True)`:
+      greedy output bitwise the baseline's on any backend and dtype. None: for greedy.
   Returns:
     DecodeOutput(tokens [B, max_new_tokens], lengths [B], counters; `.stats` mapping).
   """
   encoder_tokens = inputs.check_request(encoder_tokens, target.config, max_new_tokens)
   config = round_config(gamma, max_new_tokens, sampling,
-                        inputs.resolve_eos(eos_id, target.config), lenience, accept)
+                        inputs.resolve_eos(eos_id, target.config), lenience, accept, exact)
   p = proposer(drafter, target, gamma, adaptive)
   d_tokens = encoder_tokens if drafter_encoder_tokens is None else drafter_encoder_tokens
   model_drafter = _model_drafter(p)

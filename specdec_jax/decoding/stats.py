@@ -159,6 +159,9 @@ def merge(parts: Sequence[tuple[DecodeStats, int]]) -> DecodeStats:
   if not parts:
     raise InputError("stats.merge needs at least one part")
   parts = [(jax.tree_util.tree_map(np.asarray, s), int(r)) for s, r in parts]
+  for s, r in parts:
+    if not 0 <= r <= s.emitted.shape[0]:
+      raise InputError(f"stats.merge: {r} real rows in a part of {s.emitted.shape[0]} rows")
   width = max(s.per_position_accepted.shape[1] for s, _ in parts)
   fields = {}
   for name in DecodeStats.__dataclass_fields__:
@@ -177,8 +180,11 @@ def merge_outputs(outputs: Sequence[Any], real_rows: Sequence[int] | None = None
   """`summarize` over several `DecodeOutput`s (e.g. the batches of a corpus) as one run.
 
   real_rows[i]: rows of output i that are real (the rest pad a short last batch).
-  The `info` of the first output is reported.
+  The outputs must come from one kind of run (the same `info`: method, gamma, ...).
   """
+  if any(o.info != outputs[0].info for o in outputs):
+    raise InputError("stats.merge_outputs: outputs of different runs (their info differs: "
+                     f"{dict(outputs[0].info)} vs another)")
   rows = real_rows or [o.lengths.shape[0] for o in outputs]
   merged = merge([(o.counters, r) for o, r in zip(outputs, rows)])
   return summarize(merged, dict(outputs[0].info))
