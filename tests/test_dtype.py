@@ -49,11 +49,12 @@ def test_direct_bf16_init_peak_memory_is_below_the_float32_size():
       print(peak - before, 4 * m.num_params(), 2 * m.num_params())
   """)
   out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                       check=True, cwd=pathlib.Path(__file__).parent)
+                       cwd=pathlib.Path(__file__).parent)
+  assert out.returncode == 0, out.stderr[-3000:]
   growth, f32_bytes, bf16_bytes = map(int, out.stdout.split())
   print(f"growth {growth / 1e9:.2f} GB, float32 size {f32_bytes / 1e9:.2f} GB, "
         f"bfloat16 size {bf16_bytes / 1e9:.2f} GB")
-  assert bf16_bytes <= growth < f32_bytes
+  assert bf16_bytes <= growth < f32_bytes, (growth, f32_bytes, bf16_bytes)
 
 
 def test_load_dtype_sets_params_and_activations():

@@ -78,11 +78,10 @@ def on_device(model):
 
 
 def run_steps(model, batch, cfg, steps, teacher=None):
-  state = training.init_train_state(model, training.make_optimizer(cfg))
+  state = training.init_train_state(model.params, training.make_optimizer(cfg))
+  objective = training.TokenLoss(CONFIG, 0.0, teacher, 1.0)     # as train() builds it
   for step in range(steps):
-    state, metrics = training.train_step(state, batch, jax.random.PRNGKey(step), teacher,
-                                         config=CONFIG, label_smoothing=0.0,
-                                         distill_temperature=1.0)   # as train() calls it
+    state, metrics = training.train_step(state, batch, jax.random.PRNGKey(step), objective)
   return state, metrics
 
 

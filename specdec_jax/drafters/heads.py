@@ -52,6 +52,14 @@ class Heads:
   def hidden_dim(self) -> int:
     return self.params["head_2"]["wi"].shape[1]
 
+  def take(self, num_heads: int) -> "Heads":
+    """Heads 2..num_heads of these (each head is trained on its own: a prefix is a set)."""
+    if not 2 <= num_heads <= self.num_heads:
+      raise InputError(f"take({num_heads}): these heads have num_heads={self.num_heads}; "
+                       f"choose 2..{self.num_heads}")
+    return self.replace(params={f"head_{j}": self.params[f"head_{j}"]
+                                for j in range(2, num_heads + 1)}, num_heads=num_heads)
+
 
 def fingerprint(model: Model) -> str:
   """A short digest of a model: config plus shape and a strided sample of every parameter.
@@ -133,17 +141,18 @@ def check_heads(model: Model, heads: Heads) -> None:
 
 
 def heads_path(path: str | pathlib.Path) -> pathlib.Path:
-  """A heads file, or a model directory holding one (`heads.safetensors` beside the model)."""
+  """A `*.safetensors` heads file, or a model directory holding `heads.safetensors`."""
   path = pathlib.Path(path)
-  return path / FILENAME if path.is_dir() or not path.suffix else path
+  return path if path.suffix == ".safetensors" else path / FILENAME
 
 
-def save_heads(path: str | pathlib.Path, heads: Heads) -> pathlib.Path:
-  """Write `heads` as safetensors (a file, or `heads.safetensors` inside a model dir)."""
+def save_heads(path: str | pathlib.Path, heads: Heads, dtype="float32") -> pathlib.Path:
+  """Write `heads` as safetensors (a file, or `heads.safetensors` inside a model dir),
+  in `dtype` (bfloat16 halves the file)."""
   from safetensors.numpy import save_file
   target = heads_path(path)
   target.parent.mkdir(parents=True, exist_ok=True)
-  tensors = {f"{name}/{k}": np.asarray(v, np.float32)
+  tensors = {f"{name}/{k}": np.asarray(jnp.asarray(v, dtype))
              for name, p in heads.params.items() for k, v in p.items()}
   meta = {"format": FORMAT, "num_heads": str(heads.num_heads), "base_fingerprint": heads.base}
   tmp = target.with_suffix(".tmp")

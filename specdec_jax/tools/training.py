@@ -1,7 +1,7 @@
 """Teacher-forced training of T5 models with optax, with Orbax checkpoints and exact resume.
 
-    state = init_train_state(model, tx)
-    state, metrics = train_step(state, batch, rng)      # jitted, pure
+    state = init_train_state(params, tx)
+    state, metrics = train_step(state, batch, rng, objective)   # jitted, pure
 
 `train(...)` drives it: a deterministic batch order that depends only on
 (seed, step), periodic Orbax checkpoints of (params, optimizer state, step), and
@@ -104,9 +104,9 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
                      optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=cfg.weight_decay))
 
 
-def init_train_state(model: Model, tx: optax.GradientTransformation) -> TrainState:
-  # A copy: `train_step` donates the state's buffers, the caller's model must stay usable.
-  params = jax.tree_util.tree_map(jnp.array, model.params)
+def init_train_state(params: Any, tx: optax.GradientTransformation) -> TrainState:
+  # A copy: `train_step` donates the state's buffers, the caller's params must stay usable.
+  params = jax.tree_util.tree_map(jnp.array, params)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                     tx=tx)
 
@@ -140,18 +140,79 @@ def loss_fn(params, config, batch: dict, rng: Array, label_smoothing: float = 0.
   return loss, {"loss": loss, "accuracy": accuracy}
 
 
-@functools.partial(jax.jit, static_argnames=("config", "label_smoothing", "distill_temperature"),
-                   donate_argnums=(0,))
-def train_step(state: TrainState, batch: dict, rng: Array, teacher: Model | None = None, *,
-               config, label_smoothing: float = 0.0, distill_temperature: float = 1.0):
-  """One optimizer step. With `teacher`, the targets are its softmax at `distill_temperature`."""
-  teacher_probs = None
-  if teacher is not None:
-    t_logits = teacher.forward(batch["inputs"], shift_right(batch["targets"],
-                                                            config.decoder_start_id))
-    teacher_probs = jax.nn.softmax(t_logits / distill_temperature, axis=-1)
-  grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params, config, batch, rng,
-                                                   label_smoothing, teacher_probs)
+@struct.dataclass
+class TokenLoss:
+  """Cross-entropy on the targets; with a `teacher`, against its softmax at
+  `distill_temperature` (distillation). Trains a whole model's params."""
+
+  config: Any = struct.field(pytree_node=False)
+  label_smoothing: float = struct.field(pytree_node=False, default=0.0)
+  teacher: Model | None = None
+  distill_temperature: float = struct.field(pytree_node=False, default=1.0)
+
+  def __call__(self, params, batch: dict, rng: Array):
+    teacher_probs = None
+    if self.teacher is not None:
+      t_logits = self.teacher.forward(batch["inputs"], shift_right(
+          batch["targets"], self.config.decoder_start_id))
+      teacher_probs = jax.nn.softmax(t_logits / self.distill_temperature, axis=-1)
+    return loss_fn(params, self.config, batch, rng, self.label_smoothing, teacher_probs)
+
+
+@struct.dataclass
+class EarlyExitLoss:
+  """BiLD's early-exit training (NeurIPS §4.4): 1/2 (L_exit + L_last), the exit read after
+  `exit_layer` decoder layers through the shared final norm and output layer."""
+
+  config: Any = struct.field(pytree_node=False)
+  exit_layer: int = struct.field(pytree_node=False, default=1)
+
+  def __call__(self, params, batch: dict, rng: Array):
+    targets = batch["targets"]
+    exits = (self.exit_layer, self.config.num_decoder_layers)
+    logits = module_for(self.config).apply(
+        {"params": params}, batch["inputs"], shift_right(targets, self.config.decoder_start_id),
+        exits, self.config.dropout_rate == 0.0, rngs={"dropout": rng},
+        method=module_for(self.config).__class__.exit_logits)
+    mask = (targets > 0).astype(jnp.float32)
+    per = [_masked_mean(optax.softmax_cross_entropy_with_integer_labels(lg, targets), mask)
+           for lg in logits]
+    acc = [_masked_mean((jnp.argmax(lg, -1) == targets).astype(jnp.float32), mask)
+           for lg in logits]
+    loss = 0.5 * (per[0] + per[1])
+    return loss, {"loss": loss, "loss_exit": per[0], "loss_last": per[1],
+                  "accuracy": acc[1], "accuracy_exit": acc[0]}
+
+
+@struct.dataclass
+class HeadsLoss:
+  """Prediction heads' loss sum_h lambda_h L_h (`drafters.heads.heads_loss`) on `model`.
+
+  Trains {"heads": ...} (frozen base, the default) or {"heads": ..., "model": ...} (joint)."""
+
+  model: Model
+  num_heads: int = struct.field(pytree_node=False)
+  freeze_model: bool = struct.field(pytree_node=False, default=True)
+
+  def __call__(self, params, batch: dict, rng: Array):
+    from specdec_jax.drafters.heads import Heads, heads_loss
+    model = self.model if self.freeze_model else self.model.replace(params=params["model"])
+    loss, per_head, accuracy = heads_loss(model, Heads(params["heads"], self.num_heads),
+                                          batch["inputs"], batch["targets"],
+                                          freeze_model=self.freeze_model)
+    return loss, {"loss": loss, "accuracy": accuracy[1],      # head 2's top-1 accuracy
+                  **{f"loss_head_{j + 1}": per_head[j] for j in range(self.num_heads)},
+                  **{f"accuracy_head_{j + 1}": accuracy[j] for j in range(self.num_heads)}}
+
+
+def _masked_mean(x: Array, mask: Array) -> Array:
+  return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+@functools.partial(jax.jit, donate_argnums=(0,))
+def train_step(state: TrainState, batch: dict, rng: Array, objective):
+  """One optimizer step on `objective(params, batch, rng) -> (loss, metrics)`."""
+  grads, metrics = jax.grad(lambda p: objective(p, batch, rng), has_aux=True)(state.params)
   updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
@@ -255,8 +316,39 @@ def _check_settings(workdir: pathlib.Path, cfg: TrainConfig, resuming: bool) -> 
 
 def train(model: Model, inputs: np.ndarray, targets: np.ndarray, cfg: TrainConfig,
           workdir: str | pathlib.Path, teacher: Model | None = None,
-          progress: bool = True) -> tuple[Model, list[dict]]:
+          progress: bool = True, objective=None) -> tuple[Model, list[dict]]:
   """Train `model` (its current params are the initialisation) and return the trained model.
+
+  The objective is the targets' cross-entropy (`TokenLoss`; against `teacher`'s softmax
+  when given), or `objective` (e.g. `EarlyExitLoss`). Checkpoints and resume: `fit`.
+  """
+  if objective is None:
+    objective = TokenLoss(model.config, cfg.label_smoothing, teacher, cfg.distill_temperature)
+  params, history = fit(model.params, objective, inputs, targets, cfg, workdir, progress)
+  return model.replace(params=params), history
+
+
+def train_heads(model: Model, heads, inputs: np.ndarray, targets: np.ndarray,
+                cfg: TrainConfig, workdir: str | pathlib.Path, freeze_model: bool = True,
+                progress: bool = True):
+  """Train prediction heads for `model` (frozen by default) on (inputs, targets).
+
+  Returns (heads, model, history): the model is returned unchanged when frozen."""
+  params = {"heads": heads.params}
+  if not freeze_model:
+    params["model"] = model.params
+  params, history = fit(params, HeadsLoss(model, heads.num_heads, freeze_model), inputs,
+                        targets, cfg, workdir, progress)
+  if not freeze_model:
+    from specdec_jax.drafters.heads import model_fingerprint
+    model = model.replace(params=params["model"])
+    return heads.replace(params=params["heads"], base=model_fingerprint(model)), model, history
+  return heads.replace(params=params["heads"]), model, history
+
+
+def fit(params: Any, objective, inputs: np.ndarray, targets: np.ndarray, cfg: TrainConfig,
+        workdir: str | pathlib.Path, progress: bool = True) -> tuple[Any, list[dict]]:
+  """Minimise `objective(params, batch, rng)` from `params`; return (params, history).
 
   Checkpoints go to `workdir/checkpoints` every `cfg.checkpoint_every` steps; if
   any exist, training resumes from the newest one (same batches, same RNG).
@@ -266,10 +358,8 @@ def train(model: Model, inputs: np.ndarray, targets: np.ndarray, cfg: TrainConfi
 
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
-  tx = make_optimizer(cfg)
-  state = init_train_state(model, tx)
+  state = init_train_state(params, make_optimizer(cfg))
   manager = _checkpoint_manager(workdir / "checkpoints")
-  history_path = workdir / "history.jsonl"
   latest = manager.latest_step()
   _check_settings(workdir, cfg, resuming=latest is not None)
   if latest is not None:
@@ -281,6 +371,7 @@ def train(model: Model, inputs: np.ndarray, targets: np.ndarray, cfg: TrainConfi
   if start > cfg.steps:
     raise TrainingError(f"{workdir / 'checkpoints'} holds a checkpoint at step {start}, past "
                         f"steps={cfg.steps}: raise steps or train in a fresh directory")
+  history_path = workdir / "history.jsonl"
   history = []
   if history_path.exists():
     history = [json.loads(line) for line in history_path.read_text().splitlines()
@@ -291,10 +382,8 @@ def train(model: Model, inputs: np.ndarray, targets: np.ndarray, cfg: TrainConfi
              desc=f"train {workdir.name}", dynamic_ncols=True)
   running = None
   for step in bar:
-    rng = jax.random.fold_in(base_rng, step)
-    state, metrics = train_step(state, next(data), rng, teacher, config=model.config,
-                                label_smoothing=cfg.label_smoothing,
-                                distill_temperature=cfg.distill_temperature)
+    state, metrics = train_step(state, next(data), jax.random.fold_in(base_rng, step),
+                                objective)
     if (step + 1) % 50 == 0 or step + 1 == cfg.steps:
       m = {k: float(v) for k, v in metrics.items()}
       running = m["loss"] if running is None else 0.9 * running + 0.1 * m["loss"]
@@ -306,4 +395,4 @@ def train(model: Model, inputs: np.ndarray, targets: np.ndarray, cfg: TrainConfi
       manager.wait_until_finished()
       history_path.write_text("".join(json.dumps(h) + "\n" for h in history))
   manager.close()
-  return model.replace(params=jax.device_get(state.params)), history
+  return jax.device_get(state.params), history

@@ -56,10 +56,11 @@ def _check_recipe_arguments(path: str, recipe: dict[str, Any], sections: Sequenc
       except TypeError as e:
         raise CLIError(f"recipe {path!r}, section 'data': {e}") from None
       continue
-    unknown = sorted(set(recipe[name]) - fields - {"config"})
+    own = demo.STAGE_KEYS.get(name, set())
+    unknown = sorted(set(recipe[name]) - fields - own)
     if unknown:     # a typo must not silently train with the default
       raise CLIError(f"recipe {path!r}, section {name!r}: unknown key(s) {', '.join(unknown)}; "
-                     f"known: config, {', '.join(sorted(fields))}")
+                     f"known: {', '.join(sorted(own | fields))}")
     try:
       training.TrainConfig(**{k: v for k, v in recipe[name].items() if k in fields})
     except (TypeError, TrainingError) as e:   # the section's name makes the message useful
@@ -67,22 +68,38 @@ def _check_recipe_arguments(path: str, recipe: dict[str, Any], sections: Sequenc
 
 
 def run(args) -> int:
-  stages = parse_stages(args.stages)
-  read_recipe(args.recipe, stages)
+  stages = parse_stages("heads" if args.heads and args.stages is None else args.stages)
+  recipe = read_recipe(args.recipe, stages)
+  if args.heads is not None:
+    if args.heads < 2:
+      raise CLIError(f"--heads must be >= 2 (head 1 is the model itself), got {args.heads}")
+    if "heads" not in stages:
+      raise CLIError("--heads sets the heads stage's number of heads: add 'heads' to --stages")
+    recipe["heads"]["num_heads"] = args.heads
+    args.recipe = _write_recipe(args.workdir, recipe)
   data_ready = os.path.isfile(os.path.join(args.workdir, "data", "meta.json"))
   if "data" not in stages and not data_ready:   # every stage reads the train split
     raise CLIError(f"{os.path.join(args.workdir, 'data')!r} holds no prepared data: "
                    "add the 'data' stage")
   start = time.perf_counter()
   results = demo.run_pipeline(args.recipe, args.workdir, stages=stages)
-  for name, model in results.items():
-    print(f"{name}: {os.path.join(args.workdir, name, 'final')} "
-          f"({model.num_params():,} parameters)")
+  for name, result in results.items():
+    size = (f"{result.num_params():,} parameters" if hasattr(result, "num_params")
+            else f"{result.num_heads} heads")
+    print(f"{name}: {os.path.join(args.workdir, name, 'final')} ({size})")
   if "bundle" in stages:
     print(f"bundle: {demo.ASSETS}")
   print(f"specdec train: stages {', '.join(stages)} done in {time.perf_counter() - start:.1f} s",
         file=sys.stderr)
   return 0
+
+
+def _write_recipe(workdir: str, recipe: dict[str, Any]) -> str:
+  """The recipe as run (with --heads applied), written beside the stages it drives."""
+  from specdec_jax.tools.report import atomic_write_json
+  path = os.path.join(workdir, "recipe.json")
+  atomic_write_json(path, recipe)
+  return path
 
 
 def add(subparsers) -> None:
@@ -99,7 +116,11 @@ def add(subparsers) -> None:
                  help="recipe file, e.g. configs/demo/train.json (model \"config\" paths are "
                  "relative to the repository root, or absolute)")
   p.add_argument("--workdir", required=True, metavar="DIR", help="where every stage writes")
-  p.add_argument("--stages", default="all", metavar="LIST",
-                 help="comma-separated subset of data,target,drafter,aligned,distilled,bundle, "
-                 "or all")
+  p.add_argument("--stages", default=None, metavar="LIST",
+                 help="comma-separated subset of " + ",".join(demo.STAGES) + ", or all "
+                 "(default: all; only heads with --heads)")
+  p.add_argument("--heads", type=int, default=None, metavar="H",
+                 help="train H prediction heads (head 1 is the target itself) for the "
+                 "pipeline's target, frozen, on its own greedy outputs; progress bar, resumes "
+                 "from its checkpoints (the recipe's \"heads\" section sets the rest)")
   p.set_defaults(func=run)
