@@ -99,6 +99,27 @@ def test_greedy_speculative_equals_baseline(capsys):
   assert "acceptance rate" in err and "alpha" in err and "tokens/target call" in err
 
 
+def test_bild_and_blockwise_methods_are_the_library_calls(capsys, tmp_path):
+  enc = prompts.parse_token_ids(PROMPTS, 512)
+  target = models.load_model(TARGET)
+  small = models.load_model(DRAFTER, what="drafter")
+  out, err = decode_json(capsys, "--method", "bild", "--drafter", DRAFTER, "--stats",
+                         "--fallback-threshold", "0.3", "--rollback-threshold", "2", *PROMPTS)
+  direct = sd.bild_generate(target, small, enc, fallback_threshold=0.3, rollback_threshold=2.0,
+                            max_new_tokens=6, rng=jax.random.PRNGKey(0))
+  assert out["outputs"] == [row[:n].tolist() for row, n in zip(np.asarray(direct.tokens),
+                                                                np.asarray(direct.lengths))]
+  assert_same_stats(out["stats"], direct.stats)
+  assert out["settings"]["method"] == "bild" and out["settings"]["fallback_threshold"] == 0.3
+  assert "fallback_rate" in err and "LOSSY" in err
+  heads = sd.save_heads(tmp_path / "heads.safetensors", sd.init_heads(target, 3, rng=1))
+  base, _ = decode_json(capsys, *PROMPTS)
+  out, err = decode_json(capsys, "--method", "blockwise", "--heads", heads, "--lattice-k", "2",
+                         "--num-drafts", "2", "--stats", *PROMPTS)
+  assert out["outputs"] == base["outputs"]      # greedy blockwise is the target's greedy
+  assert out["settings"]["num_drafts"] == 2 and "repeated_draft_rate" in err
+
+
 def test_batches_merge_into_one_run(capsys):
   """--batch-size 1 decodes two calls; their statistics merge to the one-call statistics."""
   one, _ = decode_json(capsys, "--drafter", DRAFTER, "--gamma", "2", *PROMPTS)

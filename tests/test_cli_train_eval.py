@@ -256,6 +256,14 @@ def test_eval_ngram_drafter_fitted_on_train_split(trained, baseline):
     (["--method", "greedy", "--temperature", "0.5"], "only apply with --method sample"),
     (["--batch-size", "0"], "--batch-size must be"),
     (["--drafter", "ngram", "--method", "sample", "--top-p", "0"], "top_p"),
+    (["--fallback-threshold", "0.5"], "do not apply to --method greedy"),
+    (["--method", "bild"], "needs the small model"),
+    (["--method", "bild", "--drafter", "early-exit:1"], "at least 2 decoder layers"),
+    (["--method", "blockwise", "--drafter", "ngram"], "drop --drafter"),
+    (["--method", "blockwise", "--rescoring", "ngram"], "needs --rescorer"),
+    (["--method", "blockwise", "--gamma", "2"], "do not apply to --method blockwise"),
+    (["--method", "bild", "--drafter", "x", "--lattice-k", "2"], "do not apply"),
+    (["--drafter", "early-exit:1"], "add --method bild"),
 ])
 def test_eval_bad_input(trained, capsys, argv, message):
   _, workdir = trained
@@ -264,6 +272,93 @@ def test_eval_bad_input(trained, capsys, argv, message):
   assert code == 2, err
   assert err.startswith("specdec eval: error:") and message in err, err
   assert len(err.strip().splitlines()) == 1
+
+
+# ----------------------------------------------------------------------------- BiLD, blockwise
+
+
+@pytest.fixture(scope="module")
+def heads_file(trained, tmp_path_factory):
+  """Random prediction heads for the trained target (greedy output must not depend on them)."""
+  _, workdir = trained
+  target = sd.load(str(workdir / "target" / "final"))
+  return sd.save_heads(tmp_path_factory.mktemp("heads") / "heads.safetensors",
+                       sd.init_heads(target, 4, rng=0))
+
+
+def test_eval_bild_limit_and_lossy_point(trained, capsys, baseline):
+  _, workdir = trained
+  drafter = workdir / "drafter" / "final"
+  large_only = eval_json(capsys, workdir, "--method", "bild", "--drafter", drafter,
+                         "--fallback-threshold", "1.0")
+  assert large_only["hypotheses"] == baseline["hypotheses"]   # the large model decides all
+  assert large_only["stats"]["drafter_tokens"] == 0
+  assert large_only["settings"]["method"] == "bild"
+  small_led = eval_json(capsys, workdir, "--method", "bild", "--drafter", drafter,
+                        "--fallback-threshold", "0.0", "--rollback-threshold", "inf",
+                        "--max-small-steps", "64")
+  assert small_led["stats"]["target_tokens"] == 0 and small_led["stats"]["drafter_tokens"] > 0
+  assert small_led["hypotheses"] != baseline["hypotheses"]   # the 30-step drafter is not the target
+  assert small_led["stats"]["lossy"] is True
+
+
+def test_eval_blockwise_every_variant_is_the_target_greedy(trained, capsys, baseline,
+                                                           heads_file):
+  _, workdir = trained
+  common = ["--method", "blockwise", "--heads", heads_file]
+  for extra in ([], ["--lattice-k", "3", "--num-drafts", "2"],
+                ["--lattice-k", "3", "--rescoring", "ngram", "--rescorer", "data"],
+                ["--lattice-k", "3", "--rescoring", "neural", "--rescorer",
+                 workdir / "drafter" / "final"]):
+    result = eval_json(capsys, workdir, *common, *extra)
+    assert result["hypotheses"] == baseline["hypotheses"], extra
+    assert result["stats"]["drafting_rounds"] > 0
+    assert 0.0 <= result["stats"]["repeated_draft_rate"] <= 1.0
+
+
+def test_sweep_bild_writes_reports_and_resumes(trained, capsys, tmp_path, baseline):
+  _, workdir = trained
+  argv = ["sweep-bild", "--model", workdir / "target" / "final", "--data", workdir / "data",
+          "--limit", 8, "--batch-size", 4, "--repeats", 1, "--no-progress",
+          "--small", f"tiny={workdir / 'drafter' / 'final'}", "--fallback", "0.0,1.0",
+          "--rollback", "inf", "--gammas", "2", "--out", tmp_path]
+  code, out, err = run(capsys, *argv)
+  assert code == 0, err
+  result = json.loads((tmp_path / "bild.json").read_text())
+  points = {p["label"]: p for p in result["points"]}
+  assert set(points) == {"tiny/fb0/rbinf", "tiny/fb1/rbinf", "speculative/tiny/g2"}
+  base = result["baselines"]["target, greedy"]["bleu"]
+  for label in ("tiny/fb1/rbinf", "speculative/tiny/g2"):   # exact: the target's BLEU
+    assert points[label]["bleu"] == base and points[label]["bleu_drop"] == 0.0
+  assert points["tiny/fb0/rbinf"]["fallback_rate"] < points["tiny/fb1/rbinf"]["fallback_rate"]
+  assert all(p["speedup"] > 0 for p in result["points"])
+  assert "## Table 1 layout" in out and "no BLEU drop" in out
+  assert (tmp_path / "bild.png").stat().st_size > 0 and (tmp_path / "bild.md").is_file()
+  code, out, err = run(capsys, *argv, "--resume")   # nothing left to measure: same entries
+  assert code == 0, err
+  again = json.loads((tmp_path / "bild.json").read_text())
+  assert [p["wall_s"] for p in again["points"]] == [p["wall_s"] for p in result["points"]]
+  code, out, err = run(capsys, *argv[:-2], "--limit", 4, "--out", tmp_path, "--resume")
+  assert code == 2 and "other settings (limit)" in err
+
+
+def test_sweep_blockwise_table(trained, capsys, tmp_path, heads_file):
+  _, workdir = trained
+  code, out, err = run(capsys, "sweep-blockwise", "--model", workdir / "target" / "final",
+                       "--data", workdir / "data", "--limit", 8, "--batch-size", 4,
+                       "--repeats", 1, "--no-progress", "--heads", heads_file,
+                       "--lattice-k", 2, "--num-drafts", 2, "--rescorer",
+                       workdir / "drafter" / "final", "--out", tmp_path)
+  assert code == 0, err
+  result = json.loads((tmp_path / "blockwise.json").read_text())
+  base = result["baselines"]["target, greedy"]["bleu"]
+  assert [p["label"] for p in result["points"]] == [
+      "base", "ngram", "neural", "parallel base p=2", "parallel ngram p=2", "oracle k=2"]
+  assert all(p["bleu"] == base for p in result["points"])    # greedy: every variant is exact
+  oracle = result["points"][-1]
+  assert oracle["oracle_tokens_per_target_call"] >= oracle["block_efficiency"]
+  assert set(result["lattice_ms"]) == {"p=1", "p=2"}
+  assert "lattice dynamic program" in out
 
 
 def test_eval_missing_data_dir(capsys, tmp_path):

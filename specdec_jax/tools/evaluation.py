@@ -35,7 +35,8 @@ from specdec_jax.tools import models
 from specdec_jax.tools.batching import padded_batches
 from specdec_jax.tools.data import prepare
 from specdec_jax.tools.errors import EvaluationError
-from specdec_jax.tools.methods import Baseline, Speculative, decode_corpus, totals
+from specdec_jax.tools.methods import (Baseline, DecodeMethod, Speculative, decode_corpus,
+                                      totals)
 from specdec_jax.tools.options import make_sampling
 from specdec_jax.tools.report import to_jsonable
 
@@ -145,7 +146,8 @@ def evaluate(model: Model, data, *, split: str = "test", method: str = "greedy",
              drafter=None, gamma: int = 5, sampling=None, batch_size: int = 32,
              max_new_tokens: int | None = None, limit: int | None = None, tokenizer=None,
              seed: int = 0, warmup: bool = False,
-             train_targets: np.ndarray | None = None) -> dict[str, Any]:
+             train_targets: np.ndarray | None = None,
+             decode_method: DecodeMethod | None = None) -> dict[str, Any]:
   """BLEU / chrF and speed of `model` (baseline, or speculative with `drafter`) on a split.
 
   Args:
@@ -163,6 +165,8 @@ def evaluate(model: Model, data, *, split: str = "test", method: str = "greedy",
     tokenizer: a Tokenizer (default: the data directory's spiece.model).
     seed: PRNG seed; batch i uses `methods.batch_key(seed, i)` (batch 0: PRNGKey(seed)).
     warmup: decode the first batch once untimed, so timing excludes compilation.
+    decode_method: any `methods.DecodeMethod` (BiLD, blockwise, ...) instead of the one
+      `drafter` / `gamma` / `sampling` describe.
 
   Returns:
     dict with bleu, chrf, pairs, generated_tokens, wall_s, ms_per_token, tokens_per_s,
@@ -173,9 +177,10 @@ def evaluate(model: Model, data, *, split: str = "test", method: str = "greedy",
   inputs, references, data_dir, width = _inputs(data, split, limit)
   tokenizer = _data_tokenizer(data_dir) if tokenizer is None else tokenizer
   max_new_tokens = width if max_new_tokens is None else max_new_tokens
-  drafter = resolve_drafter(drafter, model, data_dir, train_targets)
-  decode_method = (Baseline(sampling=sampling) if drafter is None else
-                   Speculative(drafter=drafter, gamma=gamma, sampling=sampling))
+  if decode_method is None:
+    drafter = resolve_drafter(drafter, model, data_dir, train_targets)
+    decode_method = (Baseline(sampling=sampling) if drafter is None else
+                     Speculative(drafter=drafter, gamma=gamma, sampling=sampling))
   batch_size = min(batch_size, len(inputs))   # a small split needs no padding rows
   batches = padded_batches(inputs, batch_size)
   if warmup:
@@ -192,6 +197,8 @@ def evaluate(model: Model, data, *, split: str = "test", method: str = "greedy",
           "tokens_per_s": generated / wall if wall > 0 else None,
           "includes_compile": not warmup, "batch_size": batch_size,
           "max_new_tokens": max_new_tokens, "method": decode_method.kind,
-          "sampling": repr(sampling), "speculative": decode_method.uses_drafter,
-          "gamma": gamma if decode_method.uses_drafter else None,
+          "sampling": repr(decode_method.sampling),
+          "speculative": decode_method.kind == "speculative",
+          "gamma": gamma if decode_method.kind == "speculative" else None,
+          "settings": decode_method.settings(),
           "stats": to_jsonable(totals(corpus.stats)), "hypotheses": hypotheses, "references": references}

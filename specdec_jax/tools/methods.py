@@ -30,6 +30,8 @@ import numpy as np
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.decoding import stats as stats_lib
 from specdec_jax.decoding.autoregressive import generate
+from specdec_jax.decoding.bild import bild_generate
+from specdec_jax.decoding.blockwise import blockwise_generate
 from specdec_jax.decoding.buffer import DecodeOutput
 from specdec_jax.decoding.inputs import as_rng
 from specdec_jax.decoding.speculative import speculative_generate
@@ -117,8 +119,80 @@ class Speculative(DecodeMethod):
             + (", adaptive" if self.adaptive else "") + f"), {sampling_label(self.sampling)}")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Bild(DecodeMethod):
+  """BiLD, the Big Little Decoder (`sd.bild_generate`); the target is the large model.
+
+  Attributes:
+    small: the small model (a Model or `sd.early_exit(target, k)`; not compared).
+    small_name: how reports name it ("aligned", "early-exit:1", a path, ...).
+    fallback_threshold, rollback_threshold, max_small_steps, batch_policy: as
+      `sd.bild_generate`.
+  """
+
+  small: Any = dataclasses.field(compare=False, repr=False)
+  small_name: str | None = None
+  fallback_threshold: float = 0.5
+  rollback_threshold: float = 5.0
+  max_small_steps: int = 10
+  batch_policy: str = "wait"
+  kind: ClassVar[str] = "bild"
+  uses_drafter: ClassVar[bool] = True
+
+  def decode(self, target, encoder_tokens, *, max_new_tokens: int, rng=None,
+             eos_id: int | None = None) -> DecodeOutput:
+    return bild_generate(target, self.small, encoder_tokens,
+                         fallback_threshold=self.fallback_threshold,
+                         rollback_threshold=self.rollback_threshold,
+                         max_small_steps=self.max_small_steps, max_new_tokens=max_new_tokens,
+                         sampling=self.sampling, rng=rng, eos_id=eos_id,
+                         batch_policy=self.batch_policy)
+
+  def describe(self) -> str:
+    return (f"bild (small {self.small_name or 'model'}, fallback {self.fallback_threshold}, "
+            f"rollback {self.rollback_threshold}), {sampling_label(self.sampling)}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Blockwise(DecodeMethod):
+  """Blockwise parallel decoding with prediction heads (`sd.blockwise_generate`).
+
+  Attributes:
+    heads: `sd.Heads` for the target (not compared); heads_name: how reports name them.
+    top_k, num_drafts, rescoring, rescoring_weight, oracle: as `sd.blockwise_generate`.
+    rescorer: the n-gram LM or small model of `rescoring` (not compared).
+  """
+
+  heads: Any = dataclasses.field(compare=False, repr=False)
+  heads_name: str | None = None
+  top_k: int = 1
+  num_drafts: int = 1
+  rescoring: str | None = None
+  rescorer: Any = dataclasses.field(default=None, compare=False, repr=False)
+  rescoring_weight: float = 1.0
+  oracle: bool = False
+  kind: ClassVar[str] = "blockwise"
+
+  def decode(self, target, encoder_tokens, *, max_new_tokens: int, rng=None,
+             eos_id: int | None = None) -> DecodeOutput:
+    return blockwise_generate(target, self.heads, encoder_tokens, max_new_tokens=max_new_tokens,
+                              top_k=self.top_k, rescoring=self.rescoring,
+                              num_drafts=self.num_drafts,
+                              rescoring_weight=self.rescoring_weight, rescorer=self.rescorer,
+                              sampling=self.sampling, rng=rng, eos_id=eos_id,
+                              oracle=self.oracle)
+
+  def describe(self) -> str:
+    extra = "".join([f", top-{self.top_k}" if self.top_k > 1 else "",
+                     f", {self.num_drafts} drafts" if self.num_drafts > 1 else "",
+                     f", {self.rescoring} rescoring" if self.rescoring else ""])
+    return (f"blockwise ({self.heads.num_heads if self.heads is not None else '?'} heads{extra}),"
+            f" {sampling_label(self.sampling)}")
+
+
 #: Every method by its `kind`.
-METHODS: dict[str, type[DecodeMethod]] = {m.kind: m for m in (Baseline, Speculative)}
+METHODS: dict[str, type[DecodeMethod]] = {m.kind: m for m in (Baseline, Speculative, Bild,
+                                                             Blockwise)}
 
 
 # ----------------------------------------------------------------------------- corpora
@@ -180,10 +254,18 @@ def totals(stats: Mapping[str, Any]) -> dict[str, Any]:
   return {k: v for k, v in stats.items() if not k.endswith("_per_row")}
 
 
-def stats_row(stats: Mapping[str, Any], speculative: bool) -> dict[str, Any]:
+#: Statistics a method reports beside the common ones (`stats_row(..., extra=)`).
+EXTRA_STATS = {
+    "bild": ("fallback_rate", "rollback_rate", "drafter_tokens", "target_tokens"),
+    "blockwise": ("repeated_draft_rate", "mean_max_run", "oracle_tokens_per_target_call"),
+}
+
+
+def stats_row(stats: Mapping[str, Any], speculative: bool,
+              extra: Sequence[str] = ()) -> dict[str, Any]:
   """The columns the reports show: target_calls (per row), rounds, block_efficiency
-  (tokens per target call), and for speculative methods alpha (clipped to [0, 1]),
-  acceptance_rate, drafted, accepted, drafter_calls."""
+  (tokens per target call), for speculative methods alpha (clipped to [0, 1]),
+  acceptance_rate, drafted, accepted, drafter_calls, and the `extra` statistics."""
   row = {"target_calls": int(stats["target_calls"]), "rounds": int(stats["rounds"]),
          "block_efficiency": finite(stats["tokens_per_target_call"])}
   if speculative:
@@ -191,4 +273,5 @@ def stats_row(stats: Mapping[str, Any], speculative: bool) -> dict[str, Any]:
                 "acceptance_rate": finite(stats["acceptance_rate"]),
                 "drafted": int(stats["drafted"]), "accepted": int(stats["accepted"]),
                 "drafter_calls": int(stats["drafter_calls"])})
+  row.update({k: finite(stats[k]) for k in extra if k in stats})
   return row

@@ -1,4 +1,4 @@
-"""The `specdec` command line: decode, convert, bench, train, eval.
+"""The `specdec` command line: decode, convert, bench, train, eval, sweep-bild, sweep-blockwise.
 
     specdec decode --model config:t5_1_1_tiny "5 17 42 1"                 # token ids in, ids out
     specdec decode --model DIR --drafter DRAFT_DIR --tokenizer spiece.model "Hello." --stats
@@ -7,6 +7,10 @@
     specdec bench --target config:t5_1_1_small --drafter config:t5_1_1_tiny_drafter --out bench/
     specdec train --recipe configs/demo/train.json --workdir runs/demo --stages data,target
     specdec eval --model runs/demo/target/final --data runs/demo/data --drafter ngram --json
+    specdec decode --model demo-de-en/target --method bild --drafter demo-de-en/drafter ...
+    specdec decode --model demo-de-en/target --method blockwise --lattice-k 4 --num-drafts 4 ...
+    specdec sweep-bild --data runs/demo/data --small aligned=demo-de-en/drafter --out DIR
+    specdec sweep-blockwise --data runs/demo/data --out DIR
 
 Each subcommand is a module of this package whose `add(subparsers)` adds its parser and
 sets `func(args) -> int`; `COMMANDS` lists them.
@@ -27,12 +31,12 @@ import sys
 from typing import Sequence
 
 from specdec_jax.errors import SpecdecError
-from specdec_jax.tools.cli import bench, convert, decode, evaluate, train
+from specdec_jax.tools.cli import bench, convert, decode, evaluate, sweep, train
 
 EXIT_OK, EXIT_USAGE, EXIT_INTERRUPTED = 0, 2, 130
 
 #: One module per subcommand, in the order `specdec --help` lists them.
-COMMANDS = (decode, convert, bench, train, evaluate)
+COMMANDS = (decode, convert, bench, train, evaluate, sweep)
 
 
 def build_parser() -> argparse.ArgumentParser:

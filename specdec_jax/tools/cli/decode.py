@@ -1,4 +1,4 @@
-"""`specdec decode`: decode prompts with a model, baseline or speculative."""
+"""`specdec decode`: decode prompts with a model: baseline, speculative, BiLD or blockwise."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ import numpy as np
 
 import specdec_jax as sd
 from specdec_jax.tools.batching import Batch, padded_batches, trim_padding
-from specdec_jax.tools.cli.args import (add_drafter_flag, add_dtype_flag, add_sampling_flags,
-                                        sampling_from_args)
+from specdec_jax.tools.cli.args import add_drafter_flag, add_dtype_flag
+from specdec_jax.tools.cli.method_args import (EARLY_EXIT, add_method_flags, build_method,
+                                               check_method_flags, sampling_from_method_args)
 from specdec_jax.tools.errors import CLIError
-from specdec_jax.tools.methods import Baseline, Speculative, decode_corpus
-from specdec_jax.tools.models import DRAFTER_KINDS, drafter_loader, load_model, resolve_drafter
+from specdec_jax.tools.methods import EXTRA_STATS, decode_corpus
+from specdec_jax.tools.models import drafter_loader, load_model, resolve_drafter
 from specdec_jax.tools.options import check_at_least_one
 from specdec_jax.tools.prompts import encode_prompts, read_prompt_lines
 from specdec_jax.tools.report import fmt, to_jsonable
@@ -25,9 +26,10 @@ from specdec_jax.tools.report import fmt, to_jsonable
 
 def _check(args) -> None:
   """Cheap checks first: no model is loaded for an invalid request. Fills the defaults."""
+  check_method_flags(args)
   check_at_least_one(gamma=args.gamma, max_new_tokens=args.max_new_tokens,
                      batch_size=args.batch_size)
-  if args.drafter is None:
+  if args.drafter is None and args.method != "blockwise":
     used = [flag for flag, on in (("--gamma", args.gamma is not None),
                                   ("--adaptive-gamma", args.adaptive_gamma),
                                   ("--lenience", args.lenience is not None)) if on]
@@ -39,15 +41,7 @@ def _check(args) -> None:
     raise CLIError(f"--lenience must be in (0, 1] (1 = exact), got {args.lenience}")
 
 
-def _method(args, sampling, drafter):
-  if drafter is None:
-    return Baseline(sampling=sampling)
-  name = args.drafter if args.drafter in DRAFTER_KINDS else "model"   # as `--stats` shows it
-  return Speculative(sampling=sampling, drafter=drafter, drafter_name=name,
-                     gamma=args.gamma, lenience=args.lenience, adaptive=args.adaptive_gamma)
-
-
-def _stats_block(stats: dict[str, Any], timing: dict[str, Any], speculative: bool) -> str:
+def _stats_block(stats: dict[str, Any], timing: dict[str, Any], method) -> str:
   def f(x, digits=3):
     return fmt(x, digits, missing="n/a")
   lines = ["-- specdec decode statistics --",
@@ -62,13 +56,18 @@ def _stats_block(stats: dict[str, Any], timing: dict[str, Any], speculative: boo
            f"target calls         {int(stats['target_calls'])} per-row verifier calls, "
            f"{int(stats['rounds'])} batched rounds",
            f"tokens/target call   {f(stats['tokens_per_target_call'])}   (per row)"]
-  if speculative:
+  if method.kind == "speculative":
     lines += [f"drafter calls        {int(stats['drafter_calls'])}",
               f"acceptance rate      {f(stats['acceptance_rate'])}   (accepted / drafted)",
               f"alpha                {f(stats['alpha'])}   (mean of sum_x min(p, q))"]
     if bool(stats.get("lossy", False)):
       lines.append(f"lenience             {stats['lenience']} (LOSSY: output distribution "
                    "differs from the target's)")
+  for key in EXTRA_STATS.get(method.kind, ()):
+    if key in stats:
+      lines.append(f"{key:<20} {f(stats[key])}")
+  if method.kind == "bild":
+    lines.append(f"small-model calls    {int(stats['drafter_calls'])}   (BiLD is LOSSY by design)")
   return "\n".join(lines)
 
 
@@ -95,29 +94,27 @@ def _decode(args, method, target, tokens: np.ndarray):
 
 
 def _payload(args, outputs, corpus, timing, method) -> dict[str, Any]:
-  speculative = method.uses_drafter
   return {"outputs": outputs, "lengths": corpus.lengths, "stats": corpus.stats,
           "timing": timing,
-          "settings": {"model": args.model, "drafter": args.drafter,
-                       "tokenizer": args.tokenizer, "sampling": repr(method.sampling),
-                       "gamma": args.gamma if speculative else None,
-                       "adaptive_gamma": bool(args.adaptive_gamma),
-                       "lenience": args.lenience, "max_new_tokens": args.max_new_tokens,
+          "settings": {**method.settings(), "model": args.model, "drafter": args.drafter,
+                       "tokenizer": args.tokenizer, "max_new_tokens": args.max_new_tokens,
                        "seed": args.seed, "dtype": args.dtype}}
 
 
 def run(args) -> int:
   _check(args)
-  sampling = sampling_from_args(args)
+  sampling = sampling_from_method_args(args)
   prompts = read_prompt_lines(args.prompts, args.input_file)
   tokenizer = sd.load_tokenizer(args.tokenizer) if args.tokenizer else None
   t_load = time.perf_counter()
   target = load_model(args.model, args.dtype, what="model")
   tokens = encode_prompts(prompts, tokenizer, target.config.vocab_size)
-  drafter = resolve_drafter(args.drafter, target, ngram_rows=tokens,
-                            load=drafter_loader(args.dtype))
+  load = drafter_loader(args.dtype)
+  drafter = None
+  if args.drafter is not None and not args.drafter.startswith(EARLY_EXIT):
+    drafter = resolve_drafter(args.drafter, target, ngram_rows=tokens, load=load)
+  method = build_method(args, target, sampling, drafter, load)
   load_s = time.perf_counter() - t_load
-  method = _method(args, sampling, drafter)
   corpus, wall, batch = _decode(args, method, target, tokens)
   generated = corpus.generated
   timing = {"method": method.describe(), "prompts": len(prompts), "batch_size": batch,
@@ -132,13 +129,13 @@ def run(args) -> int:
     for o in outputs:
       print(o if isinstance(o, str) else " ".join(map(str, o)))
   if args.stats:
-    print(_stats_block(corpus.stats, timing, method.uses_drafter), file=sys.stderr)
+    print(_stats_block(corpus.stats, timing, method), file=sys.stderr)
   return 0
 
 
 def add(subparsers) -> None:
   p = subparsers.add_parser(
-      "decode", help="decode prompts with a model (baseline or speculative)",
+      "decode", help="decode prompts with a model (baseline, speculative, BiLD, blockwise)",
       description="Decode prompts with a T5 model, optionally speculatively with a drafter. "
       "Without --tokenizer, prompts are space-separated token ids used verbatim (no EOS is "
       "added) and outputs are token ids (EOS included); with one, prompts are text.",
@@ -152,7 +149,7 @@ def add(subparsers) -> None:
   p.add_argument("--tokenizer", metavar="PATH_OR_NAME",
                  help="SentencePiece model file/dir or bundled name; prompts become text")
   p.add_argument("--input-file", metavar="FILE", help='one prompt per line ("-" = stdin)')
-  add_sampling_flags(p)
+  add_method_flags(p)
   p.add_argument("--gamma", type=int, help="drafts per round (default 5)")
   p.add_argument("--adaptive-gamma", action="store_true",
                  help="per-row gamma in 1..GAMMA chosen on device each round")

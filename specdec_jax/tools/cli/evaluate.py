@@ -8,10 +8,13 @@ from typing import Any
 
 import specdec_jax as sd
 from specdec_jax.tools import evaluation
-from specdec_jax.tools.cli.args import (add_drafter_flag, add_dtype_flag, add_sampling_flags,
-                                        sampling_from_args)
+from specdec_jax.tools.cli.args import add_drafter_flag, add_dtype_flag
+from specdec_jax.tools.cli.method_args import (ALGORITHMS, EARLY_EXIT, add_method_flags,
+                                               build_method, check_method_flags,
+                                               sampling_from_method_args)
 from specdec_jax.tools.errors import CLIError
-from specdec_jax.tools.models import DRAFTER_KINDS, load_model
+from specdec_jax.tools.methods import EXTRA_STATS
+from specdec_jax.tools.models import DRAFTER_KINDS, drafter_loader, load_model
 from specdec_jax.tools.options import check_at_least_one
 from specdec_jax.tools.report import fmt, to_jsonable
 
@@ -35,36 +38,57 @@ def _report(result: dict[str, Any]) -> str:
   if result["speculative"]:
     lines += [f"acceptance rate      {f(stats['acceptance_rate'])}   (accepted / drafted)",
               f"alpha                {f(stats['alpha'])}"]
+  for key in EXTRA_STATS.get(result["method"], ()):
+    if key in stats:
+      lines.append(f"{key:<20} {f(stats[key])}")
   return "\n".join(lines)
 
 
+def _method(args, model, data_dir: str):
+  """A BiLD / blockwise method from the flags (None: baseline or speculative)."""
+  if args.method not in ALGORITHMS:
+    return None
+  load = drafter_loader(args.dtype)
+  small = None
+  if args.method == "bild" and not args.drafter.startswith(EARLY_EXIT):
+    small = load(args.drafter)
+  if args.rescoring == "ngram" and args.rescorer == "data":
+    args.rescorer = data_dir
+  return build_method(args, model, sampling_from_method_args(args), small, load)
+
+
 def run(args) -> int:
+  check_method_flags(args)
   if args.gamma is not None and args.drafter is None:
     raise CLIError("--gamma only applies to speculative decoding: add --drafter")
   gamma = 5 if args.gamma is None else args.gamma
   check_at_least_one(gamma=gamma, batch_size=args.batch_size, limit=args.limit,
                      max_new_tokens=args.max_new_tokens)
-  sampling = sampling_from_args(args)
+  sampling = sampling_from_method_args(args)
   if not os.path.isdir(args.data):
     raise CLIError(f"--data {args.data!r} is not a directory (prepare one with "
                    "`specdec train --stages data`)")
   tokenizer = sd.load_tokenizer(args.tokenizer) if args.tokenizer else None
   model = load_model(args.model, args.dtype, what="model")
+  method = _method(args, model, args.data)
   drafter = args.drafter   # "ngram" is fitted on the data's train split by `evaluate`
-  if drafter is not None and drafter not in DRAFTER_KINDS:
+  if method is None and drafter is not None and drafter not in DRAFTER_KINDS:
     drafter = load_model(drafter, args.dtype, what="drafter")
   result = evaluation.evaluate(
       model, args.data, split=args.split, method="greedy" if sampling.is_greedy else "sample",
       sampling=sampling, drafter=drafter, gamma=gamma,
       batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, limit=args.limit,
-      tokenizer=tokenizer, seed=args.seed, warmup=args.warmup)
+      tokenizer=tokenizer, seed=args.seed, warmup=args.warmup,
+      decode_method=None if method is None else method)
   result.pop("references")
   if args.json:
-    settings = {"model": args.model, "data": args.data, "split": args.split,
-                "drafter": args.drafter, "dtype": args.dtype, "seed": args.seed}
+    settings = {**result.pop("settings"), "model": args.model, "data": args.data,
+                "split": args.split, "drafter": args.drafter, "dtype": args.dtype,
+                "seed": args.seed}
     print(json.dumps(to_jsonable({**result, "settings": settings})))
   else:
-    kind = ("baseline" if args.drafter is None else
+    kind = (method.describe().rsplit(",", 1)[0] if method is not None else
+            "baseline" if args.drafter is None else
             f"speculative (drafter {args.drafter}, gamma {gamma})")
     print(f"{args.model} on {args.data} [{args.split}]: {kind}, {result['sampling']}")
     print(_report(result))
@@ -84,7 +108,7 @@ def add(subparsers) -> None:
   p.add_argument("--split", default="test", help="train, validation or test (default: test)")
   add_drafter_flag(p, "bigram tables fitted on the data's train targets")
   p.add_argument("--gamma", type=int, help="drafts per round (default 5)")
-  add_sampling_flags(p)
+  add_method_flags(p)
   p.add_argument("--limit", type=int, help="evaluate only the first N pairs")
   p.add_argument("--batch-size", type=int, default=32,
                  help="rows per decode call; the last batch is padded to it (default: 32)")

@@ -1,0 +1,184 @@
+"""`specdec sweep-bild` and `specdec sweep-blockwise`: quality and speed of many settings.
+
+    specdec sweep-bild --data runs/demo/data --small aligned=demo-de-en/drafter \\
+        --small unaligned=runs/demo/drafter/final --early-exit demo-de-en/early-exit:1 \\
+        --fallback 0.5,0.7,0.9 --rollback 2,3,5 --out results/bild
+    specdec sweep-blockwise --data runs/demo/data --lattice-k 16 --num-drafts 4 \\
+        --out results/blockwise
+
+Every point is timed beside the target alone in alternating rounds (`tools.sweep`);
+both write JSON, Markdown and a BLEU-vs-speedup PNG, with a progress bar, and
+--resume keeps the points an earlier run of the same settings measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from typing import Any
+
+import specdec_jax as sd
+from specdec_jax.tools.cli.method_args import early_exit_layer
+from specdec_jax.tools.errors import CLIError
+from specdec_jax.tools.methods import Bild, Blockwise, Speculative
+from specdec_jax.tools.models import load_model
+from specdec_jax.tools.report import read_json, to_jsonable
+from specdec_jax.tools.sweep import Point, lattice_cost_ms, load_split, run_points, write_outputs
+
+BILD_SETTINGS = ("model", "data", "split", "limit", "batch_size", "seed", "small", "early_exit",
+                 "top_p")
+
+
+def float_list(text: str) -> list[float]:
+  """argparse type: "0.5,0.7,inf" -> floats."""
+  try:
+    return [float(x) for x in text.split(",") if x.strip()]
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected numbers like 0.5,0.7, got {text!r}") from None
+
+
+def _sampling(args):
+  return sd.Greedy() if args.top_p is None else sd.Sampling(top_p=args.top_p)
+
+
+def _named(spec: str) -> tuple[str, str]:
+  name, sep, path = spec.partition("=")
+  if not sep or not name or not path:
+    raise CLIError(f"--small {spec!r} is not NAME=PATH (e.g. aligned=demo-de-en/drafter)")
+  return name, path
+
+
+def bild_points(args, target) -> list[Point]:
+  """The BiLD grid per small model, the early-exit grid, speculative decoding's points."""
+  sampling, points = _sampling(args), []
+  grid = [(f, r) for f in args.fallback for r in args.rollback]
+  smalls = [(name, load_model(path, args.dtype, what="drafter"))
+            for name, path in map(_named, args.small)]
+  for name, small in smalls:
+    for f, r in grid:
+      points.append(Point(f"{name}/fb{f:g}/rb{r:g}", f"BiLD {name}",
+                          Bild(small=small, small_name=name, fallback_threshold=f,
+                               rollback_threshold=r, sampling=sampling)))
+  for name, small in smalls:
+    for g in args.gammas:
+      points.append(Point(f"speculative/{name}/g{g}", f"speculative {name} (exact)",
+                          Speculative(drafter=small, drafter_name=name, gamma=g,
+                                      sampling=sampling)))
+  if args.early_exit:
+    path, _, k = args.early_exit.rpartition(":")
+    large = load_model(path, args.dtype, what="early-exit model")
+    small = sd.early_exit(large, early_exit_layer(f"early-exit:{k}", large))
+    for f, r in grid:
+      points.append(Point(f"early-exit{k}/fb{f:g}/rb{r:g}", f"BiLD early exit (layer {k})",
+                          Bild(small=small, small_name=f"early-exit:{k}",
+                               fallback_threshold=f, rollback_threshold=r, sampling=sampling),
+                          target=large, target_name=path))
+  return points
+
+
+def blockwise_points(args, target) -> list[Point]:
+  """Table 4 of Kim et al. 2024: base, n-gram, neural, parallel base / n-gram, oracle."""
+  from specdec_jax.tools.cli.method_args import _ngram
+  heads = sd.load_heads(args.heads or args.model, target)
+  lm = _ngram(args.data, target.config.vocab_size)
+  rescorer = load_model(args.rescorer, args.dtype, what="rescorer")
+  k, p, w = args.lattice_k, args.num_drafts, args.rescoring_weight
+  rows = [("base", {}), ("ngram", dict(top_k=k, rescoring="ngram", rescorer=lm)),
+          ("neural", dict(top_k=k, rescoring="neural", rescorer=rescorer)),
+          (f"parallel base p={p}", dict(top_k=k, num_drafts=p)),
+          (f"parallel ngram p={p}", dict(top_k=k, num_drafts=p, rescoring="ngram",
+                                         rescorer=lm)),
+          (f"oracle k={k}", dict(top_k=k, oracle=True))]
+  return [Point(label, "blockwise", Blockwise(heads=heads, heads_name=args.heads or args.model,
+                                              rescoring_weight=w, **kw))
+          for label, kw in rows]
+
+
+def _existing(args, config: dict[str, Any], kind: str) -> dict[str, Any] | None:
+  path = os.path.join(args.out, f"{kind}.json")
+  if not (args.resume and os.path.exists(path)):
+    return None
+  old = read_json(path, "--resume: sweep file")
+  now = to_jsonable(config)
+  diff = [k for k in now if k != "command" and old.get("config", {}).get(k) != now[k]]
+  if diff:
+    raise CLIError(f"--resume: {path} was made with other settings ({', '.join(diff)}); drop "
+                   "--resume or choose another --out")
+  return old
+
+
+def _config(args, names) -> dict[str, Any]:
+  config = {n: getattr(args, n) for n in names if hasattr(args, n)}
+  config["command"] = "specdec " + " ".join(shlex.quote(a) for a in getattr(args, "argv", []))
+  return config
+
+
+def _run(args, kind: str, build) -> int:
+  if args.limit is not None and args.limit < 1 or args.batch_size < 1 or args.repeats < 1:
+    raise CLIError("--limit, --batch-size and --repeats must be >= 1")
+  split = load_split(args.data, args.split, args.limit)
+  tokenizer = sd.load_tokenizer(os.path.join(args.data, "spiece.model"))
+  target = load_model(args.model, args.dtype, what="target")
+  config = _config(args, BILD_SETTINGS + ("heads", "lattice_k", "num_drafts", "rescorer",
+                                          "rescoring_weight", "fallback", "rollback", "gammas"))
+  existing = _existing(args, config, kind)
+  points = build(args, target)
+  results = run_points(target, split, tokenizer, points, batch_size=args.batch_size,
+                       repeats=args.repeats, seed=args.seed, config=config, existing=existing,
+                       progress=not args.no_progress,
+                       on_update=lambda r: write_outputs(r, args.out, kind))
+  if kind == "blockwise":
+    g = next(p.method.heads.num_drafts for p in points)
+    lm = next(p.method.rescorer for p in points if p.method.rescoring == "ngram")
+    results["lattice_ms"] = {
+        f"p={p}": lattice_cost_ms(args.batch_size, g, args.lattice_k, p, lm)
+        for p in sorted({1, args.num_drafts})}
+  paths = write_outputs(results, args.out, kind)
+  print(open(paths["md"], encoding="utf-8").read())
+  print(f"wrote {paths['json']}, {paths['md']}, {paths['png']}", file=sys.stderr)
+  return 0
+
+
+def _common(p: argparse.ArgumentParser, default_out: str) -> None:
+  p.add_argument("--model", default="demo-de-en/target", help="the target (large) model")
+  p.add_argument("--data", required=True, metavar="DIR", help="prepared data dir")
+  p.add_argument("--split", default="test")
+  p.add_argument("--limit", type=int, default=100, help="first N pairs (default 100)")
+  p.add_argument("--batch-size", type=int, default=1, help="rows per decode call (default 1)")
+  p.add_argument("--repeats", type=int, default=3, help="timed rounds (median)")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+  p.add_argument("--out", default=default_out, metavar="DIR")
+  p.add_argument("--resume", action="store_true",
+                 help="keep the points of DIR's earlier run with the same settings")
+  p.add_argument("--no-progress", action="store_true")
+
+
+def add(subparsers) -> None:
+  p = subparsers.add_parser("sweep-bild", help="BiLD threshold grid: BLEU vs speedup",
+                            description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  _common(p, "sweep_bild")
+  p.add_argument("--small", action="append", default=[], metavar="NAME=PATH",
+                 help="a small model (repeatable), e.g. aligned=demo-de-en/drafter")
+  p.add_argument("--early-exit", metavar="MODEL:K",
+                 help="the early-exit variant: MODEL read after K decoder layers")
+  p.add_argument("--fallback", type=float_list, default=[0.5, 0.7, 0.9], metavar="0.5,0.7,0.9")
+  p.add_argument("--rollback", type=float_list, default=[2.0, 3.0, 5.0], metavar="2,3,5",
+                 help="rollback thresholds (inf: never roll back)")
+  p.add_argument("--gammas", type=lambda t: [int(x) for x in t.split(",")], default=[2, 4],
+                 help="speculative decoding's gammas for each small model (default 2,4)")
+  p.add_argument("--top-p", type=float, help="nucleus sampling for every point (paper: 0.8)")
+  p.set_defaults(func=lambda a: _run(a, "bild", bild_points))
+
+  q = subparsers.add_parser("sweep-blockwise", help="blockwise drafts: Kim et al.'s Table 4",
+                            description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  _common(q, "sweep_blockwise")
+  q.add_argument("--heads", help="heads file or dir (default: saved with --model)")
+  q.add_argument("--lattice-k", type=int, default=16)
+  q.add_argument("--num-drafts", type=int, default=4)
+  q.add_argument("--rescorer", default="demo-de-en/drafter", help="neural rescorer model")
+  q.add_argument("--rescoring-weight", type=float, default=1.0)
+  q.set_defaults(func=lambda a: _run(a, "blockwise", blockwise_points))
+
