@@ -111,3 +111,59 @@ def test_baseline_only(tmp_path):
   assert results["costs"] == [] and results["config"]["drafter"] is None
   assert positive(results["results"][0]["ms_per_token"])
   assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_projections_pick_the_best_measured_gamma(bench_dir):
+  from specdec_jax import theory
+  from specdec_jax.tools import costs
+  results = json.loads((bench_dir / "bench.json").read_text())
+  assert {(p["batch_size"], p["alpha"]) for p in results["projections"]} == {
+      (b, a) for b in (1, 2) for a in costs.PROJECTION_ALPHAS}
+  assert "Projected speedup" in (bench_dir / "bench.md").read_text()
+  # free verification and a free drafter: the longest gamma wins, as Theorem 8 says
+  free = {"batch_size": 1, "c": 0.0,
+          "verify": [{"gamma": g, "verify_cost": 1.0} for g in (1, 2, 4)]}
+  for p in costs.projections(free):
+    assert p["gamma"] == 4 and p["projected_speedup"] == pytest.approx(p["theorem8_speedup"])
+    assert p["projected_speedup"] == pytest.approx(theory.expected_tokens_per_call(p["alpha"], 4))
+  # verification that costs 1 + gamma: gamma 1 wins at alpha 0.6
+  dear = {**free, "verify": [{"gamma": g, "verify_cost": 1.0 + g} for g in (1, 2, 4)]}
+  assert costs.projections(dear, alphas=(0.6,))[0]["gamma"] == 1
+
+
+def test_preset_fills_settings_that_flags_did_not_give():
+  from specdec_jax.tools.cli import bench as bench_cli
+  argv = ["bench", "--preset", "xxl-small", "--batch-sizes", "1"]
+  args = cli.build_parser().parse_args(argv)
+  args.argv = argv[1:]
+  bench_cli.apply_preset(args)
+  assert args.target == "config:t5_1_1_xxl" and args.drafter == "config:t5_1_1_small"
+  assert args.dtype == "bfloat16" and args.gammas == list(range(1, 16))
+  assert args.batch_sizes == [1]          # given on the command line: kept
+  assert args.modes == ["greedy"] and args.ignore_eos is True
+
+
+def test_bild_and_blockwise_entries_beside_the_baseline(tmp_path):
+  import specdec_jax as sd
+  target = models.load_model(TARGET)
+  heads = sd.save_heads(tmp_path / "heads.safetensors", sd.init_heads(target, 3, rng=0))
+  out = tmp_path / "out"
+  argv = [*ARGS[:5], "--batch-sizes", "2", "--gammas", "1", *ARGS[7:], "--bild", "0.5:3",
+          "--heads", str(heads), "--heads-lattice", "2:2", "--out", str(out)]
+  assert cli.main(argv) == 0
+  results = json.loads((out / "bench.json").read_text())
+  entries = {(e["method"], e.get("label")): e for e in results["results"]}
+  assert set(entries) == {("baseline", None), ("speculative", None),
+                          ("bild", "bild fb=0.5 rb=3"), ("blockwise", "blockwise"),
+                          ("blockwise", "blockwise k=2 p=2")}
+  base = entries[("baseline", None)]
+  for key in [("bild", "bild fb=0.5 rb=3"), ("blockwise", "blockwise"),
+              ("blockwise", "blockwise k=2 p=2")]:
+    e = entries[key]
+    assert positive(e["speedup"]) and e["speedup"] == pytest.approx(
+        base["ms_per_token"] / e["ms_per_token"])
+  assert "fallback_rate" in entries[("bild", "bild fb=0.5 rb=3")]
+  assert "repeated_draft_rate" in entries[("blockwise", "blockwise")]
+  # greedy blockwise decoding emits the baseline's tokens: same count generated
+  assert entries[("blockwise", "blockwise")]["generated_tokens"] == base["generated_tokens"]
+  assert "bild (bild fb=0.5 rb=3)" in (out / "bench.md").read_text()

@@ -99,6 +99,18 @@ def test_greedy_speculative_equals_baseline(capsys):
   assert "acceptance rate" in err and "alpha" in err and "tokens/target call" in err
 
 
+def test_compare_times_the_baseline_on_the_same_inputs(capsys):
+  out, err = decode_json(capsys, "--drafter", DRAFTER, "--gamma", "2", "--compare", *PROMPTS)
+  compare = out["timing"]["compare"]
+  assert compare["same_tokens"] is True          # greedy speculative == the target alone
+  assert compare["ms_per_token"] > 0 and compare["baseline_ms_per_token"] > 0
+  assert compare["speedup"] == pytest.approx(compare["baseline_ms_per_token"]
+                                             / compare["ms_per_token"])
+  assert "speedup vs baseline" in err
+  base, err = decode_json(capsys, "--compare", *PROMPTS)   # nothing to compare the baseline with
+  assert "compare" not in base["timing"] and "speedup" not in err
+
+
 def test_bild_and_blockwise_methods_are_the_library_calls(capsys, tmp_path):
   enc = prompts.parse_token_ids(PROMPTS, 512)
   target = models.load_model(TARGET)

@@ -186,3 +186,27 @@ def predictions(alpha: float, gamma: int, c: float, verify_cost: float,
           "predicted_speedup": predicted,
           "predicted_speedup_theorem8": float(theory.walltime_improvement(alpha, gamma, c)),
           "measured_over_predicted": speedup / predicted}
+
+
+#: The acceptance rates `projections` evaluates (the issue's "alpha 0.6-0.9").
+PROJECTION_ALPHAS = (0.6, 0.7, 0.8, 0.9)
+
+
+def projections(costs: dict[str, Any], alphas=PROJECTION_ALPHAS) -> list[dict[str, Any]]:
+  """What the measured step costs of one batch size promise at other acceptance rates.
+
+  For each alpha: the gamma among the measured ones with the highest
+  `theory.walltime_improvement_measured(alpha, gamma, c, verify_cost(gamma))`, that
+  speedup, and Theorem 8's (verification free) at the same gamma.
+  """
+  out = []
+  for alpha in alphas:
+    best = max(costs["verify"], key=lambda v: float(theory.walltime_improvement_measured(
+        alpha, v["gamma"], costs["c"], v["verify_cost"])))
+    out.append({"batch_size": costs["batch_size"], "alpha": alpha, "gamma": best["gamma"],
+                "verify_cost": best["verify_cost"], "c": costs["c"],
+                "projected_speedup": float(theory.walltime_improvement_measured(
+                    alpha, best["gamma"], costs["c"], best["verify_cost"])),
+                "theorem8_speedup": float(theory.walltime_improvement(alpha, best["gamma"],
+                                                                       costs["c"]))})
+  return out

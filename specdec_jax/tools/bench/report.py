@@ -17,7 +17,8 @@ def _cells(e: dict[str, Any]) -> list[str]:
 
   def s(text):   # speculative-only columns
     return text if spec else "—"
-  return [str(e["batch_size"]), e["mode"], e["method"], s(str(e["gamma"])),
+  method = e["method"] + (f" ({e['label']})" if e.get("label") else "")
+  return [str(e["batch_size"]), e["mode"], method, s(str(e["gamma"])),
           fmt(e["ms_per_token"], 3), fmt(e["tokens_per_s"], 1), fmt(e.get("speedup"), 2, "x"),
           s(fmt(e.get("alpha"), 3)), s(fmt(e.get("acceptance_rate"), 3)),
           fmt(e.get("block_efficiency")), s(fmt(e.get("c"), 3)), s(fmt(e.get("verify_cost"))),
@@ -71,7 +72,20 @@ def markdown_report(results: dict[str, Any]) -> str:
   ]
   if results.get("costs"):
     lines += ["", *_costs_table(results["costs"])]
+  if results.get("projections"):
+    lines += ["", *_projections_table(results["projections"])]
   return "\n".join(lines) + "\n"
+
+
+def _projections_table(projections: list[dict[str, Any]]) -> list[str]:
+  lines = ["Projected speedup from the measured costs at other acceptance rates (best measured γ):",
+           "", "| batch | α | best γ | verify cost | c | projected | Theorem 8 (free verify) |",
+           "|---|---|---|---|---|---|---|"]
+  for p in projections:
+    lines.append(f"| {p['batch_size']} | {p['alpha']:.1f} | {p['gamma']} | "
+                 f"{p['verify_cost']:.2f} | {p['c']:.3f} | {p['projected_speedup']:.2f}x | "
+                 f"{p['theorem8_speedup']:.2f}x |")
+  return lines
 
 
 def _plot_speedups(ax, spec: list[dict[str, Any]]) -> None:

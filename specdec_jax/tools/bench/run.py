@@ -16,7 +16,8 @@ import numpy as np
 from specdec_jax.tools import costs as costs_lib
 from specdec_jax.tools.batching import cycled_rows
 from specdec_jax.tools.errors import BenchError
-from specdec_jax.tools.methods import Baseline, Speculative, stats_row
+from specdec_jax.tools.methods import (EXTRA_STATS, Baseline, DecodeMethod, Speculative,
+                                      stats_row)
 from specdec_jax.tools.models import resolve_drafter
 from specdec_jax.tools.options import MODES, make_sampling
 from specdec_jax.tools.prompts import random_prompts
@@ -46,6 +47,8 @@ DEFINITIONS = {
                                   "assumed free)",
     "expected_block_efficiency": "theory.expected_tokens_per_call(alpha, gamma)",
     "measured_over_predicted": "speedup / predicted_speedup",
+    "projected_speedup": "at alpha 0.6-0.9: the best measured gamma's "
+                         "theory.walltime_improvement_measured(alpha, gamma, c, verify_cost)",
     "first_call_s": "duration of the warm-up call (mostly compilation; concurrent with other "
                     "warm-ups when compile_workers > 1)",
 }
@@ -126,15 +129,17 @@ def _start_results(config: dict[str, Any], existing: dict[str, Any] | None):
 
 
 def _key(entry: dict[str, Any]) -> tuple:
-  return (entry["batch_size"], entry["mode"], entry["gamma"])
+  """(batch, mode, item): item None (baseline), gamma (speculative) or an extra's label."""
+  return (entry["batch_size"], entry["mode"], entry.get("label") or entry["gamma"])
 
 
-def _plan(batch_sizes, modes, gammas, have) -> list[tuple[int, str, list[int | None]]]:
-  """(batch, mode, [None for the baseline, gammas]) of every group with missing entries."""
+def _plan(batch_sizes, modes, items, have) -> list[tuple[int, str, list[int | str | None]]]:
+  """(batch, mode, [None for the baseline, gammas, extra labels]) of every group with
+  missing entries."""
   plan = []
   for b in batch_sizes:
     for mode in modes:
-      todo = [g for g in [None, *gammas] if (b, mode, g) not in have]
+      todo = [g for g in [None, *items] if (b, mode, g) not in have]
       if todo:
         plan.append((b, mode, todo))
   return plan
@@ -144,7 +149,7 @@ def _cost_batches(plan, kept_costs, gammas) -> list[int]:
   """Batch sizes whose step costs must be (re)measured."""
   out = set()
   for b, _, todo in plan:
-    if any(g is not None for g in todo):
+    if any(isinstance(g, int) for g in todo):
       old = kept_costs.get(b)
       if old is None or any(_verify_cost(old, g) is None for g in gammas):
         out.add(b)
@@ -154,26 +159,28 @@ def _cost_batches(plan, kept_costs, gammas) -> list[int]:
 # ----------------------------------------------------------------------------- entries
 
 
-def _entry(batch: int, mode: str, gamma: int | None, timed: dict[str, Any],
-           first_call_s: float) -> dict[str, Any]:
+def _entry(batch: int, mode: str, method: DecodeMethod, timed: dict[str, Any],
+           first_call_s: float, label: str | None = None) -> dict[str, Any]:
   out = timed["output"]
   generated = int(np.sum(np.asarray(out.lengths)))
   wall = timed["median_s"]
-  speculative = gamma is not None
-  entry = {"batch_size": batch, "mode": mode,
-           "method": "speculative" if speculative else "baseline", "gamma": gamma,
+  speculative = method.kind == "speculative"
+  entry = {"batch_size": batch, "mode": mode, "method": method.kind,
+           "gamma": method.gamma if speculative else None, "label": label,
            "generated_tokens": generated, "wall_s_median": wall, "wall_s": timed["times_s"],
            "first_call_s": first_call_s, "ms_per_token": 1e3 * wall / max(generated, 1),
            "tokens_per_s": generated / wall if wall > 0 else None}
-  entry.update(stats_row(out.stats, speculative))
-  if not speculative:
+  entry.update(stats_row(out.stats, speculative, EXTRA_STATS.get(method.kind, ())))
+  if method.kind == "baseline":
     entry["speedup"] = 1.0
   return entry
 
 
-def _sort_key(modes: Sequence[str]):
+def _sort_key(modes: Sequence[str], labels: Sequence[str] = ()):
   order = {m: i for i, m in enumerate(modes)}
-  return lambda e: (e["batch_size"], order.get(e["mode"], len(order)), e["gamma"] or 0)
+  extra = {label: 1000 + i for i, label in enumerate(labels)}
+  return lambda e: (e["batch_size"], order.get(e["mode"], len(order)),
+                    extra.get(e.get("label"), 2000) if e.get("label") else e["gamma"] or 0)
 
 
 # ----------------------------------------------------------------------------- run
@@ -183,8 +190,9 @@ class _Run:
   """One benchmark run: the models, its settings, and the compiled pieces."""
 
   def __init__(self, target, drafter, prompts, gammas, max_new_tokens, timing_steps, seed,
-               ignore_eos):
+               ignore_eos, extras=None):
     self.target, self.drafter, self.prompts = target, drafter, prompts
+    self.extras = dict(extras or {})
     self.gammas, self.max_new_tokens, self.timing_steps = gammas, max_new_tokens, timing_steps
     self.rng = jax.random.PRNGKey(seed)
     self.eos_id = -1 if ignore_eos else None
@@ -193,13 +201,21 @@ class _Run:
   def encoder(self, batch: int):
     return jnp.asarray(cycled_rows(self.prompts, batch))
 
+  def method(self, item, sampling) -> DecodeMethod:
+    """The baseline (None), speculative decoding (a gamma) or an extra (its label)."""
+    if item is None:
+      return Baseline(sampling=sampling)
+    if isinstance(item, str):
+      return self.extras[item](sampling)
+    return Speculative(drafter=self.drafter, gamma=item, sampling=sampling)
+
   def methods(self, batch: int, mode: str, todo) -> dict[str, Callable[[], Any]]:
-    """{"baseline" / "gamma=G": a call decoding the group's batch} for the missing entries."""
+    """{"baseline" / "gamma=G" / label: a call decoding the group's batch} for the missing
+    entries."""
     sampling, enc, out = make_sampling(mode), self.encoder(batch), {}
     for g in todo:
-      method = (Baseline(sampling=sampling) if g is None else
-                Speculative(drafter=self.drafter, gamma=g, sampling=sampling))
-      out["baseline" if g is None else f"gamma={g}"] = functools.partial(
+      method = self.method(g, sampling)
+      out[_name(g)] = functools.partial(
           method.decode, self.target, enc, max_new_tokens=self.max_new_tokens, rng=self.rng,
           eos_id=self.eos_id)
     return out
@@ -221,18 +237,27 @@ class _Run:
   def group_entries(self, batch, mode, todo, timed, first, results, costs):
     """The group's new entries (its baseline from `results` when already there)."""
     new = []
+    sampling = make_sampling(mode)
     if "baseline" in timed:
-      new.append(_entry(batch, mode, None, timed["baseline"], first["baseline"]))
+      new.append(_entry(batch, mode, self.method(None, sampling), timed["baseline"],
+                        first["baseline"]))
     base = next(e for e in results["results"] + new if _key(e) == (batch, mode, None))
     for g in (g for g in todo if g is not None):
-      name = f"gamma={g}"
-      entry = _entry(batch, mode, g, timed[name], first[name])
+      name = _name(g)
+      entry = _entry(batch, mode, self.method(g, sampling), timed[name], first[name],
+                     label=g if isinstance(g, str) else None)
       speedup = base["ms_per_token"] / entry["ms_per_token"]
-      entry.update(costs_lib.predictions(entry["alpha"], g, costs["c"], _verify_cost(costs, g),
-                                         speedup))
+      if isinstance(g, int):
+        entry.update(costs_lib.predictions(entry["alpha"], g, costs["c"],
+                                           _verify_cost(costs, g), speedup))
       entry.update(speedup=speedup, baseline_ms_per_token=base["ms_per_token"])
       new.append(entry)
     return new
+
+
+def _name(item) -> str:
+  """The timing name of a plan item: "baseline", "gamma=G" or the extra's label."""
+  return "baseline" if item is None else item if isinstance(item, str) else f"gamma={item}"
 
 
 def _config(settings, target, drafter, prompts, **values) -> dict[str, Any]:
@@ -253,8 +278,10 @@ def run_bench(target, drafter=None, *, batch_sizes: Sequence[int] = (1, 8),
               ignore_eos: bool = False, timing_steps: int = 16,
               settings: dict[str, Any] | None = None, existing: dict[str, Any] | None = None,
               progress: bool = True, compile_workers: int | None = None,
-              on_update: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-  """Benchmark baseline vs speculative decoding; returns the bench.json dict.
+              on_update: Callable[[dict[str, Any]], None] | None = None,
+              extras: dict[str, Callable[[Any], DecodeMethod]] | None = None
+              ) -> dict[str, Any]:
+  """Benchmark baseline vs speculative decoding (and `extras`); returns the bench.json dict.
 
   Args:
     target, drafter: `Model`s (drafter may be None with `baseline_only`).
@@ -266,7 +293,10 @@ def run_bench(target, drafter=None, *, batch_sizes: Sequence[int] = (1, 8),
     on_update: called with the results so far after each (batch, mode) group.
     compile_workers: concurrent warm-up (compiling) calls before any timing; default
       `default_compile_workers()`. Timed calls always run one at a time.
+    extras: {label: sampling -> DecodeMethod}, more methods timed in every (batch, mode)
+      group beside the baseline (BiLD, blockwise decoding, ...); entries carry the label.
   """
+  extras = dict(extras or {})
   batch_sizes = [int(b) for b in batch_sizes]
   gammas = [] if baseline_only else sorted({int(g) for g in gammas})
   modes = list(modes)
@@ -279,12 +309,15 @@ def run_bench(target, drafter=None, *, batch_sizes: Sequence[int] = (1, 8),
   config = _config(settings, target, drafter, prompts, batch_sizes=batch_sizes, gammas=gammas,
                    modes=modes, max_new_tokens=max_new_tokens, repeats=repeats, seed=seed,
                    baseline_only=baseline_only, ignore_eos=ignore_eos,
-                   timing_steps=timing_steps, compile_workers=workers)
+                   timing_steps=timing_steps, compile_workers=workers,
+                   extras=list(extras))
   results, kept_costs = _start_results(config, existing)
-  plan = _plan(batch_sizes, modes, gammas, {_key(e) for e in results["results"]})
-  run = _Run(target, drafter, prompts, gammas, max_new_tokens, timing_steps, seed, ignore_eos)
+  plan = _plan(batch_sizes, modes, [*gammas, *extras], {_key(e) for e in results["results"]})
+  run = _Run(target, drafter, prompts, gammas, max_new_tokens, timing_steps, seed, ignore_eos,
+             extras)
   _execute(run, plan, results, kept_costs, repeats, workers, progress, on_update)
-  results["results"].sort(key=_sort_key(results["config"]["modes"]))
+  results["results"].sort(key=_sort_key(results["config"]["modes"], list(extras)))
+  results["projections"] = [p for c in results["costs"] for p in costs_lib.projections(c)]
   return results
 
 
@@ -313,7 +346,7 @@ def _execute(run: _Run, plan, results, kept_costs, repeats, workers, progress, o
       first = {name: first_call_s[((b, mode), name)] for name in timed}
       results["results"] += run.group_entries(b, mode, todo, timed, first, results,
                                               kept_costs.get(b))
-      results["results"].sort(key=_sort_key(results["config"]["modes"]))
+      results["results"].sort(key=_sort_key(results["config"]["modes"], list(run.extras)))
       if on_update is not None:
         on_update(results)
   finally:

@@ -11,6 +11,7 @@ from typing import Any
 import specdec_jax as sd
 from specdec_jax.tools import bench
 from specdec_jax.tools.errors import BenchError
+from specdec_jax.tools.methods import Bild, Blockwise
 from specdec_jax.tools.models import DRAFTER_KINDS, DTYPES, load_model, note
 from specdec_jax.tools.options import (MODES, check_at_least_one, int_list, mode_list,
                                        parse_overrides)
@@ -20,6 +21,26 @@ from specdec_jax.tools.report import read_json, to_jsonable
 DEFAULT_TARGET = "config:t5_1_1_small"
 DEFAULT_DRAFTER = "config:t5_1_1_tiny_drafter"
 
+#: Named settings for one-command runs; flags given explicitly override them.
+PRESETS = {
+    # The accelerator benchmark: T5-XXL verifier / T5-small drafter shapes in bfloat16
+    # (random weights), greedy at batch 1/8/32, verify cost for k = 2..16 tokens.
+    "xxl-small": {"target": "config:t5_1_1_xxl", "drafter": "config:t5_1_1_small",
+                  "dtype": "bfloat16", "batch_sizes": [1, 8, 32], "gammas": list(range(1, 16)),
+                  "modes": ["greedy"], "prompt_len": 32, "max_new_tokens": 32,
+                  "ignore_eos": True, "repeats": 5},
+}
+
+
+def apply_preset(args) -> None:
+  """Fill the preset's settings into `args`, except those given on the command line."""
+  if args.preset is None:
+    return
+  given = {a.split("=")[0] for a in getattr(args, "argv", []) if a.startswith("--")}
+  for key, value in PRESETS[args.preset].items():
+    if "--" + key.replace("_", "-") not in given:
+      setattr(args, key, value)
+
 
 def _check(args) -> None:
   check_at_least_one(prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens,
@@ -27,6 +48,10 @@ def _check(args) -> None:
   if args.drafter in DRAFTER_KINDS and not args.baseline_only:
     raise BenchError("bench times model drafters only (c comes from timing drafter decode "
                      "steps); give a drafter model path/name or config:NAME")
+  if args.bild and args.baseline_only:
+    raise BenchError("--bild uses --drafter as BiLD's small model: drop --baseline-only")
+  if args.heads_lattice and not args.heads:
+    raise BenchError("--heads-lattice needs --heads")
   if args.tokenizer and not args.prompts_file:
     raise BenchError("--tokenizer is only used with --prompts-file")
 
@@ -35,6 +60,7 @@ def _settings(args, target_over: dict[str, Any]) -> dict[str, Any]:
   return {"target": args.target, "drafter": None if args.baseline_only else args.drafter,
           "target_overrides": target_over or None, "dtype": args.dtype,
           "prompts_file": args.prompts_file, "tokenizer": args.tokenizer,
+          "preset": args.preset,
           "prompts": (f"lines of {args.prompts_file}" if args.prompts_file else
                       "uniform random ids in [3, vocab), last token EOS"),
           "command": "specdec " + " ".join(shlex.quote(a) for a in
@@ -67,7 +93,35 @@ def _existing(args, settings: dict[str, Any]) -> dict[str, Any] | None:
   return existing
 
 
+def _pair(text: str, flag: str) -> tuple[float, float]:
+  a, sep, b = text.partition(":")
+  try:
+    return float(a), float(b)
+  except ValueError:
+    raise BenchError(f"{flag} {text!r}: expected two numbers A:B") from None
+
+
+def _extras(args, target, drafter) -> dict[str, Any]:
+  """{label: sampling -> method} for --bild FB:RB (small model: --drafter) and --heads."""
+  extras: dict[str, Any] = {}
+  for text in args.bild:
+    f, r = _pair(text, "--bild")
+    extras[f"bild fb={f:g} rb={r:g}"] = lambda sampling, f=f, r=r: Bild(
+        small=drafter, small_name=args.drafter, fallback_threshold=f, rollback_threshold=r,
+        sampling=sampling)
+  if args.heads:
+    heads = sd.load_heads(args.heads, target)
+    lattices = [(1, 1)] + [tuple(int(x) for x in _pair(t, "--heads-lattice"))
+                           for t in args.heads_lattice]
+    for k, p in lattices:
+      label = "blockwise" + (f" k={k} p={p}" if (k, p) != (1, 1) else "")
+      extras[label] = lambda sampling, k=k, p=p: Blockwise(
+          heads=heads, heads_name=args.heads, top_k=k, num_drafts=p, sampling=sampling)
+  return extras
+
+
 def run(args) -> int:
+  apply_preset(args)
   _check(args)
   target_over = parse_overrides(args.target_overrides)
   drafter_over = parse_overrides(args.drafter_overrides)
@@ -87,7 +141,7 @@ def run(args) -> int:
       seed=args.seed, prompts=prompts, baseline_only=args.baseline_only,
       ignore_eos=args.ignore_eos, timing_steps=args.timing_steps, settings=settings,
       existing=existing, progress=not args.no_progress, compile_workers=args.compile_workers,
-      on_update=lambda r: bench.write_report(r, args.out))
+      on_update=lambda r: bench.write_report(r, args.out), extras=_extras(args, target, drafter))
   paths = bench.write_report(results, args.out)
   print(bench.markdown_table(results))
   print(f"wrote {paths['json']}, {paths['md']}, {paths['png']}", file=sys.stderr)
@@ -95,6 +149,9 @@ def run(args) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--preset", choices=sorted(PRESETS),
+                 help="named settings (xxl-small: T5-XXL / T5-small shapes in bfloat16, greedy, "
+                 "batch 1/8/32, gamma 1-15; for an accelerator); explicit flags override them")
   p.add_argument("--target", default=DEFAULT_TARGET,
                  help=f"target model path/name or config:NAME (default {DEFAULT_TARGET})")
   p.add_argument("--drafter", default=DEFAULT_DRAFTER,
@@ -128,6 +185,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                  help="keep entries of an existing DIR/bench.json (same settings) and run only "
                  "the missing (batch, mode, gamma) ones")
   p.add_argument("--baseline-only", action="store_true")
+  p.add_argument("--bild", action="append", default=[], metavar="FB:RB",
+                 help="also time BiLD with --drafter as the small model at fallback FB and "
+                 "rollback RB (repeatable), e.g. --bild 0.5:3")
+  p.add_argument("--heads", metavar="PATH",
+                 help="also time blockwise decoding with these prediction heads (a heads file, "
+                 "a model dir or a bundled name such as demo-de-en/target)")
+  p.add_argument("--heads-lattice", action="append", default=[], metavar="K:P",
+                 help="with --heads: also a top-K lattice verifying P drafts per call")
   p.add_argument("--compile-workers", type=int, metavar="N",
                  help="concurrent warm-up (compile) calls before timing; default: up to 4 on "
                  "CPU, 1 on accelerators (each warm-up call holds device memory)")

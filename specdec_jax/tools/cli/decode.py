@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -17,11 +18,12 @@ from specdec_jax.tools.cli.args import add_drafter_flag, add_dtype_flag
 from specdec_jax.tools.cli.method_args import (EARLY_EXIT, add_method_flags, build_method,
                                                check_method_flags, sampling_from_method_args)
 from specdec_jax.tools.errors import CLIError
-from specdec_jax.tools.methods import EXTRA_STATS, decode_corpus
+from specdec_jax.tools.methods import EXTRA_STATS, Baseline, decode_corpus
 from specdec_jax.tools.models import drafter_loader, load_model, resolve_drafter
 from specdec_jax.tools.options import check_at_least_one
 from specdec_jax.tools.prompts import encode_prompts, read_prompt_lines
 from specdec_jax.tools.report import fmt, to_jsonable
+from specdec_jax.tools.timing import time_rounds
 
 
 def _check(args) -> None:
@@ -93,6 +95,25 @@ def _decode(args, method, target, tokens: np.ndarray):
   return corpus, time.perf_counter() - t0, batch
 
 
+def _compare(args, method, target, tokens: np.ndarray, repeats: int = 3) -> dict[str, Any]:
+  """The method vs the target alone (`Baseline`, same sampling) on the same inputs: both
+  compiled first, then timed in `repeats` alternating rounds; speedup of the medians."""
+  rng = jax.random.PRNGKey(args.seed)
+  batch = args.batch_size or len(tokens)
+  batches = [Batch(trim_padding(b.tokens), b.real) for b in padded_batches(tokens, batch)]
+  calls = {name: functools.partial(decode_corpus, m, target, batches,
+                                   max_new_tokens=args.max_new_tokens, rng=rng)
+           for name, m in (("method", method), ("baseline", Baseline(sampling=method.sampling)))}
+  for call in calls.values():
+    call()
+  timed = time_rounds(calls, repeats)
+  ms = {name: 1e3 * t["median_s"] / max(t["output"].generated, 1) for name, t in timed.items()}
+  return {"ms_per_token": ms["method"], "baseline_ms_per_token": ms["baseline"],
+          "speedup": ms["baseline"] / ms["method"], "rounds": repeats,
+          "same_tokens": bool(np.array_equal(timed["method"]["output"].tokens(),
+                                             timed["baseline"]["output"].tokens()))}
+
+
 def _payload(args, outputs, corpus, timing, method) -> dict[str, Any]:
   return {"outputs": outputs, "lengths": corpus.lengths, "stats": corpus.stats,
           "timing": timing,
@@ -122,6 +143,9 @@ def run(args) -> int:
             "warmup": bool(args.warmup), "includes_compile": not args.warmup,
             "tokens_per_s": generated / wall if wall > 0 else None,
             "ms_per_token": 1e3 * wall / generated if generated else None}
+  compare = None
+  if args.compare and method.kind != "baseline":
+    compare = timing["compare"] = _compare(args, method, target, tokens)
   outputs = [_format_output(row, tokenizer) for row in corpus.token_rows()]
   if args.json:
     print(json.dumps(to_jsonable(_payload(args, outputs, corpus, timing, method))))
@@ -130,6 +154,11 @@ def run(args) -> int:
       print(o if isinstance(o, str) else " ".join(map(str, o)))
   if args.stats:
     print(_stats_block(corpus.stats, timing, method), file=sys.stderr)
+  if compare is not None:
+    print(f"speedup vs baseline  {compare['speedup']:.2f}x   (sd.generate alone on the same "
+          f"inputs, after compilation, median of {compare['rounds']} alternating rounds: "
+          f"{compare['ms_per_token']:.2f} vs {compare['baseline_ms_per_token']:.2f} ms/token; "
+          f"same tokens: {'yes' if compare['same_tokens'] else 'no'})", file=sys.stderr)
   return 0
 
 
@@ -163,6 +192,9 @@ def add(subparsers) -> None:
   p.add_argument("--warmup", action="store_true",
                  help="run once before timing, so timing excludes compilation")
   p.add_argument("--stats", action="store_true", help="print decode statistics to stderr")
+  p.add_argument("--compare", action="store_true",
+                 help="also time the target alone on the same inputs (both compiled first, 3 "
+                 "alternating rounds) and print the speedup")
   p.add_argument("--json", action="store_true",
                  help='print one JSON object {"outputs", "stats", "timing", ...} instead of lines')
   p.set_defaults(func=run)

@@ -53,14 +53,22 @@ def _named(spec: str) -> tuple[str, str]:
 def bild_points(args, target) -> list[Point]:
   """The BiLD grid per small model, the early-exit grid, speculative decoding's points."""
   sampling, points = _sampling(args), []
+  bad = [p for p in args.batch_policies if p not in ("wait", "sync")]
+  if bad:
+    raise CLIError(f"--batch-policies: unknown policy {bad[0]!r} (wait, sync)")
   grid = [(f, r) for f in args.fallback for r in args.rollback]
   smalls = [(name, load_model(path, args.dtype, what="drafter"))
             for name, path in map(_named, args.small)]
   for name, small in smalls:
-    for f, r in grid:
-      points.append(Point(f"{name}/fb{f:g}/rb{r:g}", f"BiLD {name}",
-                          Bild(small=small, small_name=name, fallback_threshold=f,
-                               rollback_threshold=r, sampling=sampling)))
+    for policy in args.batch_policies:
+      tag = "" if policy == "wait" else f" ({policy})"
+      for f, r in grid:
+        points.append(Point(f"{name}/fb{f:g}/rb{r:g}" + ("" if policy == "wait" else
+                                                         f"/{policy}"),
+                            f"BiLD {name}{tag}",
+                            Bild(small=small, small_name=name, fallback_threshold=f,
+                                 rollback_threshold=r, sampling=sampling,
+                                 batch_policy=policy)))
   for name, small in smalls:
     for g in args.gammas:
       points.append(Point(f"speculative/{name}/g{g}", f"speculative {name} (exact)",
@@ -170,6 +178,9 @@ def add(subparsers) -> None:
   p.add_argument("--gammas", type=lambda t: [int(x) for x in t.split(",")], default=[2, 4],
                  help="speculative decoding's gammas for each small model (default 2,4)")
   p.add_argument("--top-p", type=float, help="nucleus sampling for every point (paper: 0.8)")
+  p.add_argument("--batch-policies", type=lambda t: [x.strip() for x in t.split(",")],
+                 default=["wait"], metavar="wait,sync",
+                 help="BiLD's batched semantics to compare (see sd.bild_generate; default wait)")
   p.set_defaults(func=lambda a: _run(a, "bild", bild_points))
 
   q = subparsers.add_parser("sweep-blockwise", help="blockwise drafts: Kim et al.'s Table 4",
