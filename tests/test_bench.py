@@ -149,9 +149,10 @@ def test_bild_and_blockwise_entries_beside_the_baseline(tmp_path):
   heads = sd.save_heads(tmp_path / "heads.safetensors", sd.init_heads(target, 3, rng=0))
   out = tmp_path / "out"
   argv = [*ARGS[:5], "--batch-sizes", "2", "--gammas", "1", *ARGS[7:], "--bild", "0.5:3",
-          "--heads", str(heads), "--heads-lattice", "2:2", "--out", str(out)]
+          "--heads", str(heads), "--heads-lattice", "2:2", "--exact", "off", "--out", str(out)]
   assert cli.main(argv) == 0
   results = json.loads((out / "bench.json").read_text())
+  assert results["config"]["exact"] is False
   entries = {(e["method"], e.get("label")): e for e in results["results"]}
   assert set(entries) == {("baseline", None), ("speculative", None),
                           ("bild", "bild fb=0.5 rb=3"), ("blockwise", "blockwise"),

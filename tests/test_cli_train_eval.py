@@ -348,9 +348,11 @@ def test_sweep_blockwise_table(trained, capsys, tmp_path, heads_file):
                        "--data", workdir / "data", "--limit", 8, "--batch-size", 4,
                        "--repeats", 1, "--no-progress", "--heads", heads_file,
                        "--lattice-k", 2, "--num-drafts", 2, "--rescorer",
-                       workdir / "drafter" / "final", "--out", tmp_path)
+                       workdir / "drafter" / "final", "--exact", "off", "--out", tmp_path)
   assert code == 0, err
   result = json.loads((tmp_path / "blockwise.json").read_text())
+  assert result["config"]["exact"] == "off"
+  assert all(p["settings"]["exact"] is False for p in result["points"])
   base = result["baselines"]["target, greedy"]["bleu"]
   assert [p["label"] for p in result["points"]] == [
       "base", "ngram", "neural", "parallel base p=2", "parallel ngram p=2", "oracle k=2"]

@@ -273,3 +273,23 @@ def test_every_tool_error_is_a_specdec_error():
                        (t5x_bench, "T5XSourceError"), (training, "TrainingError"),
                        (data, "DataError"), (data, "MissingDataError")):
     assert getattr(module, name) is getattr(errors, name)
+
+
+def test_sweep_pick_and_table1_read_the_bleu_drop():
+  from specdec_jax.tools import sweep
+  from specdec_jax.tools.errors import SweepError
+  point = lambda label, group, bleu, speedup: {
+      "label": label, "group": group, "bleu": bleu, "bleu_drop": 10.0 - bleu,
+      "speedup": speedup, "fallback_rate": 0.5, "rollback_rate": 0.1}
+  results = {"baselines": {"target, greedy": {"bleu": 10.0}},
+             "points": [point("a", "BiLD x", 10.0, 1.2), point("b", "BiLD x", 9.95, 1.5),
+                        point("c", "BiLD x", 9.2, 2.0), point("d", "BiLD x", 7.0, 3.0),
+                        point("e", "BiLD y", 8.0, 2.5)]}
+  assert sweep.pick(results, "BiLD x", sweep.report.NO_DROP)["label"] == "b"
+  assert sweep.pick(results, "BiLD x", sweep.report.ONE_DROP)["label"] == "c"
+  assert sweep.pick(results, "BiLD y", sweep.report.ONE_DROP) is None   # 2 BLEU below
+  table = sweep.table1_markdown(results)
+  assert "| BiLD x, no BLEU drop | 9.95 | 1.50 |" in table
+  assert "| BiLD y, ~1 BLEU drop | — | — | | | none within 1.0 BLEU |" in table
+  with pytest.raises(SweepError, match="unique"):
+    sweep.run_points(None, None, None, [sweep.Point("a", "g", None), sweep.Point("a", "g", None)])

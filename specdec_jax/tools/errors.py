@@ -43,6 +43,10 @@ class EvaluationError(ToolError):
   """An evaluation request that cannot be served (bad data, sizes)."""
 
 
+class SweepError(ToolError):
+  """A sweep's settings or points are invalid."""
+
+
 class ResultsError(ToolError):
   """Bad settings, a missing workdir piece, or a --resume file made with other settings."""
 

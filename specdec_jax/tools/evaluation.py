@@ -119,7 +119,7 @@ def _check_sizes(batch_size: int, gamma: int, max_new_tokens, limit) -> None:
       raise EvaluationError(f"{name} must be an integer >= 1, got {value!r}")
 
 
-def _inputs(data, split: str, limit: int | None):
+def split_inputs(data, split: str, limit: int | None):
   """(inputs [N, L], English references, data dir or None, default max_new_tokens)."""
   split_data, data_dir = resolve_split(data, split)
   inputs = np.asarray(split_data["inputs"], np.int32)
@@ -174,7 +174,7 @@ def evaluate(model: Model, data, *, split: str = "test", method: str = "greedy",
   """
   _check_sizes(batch_size, gamma, max_new_tokens, limit)
   sampling = resolve_sampling(method, sampling)
-  inputs, references, data_dir, width = _inputs(data, split, limit)
+  inputs, references, data_dir, width = split_inputs(data, split, limit)
   tokenizer = _data_tokenizer(data_dir) if tokenizer is None else tokenizer
   max_new_tokens = width if max_new_tokens is None else max_new_tokens
   if decode_method is None:

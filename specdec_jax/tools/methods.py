@@ -8,7 +8,8 @@
 
 A method is a frozen dataclass holding the settings of one decoding algorithm, with
 `decode(target, encoder_tokens, *, max_new_tokens, rng, eos_id) -> DecodeOutput`;
-`sampling` (greedy or sd.Sampling) is common to all. To add one (BiLD with
+`sampling` (greedy or sd.Sampling) and `exact` (None: the library's default, exact
+greedy calls; False: each call at its natural width, faster on CPU) are common to all. To add one (BiLD with
 fallback / rollback thresholds, blockwise decoding with prediction heads) write one
 more subclass and add it to `METHODS`: the CLI, benchmarks, results and evaluation
 take any method as it is, and report its `settings()`.
@@ -49,6 +50,7 @@ class DecodeMethod:
   """One decoding algorithm and its settings (subclasses add fields and `decode`)."""
 
   sampling: sampling_lib.SamplingMethod = sampling_lib.Greedy()
+  exact: bool | None = None
   kind: ClassVar[str] = "method"
   uses_drafter: ClassVar[bool] = False
 
@@ -80,7 +82,7 @@ class Baseline(DecodeMethod):
   def decode(self, target, encoder_tokens, *, max_new_tokens: int, rng=None,
              eos_id: int | None = None) -> DecodeOutput:
     return generate(target, encoder_tokens, max_new_tokens=max_new_tokens,
-                    sampling=self.sampling, rng=rng, eos_id=eos_id)
+                    sampling=self.sampling, rng=rng, eos_id=eos_id, exact=self.exact)
 
   def describe(self) -> str:
     return f"baseline (sd.generate), {sampling_label(self.sampling)}"
@@ -111,7 +113,7 @@ class Speculative(DecodeMethod):
     return speculative_generate(target, self.drafter, encoder_tokens, gamma=self.gamma,
                                 max_new_tokens=max_new_tokens, sampling=self.sampling, rng=rng,
                                 eos_id=eos_id, lenience=self.lenience,
-                                adaptive=self.adaptive or None)
+                                adaptive=self.adaptive or None, exact=self.exact)
 
   def describe(self) -> str:
     name = self.drafter_name or "model"
@@ -146,7 +148,7 @@ class Bild(DecodeMethod):
                          rollback_threshold=self.rollback_threshold,
                          max_small_steps=self.max_small_steps, max_new_tokens=max_new_tokens,
                          sampling=self.sampling, rng=rng, eos_id=eos_id,
-                         batch_policy=self.batch_policy)
+                         batch_policy=self.batch_policy, exact=self.exact)
 
   def describe(self) -> str:
     return (f"bild (small {self.small_name or 'model'}, fallback {self.fallback_threshold}, "
@@ -180,7 +182,7 @@ class Blockwise(DecodeMethod):
                               num_drafts=self.num_drafts,
                               rescoring_weight=self.rescoring_weight, rescorer=self.rescorer,
                               sampling=self.sampling, rng=rng, eos_id=eos_id,
-                              oracle=self.oracle)
+                              oracle=self.oracle, exact=self.exact)
 
   def describe(self) -> str:
     extra = "".join([f", top-{self.top_k}" if self.top_k > 1 else "",

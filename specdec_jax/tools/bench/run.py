@@ -5,6 +5,7 @@ See the package docstring for what is measured and how.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 from typing import Any, Callable, Iterable, Sequence
@@ -54,7 +55,7 @@ DEFINITIONS = {
 }
 
 # Settings that must match for --resume to reuse entries of an existing bench.json.
-RESUME_KEYS = ("target", "drafter", "target_overrides", "drafter_overrides", "dtype",
+RESUME_KEYS = ("target", "drafter", "target_overrides", "drafter_overrides", "dtype", "exact",
                "prompt_len", "max_new_tokens", "seed", "ignore_eos", "prompts_file",
                "tokenizer", "temperature_sample")
 
@@ -190,8 +191,9 @@ class _Run:
   """One benchmark run: the models, its settings, and the compiled pieces."""
 
   def __init__(self, target, drafter, prompts, gammas, max_new_tokens, timing_steps, seed,
-               ignore_eos, extras=None):
+               ignore_eos, extras=None, exact=None):
     self.target, self.drafter, self.prompts = target, drafter, prompts
+    self.exact = exact
     self.extras = dict(extras or {})
     self.gammas, self.max_new_tokens, self.timing_steps = gammas, max_new_tokens, timing_steps
     self.rng = jax.random.PRNGKey(seed)
@@ -204,10 +206,10 @@ class _Run:
   def method(self, item, sampling) -> DecodeMethod:
     """The baseline (None), speculative decoding (a gamma) or an extra (its label)."""
     if item is None:
-      return Baseline(sampling=sampling)
+      return Baseline(sampling=sampling, exact=self.exact)
     if isinstance(item, str):
-      return self.extras[item](sampling)
-    return Speculative(drafter=self.drafter, gamma=item, sampling=sampling)
+      return dataclasses.replace(self.extras[item](sampling), exact=self.exact)
+    return Speculative(drafter=self.drafter, gamma=item, sampling=sampling, exact=self.exact)
 
   def methods(self, batch: int, mode: str, todo) -> dict[str, Callable[[], Any]]:
     """{"baseline" / "gamma=G" / label: a call decoding the group's batch} for the missing
@@ -279,8 +281,8 @@ def run_bench(target, drafter=None, *, batch_sizes: Sequence[int] = (1, 8),
               settings: dict[str, Any] | None = None, existing: dict[str, Any] | None = None,
               progress: bool = True, compile_workers: int | None = None,
               on_update: Callable[[dict[str, Any]], None] | None = None,
-              extras: dict[str, Callable[[Any], DecodeMethod]] | None = None
-              ) -> dict[str, Any]:
+              extras: dict[str, Callable[[Any], DecodeMethod]] | None = None,
+              exact: bool | None = None) -> dict[str, Any]:
   """Benchmark baseline vs speculative decoding (and `extras`); returns the bench.json dict.
 
   Args:
@@ -295,6 +297,8 @@ def run_bench(target, drafter=None, *, batch_sizes: Sequence[int] = (1, 8),
       `default_compile_workers()`. Timed calls always run one at a time.
     extras: {label: sampling -> DecodeMethod}, more methods timed in every (batch, mode)
       group beside the baseline (BiLD, blockwise decoding, ...); entries carry the label.
+    exact: every method's `exact` (None: the library default, exact greedy calls; False:
+      natural call widths, faster on CPU).
   """
   extras = dict(extras or {})
   batch_sizes = [int(b) for b in batch_sizes]
@@ -310,11 +314,11 @@ def run_bench(target, drafter=None, *, batch_sizes: Sequence[int] = (1, 8),
                    modes=modes, max_new_tokens=max_new_tokens, repeats=repeats, seed=seed,
                    baseline_only=baseline_only, ignore_eos=ignore_eos,
                    timing_steps=timing_steps, compile_workers=workers,
-                   extras=list(extras))
+                   extras=list(extras), exact=exact)
   results, kept_costs = _start_results(config, existing)
   plan = _plan(batch_sizes, modes, [*gammas, *extras], {_key(e) for e in results["results"]})
   run = _Run(target, drafter, prompts, gammas, max_new_tokens, timing_steps, seed, ignore_eos,
-             extras)
+             extras, exact)
   _execute(run, plan, results, kept_costs, repeats, workers, progress, on_update)
   results["results"].sort(key=_sort_key(results["config"]["modes"], list(extras)))
   results["projections"] = [p for c in results["costs"] for p in costs_lib.projections(c)]

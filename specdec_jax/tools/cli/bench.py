@@ -20,6 +20,7 @@ from specdec_jax.tools.report import read_json, to_jsonable
 
 DEFAULT_TARGET = "config:t5_1_1_small"
 DEFAULT_DRAFTER = "config:t5_1_1_tiny_drafter"
+EXACT = {"auto": None, "on": True, "off": False}   # --exact
 
 #: Named settings for one-command runs; flags given explicitly override them.
 PRESETS = {
@@ -60,7 +61,7 @@ def _settings(args, target_over: dict[str, Any]) -> dict[str, Any]:
   return {"target": args.target, "drafter": None if args.baseline_only else args.drafter,
           "target_overrides": target_over or None, "dtype": args.dtype,
           "prompts_file": args.prompts_file, "tokenizer": args.tokenizer,
-          "preset": args.preset,
+          "preset": args.preset, "exact": EXACT[args.exact],
           "prompts": (f"lines of {args.prompts_file}" if args.prompts_file else
                       "uniform random ids in [3, vocab), last token EOS"),
           "command": "specdec " + " ".join(shlex.quote(a) for a in
@@ -141,7 +142,8 @@ def run(args) -> int:
       seed=args.seed, prompts=prompts, baseline_only=args.baseline_only,
       ignore_eos=args.ignore_eos, timing_steps=args.timing_steps, settings=settings,
       existing=existing, progress=not args.no_progress, compile_workers=args.compile_workers,
-      on_update=lambda r: bench.write_report(r, args.out), extras=_extras(args, target, drafter))
+      on_update=lambda r: bench.write_report(r, args.out), extras=_extras(args, target, drafter),
+      exact=EXACT[args.exact])
   paths = bench.write_report(results, args.out)
   print(bench.markdown_table(results))
   print(f"wrote {paths['json']}, {paths['md']}, {paths['png']}", file=sys.stderr)
@@ -184,6 +186,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--resume", action="store_true",
                  help="keep entries of an existing DIR/bench.json (same settings) and run only "
                  "the missing (batch, mode, gamma) ones")
+  p.add_argument("--exact", choices=("auto", "on", "off"), default="auto",
+                 help="greedy target calls at the exact width (on; auto = the library "
+                 "default, exact for greedy) or at their natural width (off: faster on CPU)")
   p.add_argument("--baseline-only", action="store_true")
   p.add_argument("--bild", action="append", default=[], metavar="FB:RB",
                  help="also time BiLD with --drafter as the small model at fallback FB and "

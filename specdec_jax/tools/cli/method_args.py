@@ -96,7 +96,8 @@ def sampling_from_method_args(args):
   return make_sampling(mode, args.temperature, args.top_k, args.top_p)
 
 
-def _ngram(data_dir: str, vocab_size: int) -> NGramLM:
+def fit_ngram(data_dir: str, vocab_size: int) -> NGramLM:
+  """The bigram LM of a prepared data dir's train targets (blockwise n-gram rescoring)."""
   from specdec_jax.tools.data import prepare
   targets = prepare.load_split(data_dir, "train")["targets"]
   return NGramLM.fit([r[r > 0] for r in targets], vocab_size=vocab_size)
@@ -132,7 +133,7 @@ def build_method(args, target: sd.Model, sampling, drafter: Any,
     if args.rescoring == "neural":
       rescorer = load(args.rescorer)
     elif args.rescoring == "ngram":
-      rescorer = _ngram(args.rescorer, target.config.vocab_size)
+      rescorer = fit_ngram(args.rescorer, target.config.vocab_size)
     settings = {"top_k": args.lattice_k, "num_drafts": args.num_drafts,
                 "rescoring_weight": args.rescoring_weight}
     return Blockwise(sampling=sampling, heads=heads, heads_name=args.heads or args.model,

@@ -20,7 +20,7 @@ import sys
 from typing import Any
 
 import specdec_jax as sd
-from specdec_jax.tools.cli.method_args import early_exit_layer
+from specdec_jax.tools.cli.method_args import early_exit_layer, fit_ngram
 from specdec_jax.tools.errors import CLIError
 from specdec_jax.tools.methods import Bild, Blockwise, Speculative
 from specdec_jax.tools.models import load_model
@@ -41,6 +41,9 @@ def float_list(text: str) -> list[float]:
 
 def _sampling(args):
   return sd.Greedy() if args.top_p is None else sd.Sampling(top_p=args.top_p)
+
+
+EXACT = {"auto": None, "on": True, "off": False}
 
 
 def _named(spec: str) -> tuple[str, str]:
@@ -68,12 +71,12 @@ def bild_points(args, target) -> list[Point]:
                             f"BiLD {name}{tag}",
                             Bild(small=small, small_name=name, fallback_threshold=f,
                                  rollback_threshold=r, sampling=sampling,
-                                 batch_policy=policy)))
+                                 batch_policy=policy, exact=EXACT[args.exact])))
   for name, small in smalls:
     for g in args.gammas:
       points.append(Point(f"speculative/{name}/g{g}", f"speculative {name} (exact)",
                           Speculative(drafter=small, drafter_name=name, gamma=g,
-                                      sampling=sampling)))
+                                      sampling=sampling, exact=EXACT[args.exact])))
   if args.early_exit:
     path, _, k = args.early_exit.rpartition(":")
     large = load_model(path, args.dtype, what="early-exit model")
@@ -81,16 +84,16 @@ def bild_points(args, target) -> list[Point]:
     for f, r in grid:
       points.append(Point(f"early-exit{k}/fb{f:g}/rb{r:g}", f"BiLD early exit (layer {k})",
                           Bild(small=small, small_name=f"early-exit:{k}",
-                               fallback_threshold=f, rollback_threshold=r, sampling=sampling),
+                               fallback_threshold=f, rollback_threshold=r, sampling=sampling,
+                               exact=EXACT[args.exact]),
                           target=large, target_name=path))
   return points
 
 
 def blockwise_points(args, target) -> list[Point]:
   """Table 4 of Kim et al. 2024: base, n-gram, neural, parallel base / n-gram, oracle."""
-  from specdec_jax.tools.cli.method_args import _ngram
   heads = sd.load_heads(args.heads or args.model, target)
-  lm = _ngram(args.data, target.config.vocab_size)
+  lm = fit_ngram(args.data, target.config.vocab_size)
   rescorer = load_model(args.rescorer, args.dtype, what="rescorer")
   k, p, w = args.lattice_k, args.num_drafts, args.rescoring_weight
   rows = [("base", {}), ("ngram", dict(top_k=k, rescoring="ngram", rescorer=lm)),
@@ -100,7 +103,7 @@ def blockwise_points(args, target) -> list[Point]:
                                          rescorer=lm)),
           (f"oracle k={k}", dict(top_k=k, oracle=True))]
   return [Point(label, "blockwise", Blockwise(heads=heads, heads_name=args.heads or args.model,
-                                              rescoring_weight=w, **kw))
+                                              rescoring_weight=w, exact=EXACT[args.exact], **kw))
           for label, kw in rows]
 
 
@@ -129,7 +132,7 @@ def _run(args, kind: str, build) -> int:
   split = load_split(args.data, args.split, args.limit)
   tokenizer = sd.load_tokenizer(os.path.join(args.data, "spiece.model"))
   target = load_model(args.model, args.dtype, what="target")
-  config = _config(args, BILD_SETTINGS + ("heads", "lattice_k", "num_drafts", "rescorer",
+  config = _config(args, BILD_SETTINGS + ("exact", "heads", "lattice_k", "num_drafts", "rescorer",
                                           "rescoring_weight", "fallback", "rollback", "gammas"))
   existing = _existing(args, config, kind)
   points = build(args, target)
@@ -161,6 +164,10 @@ def _common(p: argparse.ArgumentParser, default_out: str) -> None:
   p.add_argument("--out", default=default_out, metavar="DIR")
   p.add_argument("--resume", action="store_true",
                  help="keep the points of DIR's earlier run with the same settings")
+  p.add_argument("--exact", choices=sorted(EXACT), default="auto",
+                 help="greedy target calls at the exact width (on), at their natural width "
+                 "(off: faster on CPU), or the library default (auto: exact for greedy); the "
+                 "target alone is timed the same way")
   p.add_argument("--no-progress", action="store_true")
 
 

@@ -7,6 +7,7 @@
 `specdec sweep-blockwise` (Kim et al.'s Table 4) are its command-line front ends.
 """
 
+from specdec_jax.tools.sweep import report
 from specdec_jax.tools.sweep.report import pick, points_markdown, table1_markdown, write_outputs
 from specdec_jax.tools.sweep.run import (Point, Split, lattice_cost_ms, load_split,
                                          measure_point, run_points)

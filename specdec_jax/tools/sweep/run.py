@@ -21,6 +21,7 @@ import numpy as np
 
 from specdec_jax.tools import evaluation
 from specdec_jax.tools.batching import padded_batches
+from specdec_jax.tools.errors import SweepError
 from specdec_jax.tools.methods import (EXTRA_STATS, Baseline, DecodeMethod, decode_corpus,
                                       sampling_label, stats_row, totals)
 from specdec_jax.tools.report import machine_info, utc_now
@@ -66,7 +67,7 @@ class Split:
 
 def load_split(data_dir, split: str = "test", limit: int | None = None) -> Split:
   """A prepared data directory's split (first `limit` pairs)."""
-  inputs, references, _, width = evaluation._inputs(str(data_dir), split, limit)
+  inputs, references, _, width = evaluation.split_inputs(str(data_dir), split, limit)
   return Split(np.asarray(inputs, np.int32), tuple(references), width)
 
 
@@ -102,7 +103,7 @@ def measure_point(point: Point, target, split: Split, tokenizer, *, batch_size: 
   """One point's entry; fills `baselines["<target name>, <sampling>"]` (the target alone)."""
   target = target if point.target is None else point.target
   batches = padded_batches(split.inputs, min(batch_size, len(split.inputs)))
-  base_method = Baseline(sampling=point.method.sampling)
+  base_method = Baseline(sampling=point.method.sampling, exact=point.method.exact)
   calls = {"baseline": _corpus_call(base_method, target, batches, split.max_new_tokens, seed),
            point.label: _corpus_call(point.method, target, batches, split.max_new_tokens, seed)}
   for call in calls.values():   # compile (the baseline's once: jit caches it)
@@ -125,7 +126,7 @@ def run_points(target, split: Split, tokenizer, points: Sequence[Point], *,
   from tqdm import tqdm
   labels = [p.label for p in points]
   if len(set(labels)) != len(labels):
-    raise ValueError(f"point labels must be unique, got {labels}")
+    raise SweepError(f"point labels must be unique, got {labels}")
   done = {e["label"]: e for e in (existing or {}).get("points", [])}
   results = {"schema_version": SCHEMA_VERSION, "created": utc_now(), "machine": machine_info(),
              "config": {**(config or {}), "batch_size": batch_size, "repeats": repeats,
