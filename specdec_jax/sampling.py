@@ -73,7 +73,7 @@ def top_k_mask(logits: Array, k: int) -> Array:
   """Keep logits >= the k-th largest (ties kept); others -> -inf. [..., V]."""
   if k <= 0 or k >= logits.shape[-1]:
     return logits
-  kth = jax.lax.top_k(logits, k)[0][..., -1:]
+  kth = top_k(logits, k)[0][..., -1:]
   return jnp.where(logits >= kth, logits, -jnp.inf)
 
 
@@ -137,3 +137,15 @@ def as_method(sampling) -> SamplingMethod:
   if isinstance(sampling, dict):
     return Sampling(**sampling)
   raise SamplingError(f"sampling must be sd.Greedy() or sd.Sampling(...), got {sampling!r}")
+
+
+def top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+  """`jax.lax.top_k` over the last axis of x [..., V], computed on x as a 2-D [N, V] array.
+
+  XLA:CPU runs its TopK kernel on the 2-D form; on 3-D and 4-D operands inside a decode
+  loop it fell back to a full stable sort of every row (8 ms per round for the demo
+  target's 7 x 8,000 head lattice, against 0.1 ms). Same values, same indices.
+  """
+  lead = x.shape[:-1]
+  values, indices = jax.lax.top_k(x.reshape(-1, x.shape[-1]), k)
+  return values.reshape(lead + (k,)), indices.reshape(lead + (k,))

@@ -181,7 +181,7 @@ def oracle_calls(model: Model, heads: Heads, encoder_tokens: Array, tokens: Arra
   target = jnp.take_along_axis(jnp.pad(tokens, ((0, 0), (0, g + 1))),
                                ahead.reshape(1, -1), axis=1).reshape(batch, length, g)
   chosen = jnp.take_along_axis(logits, target[..., None], axis=-1)[..., 0]
-  in_top = chosen >= jax.lax.top_k(logits, top_k)[0][..., -1]                      # [B, T, G]
+  in_top = chosen >= sampling_lib.top_k(logits, top_k)[0][..., -1]                 # [B, T, G]
 
   def walk(_, carry):
     i, calls = carry              # i tokens emitted after `calls` target calls

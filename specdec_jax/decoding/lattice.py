@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from specdec_jax import sampling as sampling_lib
 from specdec_jax.errors import InputError
 
 Array = jax.Array
@@ -277,7 +278,7 @@ def top_k_lattice(log_probs: Array, k: int) -> tuple[Array, Array]:
   vocab = log_probs.shape[-1]
   if not 1 <= k <= vocab:
     raise InputError(f"k must be in [1, V = {vocab}], got {k!r}")
-  values, tokens = jax.lax.top_k(log_probs.astype(jnp.float32), k)
+  values, tokens = sampling_lib.top_k(log_probs.astype(jnp.float32), k)
   return values, tokens.astype(jnp.int32)
 
 
