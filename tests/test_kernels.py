@@ -16,6 +16,7 @@ from flax.traverse_util import flatten_dict
 
 import specdec_jax as sd
 from specdec_jax import kernels
+from specdec_jax.decoding import engine
 from specdec_jax.kernels import build
 from conftest import ragged_tokens
 
@@ -252,3 +253,33 @@ def test_forward_and_encoder_keep_xla_dot(demo):
   assert not _uses_kernel(lambda m, e: m.forward(e, e), target, enc)
   assert not _uses_kernel(lambda m, e: m.start(e, capacity=8), target, enc)
 
+
+@needs_kernels
+def test_exact_greedy_needs_no_padding_with_kernels(monkeypatch, demo):
+  """Exact mode (the greedy default) on a width-invariant target: verify calls carry
+  gamma + 1 tokens, not EXACT_WIDTH, and speculative output is still bitwise the
+  baseline's. Kernels off: the calls are padded again."""
+  target, enc = demo
+  drafter = sd.load("demo-de-en/drafter")
+  assert target.width_invariant_decode
+  widths = []                                   # token width of each traced target call
+  original = sd.Model.decode_with_hidden
+
+  def recording(self, tokens, cache, **kwargs):
+    widths.append(tokens.shape[1])
+    return original(self, tokens, cache, **kwargs)
+
+  monkeypatch.setattr(sd.Model, "decode_with_hidden", recording)
+  base = sd.generate(target, enc, max_new_tokens=23)
+  assert base.stats["exact"] and set(widths) == {1}
+  for gamma in (2, 5):
+    widths.clear()
+    spec = sd.speculative_generate(target, drafter, enc, gamma=gamma, max_new_tokens=23)
+    assert spec.stats["exact"] and set(widths) == {gamma + 1}
+    np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(base.tokens))
+    np.testing.assert_array_equal(np.asarray(spec.lengths), np.asarray(base.lengths))
+  _off(monkeypatch)
+  assert not target.width_invariant_decode
+  widths.clear()
+  sd.generate(target, enc, max_new_tokens=23)
+  assert set(widths) == {engine.EXACT_WIDTH}
