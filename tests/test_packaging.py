@@ -128,7 +128,7 @@ def test_wheel_install_loads_named_config_and_bundled_names(venv, tmp_path):
   assert pathlib.Path(out["file"]).resolve().is_relative_to(venv.resolve()), out["file"]
   assert out["vocab_size"] == 512
   assert out["configs"] == sorted(p.stem for p in (PACKAGE / "configs" / "models").glob("*.json"))
-  assert out["bundled"] == ["demo-de-en/drafter", "demo-de-en/target"]
+  assert out["bundled"] == ["demo-de-en/drafter", "demo-de-en/early-exit", "demo-de-en/target"]
   assert out["tokenizers"] == ["demo-de-en"]
 
 
