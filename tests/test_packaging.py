@@ -30,8 +30,9 @@ NOT_COPIED = (".git", ".venv", "build", "dist", "runs", "*.egg-info", "__pycache
               ".pytest_cache")
 
 
-def _run(cmd, cwd, timeout=300) -> subprocess.CompletedProcess:
-  env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+def _run(cmd, cwd, timeout=300, env=None) -> subprocess.CompletedProcess:
+  env = {k: v for k, v in (os.environ if env is None else env).items()
+         if k not in ("PYTHONPATH", "PYTHONHOME")}
   env["JAX_PLATFORMS"] = "cpu"
   proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
   assert proc.returncode == 0, (
@@ -43,7 +44,8 @@ def _run(cmd, cwd, timeout=300) -> subprocess.CompletedProcess:
 def _package_data() -> set[str]:
   """Wheel paths of the data files the package must ship."""
   files = [*(PACKAGE / "configs" / "models").glob("*.json"),
-           *(p for p in (PACKAGE / "assets").rglob("*") if p.is_file())]
+           *(p for p in (PACKAGE / "assets").rglob("*") if p.is_file()),
+           *(PACKAGE / "kernels").glob("*.cc")]
   return {p.relative_to(REPO).as_posix() for p in files}
 
 
@@ -105,7 +107,8 @@ def test_wheel_holds_configs_and_assets(wheel):
           "specdec_jax/assets/demo-de-en/target/params.safetensors",
           "specdec_jax/assets/demo-de-en/target/specdec_config.json",
           "specdec_jax/assets/demo-de-en/drafter/params.safetensors",
-          "specdec_jax/assets/demo-de-en/drafter/specdec_config.json"} <= expected
+          "specdec_jax/assets/demo-de-en/drafter/specdec_config.json",
+          "specdec_jax/kernels/skinny.cc"} <= expected
   assert sorted(expected - names) == []
   assert "License-Expression: Apache-2.0" in metadata
   assert re.search(r"^specdec = specdec_jax\.[\w.]+:main$", entry_points, re.MULTILINE)
@@ -125,8 +128,23 @@ def test_wheel_install_loads_named_config_and_bundled_names(venv, tmp_path):
   assert pathlib.Path(out["file"]).resolve().is_relative_to(venv.resolve()), out["file"]
   assert out["vocab_size"] == 512
   assert out["configs"] == sorted(p.stem for p in (PACKAGE / "configs" / "models").glob("*.json"))
-  assert out["bundled"] == ["demo-de-en/drafter", "demo-de-en/target"]
+  assert out["bundled"] == ["demo-de-en/drafter", "demo-de-en/early-exit", "demo-de-en/target"]
   assert out["tokenizers"] == ["demo-de-en"]
+
+
+def test_wheel_install_builds_cpu_kernels_from_package_data(venv, tmp_path):
+  """The installed wheel compiles its own skinny.cc (a fresh cache), where this checkout can."""
+  from specdec_jax import kernels
+  if not kernels.available():
+    pytest.skip(f"CPU kernels unavailable here: {kernels.status().reason}")
+  script = ("import json\nfrom specdec_jax import kernels\ns = kernels.status()\n"
+            "print(json.dumps({'available': s.available, 'library': s.library}))\n")
+  env = {**os.environ, "SPECDEC_CACHE_DIR": str(tmp_path / "cache")}
+  env.pop(kernels.ENV_VAR, None)
+  out = json.loads(_run([str(venv / "bin" / "python"), "-c", script], cwd=tmp_path, env=env)
+                   .stdout.strip().splitlines()[-1])
+  assert out["available"], out
+  assert pathlib.Path(out["library"]).parent == tmp_path / "cache"
 
 
 def test_wheel_install_runs_readme_command(venv, tmp_path):

@@ -37,8 +37,10 @@ def generate(model: Model, encoder_tokens, max_new_tokens: int = 64,
   """Decode up to `max_new_tokens` per row from `encoder_tokens` [B, Le] (0-padded).
 
   exact: compute every step with the call shape every drafter/verifier method uses
-  (`engine.EXACT_WIDTH` tokens), so their greedy output is bitwise this one on any
-  backend and dtype; None: exact for greedy decoding (see README, "Exactness").
+  (`engine.EXACT_WIDTH` tokens; unpadded on a `Model.width_invariant_decode` target,
+  whose rows do not depend on the call's width), so their greedy output is bitwise
+  this one on any backend and dtype; None: exact for greedy decoding (see README,
+  "Exactness").
   Returns `DecodeOutput(tokens [B, T], lengths [B], counters)`; `.stats` has the mapping.
   """
   encoder_tokens = inputs.check_request(encoder_tokens, model.config, max_new_tokens)

@@ -79,13 +79,16 @@ def verify(target: Model, state: RoundState, proposal: Proposal, width: int = 0)
   width > 0 (exact mode): the call carries `width` tokens, the proposals padded with
   0 (written beyond the row's valid length: never read), so that every target call
   of a run has ONE shape and a position's numerics cannot depend on how many tokens
-  its call carried. The final decoder states come along (prediction heads draft from
-  them; XLA drops them when nothing reads them).
+  its call carried. Not padded where the target's decode is width-invariant
+  (`Model.width_invariant_decode`: CPU kernels): there a position's logits already
+  do not depend on it, and the shared cache capacity (`RoundConfig.capacity`) keeps
+  the attention's shapes the same. The final decoder states come along (prediction
+  heads draft from them; XLA drops them when nothing reads them).
   """
   cache = state.cache if proposal.target_cache is None else proposal.target_cache
   tokens = jnp.concatenate([buffer.last_tokens(state.seq, state.n, 1), proposal.tokens], 1)
   real = tokens.shape[1]
-  if width:
+  if width and not target.width_invariant_decode:
     tokens = jnp.pad(tokens, ((0, 0), (0, width - real)))
   logits, hidden, cache = target.decode_with_hidden(tokens, cache.with_length(state.n))
   return Verified(logits=logits[:, :real], hidden=hidden[:, :real], cache=cache,
@@ -122,7 +125,8 @@ class RoundConfig:
     call_width: 0, or W for EXACT mode: every target call carries W tokens (padded) and
       every method's cache has capacity T + W, so the target computes each position with
       the same program whatever the method, gamma or round: greedy output is then
-      bitwise the baseline's on every backend and dtype (`EXACT_WIDTH`).
+      bitwise the baseline's on every backend and dtype (`EXACT_WIDTH`). A target with
+      `width_invariant_decode` keeps the capacity but its calls are not padded.
   """
 
   max_new_tokens: int

@@ -3,6 +3,16 @@
 Dense (no bias), fused products for decode steps, RMSNorm, the shared embedding,
 relative position buckets and bias, multi-head attention (heads-major, no 1/sqrt(d)
 scaling: it lives in the query init), and the (gated) MLP.
+
+Cached decode calls may carry a second, read-only variable collection,
+`DECODE_WEIGHTS`: the decode step's kernels packed for the CPU skinny products
+(`specdec_jax.kernels`), at the path of the layer that uses them (a Dense's
+"kernel", a fused product's "qkv" / "wi", the tied embedding's "logits", an
+RMSNorm's "sum_squares" column of ones). A layer that finds its packed weights runs
+its product through the kernel, and attention then runs one query row at a time:
+every row of a k-token call is then computed by exactly the ops of a 1-token call
+(bitwise equal logits). Without the collection (forward passes, the encoder, the
+cross K/V, kernels off) every layer is XLA's dot and reduce.
 """
 
 from __future__ import annotations
@@ -16,8 +26,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import kernels
+
 Array = jax.Array
 _MASKED = -1e10  # T5X's bias for masked attention logits
+DECODE_WEIGHTS = "decode_weights"   # collection of packed decode-step kernels (see above)
+
+
+def packed(module: nn.Module, name: str) -> Array | None:
+  """`module`'s packed decode weights `name`, or None (no `DECODE_WEIGHTS` collection)."""
+  if module.has_variable(DECODE_WEIGHTS, name):
+    return module.get_variable(DECODE_WEIGHTS, name)
+  return None
 
 
 # ----------------------------------------------------------------------------- position buckets
@@ -117,10 +137,15 @@ class Dense(nn.Module):
                              (self.in_features, self.features), jnp.float32)
 
   def __call__(self, x: Array) -> Array:
+    """[..., in] -> [..., features] in `dtype` (packed decode weights: the CPU kernel)."""
+    wp = packed(self, "kernel")
+    if wp is not None:
+      return kernels.dot(x.astype(self.dtype), wp, self.features).astype(self.dtype)
     return jnp.dot(x.astype(self.dtype), jnp.asarray(self.kernel, self.dtype))
 
 
-def fused_dense(x: Array, denses: list[Dense], dtype, fuse: bool = True) -> list[Array]:
+def fused_dense(x: Array, denses: list[Dense], dtype, fuse: bool = True,
+                wp: Array | None = None) -> list[Array]:
   """[x @ k_1, x @ k_2, ...], with `fuse` as ONE dot against the concatenated kernel.
 
   Same maths either way. Fuse in decode steps: there the concatenation is
@@ -129,12 +154,18 @@ def fused_dense(x: Array, denses: list[Dense], dtype, fuse: bool = True) -> list
   bandwidth-bound: ~14% less time per token for T5 1.1 small). Don't fuse in
   passes that run once per call (encoder, cross K/V): there the concatenated copy
   of the kernels is paid on every call (~1 ms per layer for the demo target).
+  wp: the concatenated kernels packed once per model (`DECODE_WEIGHTS`): one
+  skinny product on the CPU kernel.
   """
-  if not fuse:
+  sizes = np.cumsum([d.features for d in denses])
+  if wp is not None:
+    y = kernels.dot(x.astype(dtype), wp, int(sizes[-1])).astype(dtype)
+  elif not fuse:
     return [d(x) for d in denses]
-  kernel = jnp.concatenate([jnp.asarray(d.kernel, dtype) for d in denses], axis=1)
-  y = jnp.dot(x.astype(dtype), kernel)
-  return jnp.split(y, np.cumsum([d.features for d in denses])[:-1].tolist(), axis=-1)
+  else:
+    kernel = jnp.concatenate([jnp.asarray(d.kernel, dtype) for d in denses], axis=1)
+    y = jnp.dot(x.astype(dtype), kernel)
+  return jnp.split(y, sizes[:-1].tolist(), axis=-1)
 
 
 class RMSNorm(nn.Module):
@@ -148,7 +179,12 @@ class RMSNorm(nn.Module):
     scale = self.param("scale", nn.with_logical_partitioning(NORM_SCALE_INIT, ("embed",)),
                        (x.shape[-1],), jnp.float32)
     x = x.astype(jnp.float32)
-    y = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + self.epsilon)
+    ones = packed(self, "sum_squares")
+    if ones is not None:     # a fixed accumulation order per row, as the products have
+      mean_square = kernels.dot(jnp.square(x), ones, 1) / x.shape[-1]
+    else:
+      mean_square = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
+    y = x * jax.lax.rsqrt(mean_square + self.epsilon)
     return y.astype(self.dtype) * jnp.asarray(scale, self.dtype)
 
 
@@ -169,6 +205,10 @@ class Embed(nn.Module):
     return jnp.take(jnp.asarray(self.embedding, self.dtype), tokens, axis=0)
 
   def attend(self, x: Array) -> Array:
+    """Tied logits: [..., emb] -> [..., vocab] in x's dtype."""
+    wp = packed(self, "logits")
+    if wp is not None:
+      return kernels.dot(x, wp, self.vocab_size).astype(x.dtype)
     return jnp.dot(x, jnp.asarray(self.embedding, x.dtype).T)
 
 
@@ -256,13 +296,29 @@ class MultiHeadAttention(nn.Module):
   def project_qkv(self, x: Array, fuse: bool = True) -> tuple[Array, Array, Array]:
     """Self-attention projections: [B, T, E] -> three [B, H, T, Dh] (`fuse`: one dot)."""
     return tuple(map(self._split, fused_dense(x, [self.query, self.key, self.value],
-                                               self.dtype, fuse)))
+                                               self.dtype, fuse, packed(self, "qkv"))))
 
-  def attend(self, q: Array, k: Array, v: Array, bias: Array) -> Array:
-    """q [B, H, T, Dh], k/v [B, H, S, Dh], bias [B|1, H, T, S] -> [B, T, E]."""
+  def _weighted_values(self, q: Array, k: Array, v: Array, bias: Array) -> Array:
+    """q [B, H, T, Dh], k/v [B, H, S, Dh], bias [B|1, H|1, T|1, S] -> [B, H, T, Dh]."""
     logits = jnp.einsum("bhtd,bhsd->bhts", q, k, preferred_element_type=jnp.float32) + bias
     weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
-    y = jnp.swapaxes(jnp.einsum("bhts,bhsd->bhtd", weights, v), 1, 2)
+    return jnp.einsum("bhts,bhsd->bhtd", weights, v)
+
+  def attend(self, q: Array, k: Array, v: Array, bias: Array) -> Array:
+    """q [B, H, T, Dh], k/v [B, H, S, Dh], bias [B|1, H|1, T|1, S] -> [B, T, E].
+
+    In a decode call on packed weights (the output projection has them), one query
+    row per einsum: XLA computes T >= 2 rows with other kernels than T = 1, and the
+    rows of a k-token call would round differently from 1-token calls.
+    """
+    if q.shape[2] > 1 and packed(self.out, "kernel") is not None:
+      rows = [self._weighted_values(q[:, :, t:t + 1], k, v,
+                                    bias[:, :, t:t + 1] if bias.shape[2] > 1 else bias)
+              for t in range(q.shape[2])]
+      y = jnp.concatenate(rows, axis=2)
+    else:
+      y = self._weighted_values(q, k, v, bias)
+    y = jnp.swapaxes(y, 1, 2)
     return self.out(y.reshape(y.shape[:2] + (self.num_heads * self.head_dim,)))
 
 
@@ -283,6 +339,6 @@ class MlpBlock(nn.Module):
     names = ["wi"] if len(self.activations) == 1 else [f"wi_{i}" for i in
                                                          range(len(self.activations))]
     wi = [Dense(x.shape[-1], self.mlp_dim, ("embed", "mlp"), self.dtype, name=n) for n in names]
-    branches = fused_dense(x, wi, self.dtype, self.fuse)
+    branches = fused_dense(x, wi, self.dtype, self.fuse, packed(self, "wi"))
     h = functools.reduce(jnp.multiply, [acts[a](y) for a, y in zip(self.activations, branches)])
     return Dense(self.mlp_dim, x.shape[-1], ("mlp", "embed"), self.dtype, name="wo")(h)

@@ -7,12 +7,18 @@ through `jax.jit`, `vmap` or `lax.while_loop` like any array container:
     logits = model.forward(enc, dec_in)           # [B, Ld, V] float32
     cache = model.start(enc, capacity=32)         # encoder once, cross K/V cached
     logits, cache = model.decode(tok, cache)      # tok [B, k]; writes at cache.length
+
+On a CPU with the decode kernels (`specdec_jax.kernels`), a Model also carries its
+decode steps' weights packed for them (`Model.decode_weights`): built once per Model
+from its params, on first use, and passed as extra pytree leaves; cached decode
+calls read them from a separate flax collection, so `params` keeps T5X's tree.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 from flax.traverse_util import flatten_dict, unflatten_dict
@@ -21,14 +27,13 @@ import jax.numpy as jnp
 from flax import struct
 
 from specdec_jax import cache as cache_lib
+from specdec_jax import kernels
 from specdec_jax.config import T5Config
 from specdec_jax.errors import InputError
 from specdec_jax.models import layers
-from specdec_jax.models.t5 import Transformer
+from specdec_jax.models.t5 import Transformer, decode_products
 
 Array = jax.Array
-
-
 
 
 @functools.lru_cache(maxsize=None)
@@ -36,10 +41,14 @@ def module_for(config: T5Config) -> Transformer:
   return Transformer(config)
 
 
-def _apply(model: "Model", *args, method: str, **kwargs):
-  module = module_for(model.config)
-  return module.apply({"params": model.params}, *args, method=getattr(Transformer, method),
-                      **kwargs)
+def _apply(model: "Model", *args, method: str, packed: bool = False, **kwargs):
+  """`Transformer.<method>` on `model`'s params; `packed`: with its decode weights too."""
+  variables = {"params": model.params}
+  weights = model.decode_weights if packed else None
+  if weights is not None:
+    variables[layers.DECODE_WEIGHTS] = weights
+  return module_for(model.config).apply(variables, *args, method=getattr(Transformer, method),
+                                        **kwargs)
 
 
 @functools.partial(jax.jit, static_argnames=("deterministic",))
@@ -62,15 +71,70 @@ def _start(model, encoder_tokens, capacity):
 
 @functools.partial(jax.jit, static_argnames=("num_layers",))
 def _decode(model, tokens, cache, num_layers=None, positions=None, visible=None):
-  return _apply(model, tokens, cache, num_layers, positions, visible, method="decode")
+  return _apply(model, tokens, cache, num_layers, positions, visible, method="decode",
+                packed=True)
 
 
-@struct.dataclass
+class _Packed(NamedTuple):
+  """A Model's packed decode weights and the param leaves they were packed from."""
+
+  sources: tuple       # tree_leaves(params) at packing time, compared by identity
+  weights: Any         # {DECODE_WEIGHTS tree} or None (the model cannot use the kernels)
+
+
+@dataclasses.dataclass(frozen=True)
 class Model:
-  """A T5 encoder-decoder: `config` (static) and `params` (T5X tree names)."""
+  """A T5 encoder-decoder: `config` (static) and `params` (T5X tree names).
+
+  A pytree whose leaves are `params`, then `decode_weights` when there are any.
+  """
 
   config: T5Config = struct.field(pytree_node=False)
   params: Any
+
+  def replace(self, **updates) -> "Model":
+    """A new Model with fields replaced (its decode weights are packed anew, when used)."""
+    return dataclasses.replace(self, **updates)
+
+  @property
+  def decode_weights(self) -> Any | None:
+    """The decode-step kernels packed for the CPU skinny products, or None.
+
+    A tree in the `layers.DECODE_WEIGHTS` collection's layout (`t5.decode_products`).
+    Built on first use (the first jit call that takes this Model) from the current
+    params, then kept on this Model: it is never recomputed per call, and a Model
+    made by `replace`, `astype` or `with_dtype` is a new Model that packs its own.
+    Packed weights can never be stale: they are used only while every params leaf
+    is the very array they were packed from (assigning into the params dict in
+    place re-packs). None where the kernels are off or unavailable
+    (`kernels.status()`), for float16, for params not on one CPU device, and for a
+    Model made inside a traced function (those run XLA's dot).
+    """
+    if not kernels.available():
+      return None
+    leaves = jax.tree_util.tree_leaves(self.params)
+    cached = self.__dict__.get("_packed")
+    if cached is not None and _same_arrays(cached.sources, leaves):
+      return cached.weights
+    if any(isinstance(x, jax.core.Tracer) for x in leaves):
+      return None
+    with jax.ensure_compile_time_eval():
+      weights = pack_decode_weights(self.config, self.params) if _on_one_cpu(leaves) else None
+    object.__setattr__(self, "_packed", _Packed(tuple(leaves), weights))
+    return weights
+
+  @property
+  def width_invariant_decode(self) -> bool:
+    """Whether a cached decode call computes each of its k tokens by the ops of a
+    1-token call: a k-token call's logits are then bitwise k sequential 1-token calls.
+
+    True with packed decode weights (`decode_weights`): every product is a skinny
+    kernel with a fixed per-element accumulation order, and attention runs one query
+    row at a time. XLA's dot picks other kernels for k >= 2 rows than for 1, so
+    without them rows round differently (the engine's exact mode then pads every
+    call to one width, `engine.EXACT_WIDTH`).
+    """
+    return self.decode_weights is not None
 
   @property
   def vocab_size(self) -> int:
@@ -145,6 +209,77 @@ class Model:
     params = jax.tree_util.tree_map(
         lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, self.params)
     return self.replace(params=params)
+
+
+def _same_arrays(a, b) -> bool:
+  return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+def _on_one_cpu(leaves) -> bool:
+  for x in leaves:
+    if isinstance(x, jax.Array) and not all(d.platform == "cpu" for d in x.sharding.device_set):
+      return False
+    if isinstance(x, jax.Array) and len(x.sharding.device_set) != 1:
+      return False
+  return True
+
+
+def pack_decode_weights(config: T5Config, params) -> Any | None:
+  """The decode-step products (`t5.decode_products`) packed for `kernels.dot`, or None.
+
+  Each weight is packed in the dtype its layer computes in: bfloat16 where the
+  activations are bfloat16 or the params are (kind "bf16cvt"), else float32.
+  None for float16 activations or params (no kernel for them).
+  """
+  if config.activation_dtype not in (jnp.float32, jnp.bfloat16):
+    return None
+  tree = {}
+  for path, product in decode_products(config).items():
+    mats = [functools.reduce(lambda t, k: t[k], p, params) for p in product.sources]
+    if product.sum_of_squares:
+      tree[path] = kernels.pack(jnp.ones((mats[0].shape[0], 1), jnp.float32))
+      continue
+    stored = jnp.result_type(*mats)
+    if product.dtype == jnp.bfloat16 or stored == jnp.bfloat16:
+      dtype = jnp.bfloat16
+    elif stored == jnp.float32:
+      dtype = jnp.float32
+    else:
+      return None
+    w = mats[0].T if product.transposed else jnp.concatenate(mats, axis=1)
+    tree[path] = kernels.pack(w, dtype)
+  return unflatten_dict(tree)
+
+
+def _flatten_with_keys(model: Model):
+  weights = model.decode_weights
+  children = [(jax.tree_util.GetAttrKey("params"), model.params)]
+  if weights is not None:
+    children.append((jax.tree_util.GetAttrKey("decode_weights"), weights))
+  return children, (model.config, weights is not None)
+
+
+def _flatten(model: Model):
+  children, aux = _flatten_with_keys(model)
+  return [c for _, c in children], aux
+
+
+def _unflatten(aux, children) -> Model:
+  """Decode weights survive unflattening only as tracers (a jit / while-loop argument):
+  concrete leaves may have been mapped by any function, so a concrete Model re-packs."""
+  config, has_weights = aux
+  model = object.__new__(Model)
+  object.__setattr__(model, "config", config)
+  object.__setattr__(model, "params", children[0])
+  if has_weights:
+    weights = children[1]
+    if all(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(weights)):
+      leaves = tuple(jax.tree_util.tree_leaves(children[0]))
+      object.__setattr__(model, "_packed", _Packed(leaves, weights))
+  return model
+
+
+jax.tree_util.register_pytree_with_keys(Model, _flatten_with_keys, _unflatten, _flatten)
 
 
 def init_model(config: T5Config, rng: Array | int = 0, dtype=None) -> Model:

@@ -14,7 +14,7 @@ Three entry points share the same layers:
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -27,6 +27,60 @@ from specdec_jax.models.layers import (Dense, Embed, MlpBlock, MultiHeadAttentio
                                        RelativePositionBias, attention_bias)
 
 Array = jax.Array
+
+
+class DecodeProduct(NamedTuple):
+  """One product of a cached decode step, as `Model.decode_weights` packs it.
+
+  sources: param paths of [K, N_i] kernels, joined along N (a fused product); or,
+  with `transposed`, one [N, K] matrix (the tied embedding); or, with
+  `sum_of_squares`, an RMSNorm's scale [K], packed as a [K, 1] column of ones (the
+  norm's sum of squares as a product: XLA's reduce rounds a row differently with
+  other rows beside it). dtype: the dtype the layer computes the product in (the
+  weights are cast to it).
+  """
+
+  sources: tuple[tuple[str, ...], ...]
+  dtype: jnp.dtype
+  transposed: bool = False
+  sum_of_squares: bool = False
+
+
+def decode_products(cfg: T5Config) -> dict[tuple[str, ...], DecodeProduct]:
+  """Every product of a cached decode step, by its path in the `DECODE_WEIGHTS` collection.
+
+  Self-attention Q/K/V (fused, "qkv"), attention outputs, the cross-attention query,
+  the MLP's wi_* (fused, "wi") and wo, the output layer, and the decoder's RMSNorm
+  sums of squares ("sum_squares"). Not here: the encoder and the cross-attention K/V
+  (`init_cache`, once per request), which keep XLA's dot.
+  """
+  dt = cfg.activation_dtype
+  f32 = jnp.dtype(jnp.float32)
+  norm = lambda path: DecodeProduct((path + ("scale",),), f32, sum_of_squares=True)
+  out = {("decoder", "decoder_norm", "sum_squares"): norm(("decoder", "decoder_norm"))}
+  for i in range(cfg.num_decoder_layers):
+    layer = ("decoder", f"layers_{i}")
+    for name in ("pre_self_attention_layer_norm", "pre_cross_attention_layer_norm",
+                 "pre_mlp_layer_norm"):
+      out[layer + (name, "sum_squares")] = norm(layer + (name,))
+    self_attn, cross = layer + ("self_attention",), layer + ("encoder_decoder_attention",)
+    out[self_attn + ("qkv",)] = DecodeProduct(
+        tuple(self_attn + (n, "kernel") for n in ("query", "key", "value")), dt)
+    for path in (self_attn + ("out",), cross + ("query",), cross + ("out",),
+                 layer + ("mlp", "wo")):
+      out[path + ("kernel",)] = DecodeProduct((path + ("kernel",),), dt)
+    wi = ["wi"] if len(cfg.mlp_activations) == 1 else [
+        f"wi_{j}" for j in range(len(cfg.mlp_activations))]
+    out[layer + ("mlp", "wi")] = DecodeProduct(
+        tuple(layer + ("mlp", n, "kernel") for n in wi), dt)
+  if cfg.logits_via_embedding:
+    out[("token_embedder", "logits")] = DecodeProduct(
+        (("token_embedder", "embedding"),), jnp.dtype(jnp.float32), transposed=True)
+  else:
+    out[("decoder", "logits_dense", "kernel")] = DecodeProduct(
+        (("decoder", "logits_dense", "kernel"),), jnp.dtype(jnp.float32))
+  return out
+
 
 def _make_attention(cfg: T5Config, name: str | None) -> MultiHeadAttention:
   return MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.emb_dim, cfg.activation_dtype,

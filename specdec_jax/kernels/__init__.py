@@ -1,0 +1,24 @@
+"""CPU kernels for decode steps: skinny products on pre-packed weights (XLA FFI).
+
+A cached decode call runs M = batch x k rows through every decoder product. On CPU,
+XLA runs M = 1 as a GEMV and M >= 2 through another library, so a k-token verify
+call costs 1.3-1.5x a 1-token step and its rows round differently from 1-token
+steps. `skinny.dot` streams each weight panel once for all M rows, with a fixed
+per-element accumulation order: a k <= 5 call costs ~1.1x a step, and every row is
+bitwise independent of M.
+
+    from specdec_jax import kernels
+    kernels.status()                       # Status(available, reason, library)
+    wp = kernels.pack(w)                   # once per model: w [K, N] f32 / bf16
+    y = kernels.dot(x, wp, n=w.shape[1])   # x [..., K] -> [..., N] float32
+
+Built on first use with the system C++ compiler (see `build`); where the backend
+is not the CPU, the CPU lacks AVX-512F / FMA, there is no compiler, the build fails,
+or SPECDEC_CPU_KERNELS=0, `available()` is False and the models use `jnp.dot`.
+The models use them in cached decode calls only (`models.model.Model.decode_weights`).
+"""
+
+from specdec_jax.kernels.build import ENV_VAR, Status, available, status
+from specdec_jax.kernels.skinny import check_packed, dot, pack
+
+__all__ = ["ENV_VAR", "Status", "available", "check_packed", "dot", "pack", "status"]

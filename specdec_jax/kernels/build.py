@@ -1,0 +1,178 @@
+"""Build the CPU kernels on first use, cache the library, register its FFI target.
+
+    from specdec_jax.kernels import build
+    build.status()   # Status(available=True, reason='built ...', library='/root/.cache/...so')
+
+The C++ source ships as package data (`skinny.cc`). On first use it is compiled with
+the system C++ compiler (`$CXX`, default g++) against the XLA FFI headers inside jaxlib
+(`jax.ffi.include_dir()`; nothing is linked), into a per-user cache directory:
+`$SPECDEC_CACHE_DIR`, else `$XDG_CACHE_HOME/specdec_jax`, else `~/.cache/specdec_jax`.
+The file name carries a hash of the source, the flags, the compiler and the jaxlib
+version, so an upgrade of any of them builds a new library. Concurrent processes take
+an exclusive lock on the cache entry while one of them builds, and the library is
+written to a temporary file renamed into place: a reader never sees a partial file.
+
+Everything but `SPECDEC_CPU_KERNELS` (read on every call) is decided once per
+process; a failure on a machine that should support the kernels (no compiler, a
+failed build) warns once, and the models then use XLA's dot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import fcntl
+import hashlib
+import importlib.resources
+import logging
+import os
+import pathlib
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+
+import jax
+
+ENV_VAR = "SPECDEC_CPU_KERNELS"        # 0 / false / off / no: always use XLA's dot
+TARGET = "specdec_skinny_dot"          # the FFI target name
+SOURCE = "skinny.cc"
+SYMBOL = "SpecdecSkinnyDot"
+FLAGS = ("-std=c++17", "-O3", "-fPIC", "-shared", "-fno-math-errno", "-mavx512f", "-mfma")
+CPU_FLAGS = ("avx512f", "fma")         # what FLAGS let the compiler use, from /proc/cpuinfo
+_OFF = ("0", "false", "off", "no")
+
+_log = logging.getLogger(__name__)
+_lock = threading.Lock()
+
+
+@dataclasses.dataclass(frozen=True)
+class Status:
+  """Whether the kernels are used, and why (or why not)."""
+
+  available: bool
+  reason: str
+  library: str | None = None
+
+
+def status() -> Status:
+  """The kernels' status now: the env switch, then the (cached) machine checks and build."""
+  value = os.environ.get(ENV_VAR, "").strip().lower()
+  if value in _OFF:
+    return Status(False, f"disabled by {ENV_VAR}={os.environ[ENV_VAR]}")
+  return _machine_status()
+
+
+def available() -> bool:
+  return status().available
+
+
+def cache_dirs() -> list[pathlib.Path]:
+  """Where the library is built, in order of preference (the first writable one is used)."""
+  if os.environ.get("SPECDEC_CACHE_DIR"):
+    return [pathlib.Path(os.environ["SPECDEC_CACHE_DIR"])]
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return [pathlib.Path(base) / "specdec_jax",
+          pathlib.Path(tempfile.gettempdir()) / f"specdec_jax-{os.getuid()}"]
+
+
+def cpu_flags() -> set[str]:
+  """The CPU's feature flags from /proc/cpuinfo (empty where it cannot be read)."""
+  try:
+    text = pathlib.Path("/proc/cpuinfo").read_text()
+  except OSError:
+    return set()
+  for line in text.splitlines():
+    if line.startswith("flags"):
+      return set(line.split(":", 1)[1].split())
+  return set()
+
+
+_STATUS: list[Status] = []      # the machine's status, once decided
+
+
+def _machine_status() -> Status:
+  with _lock:
+    if not _STATUS:
+      _STATUS.append(_decide())
+    return _STATUS[0]
+
+
+def _decide() -> Status:
+  """Backend, CPU, compiler, build and registration checks (run once per process)."""
+  if jax.default_backend() != "cpu":
+    return Status(False, f"the default JAX backend is {jax.default_backend()}, not cpu")
+  if platform.machine().lower() not in ("x86_64", "amd64"):
+    return Status(False, f"not an x86-64 CPU ({platform.machine()})")
+  missing = [f for f in CPU_FLAGS if f not in cpu_flags()]
+  if missing:
+    return Status(False, f"the CPU lacks {', '.join(missing)} (from /proc/cpuinfo)")
+  compiler = shutil.which(os.environ.get("CXX", "g++"))
+  if compiler is None:
+    return _unavailable(f"no C++ compiler ({os.environ.get('CXX', 'g++')} not on PATH)")
+  try:
+    path = _build(compiler)
+    lib = ctypes.cdll.LoadLibrary(str(path))
+    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(getattr(lib, SYMBOL)),
+                                platform="cpu")
+  except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as e:
+    return _unavailable(str(e))
+  return Status(True, "built and registered", str(path))
+
+
+def _unavailable(reason: str) -> Status:
+  warnings.warn(f"specdec_jax: CPU decode kernels unavailable, using XLA's dot instead: "
+                f"{reason} (set {ENV_VAR}=0 to silence)", RuntimeWarning, stacklevel=3)
+  return Status(False, reason)
+
+
+def _compiler_id(compiler: str) -> str:
+  try:
+    out = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60)
+    return out.stdout.splitlines()[0] if out.stdout else compiler
+  except (OSError, subprocess.SubprocessError):
+    return compiler
+
+
+def _build(compiler: str) -> pathlib.Path:
+  """The cached library for this source / flags / compiler / jaxlib; builds it if missing."""
+  import jaxlib
+  source = importlib.resources.files(__package__).joinpath(SOURCE).read_bytes()
+  key = hashlib.sha256(b"\0".join([source, " ".join(FLAGS).encode(),
+                                   _compiler_id(compiler).encode(),
+                                   jaxlib.__version__.encode()])).hexdigest()[:16]
+  errors = []
+  for directory in cache_dirs():
+    try:
+      return _build_in(directory, f"skinny-{key}", source, compiler)
+    except PermissionError as e:       # not writable: try the next directory
+      errors.append(str(e))
+  raise OSError("no writable cache directory: " + "; ".join(errors))
+
+
+def _build_in(directory: pathlib.Path, stem: str, source: bytes, compiler: str) -> pathlib.Path:
+  path = directory / f"{stem}.so"
+  if path.exists():
+    return path
+  directory.mkdir(parents=True, exist_ok=True)
+  with open(directory / f"{stem}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)      # another process may be building the same file
+    if path.exists():
+      return path
+    _log.info("specdec_jax: building the CPU decode kernels into %s (once)", path)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=directory)
+    os.close(fd)
+    try:
+      cmd = [compiler, *FLAGS, "-isystem", jax.ffi.include_dir(), "-x", "c++", "-", "-o", tmp]
+      out = subprocess.run(cmd, input=source, capture_output=True, timeout=600)
+      if out.returncode != 0:
+        tail = "\n".join(out.stderr.decode(errors="replace").strip().splitlines()[-8:])
+        raise RuntimeError(f"building {SOURCE} failed ({' '.join(cmd)}):\n{tail}")
+      os.replace(tmp, path)
+    finally:
+      with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+  return path

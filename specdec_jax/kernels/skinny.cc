@@ -1,0 +1,276 @@
+// Skinny products Y[M, N] = X[M, K] @ W[K, N] for small M (decode steps), as one XLA FFI
+// custom call for the CPU. Adapted from the skinny-product study (issue 13).
+//
+// W is packed once per model into 16-column panels, so that each panel is one contiguous
+// stream, read from memory ONCE per call whatever M is (all M rows use a column tile while
+// it sits in registers / L1):
+//   float32 :  Wp[P][K][16]        P = ceil(N / 16), columns zero-padded
+//   bfloat16:  Wp[P][K2][16][2]    K2 = ceil(K / 2): 32-bit lane n of a 64-byte row holds
+//                                  (W[2k][n], W[2k+1][n]); K zero-padded to even
+// The kind follows the packed dtype: float32 panels -> "f32", bfloat16 panels -> "bf16cvt"
+// (bf16 weights widened to float32 by a shift / mask, activations stay float32).
+//
+// Numerics, fixed by construction and independent of M, of the tiling and of threads:
+// every output element y[m, n] is ONE float32 accumulator, started at +0.0f and updated
+// in order k = 0, 1, ..., K-1 by acc = fma(x[m, k], w[k, n], acc) (vfmadd231ps). The
+// register tiling (rows per block, panels per tile) changes with M, the per-element
+// instruction sequence does not: row r of an M-row call is bitwise the 1-row call on it.
+//
+// Threads: column tiles are split into chunks handed out through an atomic counter; the
+// calling thread works too, helpers come from XLA's intra-op pool (ffi::ThreadPool); the
+// caller never waits for a helper that has not started.
+//
+// Needs AVX-512F and FMA (built with -mavx512f -mfma; the Python side checks the CPU).
+// Headers: the XLA FFI API inside jaxlib (jax.ffi.include_dir()); nothing is linked.
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <utility>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+enum class Kind { kF32, kBf16Cvt };
+
+struct Problem {
+  Kind kind;
+  int64_t M, K, N, P;  // P = number of 16-column panels
+  const float* x;      // [M, K]
+  const void* w;       // packed panels
+  float* y;            // [M, N]
+  int prefetch;        // software prefetch distance, in panel rows (0 = off)
+};
+
+inline void store_panel(float* dst, __m512 v, int64_t valid) {
+  if (valid >= 16) {
+    _mm512_storeu_ps(dst, v);
+  } else {
+    _mm512_mask_storeu_ps(dst, static_cast<__mmask16>((1u << valid) - 1u), v);
+  }
+}
+
+template <int MR, int NV>
+inline void store_tile(const Problem& p, int64_t m0, int64_t p0, __m512 (&acc)[MR][NV]) {
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NV; ++j) {
+      const int64_t col = (p0 + j) * 16;
+      store_panel(p.y + (m0 + m) * p.N + col, acc[m][j], p.N - col);
+    }
+}
+
+// One register tile: MR rows x NV panels (16 columns each), the full K.
+template <int MR, int NV>
+void tile_f32(const Problem& p, int64_t m0, int64_t p0) {
+  const int64_t K = p.K;
+  const float* __restrict w = static_cast<const float*>(p.w) + p0 * K * 16;
+  const float* __restrict x = p.x + m0 * K;
+  __m512 acc[MR][NV];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NV; ++j) acc[m][j] = _mm512_setzero_ps();
+  const int pf = p.prefetch;
+  for (int64_t k = 0; k < K; ++k) {
+    __m512 wv[NV];
+    for (int j = 0; j < NV; ++j) {
+      const float* src = w + j * K * 16 + k * 16;
+      if (pf) _mm_prefetch(reinterpret_cast<const char*>(src + pf * 16), _MM_HINT_T0);
+      wv[j] = _mm512_loadu_ps(src);
+    }
+    for (int m = 0; m < MR; ++m) {
+      const __m512 xb = _mm512_set1_ps(x[m * K + k]);
+      for (int j = 0; j < NV; ++j) acc[m][j] = _mm512_fmadd_ps(xb, wv[j], acc[m][j]);
+    }
+  }
+  store_tile<MR, NV>(p, m0, p0, acc);
+}
+
+template <int MR, int NV>
+void tile_bf16cvt(const Problem& p, int64_t m0, int64_t p0) {
+  const int64_t K = p.K, K2 = (p.K + 1) / 2;
+  const uint32_t* __restrict w = static_cast<const uint32_t*>(p.w) + p0 * K2 * 16;
+  const float* __restrict x = p.x + m0 * K;
+  const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  __m512 acc[MR][NV];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NV; ++j) acc[m][j] = _mm512_setzero_ps();
+  const int pf = p.prefetch;
+  const int64_t pairs = K / 2;  // complete (even, odd) pairs
+  for (int64_t kk = 0; kk < pairs; ++kk) {
+    __m512 we[NV], wo[NV];
+    for (int j = 0; j < NV; ++j) {
+      const uint32_t* src = w + j * K2 * 16 + kk * 16;
+      if (pf) _mm_prefetch(reinterpret_cast<const char*>(src + pf * 16), _MM_HINT_T0);
+      const __m512i v = _mm512_loadu_si512(src);
+      we[j] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));      // W[2kk][n]
+      wo[j] = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));  // W[2kk+1][n]
+    }
+    for (int m = 0; m < MR; ++m) {
+      const __m512 xe = _mm512_set1_ps(x[m * K + 2 * kk]);
+      for (int j = 0; j < NV; ++j) acc[m][j] = _mm512_fmadd_ps(xe, we[j], acc[m][j]);
+      const __m512 xo = _mm512_set1_ps(x[m * K + 2 * kk + 1]);
+      for (int j = 0; j < NV; ++j) acc[m][j] = _mm512_fmadd_ps(xo, wo[j], acc[m][j]);
+    }
+  }
+  if (K & 1) {  // the last, unpaired k
+    const int64_t kk = pairs;
+    for (int j = 0; j < NV; ++j) {
+      const __m512i v = _mm512_loadu_si512(w + j * K2 * 16 + kk * 16);
+      const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+      for (int m = 0; m < MR; ++m)
+        acc[m][j] = _mm512_fmadd_ps(_mm512_set1_ps(x[m * K + 2 * kk]), we, acc[m][j]);
+    }
+  }
+  store_tile<MR, NV>(p, m0, p0, acc);
+}
+
+using TileFn = void (*)(const Problem&, int64_t, int64_t);
+
+// Most rows per register block: MR * NV accumulators + NV weights (2 NV for bf16cvt's
+// even / odd split) + 1 broadcast <= 32 zmm registers.
+constexpr int kMaxMR = 14;
+
+template <Kind KD, int NV, int MR>
+constexpr TileFn pick_one() {
+  if constexpr (KD == Kind::kF32) return &tile_f32<MR, NV>;
+  else return &tile_bf16cvt<MR, NV>;
+}
+
+template <Kind KD, int NV, int... MRs>
+constexpr std::array<TileFn, sizeof...(MRs) + 1> make_table(std::integer_sequence<int, MRs...>) {
+  return {nullptr, pick_one<KD, NV, MRs + 1>()...};
+}
+
+template <Kind KD, int NV>
+TileFn tile_for(int mr) {
+  static constexpr auto table = make_table<KD, NV>(std::make_integer_sequence<int, kMaxMR>{});
+  return table[mr];
+}
+
+template <Kind KD>
+TileFn get_tile(int nv, int mr) {
+  switch (nv) {
+    case 8: return tile_for<KD, 8>(mr);
+    case 4: return tile_for<KD, 4>(mr);
+    case 2: return tile_for<KD, 2>(mr);
+    default: return tile_for<KD, 1>(mr);
+  }
+}
+
+TileFn get_tile(Kind kd, int nv, int mr) {
+  return kd == Kind::kF32 ? get_tile<Kind::kF32>(nv, mr) : get_tile<Kind::kBf16Cvt>(nv, mr);
+}
+
+// Panels per tile and most rows per block, for M rows (register budget, see kMaxMR).
+void plan(Kind kd, int64_t M, int* nv, int* mr_max) {
+  const bool cvt = kd == Kind::kBf16Cvt;
+  if (M == 1 || (M == 2 && !cvt)) { *nv = 8; *mr_max = 2; }
+  else if (M <= (cvt ? 5 : 6)) { *nv = 4; *mr_max = cvt ? 5 : 6; }
+  else { *nv = 2; *mr_max = cvt ? 13 : 14; }
+}
+
+// Column tiles [t0, t1), in units of nv panels (the last tile may be narrower).
+void run_tiles(const Problem& p, int nv, int mr_max, int64_t t0, int64_t t1) {
+  const int64_t nblocks = (p.M + mr_max - 1) / mr_max;
+  for (int64_t t = t0; t < t1; ++t) {
+    int64_t pan = t * nv;
+    int64_t left = std::min<int64_t>(nv, p.P - pan);
+    while (left > 0) {  // a full tile, or the remainder panels one at a time
+      const int this_nv = left >= nv ? nv : 1;
+      int64_t m0 = 0;
+      for (int64_t b = 0; b < nblocks; ++b) {  // near-equal row blocks
+        const int64_t rows = (p.M - m0) / (nblocks - b);
+        if (this_nv == nv) {
+          get_tile(p.kind, nv, static_cast<int>(rows))(p, m0, pan);
+        } else {  // 1-panel tiles take up to kMaxMR rows
+          for (int64_t r0 = m0; r0 < m0 + rows;) {
+            const int r = static_cast<int>(std::min<int64_t>(kMaxMR, m0 + rows - r0));
+            get_tile(p.kind, 1, r)(p, r0, pan);
+            r0 += r;
+          }
+        }
+        m0 += rows;
+      }
+      pan += this_nv;
+      left -= this_nv;
+    }
+  }
+}
+
+struct Shared {
+  Problem p;
+  int nv, mr_max;
+  int64_t ntiles, nchunks;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+  void work() {
+    int64_t c;
+    while ((c = next.fetch_add(1, std::memory_order_relaxed)) < nchunks) {
+      run_tiles(p, nv, mr_max, ntiles * c / nchunks, ntiles * (c + 1) / nchunks);
+      done.fetch_add(1, std::memory_order_release);
+    }
+  }
+};
+
+ffi::Error SkinnyDotImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer w,
+                         ffi::ResultBuffer<ffi::F32> y, int64_t nthreads,
+                         int64_t chunks_per_thread, int64_t prefetch) {
+  const auto xd = x.dimensions();
+  const auto yd = y->dimensions();
+  if (xd.size() < 1 || yd.size() != xd.size())
+    return ffi::Error::InvalidArgument("skinny_dot: x and y must have the same rank >= 1");
+  Kind kind;
+  if (w.element_type() == ffi::DataType::F32) kind = Kind::kF32;
+  else if (w.element_type() == ffi::DataType::BF16) kind = Kind::kBf16Cvt;
+  else return ffi::Error::InvalidArgument("skinny_dot: packed weights must be f32 or bf16");
+  const int64_t K = xd.back(), N = yd.back();
+  const int64_t M = K ? static_cast<int64_t>(x.element_count()) / K : 0;
+  Problem p{kind, M, K, N, (N + 15) / 16, x.typed_data(), w.untyped_data(), y->typed_data(),
+            static_cast<int>(prefetch)};
+  const int64_t expect = kind == Kind::kF32 ? p.P * K * 16 : p.P * ((K + 1) / 2) * 32;
+  if (static_cast<int64_t>(w.element_count()) != expect)
+    return ffi::Error::InvalidArgument("skinny_dot: packed weights do not match [K, N]");
+  if (M == 0 || N == 0) return ffi::Error::Success();
+  if (K == 0) {
+    std::memset(p.y, 0, sizeof(float) * M * N);
+    return ffi::Error::Success();
+  }
+  int nv, mr_max;
+  plan(kind, M, &nv, &mr_max);
+  const int64_t ntiles = (p.P + nv - 1) / nv;
+  const int64_t avail = std::max<int64_t>(1, pool.num_threads());
+  const int64_t nt = std::max<int64_t>(1, std::min({nthreads, avail, ntiles}));
+  if (nt <= 1) {
+    run_tiles(p, nv, mr_max, 0, ntiles);
+    return ffi::Error::Success();
+  }
+  auto sh = std::make_shared<Shared>();
+  sh->p = p;
+  sh->nv = nv;
+  sh->mr_max = mr_max;
+  sh->ntiles = ntiles;
+  sh->nchunks = std::min<int64_t>(ntiles, nt * std::max<int64_t>(1, chunks_per_thread));
+  for (int64_t t = 1; t < nt; ++t) pool.Schedule([sh] { sh->work(); });
+  sh->work();
+  while (sh->done.load(std::memory_order_acquire) < sh->nchunks) _mm_pause();
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecdecSkinnyDot, SkinnyDotImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("nthreads")
+                                  .Attr<int64_t>("chunks")
+                                  .Attr<int64_t>("prefetch"));

@@ -1,0 +1,84 @@
+"""Skinny products on packed weights: `pack` once per model, `dot` in every decode step.
+
+    wp = pack(w)                    # w [K, N] float32 or bfloat16 -> 16-column panels
+    y = dot(x, wp, n=N)             # x [..., K] -> y [..., N] float32
+
+float32 weights pack to float32 panels [P, K, 16] (kind "f32"); bfloat16 weights to
+bfloat16 panels [P, ceil(K/2), 16, 2] (kind "bf16cvt": the kernel widens them to
+float32; x stays float32). P = ceil(N/16); padding is zeros. Every output element is
+one float32 accumulator updated in order k = 0..K-1 with an FMA, whatever the number
+of rows: row r of a call is bitwise the 1-row call on that row (see skinny.cc).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax.kernels import build
+
+Array = jax.Array
+
+PANEL = 16
+#: Weight bytes per thread above which a product is split over XLA's intra-op pool
+#: (`SPECDEC_CPU_KERNEL_PARALLEL_BYTES`). One core streams a decode step's weights
+#: at its share of memory bandwidth, and handing work to the pool costs ~10 us.
+PARALLEL_BYTES = int(os.environ.get("SPECDEC_CPU_KERNEL_PARALLEL_BYTES", 4 << 20))
+PREFETCH = 16          # software prefetch distance, in panel rows
+CHUNKS = 4             # column chunks per thread
+
+
+@functools.partial(jax.jit, static_argnames=("dtype",))
+def pack(w: Array, dtype=None) -> Array:
+  """w [K, N] -> panels: float32 [P, K, 16], or bfloat16 [P, ceil(K/2), 16, 2].
+
+  dtype: the weights' compute dtype (default: w's); float32 or bfloat16. bfloat16
+  rounds float32 weights as `w.astype(jnp.bfloat16)` does.
+  """
+  dtype = jnp.dtype(dtype or w.dtype)
+  if dtype not in (jnp.float32, jnp.bfloat16):
+    raise TypeError(f"skinny products take float32 or bfloat16 weights, not {dtype}")
+  k, n = w.shape
+  p = -(-n // PANEL)
+  w = jnp.pad(w.astype(dtype), ((0, 0), (0, p * PANEL - n)))
+  if dtype == jnp.float32:
+    return w.reshape(k, p, PANEL).transpose(1, 0, 2)
+  k2 = -(-k // 2)
+  w = jnp.pad(w, ((0, 2 * k2 - k), (0, 0)))
+  return w.reshape(k2, 2, p, PANEL).transpose(2, 0, 3, 1)
+
+
+def check_packed(wp: Array, k: int, n: int) -> None:
+  """Raise unless `wp` is the packing of a [k, n] float32 or bfloat16 matrix."""
+  p = -(-n // PANEL)
+  want = {jnp.float32: (p, k, PANEL), jnp.bfloat16: (p, -(-k // 2), PANEL, 2)}
+  shape = want.get(jnp.dtype(wp.dtype).type)
+  if shape is None or tuple(wp.shape) != shape:
+    raise ValueError(f"packed weights {wp.dtype}{list(wp.shape)} are not a packed [{k}, {n}] "
+                     f"matrix (float32 {list(want[jnp.float32])} or bfloat16 "
+                     f"{list(want[jnp.bfloat16])})")
+
+
+def threads(k: int, n: int, dtype) -> int:
+  """Threads for a product: 1, or about one per PARALLEL_BYTES of weights."""
+  nbytes = k * n * jnp.dtype(dtype).itemsize
+  return max(1, nbytes // PARALLEL_BYTES)
+
+
+def dot(x: Array, wp: Array, n: int) -> Array:
+  """x [..., K] (any float dtype; computed in float32) @ packed [K, n] -> [..., n] float32.
+
+  Needs the kernels (`build.available()`): the caller picks this or `jnp.dot`.
+  """
+  k = x.shape[-1]
+  check_packed(wp, k, n)
+  if not build.available():
+    raise RuntimeError(f"skinny products unavailable: {build.status().reason}")
+  out = jax.ShapeDtypeStruct(x.shape[:-1] + (n,), jnp.float32)
+  call = jax.ffi.ffi_call(build.TARGET, out, vmap_method="expand_dims")
+  return call(x.astype(jnp.float32), wp, nthreads=np.int64(threads(k, n, wp.dtype)),
+              chunks=np.int64(CHUNKS), prefetch=np.int64(PREFETCH))

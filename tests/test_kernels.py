@@ -1,0 +1,285 @@
+"""CPU decode kernels (specdec_jax.kernels): products, M-invariance, the model's decode path.
+
+Kernel tests skip (with the reason) where the kernels are unavailable: another
+backend, a CPU without AVX-512F / FMA, no compiler, a failed build, or
+SPECDEC_CPU_KERNELS=0. The fallback tests run everywhere.
+"""
+
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax.traverse_util import flatten_dict
+
+import specdec_jax as sd
+from specdec_jax import kernels
+from specdec_jax.decoding import engine
+from specdec_jax.kernels import build
+from conftest import ragged_tokens
+
+STATUS = kernels.status()
+needs_kernels = pytest.mark.skipif(not STATUS.available,
+                                   reason=f"CPU kernels unavailable: {STATUS.reason}")
+PAIRS = pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl"
+SHAPES = [(256, 768), (255, 1000), (7, 5), (1, 17), (64, 33), (513, 130)]
+
+
+def _off(monkeypatch):
+  monkeypatch.setenv(kernels.ENV_VAR, "0")
+
+
+def _uses_kernel(fn, *args) -> bool:
+  return build.TARGET in jax.jit(fn).lower(*args).as_text()
+
+
+def _decode(model, tokens, cache):
+  return model.decode(tokens, cache)[0]
+
+
+@pytest.fixture(scope="module")
+def demo():
+  """The demo target, a held-out batch and a cache prefilled with 16 positions."""
+  target = sd.load("demo-de-en/target")
+  tok = sd.load_tokenizer("demo-de-en")
+  rows = [json.loads(line) for line in PAIRS.read_text().splitlines()[:8]]
+  enc = jnp.asarray(tok.encode([r["de"] for r in rows]), jnp.int32)
+  return target, enc
+
+
+def _prefilled(model, enc, length=16, capacity=48, seed=0):
+  rng = np.random.default_rng(seed)
+  cache = model.start(enc, capacity=capacity)
+  prefix = jnp.asarray(rng.integers(2, model.vocab_size, (enc.shape[0], length)), jnp.int32)
+  return model.decode(prefix, cache)[1]
+
+
+# ----------------------------------------------------------------------------- fallback
+
+
+def test_status_says_why():
+  assert isinstance(STATUS, kernels.Status) and STATUS.reason
+  assert STATUS.available == (STATUS.library is not None)
+
+
+def test_env_var_disables_and_decode_falls_back_to_dot(monkeypatch, demo):
+  target, enc = demo
+  _off(monkeypatch)
+  assert not kernels.available() and kernels.ENV_VAR in kernels.status().reason
+  assert target.decode_weights is None
+  cache = _prefilled(target, enc[:1])
+  tokens = jnp.asarray([[5, 6, 7]], jnp.int32)
+  assert not _uses_kernel(_decode, target, tokens, cache)
+
+
+def test_decode_uses_kernel_exactly_when_available(demo):
+  target, enc = demo
+  cache = _prefilled(target, enc[:1])
+  tokens = jnp.asarray([[5, 6, 7]], jnp.int32)
+  assert _uses_kernel(_decode, target, tokens, cache) == STATUS.available
+  assert (target.decode_weights is not None) == STATUS.available
+
+
+def test_failed_build_warns_once_and_falls_back(monkeypatch, tmp_path):
+  saved = list(build._STATUS)
+  monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+  monkeypatch.setenv("CXX", "false")            # a "compiler" that always fails
+  monkeypatch.delenv(kernels.ENV_VAR, raising=False)
+  if jax.default_backend() != "cpu" or not set(build.CPU_FLAGS) <= build.cpu_flags():
+    pytest.skip("this machine never builds the kernels")
+  try:
+    build._STATUS.clear()
+    with pytest.warns(RuntimeWarning, match="using XLA's dot instead"):
+      assert not kernels.available()
+    assert not kernels.available()                # decided once: no second warning
+    assert not list(tmp_path.glob("*.so"))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    build._STATUS.clear()
+    with pytest.warns(RuntimeWarning, match="no C.. compiler"):
+      assert not kernels.available()
+  finally:
+    build._STATUS[:] = saved
+
+
+# ----------------------------------------------------------------------------- products
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("k,n", SHAPES)
+def test_product_matches_dot(k, n, dtype):
+  rng = np.random.default_rng(k * n)
+  w = jnp.asarray(rng.standard_normal((k, n)), jnp.float32)
+  wp = kernels.pack(w, dtype)
+  for m in (1, 3, 16):
+    x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+    y = kernels.dot(x, wp, n)
+    ref = jnp.dot(x, w.astype(dtype).astype(jnp.float32), precision="highest")
+    assert y.shape == (m, n) and y.dtype == jnp.float32
+    scale = float(jnp.max(jnp.abs(ref)))
+    assert float(jnp.max(jnp.abs(y - ref))) <= 1e-5 * scale
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("k,n", [(256, 768), (255, 1000), (7, 5)])
+def test_rows_are_bitwise_independent_of_m(k, n, dtype):
+  rng = np.random.default_rng(0)
+  wp = kernels.pack(jnp.asarray(rng.standard_normal((k, n)), jnp.float32), dtype)
+  x = jnp.asarray(rng.standard_normal((16, k)), jnp.float32)
+  single = np.stack([np.asarray(kernels.dot(x[i:i + 1], wp, n))[0] for i in range(16)])
+  for m in range(1, 17):
+    rows = np.asarray(kernels.dot(x[16 - m:], wp, n))     # row i sits at another position
+    np.testing.assert_array_equal(rows, single[16 - m:])
+  batched = np.asarray(jax.jit(lambda x: kernels.dot(x, wp, n))(x.reshape(2, 8, k)))
+  np.testing.assert_array_equal(batched.reshape(16, n), single)
+  vmapped = np.asarray(jax.vmap(lambda x: kernels.dot(x, wp, n))(x.reshape(4, 4, k)))
+  np.testing.assert_array_equal(vmapped.reshape(16, n), single)
+
+
+@needs_kernels
+def test_packed_shape_is_checked():
+  wp = kernels.pack(jnp.ones((8, 20), jnp.float32))
+  assert wp.shape == (2, 8, 16)
+  assert kernels.pack(jnp.ones((9, 20), jnp.bfloat16)).shape == (2, 5, 16, 2)
+  with pytest.raises(ValueError, match="not a packed"):
+    kernels.dot(jnp.ones((1, 8)), wp, 40)
+  with pytest.raises(TypeError, match="float32 or bfloat16"):
+    kernels.pack(jnp.ones((8, 20), jnp.float16))
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+@needs_kernels
+def test_decode_with_kernels_matches_dot(monkeypatch, demo):
+  target, enc = demo
+  cache = _prefilled(target, enc)
+  tokens = jnp.asarray(np.random.default_rng(1).integers(2, target.vocab_size, (8, 4)), jnp.int32)
+  on = np.asarray(target.decode(tokens, cache)[0])
+  _off(monkeypatch)
+  off = np.asarray(target.decode(tokens, cache)[0])
+  assert np.max(np.abs(on - off)) <= 1e-5 * np.max(np.abs(off))
+  np.testing.assert_array_equal(on.argmax(-1), off.argmax(-1))
+
+
+@needs_kernels
+def test_greedy_tokens_identical_on_demo_pair(monkeypatch, demo):
+  target, enc = demo
+  on = sd.generate(target, enc, max_new_tokens=24, exact=False)
+  _off(monkeypatch)
+  off = sd.generate(target, enc, max_new_tokens=24, exact=False)
+  np.testing.assert_array_equal(np.asarray(on.tokens), np.asarray(off.tokens))
+  np.testing.assert_array_equal(np.asarray(on.lengths), np.asarray(off.lengths))
+
+
+def _verify_vs_steps(model, enc, ks=(2, 3, 5, 9)):
+  cache = _prefilled(model, enc)
+  rng = np.random.default_rng(2)
+  for k in ks:
+    tokens = jnp.asarray(rng.integers(2, model.vocab_size, (enc.shape[0], k)), jnp.int32)
+    big = np.asarray(model.decode(tokens, cache)[0])
+    steps, c = [], cache
+    for j in range(k):
+      logits, c = model.decode(tokens[:, j:j + 1], c)
+      steps.append(np.asarray(logits)[:, 0])
+    np.testing.assert_array_equal(big, np.stack(steps, axis=1), err_msg=f"k={k}")
+
+
+@needs_kernels
+@pytest.mark.parametrize("batch", [1, 8])
+def test_verify_call_is_bitwise_the_single_steps(demo, batch):
+  target, enc = demo
+  _verify_vs_steps(target, enc[:batch])
+
+
+@needs_kernels
+@pytest.mark.parametrize("name,dtype", [("t5_1_1_tiny", "float32"), ("t5_1_1_tiny", "bfloat16"),
+                                        ("t5_1_0_tiny", "float32")])
+def test_verify_call_is_bitwise_the_single_steps_tiny(name, dtype):
+  model = sd.init_model(sd.get_config(name), 3, dtype)
+  assert model.decode_weights is not None
+  _verify_vs_steps(model, jnp.asarray(ragged_tokens(2, 10, model.vocab_size)), ks=(2, 4))
+
+
+@needs_kernels
+def test_packed_once_and_never_stale(monkeypatch, demo):
+  target, enc = demo
+  weights = target.decode_weights
+  assert target.decode_weights is weights                     # built once per Model
+  cache = _prefilled(target, enc[:1])
+  tokens = jnp.asarray([[5, 6, 7]], jnp.int32)
+  before = np.asarray(target.decode(tokens, cache)[0])
+  assert target.decode_weights is weights                     # not per call
+
+  params = jax.tree_util.tree_map(lambda x: x, target.params)
+  params["decoder"]["logits_dense"]["kernel"] = params["decoder"]["logits_dense"]["kernel"] * 2
+  changed = target.replace(params=params)
+  assert changed.decode_weights is not weights
+  after = np.asarray(changed.decode(tokens, cache)[0])
+  np.testing.assert_allclose(after, 2 * before, rtol=1e-5, atol=1e-5)
+
+  # in place: the packed weights no longer match the params leaf, so they are re-packed
+  params["decoder"]["logits_dense"]["kernel"] = params["decoder"]["logits_dense"]["kernel"] * 0
+  assert not np.any(np.asarray(changed.decode(tokens, cache)[0]))
+
+  bf16 = target.with_dtype("bfloat16")
+  packed = flatten_dict(bf16.decode_weights)
+  assert {x.dtype for p, x in packed.items() if p[-1] != "sum_squares"} == {jnp.dtype(jnp.bfloat16)}
+  _off(monkeypatch)
+  assert target.decode_weights is None
+
+
+@needs_kernels
+def test_model_made_inside_jit_falls_back(demo):
+  target, enc = demo
+  cache = _prefilled(target, enc[:1])
+  tokens = jnp.asarray([[5, 6, 7]], jnp.int32)
+
+  def rebuilt(params, tokens, cache):
+    return sd.Model(config=target.config, params=params).decode(tokens, cache)[0]
+
+  assert not _uses_kernel(rebuilt, target.params, tokens, cache)
+  inside = np.asarray(jax.jit(rebuilt)(target.params, tokens, cache))
+  outside = np.asarray(target.decode(tokens, cache)[0])
+  assert np.max(np.abs(inside - outside)) <= 1e-5 * np.max(np.abs(outside))
+
+
+@needs_kernels
+def test_forward_and_encoder_keep_xla_dot(demo):
+  target, enc = demo
+  assert not _uses_kernel(lambda m, e: m.forward(e, e), target, enc)
+  assert not _uses_kernel(lambda m, e: m.start(e, capacity=8), target, enc)
+
+
+@needs_kernels
+def test_exact_greedy_needs_no_padding_with_kernels(monkeypatch, demo):
+  """Exact mode (the greedy default) on a width-invariant target: verify calls carry
+  gamma + 1 tokens, not EXACT_WIDTH, and speculative output is still bitwise the
+  baseline's. Kernels off: the calls are padded again."""
+  target, enc = demo
+  drafter = sd.load("demo-de-en/drafter")
+  assert target.width_invariant_decode
+  widths = []                                   # token width of each traced target call
+  original = sd.Model.decode_with_hidden
+
+  def recording(self, tokens, cache, **kwargs):
+    widths.append(tokens.shape[1])
+    return original(self, tokens, cache, **kwargs)
+
+  monkeypatch.setattr(sd.Model, "decode_with_hidden", recording)
+  base = sd.generate(target, enc, max_new_tokens=23)
+  assert base.stats["exact"] and set(widths) == {1}
+  for gamma in (2, 5):
+    widths.clear()
+    spec = sd.speculative_generate(target, drafter, enc, gamma=gamma, max_new_tokens=23)
+    assert spec.stats["exact"] and set(widths) == {gamma + 1}
+    np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(base.tokens))
+    np.testing.assert_array_equal(np.asarray(spec.lengths), np.asarray(base.lengths))
+  _off(monkeypatch)
+  assert not target.width_invariant_decode
+  widths.clear()
+  sd.generate(target, enc, max_new_tokens=23)
+  assert set(widths) == {engine.EXACT_WIDTH}
