@@ -178,6 +178,31 @@ def test_sampling_is_lossy_labelled_and_in_bounds(large, small):
   assert not np.array_equal(np.asarray(other.tokens), tokens)   # the key matters
 
 
+@pytest.mark.parametrize("fallback, sampled_by", [(1.0, "large"), (0.0, "small")])
+def test_sampling_draws_each_token_from_the_model_that_decides_it(large, small, fallback,
+                                                                  sampled_by):
+  """First tokens of 4,000 copies of one prompt against the nucleus distributions.
+
+  fallback 1: the large model decides every token; fallback 0 with no rollback: the small
+  one. The other model's distribution is the negative control: it must be farther away.
+  """
+  from specdec_jax import sampling as sampling_lib
+  method = sd.Sampling(top_p=0.8)
+  prompt = ragged_tokens(1, 12, 512, seed=5)
+  enc = np.repeat(prompt, 4000, axis=0)
+  out = sd.bild_generate(large, small, enc, fallback_threshold=fallback,
+                         rollback_threshold=math.inf, max_small_steps=4, max_new_tokens=1,
+                         sampling=method, rng=jax.random.PRNGKey(7))
+  freq = np.bincount(np.asarray(out.tokens)[:, 0], minlength=512) / len(enc)
+  dist = {name: np.asarray(sampling_lib.probs(
+      m.forward(prompt, np.zeros((1, 1), np.int32))[0, 0], method))
+      for name, m in (("large", large), ("small", small))}
+  tv = {name: 0.5 * np.abs(freq - p).sum() for name, p in dist.items()}
+  other = "small" if sampled_by == "large" else "large"
+  assert 0.5 * np.abs(dist["large"] - dist["small"]).sum() > 0.15   # the control can fail
+  assert tv[sampled_by] < 0.05 and tv[other] > tv[sampled_by] + 0.1, tv
+
+
 def test_no_recompilation_for_new_prompt_contents(large, small):
   kwargs = dict(fallback_threshold=0.5, rollback_threshold=2.0, max_new_tokens=6)
   sd.bild_generate(large, small, ragged_tokens(2, 9, 512, seed=0), **kwargs)
