@@ -146,13 +146,15 @@ def test_method_settings_and_registry(pair):
   _, drafter = pair
   spec = methods.Speculative(drafter=drafter, drafter_name="ngram", gamma=4, adaptive=True)
   settings = spec.settings()
-  assert settings == {"method": "speculative", "sampling": "Greedy()", "drafter_name": "ngram",
-                      "gamma": 4, "lenience": 1.0, "adaptive": True}
+  assert settings == {"method": "speculative", "sampling": "Greedy()", "exact": None,
+                      "drafter_name": "ngram", "gamma": 4, "lenience": 1.0, "adaptive": True}
   json.dumps(settings)   # JSON-friendly: the drafter object is left out
   assert spec.describe() == "speculative (drafter ngram, gamma 4, adaptive), greedy"
   assert methods.Baseline().describe() == "baseline (sd.generate), greedy"
   assert methods.Baseline(sampling=sd.Sampling()).settings()["method"] == "baseline"
-  assert methods.METHODS == {"baseline": methods.Baseline, "speculative": methods.Speculative}
+  assert methods.METHODS == {"baseline": methods.Baseline, "speculative": methods.Speculative,
+                             "bild": methods.Bild, "blockwise": methods.Blockwise}
+  assert methods.Baseline(exact=False).settings()["exact"] is False
   assert spec.uses_drafter and not methods.Baseline().uses_drafter
   with pytest.raises(TypeError):
     methods.Speculative(drafter, 4)         # keyword-only: settings are named
@@ -177,7 +179,7 @@ def test_a_new_method_is_one_subclass(pair, inputs):
                                    max_new_tokens=MAX_NEW)
   assert corpus.token_rows() == baseline.token_rows()          # greedy: exact
   assert int(corpus.stats["drafted"]) > 0 and PromptLookup().settings() == {
-      "method": "prompt-lookup", "sampling": "Greedy()"}
+      "method": "prompt-lookup", "sampling": "Greedy()", "exact": None}
 
 
 # ----------------------------------------------------------------------------- options

@@ -24,6 +24,7 @@ import flax.linen as nn
 from flax.traverse_util import flatten_dict, unflatten_dict
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from specdec_jax import cache as cache_lib
@@ -116,8 +117,9 @@ class Model:
     cached = self.__dict__.get("_packed")
     if cached is not None and _same_arrays(cached.sources, leaves):
       return cached.weights
-    if any(isinstance(x, jax.core.Tracer) for x in leaves):
-      return None
+    if not all(isinstance(x, (np.ndarray, jax.Array)) and not isinstance(x, jax.core.Tracer)
+               for x in leaves):
+      return None   # tracers, or abstract leaves (ShapeDtypeStruct, a lowering's ArgInfo)
     with jax.ensure_compile_time_eval():
       weights = pack_decode_weights(self.config, self.params) if _on_one_cpu(leaves) else None
     object.__setattr__(self, "_packed", _Packed(tuple(leaves), weights))
