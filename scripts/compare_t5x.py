@@ -4,7 +4,11 @@
     git clone https://github.com/google-research/t5x /path/to/t5x     # T5X is not on PyPI
     python scripts/compare_t5x.py --t5x-src /path/to/t5x --model config:t5_1_1_small \
         --batch-sizes 1,8 --repeats 7 --out results/t5x_compare
+    python scripts/compare_t5x.py --t5x-src /path/to/t5x --model config:t5_1_1_small \
+        --dtype bfloat16 --out results/t5x_compare_bf16
 
+--dtype bfloat16 runs both sides in bfloat16 (params and activations; `sd.load`'s
+dtype) and reports token agreement instead of requiring identical tokens.
 Writes OUT/t5x_compare.json, .md and .png. See `specdec_jax/tools/t5x_bench.py` for what
 runs on each side (only four pure-JAX files of the checkout are imported).
 """
@@ -17,6 +21,7 @@ import sys
 
 from specdec_jax.errors import SpecdecError
 from specdec_jax.tools.options import int_list
+from specdec_jax.tools.t5x_bench import COMPARE_DTYPES
 
 
 def main(argv=None) -> int:
@@ -30,6 +35,8 @@ def main(argv=None) -> int:
   p.add_argument("--prompt-len", type=int, default=32)
   p.add_argument("--steps", type=int, default=32)
   p.add_argument("--repeats", type=int, default=7)
+  p.add_argument("--dtype", choices=COMPARE_DTYPES, default="float32",
+                 help="compute dtype of both sides, params and activations (default float32)")
   p.add_argument("--out", default="results/t5x_compare")
   args = p.parse_args(argv)
 
@@ -38,10 +45,10 @@ def main(argv=None) -> int:
   from specdec_jax.tools.report import atomic_write, write_json, write_plot
   try:
     t5x = t5x_bench.load_t5x(args.t5x_src)      # fail before building the model
-    model = load_model(args.model)
+    model = load_model(args.model, args.dtype)
     results = t5x_bench.run_t5x_compare(model, t5x, batch_sizes=args.batch_sizes,
                                         prompt_len=args.prompt_len, steps=args.steps,
-                                        repeats=args.repeats)
+                                        repeats=args.repeats, dtype=args.dtype)
   except SpecdecError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

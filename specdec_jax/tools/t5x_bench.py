@@ -13,8 +13,18 @@ decode=True, mutable=["cache"])`` (as ``_compute_kv_cache``);
 that applies ``Transformer.decode(..., decode=True)`` to one token (T5X recomputes
 cross-attention K/V from the encoder output at every step). Our side is
 ``sd.generate`` (cross K/V cached). Both run ``steps`` tokens per row (EOS
-disabled, eos_id=-1) on the same prompts; the greedy tokens must be identical,
-or the comparison stops with an error.
+disabled, eos_id=-1) on the same prompts.
+
+dtype: float32 or bfloat16, the compute dtype of both sides (our `config.dtype`:
+floating params AND activations; T5X's `T5Config.dtype`, its activation dtype).
+T5X casts every parameter to its layer's dtype on use (``jnp.asarray(kernel,
+self.dtype)``), so it is handed our parameters as they are: the same stored
+numbers on both sides. Both keep attention logits (T5X:
+``float32_attention_logits``) and output logits in float32. In float32 the greedy
+tokens must be identical, or the comparison stops with an error; in bfloat16 the
+two implementations round differently (accumulation orders, where the casts sit),
+so a near-tie can flip a token, and every later token of that row then follows a
+different prefix: we report the agreement (`token_agreement`) instead.
 
 Timing: both functions are compiled first (excluded), then `repeats` rounds
 alternate the two (`timing.time_rounds`); we report medians and the ratio
@@ -43,6 +53,8 @@ from specdec_jax.tools.timing import time_rounds
 
 T5X_FILES = ("t5x/binary_search.py", "t5x/decoding.py", "t5x/examples/t5/layers.py",
              "t5x/examples/t5/network.py")
+#: Compute dtypes the comparison runs in (float32: tokens must match exactly).
+COMPARE_DTYPES = ("float32", "bfloat16")
 
 
 def load_t5x(src: str | pathlib.Path) -> types.SimpleNamespace:
@@ -71,15 +83,22 @@ def load_t5x(src: str | pathlib.Path) -> types.SimpleNamespace:
 
 
 def t5x_network(t5x, model: Model):
-  """T5X's `network.Transformer` with our model's architecture (float32, no dropout)."""
+  """T5X's `network.Transformer` with our model's architecture and compute dtype
+  (float32 or bfloat16, `model.config.dtype`), no dropout."""
   c = model.config
-  if c.dtype != "float32" or not c.gelu_approximate:
-    raise T5XSourceError("the T5X comparison runs float32 models with tanh-approximate gelu")
+  if c.dtype not in COMPARE_DTYPES:
+    raise CompareError(f"the T5X comparison runs in {' or '.join(COMPARE_DTYPES)}, "
+                       f"not {c.dtype}")
+  if not c.gelu_approximate:
+    raise CompareError("the T5X comparison needs tanh-approximate gelu (T5X's only gelu)")
   cfg = t5x.network.T5Config(
-      vocab_size=c.vocab_size, dtype=jnp.float32, emb_dim=c.emb_dim, num_heads=c.num_heads,
-      num_encoder_layers=c.num_encoder_layers, num_decoder_layers=c.num_decoder_layers,
-      head_dim=c.head_dim, mlp_dim=c.mlp_dim, mlp_activations=tuple(c.mlp_activations),
-      dropout_rate=0.0, logits_via_embedding=c.logits_via_embedding)
+      vocab_size=c.vocab_size, dtype=jnp.dtype(c.dtype), emb_dim=c.emb_dim,
+      num_heads=c.num_heads, num_encoder_layers=c.num_encoder_layers,
+      num_decoder_layers=c.num_decoder_layers, head_dim=c.head_dim, mlp_dim=c.mlp_dim,
+      mlp_activations=tuple(c.mlp_activations), dropout_rate=0.0,
+      logits_via_embedding=c.logits_via_embedding,
+      # Ours accumulates q.k in float32 whatever the dtype; a no-op in float32.
+      float32_attention_logits=True)
   return t5x.network.Transformer(cfg)
 
 
@@ -118,22 +137,91 @@ def _check_tree(t5x_params, ours) -> None:
     raise T5XSourceError("our parameter tree differs from T5X's network.Transformer tree")
 
 
-def run_t5x_compare(model: Model, t5x: types.SimpleNamespace, *, batch_sizes=(1, 8),
-                    prompt_len: int = 32, steps: int = 32, repeats: int = 5,
-                    progress: bool = True) -> dict[str, Any]:
-  """Greedy ms/token of T5X (`t5x` from `load_t5x`) and `sd.generate` per batch size.
+def token_agreement(a, b) -> dict[str, Any]:
+  """How far two greedy outputs a, b [B, T] (int) agree.
 
-  Same weights, same prompts, one process; fails if the greedy tokens differ.
+  Returns {"fraction": identical tokens / (B*T), "identical_rows": rows equal
+  throughout, "rows": B, "first_divergence": per row, the first position where they
+  differ, or None where the row is identical}.
   """
-  from tqdm.auto import tqdm
-  module = t5x_network(t5x, model)
-  prompts = random_prompts(max(batch_sizes), prompt_len, model.vocab_size)
+  a, b = np.asarray(a), np.asarray(b)
+  if a.shape != b.shape or a.ndim != 2:
+    raise CompareError(f"token arrays must both be [B, T], got {a.shape} and {b.shape}")
+  same = a == b                                           # [B, T]
+  first = [None if row.all() else int(np.argmin(row)) for row in same]
+  return {"fraction": float(same.mean()) if same.size else 1.0,
+          "identical_rows": int(same.all(axis=1).sum()), "rows": int(a.shape[0]),
+          "first_divergence": first}
+
+
+def check_agreement(dtype: str, batch: int, agreement: dict[str, Any]) -> None:
+  """In float32 the two sides must produce identical tokens (CompareError if not)."""
+  if dtype == "float32" and agreement["identical_rows"] != agreement["rows"]:
+    diff = sum(d is not None for d in agreement["first_divergence"])
+    raise CompareError(f"batch {batch}: float32 greedy tokens differ from T5X's in {diff} "
+                       f"of {agreement['rows']} rows (first divergences "
+                       f"{agreement['first_divergence']})")
+
+
+def _compare_model(model: Model, dtype: str | None) -> Model:
+  """`model` computing in `dtype` (None: its own config.dtype), which must be one of
+  COMPARE_DTYPES."""
+  want = model.config.dtype if dtype is None else jnp.dtype(dtype).name
+  if want not in COMPARE_DTYPES:
+    raise CompareError(f"the T5X comparison runs in {' or '.join(COMPARE_DTYPES)}, "
+                       f"not {want}")
+  leaves = {x.dtype for x in jax.tree_util.tree_leaves(model.params)
+            if jnp.issubdtype(x.dtype, jnp.floating)}
+  if want == model.config.dtype and leaves <= {jnp.dtype(want)}:
+    return model
+  return model.with_dtype(want)      # params AND activations, as sd.load(dtype=...)
+
+
+def _t5x_params(module, model: Model, prompt_len: int, steps: int):
+  """Our params as device arrays, checked against the shapes T5X's init would make."""
   abstract = jax.eval_shape(lambda: module.init(
       jax.random.PRNGKey(0), jnp.ones((1, prompt_len), jnp.int32),
       jnp.ones((1, steps), jnp.int32), jnp.ones((1, steps), jnp.int32),
       enable_dropout=False))["params"]
   params = jax.tree_util.tree_map(jnp.asarray, model.params)
   _check_tree(abstract, params)
+  return params
+
+
+def _timed_row(methods, outputs, batch: int, steps: int, repeats: int, dtype: str,
+               tick) -> dict[str, Any]:
+  """One batch size's row: agreement, times, ms/token and the ours / T5X ratios."""
+  agreement = token_agreement(outputs["t5x"], outputs["ours"])
+  check_agreement(dtype, batch, agreement)
+  timed = time_rounds(methods, repeats, tick=tick)
+  tokens = batch * steps
+  row = {"batch": batch, "tokens": tokens,
+         "identical_tokens": agreement["identical_rows"] == agreement["rows"],
+         "agreement": agreement}
+  for name in methods:
+    row[f"{name}_times_s"] = timed[name]["times_s"]
+    row[f"{name}_ms_per_token"] = timed[name]["median_s"] / tokens * 1e3
+  # Ratio of medians, and the per-round ratios (adjacent calls, so drift cancels).
+  row["ratio"] = row["ours_ms_per_token"] / row["t5x_ms_per_token"]
+  row["round_ratios"] = [o / t for o, t in zip(row["ours_times_s"], row["t5x_times_s"])]
+  return row
+
+
+def run_t5x_compare(model: Model, t5x: types.SimpleNamespace, *, batch_sizes=(1, 8),
+                    prompt_len: int = 32, steps: int = 32, repeats: int = 5,
+                    dtype: str | None = None, progress: bool = True) -> dict[str, Any]:
+  """Greedy ms/token of T5X (`t5x` from `load_t5x`) and `sd.generate` per batch size.
+
+  Same weights, same prompts, one process, both in `dtype` (float32 or bfloat16;
+  None: `model.config.dtype`). float32 fails if the greedy tokens differ; bfloat16
+  reports their agreement per batch size (`token_agreement`).
+  """
+  from tqdm.auto import tqdm
+  model = _compare_model(model, dtype)
+  dtype = model.config.dtype
+  module = t5x_network(t5x, model)
+  params = _t5x_params(module, model, prompt_len, steps)
+  prompts = random_prompts(max(batch_sizes), prompt_len, model.vocab_size)
   rows = []
   bar = tqdm(total=len(batch_sizes) * (repeats * 2 + 2), desc="t5x compare", disable=not progress)
   for b in batch_sizes:
@@ -145,40 +233,46 @@ def run_t5x_compare(model: Model, t5x: types.SimpleNamespace, *, batch_sizes=(1,
                                                      eos_id=-1).tokens),
     }
     outputs = {}
-    for name, fn in methods.items():    # compile + correctness
+    for name, fn in methods.items():    # compile + the tokens compared
       outputs[name] = fn()
       bar.update()
-    if not np.array_equal(outputs["t5x"], outputs["ours"]):
-      diff = int(np.sum(outputs["t5x"] != outputs["ours"]))
-      raise CompareError(f"batch {b}: greedy tokens differ from T5X's in {diff} places")
-    timed = time_rounds(methods, repeats, tick=bar.update)
-    tokens = b * steps
-    row = {"batch": b, "tokens": tokens, "identical_tokens": True}
-    for name in methods:
-      row[f"{name}_times_s"] = timed[name]["times_s"]
-      row[f"{name}_ms_per_token"] = timed[name]["median_s"] / tokens * 1e3
-    # Ratio of medians, and the per-round ratios (adjacent calls, so drift cancels).
-    row["ratio"] = row["ours_ms_per_token"] / row["t5x_ms_per_token"]
-    row["round_ratios"] = [o / t for o, t in zip(row["ours_times_s"], row["t5x_times_s"])]
-    rows.append(row)
+    rows.append(_timed_row(methods, outputs, b, steps, repeats, dtype, bar.update))
   bar.close()
   return {"model": {"config": model.config.to_dict(), "num_params": model.num_params()},
-          "prompt_len": prompt_len, "steps": steps, "repeats": repeats,
+          "dtype": dtype, "prompt_len": prompt_len, "steps": steps, "repeats": repeats,
           "machine": machine_info(), "rows": rows}
 
 
+def _divergences(agreement: dict[str, Any]) -> str:
+  """First divergence per row, "–" for identical rows (e.g. "–, 17, –")."""
+  return ", ".join("–" if d is None else str(d) for d in agreement["first_divergence"])
+
+
+def summary(results: dict[str, Any]) -> str:
+  """The line above the table: setup, dtype, and what the tokens did."""
+  m, dtype = results["model"], results.get("dtype", "float32")
+  if all(r["identical_tokens"] for r in results["rows"]):
+    tokens = "greedy tokens identical"
+  else:
+    tokens = ("greedy tokens compared, not required identical (the two round differently "
+              "in bfloat16; a row follows a different prefix after its first divergence)")
+  return (f"Greedy decoding, {m['num_params'] / 1e6:.1f}M params, {dtype} params and "
+          f"activations, prompts of {results['prompt_len']} tokens, {results['steps']} new "
+          f"tokens per row (EOS off), median of {results['repeats']} alternating rounds; "
+          f"{tokens}.")
+
+
 def markdown(results: dict[str, Any]) -> str:
-  lines = ["| batch | T5X ms/token | ours ms/token | ours / T5X | per-round ratios |",
-           "|---:|---:|---:|---:|---|"]
+  lines = ["| batch | T5X ms/token | ours ms/token | ours / T5X | tokens agreeing "
+           "| identical rows | first divergence per row | per-round ratios |",
+           "|---:|---:|---:|---:|---:|---:|---|---|"]
   for r in results["rows"]:
+    a = r["agreement"]
     rounds = ", ".join(f"{x:.2f}" for x in r["round_ratios"])
     lines.append(f"| {r['batch']} | {r['t5x_ms_per_token']:.2f} | {r['ours_ms_per_token']:.2f} "
-                 f"| {r['ratio']:.2f} | {rounds} |")
-  m = results["model"]
-  return (f"Greedy decoding, {m['num_params'] / 1e6:.1f}M params, float32, prompts of "
-          f"{results['prompt_len']} tokens, {results['steps']} new tokens per row (EOS off), "
-          f"median of {results['repeats']} alternating rounds; greedy tokens identical.\n\n"
-          + "\n".join(lines) + "\n")
+                 f"| {r['ratio']:.2f} | {100 * a['fraction']:.1f}% "
+                 f"| {a['identical_rows']}/{a['rows']} | {_divergences(a)} | {rounds} |")
+  return summary(results) + "\n\n" + "\n".join(lines) + "\n"
 
 
 def plot(results: dict[str, Any], path: str) -> None:
@@ -192,7 +286,7 @@ def plot(results: dict[str, Any], path: str) -> None:
   ax.bar(x + 0.2, [r["ours_ms_per_token"] for r in rows], 0.4, label="specdec-jax")
   ax.set_xticks(x, [f"batch {r['batch']}" for r in rows])
   ax.set_ylabel("ms per row-token")
-  ax.set_title("Greedy decode, same weights")
+  ax.set_title(f"Greedy decode, same weights, {results.get('dtype', 'float32')}")
   ax.legend()
   fig.tight_layout()
   fig.savefig(path, dpi=120)
