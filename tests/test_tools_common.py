@@ -232,6 +232,18 @@ def test_resolve_drafter_names(pair):
     models.resolve_drafter(sd.PromptLookupDrafter(vocab_size=100), target)
 
 
+def test_config_models_compute_in_the_requested_dtype():
+  # `--dtype bfloat16` on a config: model (bench's xxl-small preset) means what sd.load's
+  # dtype means: params AND activations, drawn straight in bfloat16. Casting the params
+  # of a float32 init left the activations in float32 (and built XXL in float32 first).
+  f32 = models.load_model("config:t5_1_1_tiny")
+  bf16 = models.load_model("config:t5_1_1_tiny", "bfloat16")
+  assert f32.config.dtype == "float32" and bf16.config.dtype == "bfloat16"
+  floats = lambda m: {str(x.dtype) for x in jax.tree_util.tree_leaves(m.params)}
+  assert floats(f32) == {"float32"} and floats(bf16) == {"bfloat16"}
+  assert bf16.config.replace(dtype="float32") == f32.config
+
+
 # ----------------------------------------------------------------------------- timing, files
 
 

@@ -43,17 +43,19 @@ def _config_model(name: str, overrides: dict[str, Any], dtype: str | None):
   config = sd.get_config(name, **overrides)
   key = (config, dtype)
   if key not in _CONFIG_MODELS:
-    model = sd.init_model(config, 0)   # what sd.load("config:NAME") does
     while len(_CONFIG_MODELS) >= _CONFIG_MODELS_MAX:
       _CONFIG_MODELS.pop(next(iter(_CONFIG_MODELS)))
-    _CONFIG_MODELS[key] = model if dtype is None else model.astype(dtype)
+    # What sd.load("config:NAME", dtype) does: params AND activations in `dtype`, drawn
+    # straight in it (a T5-XXL in bfloat16 never exists in float32).
+    _CONFIG_MODELS[key] = sd.init_model(config, 0, dtype)
   return _CONFIG_MODELS[key]
 
 
 def load_model(spec: str, dtype: str | None = "float32", what: str = "model",
                overrides: dict[str, Any] | None = None) -> sd.Model:
   """`sd.load` plus a note for random weights; "config:NAME" may take architecture
-  `overrides`. dtype None keeps the stored dtype (config:NAME models: float32)."""
+  `overrides`. dtype: the compute dtype (params and activations), as in `sd.load`; None
+  keeps the stored dtype (config:NAME models: float32)."""
   if spec.startswith("config:"):
     model = _config_model(spec[len("config:"):], overrides or {}, dtype)
     extra = f" with overrides {overrides}" if overrides else ""

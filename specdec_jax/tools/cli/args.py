@@ -24,8 +24,8 @@ def sampling_from_args(args):
 
 def add_dtype_flag(p: argparse.ArgumentParser) -> None:
   p.add_argument("--dtype", choices=DTYPES, default="float32",
-                 help="parameter dtype (default float32, as T5X and HF load; bfloat16 "
-                 "halves memory)")
+                 help="compute dtype: parameters AND activations (default float32, as T5X "
+                 "and HF load; bfloat16 halves memory; logits stay float32)")
 
 
 def add_drafter_flag(p: argparse.ArgumentParser, extra: str) -> None:

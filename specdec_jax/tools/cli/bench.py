@@ -175,7 +175,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                  help="decode steps per jitted loop when measuring c and verify cost")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--dtype", choices=DTYPES, default="float32",
-                 help="both models' parameter dtype (default float32)")
+                 help="both models' compute dtype, parameters AND activations (default "
+                 "float32; logits stay float32)")
   p.add_argument("--ignore-eos", action="store_true",
                  help="always decode max_new_tokens per row (eos_id=-1)")
   p.add_argument("--prompts-file", metavar="FILE",
