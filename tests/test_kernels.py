@@ -1,7 +1,7 @@
 """CPU decode kernels (specdec_jax.kernels): products, M-invariance, the model's decode path.
 
 Kernel tests skip (with the reason) where the kernels are unavailable: another
-backend, a CPU without AVX-512F / FMA, no compiler, a failed build, or
+backend, a CPU without AVX-512F or AVX2 (with FMA), no compiler, a failed build, or
 SPECDEC_CPU_KERNELS=0. The fallback tests run everywhere.
 """
 
@@ -64,6 +64,17 @@ def test_status_says_why():
   assert STATUS.available == (STATUS.library is not None)
 
 
+def test_instruction_set_is_the_best_the_cpu_has():
+  pick = lambda *flags: (build.instruction_set(set(flags)) or ("none",))[0]
+  assert pick("avx512f", "avx2", "fma") == "avx512"
+  assert pick("avx2", "fma", "f16c") == "avx2"         # e.g. AMD EPYC before Zen 4
+  assert pick("avx512f", "avx2") == "none"             # both sets need FMA
+  assert pick("avx", "sse4_2") == "none"
+  if STATUS.available:                                  # the library says which it built
+    assert f"({build.instruction_set()[0]})" in STATUS.reason
+    assert f"skinny-{build.instruction_set()[0]}-" in STATUS.library
+
+
 def test_env_var_disables_and_decode_falls_back_to_dot(monkeypatch, demo):
   target, enc = demo
   _off(monkeypatch)
@@ -87,7 +98,7 @@ def test_failed_build_warns_once_and_falls_back(monkeypatch, tmp_path):
   monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
   monkeypatch.setenv("CXX", "false")            # a "compiler" that always fails
   monkeypatch.delenv(kernels.ENV_VAR, raising=False)
-  if jax.default_backend() != "cpu" or not set(build.CPU_FLAGS) <= build.cpu_flags():
+  if jax.default_backend() != "cpu" or build.instruction_set() is None:
     pytest.skip("this machine never builds the kernels")
   try:
     build._STATUS.clear()

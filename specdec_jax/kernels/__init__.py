@@ -12,9 +12,10 @@ bitwise independent of M.
     wp = kernels.pack(w)                   # once per model: w [K, N] f32 / bf16
     y = kernels.dot(x, wp, n=w.shape[1])   # x [..., K] -> [..., N] float32
 
-Built on first use with the system C++ compiler (see `build`); where the backend
-is not the CPU, the CPU lacks AVX-512F / FMA, there is no compiler, the build fails,
-or SPECDEC_CPU_KERNELS=0, `available()` is False and the models use `jnp.dot`.
+Built on first use with the system C++ compiler (see `build`), for AVX-512F or AVX2
+(with FMA; same results from either); where the backend is not the CPU, the CPU has
+neither, there is no compiler, the build fails, or SPECDEC_CPU_KERNELS=0,
+`available()` is False and the models use `jnp.dot`.
 The models use them in cached decode calls only (`models.model.Model.decode_weights`).
 """
 

@@ -41,8 +41,11 @@ ENV_VAR = "SPECDEC_CPU_KERNELS"        # 0 / false / off / no: always use XLA's 
 TARGET = "specdec_skinny_dot"          # the FFI target name
 SOURCE = "skinny.cc"
 SYMBOL = "SpecdecSkinnyDot"
-FLAGS = ("-std=c++17", "-O3", "-fPIC", "-shared", "-fno-math-errno", "-mavx512f", "-mfma")
-CPU_FLAGS = ("avx512f", "fma")         # what FLAGS let the compiler use, from /proc/cpuinfo
+FLAGS = ("-std=c++17", "-O3", "-fPIC", "-shared", "-fno-math-errno")
+#: Instruction sets skinny.cc is written for, best first: (name, /proc/cpuinfo flags it
+#: needs, compiler flags). Both compute the same FMA sequence per element: same results.
+ISAS = (("avx512", ("avx512f", "fma"), ("-mavx512f", "-mfma")),
+        ("avx2", ("avx2", "fma"), ("-mavx2", "-mfma")))
 _OFF = ("0", "false", "off", "no")
 
 _log = logging.getLogger(__name__)
@@ -107,20 +110,26 @@ def _decide() -> Status:
     return Status(False, f"the default JAX backend is {jax.default_backend()}, not cpu")
   if platform.machine().lower() not in ("x86_64", "amd64"):
     return Status(False, f"not an x86-64 CPU ({platform.machine()})")
-  missing = [f for f in CPU_FLAGS if f not in cpu_flags()]
-  if missing:
-    return Status(False, f"the CPU lacks {', '.join(missing)} (from /proc/cpuinfo)")
+  isa = instruction_set()
+  if isa is None:
+    return Status(False, "the CPU has neither avx512f nor avx2, with fma (from /proc/cpuinfo)")
   compiler = shutil.which(os.environ.get("CXX", "g++"))
   if compiler is None:
     return _unavailable(f"no C++ compiler ({os.environ.get('CXX', 'g++')} not on PATH)")
   try:
-    path = _build(compiler)
+    path = _build(compiler, isa)
     lib = ctypes.cdll.LoadLibrary(str(path))
     jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(getattr(lib, SYMBOL)),
                                 platform="cpu")
   except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as e:
     return _unavailable(str(e))
-  return Status(True, "built and registered", str(path))
+  return Status(True, f"built and registered ({isa[0]})", str(path))
+
+
+def instruction_set(flags: set[str] | None = None) -> tuple | None:
+  """The best entry of ISAS the CPU supports (`flags`: default /proc/cpuinfo's), or None."""
+  flags = cpu_flags() if flags is None else flags
+  return next((isa for isa in ISAS if set(isa[1]) <= flags), None)
 
 
 def _unavailable(reason: str) -> Status:
@@ -137,23 +146,25 @@ def _compiler_id(compiler: str) -> str:
     return compiler
 
 
-def _build(compiler: str) -> pathlib.Path:
+def _build(compiler: str, isa: tuple) -> pathlib.Path:
   """The cached library for this source / flags / compiler / jaxlib; builds it if missing."""
   import jaxlib
   source = importlib.resources.files(__package__).joinpath(SOURCE).read_bytes()
-  key = hashlib.sha256(b"\0".join([source, " ".join(FLAGS).encode(),
+  flags = (*FLAGS, *isa[2])
+  key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(),
                                    _compiler_id(compiler).encode(),
                                    jaxlib.__version__.encode()])).hexdigest()[:16]
   errors = []
   for directory in cache_dirs():
     try:
-      return _build_in(directory, f"skinny-{key}", source, compiler)
+      return _build_in(directory, f"skinny-{isa[0]}-{key}", source, compiler, flags)
     except PermissionError as e:       # not writable: try the next directory
       errors.append(str(e))
   raise OSError("no writable cache directory: " + "; ".join(errors))
 
 
-def _build_in(directory: pathlib.Path, stem: str, source: bytes, compiler: str) -> pathlib.Path:
+def _build_in(directory: pathlib.Path, stem: str, source: bytes, compiler: str,
+              flags: tuple[str, ...]) -> pathlib.Path:
   path = directory / f"{stem}.so"
   if path.exists():
     return path
@@ -166,7 +177,7 @@ def _build_in(directory: pathlib.Path, stem: str, source: bytes, compiler: str) 
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=directory)
     os.close(fd)
     try:
-      cmd = [compiler, *FLAGS, "-isystem", jax.ffi.include_dir(), "-x", "c++", "-", "-o", tmp]
+      cmd = [compiler, *flags, "-isystem", jax.ffi.include_dir(), "-x", "c++", "-", "-o", tmp]
       out = subprocess.run(cmd, input=source, capture_output=True, timeout=600)
       if out.returncode != 0:
         tail = "\n".join(out.stderr.decode(errors="replace").strip().splitlines()[-8:])

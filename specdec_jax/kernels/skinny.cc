@@ -20,7 +20,10 @@
 // calling thread works too, helpers come from XLA's intra-op pool (ffi::ThreadPool); the
 // caller never waits for a helper that has not started.
 //
-// Needs AVX-512F and FMA (built with -mavx512f -mfma; the Python side checks the CPU).
+// Two instruction sets, one arithmetic: AVX-512F + FMA (a panel row is one zmm register)
+// or AVX2 + FMA (two ymm registers). Built with -mavx512f -mfma or -mavx2 -mfma, whichever
+// the CPU has (the Python side checks /proc/cpuinfo). Both run the same per-element FMA
+// sequence, so they give bitwise the same results; only the register tiling differs.
 // Headers: the XLA FFI API inside jaxlib (jax.ffi.include_dir()); nothing is linked.
 
 #include <immintrin.h>
@@ -50,20 +53,59 @@ struct Problem {
   int prefetch;        // software prefetch distance, in panel rows (0 = off)
 };
 
-inline void store_panel(float* dst, __m512 v, int64_t valid) {
-  if (valid >= 16) {
-    _mm512_storeu_ps(dst, v);
-  } else {
-    _mm512_mask_storeu_ps(dst, static_cast<__mmask16>((1u << valid) - 1u), v);
+// Vec: L float32 lanes; a 16-column panel row is VPP = 16 / L of them.
+#if defined(__AVX512F__) && defined(__FMA__)
+constexpr int L = 16;
+constexpr int kMaxMR = 14;  // MR * NV accumulators + NV (2 NV) weights + 1 <= 32 zmm
+using Vec = __m512;
+inline Vec v_bcast(float x) { return _mm512_set1_ps(x); }
+inline Vec v_zero() { return _mm512_setzero_ps(); }
+inline Vec v_load(const float* src) { return _mm512_loadu_ps(src); }
+inline Vec v_fma(Vec x, Vec w, Vec acc) { return _mm512_fmadd_ps(x, w, acc); }
+// L lanes of (W[2kk][n], W[2kk+1][n]) bf16 pairs -> the even and odd rows as float32.
+inline void v_bf16_pairs(const uint32_t* src, Vec* even, Vec* odd) {
+  const __m512i v = _mm512_loadu_si512(src);
+  *even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+  *odd = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(int(0xFFFF0000u))));
+}
+inline void v_store(float* dst, Vec a, int64_t valid) {
+  if (valid >= L) _mm512_storeu_ps(dst, a);
+  else if (valid > 0) _mm512_mask_storeu_ps(dst, static_cast<__mmask16>((1u << valid) - 1u), a);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int L = 8;
+constexpr int kMaxMR = 6;   // 2 MR * NV accumulators + 2 NV weights + 1 <= 16 ymm
+using Vec = __m256;
+inline Vec v_bcast(float x) { return _mm256_set1_ps(x); }
+inline Vec v_zero() { return _mm256_setzero_ps(); }
+inline Vec v_load(const float* src) { return _mm256_loadu_ps(src); }
+inline Vec v_fma(Vec x, Vec w, Vec acc) { return _mm256_fmadd_ps(x, w, acc); }
+inline void v_bf16_pairs(const uint32_t* src, Vec* even, Vec* odd) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+  *even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  *odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(int(0xFFFF0000u))));
+}
+inline void v_store(float* dst, Vec a, int64_t valid) {
+  if (valid >= L) {
+    _mm256_storeu_ps(dst, a);
+  } else if (valid > 0) {  // the last, partial panel of a row
+    alignas(32) float tmp[L];
+    _mm256_store_ps(tmp, a);
+    std::memcpy(dst, tmp, sizeof(float) * valid);
   }
 }
+#else
+#error "skinny.cc needs AVX-512F or AVX2, and FMA"
+#endif
+constexpr int VPP = 16 / L;
 
+// acc[m][j * VPP + h] holds y[m0 + m, (p0 + j) * 16 + h * L + (0 .. L-1)].
 template <int MR, int NV>
-inline void store_tile(const Problem& p, int64_t m0, int64_t p0, __m512 (&acc)[MR][NV]) {
+inline void store_tile(const Problem& p, int64_t m0, int64_t p0, Vec (&acc)[MR][NV * VPP]) {
   for (int m = 0; m < MR; ++m)
-    for (int j = 0; j < NV; ++j) {
-      const int64_t col = (p0 + j) * 16;
-      store_panel(p.y + (m0 + m) * p.N + col, acc[m][j], p.N - col);
+    for (int i = 0; i < NV * VPP; ++i) {
+      const int64_t col = p0 * 16 + i * L;
+      v_store(p.y + (m0 + m) * p.N + col, acc[m][i], p.N - col);
     }
 }
 
@@ -73,20 +115,20 @@ void tile_f32(const Problem& p, int64_t m0, int64_t p0) {
   const int64_t K = p.K;
   const float* __restrict w = static_cast<const float*>(p.w) + p0 * K * 16;
   const float* __restrict x = p.x + m0 * K;
-  __m512 acc[MR][NV];
+  Vec acc[MR][NV * VPP];
   for (int m = 0; m < MR; ++m)
-    for (int j = 0; j < NV; ++j) acc[m][j] = _mm512_setzero_ps();
+    for (int i = 0; i < NV * VPP; ++i) acc[m][i] = v_zero();
   const int pf = p.prefetch;
   for (int64_t k = 0; k < K; ++k) {
-    __m512 wv[NV];
+    Vec wv[NV * VPP];
     for (int j = 0; j < NV; ++j) {
       const float* src = w + j * K * 16 + k * 16;
       if (pf) _mm_prefetch(reinterpret_cast<const char*>(src + pf * 16), _MM_HINT_T0);
-      wv[j] = _mm512_loadu_ps(src);
+      for (int h = 0; h < VPP; ++h) wv[j * VPP + h] = v_load(src + h * L);
     }
     for (int m = 0; m < MR; ++m) {
-      const __m512 xb = _mm512_set1_ps(x[m * K + k]);
-      for (int j = 0; j < NV; ++j) acc[m][j] = _mm512_fmadd_ps(xb, wv[j], acc[m][j]);
+      const Vec xb = v_bcast(x[m * K + k]);
+      for (int i = 0; i < NV * VPP; ++i) acc[m][i] = v_fma(xb, wv[i], acc[m][i]);
     }
   }
   store_tile<MR, NV>(p, m0, p0, acc);
@@ -97,45 +139,39 @@ void tile_bf16cvt(const Problem& p, int64_t m0, int64_t p0) {
   const int64_t K = p.K, K2 = (p.K + 1) / 2;
   const uint32_t* __restrict w = static_cast<const uint32_t*>(p.w) + p0 * K2 * 16;
   const float* __restrict x = p.x + m0 * K;
-  const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-  __m512 acc[MR][NV];
+  Vec acc[MR][NV * VPP];
   for (int m = 0; m < MR; ++m)
-    for (int j = 0; j < NV; ++j) acc[m][j] = _mm512_setzero_ps();
+    for (int i = 0; i < NV * VPP; ++i) acc[m][i] = v_zero();
   const int pf = p.prefetch;
   const int64_t pairs = K / 2;  // complete (even, odd) pairs
   for (int64_t kk = 0; kk < pairs; ++kk) {
-    __m512 we[NV], wo[NV];
+    Vec we[NV * VPP], wo[NV * VPP];  // W[2kk][n], W[2kk+1][n]
     for (int j = 0; j < NV; ++j) {
       const uint32_t* src = w + j * K2 * 16 + kk * 16;
       if (pf) _mm_prefetch(reinterpret_cast<const char*>(src + pf * 16), _MM_HINT_T0);
-      const __m512i v = _mm512_loadu_si512(src);
-      we[j] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));      // W[2kk][n]
-      wo[j] = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));  // W[2kk+1][n]
+      for (int h = 0; h < VPP; ++h) v_bf16_pairs(src + h * L, &we[j * VPP + h], &wo[j * VPP + h]);
     }
     for (int m = 0; m < MR; ++m) {
-      const __m512 xe = _mm512_set1_ps(x[m * K + 2 * kk]);
-      for (int j = 0; j < NV; ++j) acc[m][j] = _mm512_fmadd_ps(xe, we[j], acc[m][j]);
-      const __m512 xo = _mm512_set1_ps(x[m * K + 2 * kk + 1]);
-      for (int j = 0; j < NV; ++j) acc[m][j] = _mm512_fmadd_ps(xo, wo[j], acc[m][j]);
+      const Vec xe = v_bcast(x[m * K + 2 * kk]);
+      for (int i = 0; i < NV * VPP; ++i) acc[m][i] = v_fma(xe, we[i], acc[m][i]);
+      const Vec xo = v_bcast(x[m * K + 2 * kk + 1]);
+      for (int i = 0; i < NV * VPP; ++i) acc[m][i] = v_fma(xo, wo[i], acc[m][i]);
     }
   }
-  if (K & 1) {  // the last, unpaired k
+  if (K & 1) {  // the last, unpaired k (its odd half is the zero padding)
     const int64_t kk = pairs;
-    for (int j = 0; j < NV; ++j) {
-      const __m512i v = _mm512_loadu_si512(w + j * K2 * 16 + kk * 16);
-      const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-      for (int m = 0; m < MR; ++m)
-        acc[m][j] = _mm512_fmadd_ps(_mm512_set1_ps(x[m * K + 2 * kk]), we, acc[m][j]);
-    }
+    for (int j = 0; j < NV; ++j)
+      for (int h = 0; h < VPP; ++h) {
+        Vec we, wo;
+        v_bf16_pairs(w + j * K2 * 16 + kk * 16 + h * L, &we, &wo);
+        for (int m = 0; m < MR; ++m)
+          acc[m][j * VPP + h] = v_fma(v_bcast(x[m * K + 2 * kk]), we, acc[m][j * VPP + h]);
+      }
   }
   store_tile<MR, NV>(p, m0, p0, acc);
 }
 
 using TileFn = void (*)(const Problem&, int64_t, int64_t);
-
-// Most rows per register block: MR * NV accumulators + NV weights (2 NV for bf16cvt's
-// even / odd split) + 1 broadcast <= 32 zmm registers.
-constexpr int kMaxMR = 14;
 
 template <Kind KD, int NV, int MR>
 constexpr TileFn pick_one() {
@@ -171,9 +207,15 @@ TileFn get_tile(Kind kd, int nv, int mr) {
 // Panels per tile and most rows per block, for M rows (register budget, see kMaxMR).
 void plan(Kind kd, int64_t M, int* nv, int* mr_max) {
   const bool cvt = kd == Kind::kBf16Cvt;
+#if defined(__AVX512F__)
   if (M == 1 || (M == 2 && !cvt)) { *nv = 8; *mr_max = 2; }
   else if (M <= (cvt ? 5 : 6)) { *nv = 4; *mr_max = cvt ? 5 : 6; }
   else { *nv = 2; *mr_max = cvt ? 13 : 14; }
+#else  // 16 ymm registers, two per panel row
+  if (M == 1) { *nv = cvt ? 2 : 4; *mr_max = 1; }
+  else if (M == 2 && !cvt) { *nv = 2; *mr_max = 2; }
+  else { *nv = 1; *mr_max = cvt ? 5 : 6; }
+#endif
 }
 
 // Column tiles [t0, t1), in units of nv panels (the last tile may be narrower).
