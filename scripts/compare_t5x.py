@@ -20,8 +20,8 @@ import os
 import sys
 
 from specdec_jax.errors import SpecdecError
+from specdec_jax.tools.models import DTYPES
 from specdec_jax.tools.options import int_list
-from specdec_jax.tools.t5x_bench import COMPARE_DTYPES
 
 
 def main(argv=None) -> int:
@@ -35,7 +35,7 @@ def main(argv=None) -> int:
   p.add_argument("--prompt-len", type=int, default=32)
   p.add_argument("--steps", type=int, default=32)
   p.add_argument("--repeats", type=int, default=7)
-  p.add_argument("--dtype", choices=COMPARE_DTYPES, default="float32",
+  p.add_argument("--dtype", choices=DTYPES, default="float32",
                  help="compute dtype of both sides, params and activations (default float32)")
   p.add_argument("--out", default="results/t5x_compare")
   args = p.parse_args(argv)

@@ -207,15 +207,15 @@ TileFn get_tile(Kind kd, int nv, int mr) {
 // Panels per tile and most rows per block, for M rows (register budget, see kMaxMR).
 void plan(Kind kd, int64_t M, int* nv, int* mr_max) {
   const bool cvt = kd == Kind::kBf16Cvt;
-#if defined(__AVX512F__)
-  if (M == 1 || (M == 2 && !cvt)) { *nv = 8; *mr_max = 2; }
-  else if (M <= (cvt ? 5 : 6)) { *nv = 4; *mr_max = cvt ? 5 : 6; }
-  else { *nv = 2; *mr_max = cvt ? 13 : 14; }
-#else  // 16 ymm registers, two per panel row
-  if (M == 1) { *nv = cvt ? 2 : 4; *mr_max = 1; }
-  else if (M == 2 && !cvt) { *nv = 2; *mr_max = 2; }
-  else { *nv = 1; *mr_max = cvt ? 5 : 6; }
-#endif
+  if constexpr (VPP == 1) {  // AVX-512: 32 zmm registers, one per panel row
+    if (M == 1 || (M == 2 && !cvt)) { *nv = 8; *mr_max = 2; }
+    else if (M <= (cvt ? 5 : 6)) { *nv = 4; *mr_max = cvt ? 5 : 6; }
+    else { *nv = 2; *mr_max = cvt ? 13 : 14; }
+  } else {                   // AVX2: 16 ymm registers, two per panel row
+    if (M == 1) { *nv = cvt ? 2 : 4; *mr_max = 1; }
+    else if (M == 2 && !cvt) { *nv = 2; *mr_max = 2; }
+    else { *nv = 1; *mr_max = cvt ? 5 : 6; }
+  }
 }
 
 // Column tiles [t0, t1), in units of nv panels (the last tile may be narrower).

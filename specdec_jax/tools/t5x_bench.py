@@ -47,14 +47,13 @@ from specdec_jax.models.model import Model
 from specdec_jax.tools.batching import cycled_rows
 from specdec_jax.tools.errors import CompareError, T5XSourceError
 from specdec_jax.tools.methods import Baseline
+from specdec_jax.tools.models import DTYPES
 from specdec_jax.tools.prompts import random_prompts
 from specdec_jax.tools.report import machine_info
 from specdec_jax.tools.timing import time_rounds
 
 T5X_FILES = ("t5x/binary_search.py", "t5x/decoding.py", "t5x/examples/t5/layers.py",
              "t5x/examples/t5/network.py")
-#: Compute dtypes the comparison runs in (float32: tokens must match exactly).
-COMPARE_DTYPES = ("float32", "bfloat16")
 
 
 def load_t5x(src: str | pathlib.Path) -> types.SimpleNamespace:
@@ -82,13 +81,17 @@ def load_t5x(src: str | pathlib.Path) -> types.SimpleNamespace:
   return types.SimpleNamespace(**loaded)
 
 
+def _check_dtype(dtype: str) -> None:
+  """The comparison runs in the tools' compute dtypes (float32: tokens must match exactly)."""
+  if dtype not in DTYPES:
+    raise CompareError(f"the T5X comparison runs in {' or '.join(DTYPES)}, not {dtype}")
+
+
 def t5x_network(t5x, model: Model):
   """T5X's `network.Transformer` with our model's architecture and compute dtype
   (float32 or bfloat16, `model.config.dtype`), no dropout."""
   c = model.config
-  if c.dtype not in COMPARE_DTYPES:
-    raise CompareError(f"the T5X comparison runs in {' or '.join(COMPARE_DTYPES)}, "
-                       f"not {c.dtype}")
+  _check_dtype(c.dtype)
   if not c.gelu_approximate:
     raise CompareError("the T5X comparison needs tanh-approximate gelu (T5X's only gelu)")
   cfg = t5x.network.T5Config(
@@ -164,12 +167,9 @@ def check_agreement(dtype: str, batch: int, agreement: dict[str, Any]) -> None:
 
 
 def _compare_model(model: Model, dtype: str | None) -> Model:
-  """`model` computing in `dtype` (None: its own config.dtype), which must be one of
-  COMPARE_DTYPES."""
+  """`model` computing in `dtype` (None: its own config.dtype), one of the tools' DTYPES."""
   want = model.config.dtype if dtype is None else jnp.dtype(dtype).name
-  if want not in COMPARE_DTYPES:
-    raise CompareError(f"the T5X comparison runs in {' or '.join(COMPARE_DTYPES)}, "
-                       f"not {want}")
+  _check_dtype(want)
   leaves = {x.dtype for x in jax.tree_util.tree_leaves(model.params)
             if jnp.issubdtype(x.dtype, jnp.floating)}
   if want == model.config.dtype and leaves <= {jnp.dtype(want)}:
