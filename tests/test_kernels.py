@@ -259,10 +259,62 @@ def test_model_made_inside_jit_falls_back(demo):
 
 
 @needs_kernels
-def test_forward_and_encoder_keep_xla_dot(demo):
+def test_start_runs_the_encoder_on_kernels_forward_keeps_xla_dot(monkeypatch, demo):
+  """`start` (encoder + cross K/V, once per request) runs its products on the packed
+  weights, with the encoder's attention over all rows at once (not row by row); the
+  teacher-forced `forward` keeps XLA's dot. The kernels' cache equals XLA's to
+  rounding."""
   target, enc = demo
   assert not _uses_kernel(lambda m, e: m.forward(e, e), target, enc)
-  assert not _uses_kernel(lambda m, e: m.start(e, capacity=8), target, enc)
+  start = lambda m, e: m.start(e, capacity=8)
+  hlo = jax.jit(start).lower(target, enc).as_text()
+  cfg = target.config
+  products = 4 * cfg.num_encoder_layers + cfg.num_decoder_layers     # qkv, out, wi, wo; kv
+  assert hlo.count(f"custom_call @{build.TARGET}(") == products
+  on = start(target, enc)
+  _off(monkeypatch)
+  off = start(target, enc)
+  for a, b in zip(jax.tree_util.tree_leaves(on), jax.tree_util.tree_leaves(off)):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    assert np.max(np.abs(a - b)) <= 1e-5 * max(1.0, np.max(np.abs(b)))
+
+
+@needs_kernels
+def test_bfloat16_exact_float32_weights_pack_narrow_with_bitwise_equal_products():
+  """float32 weights that bfloat16 holds exactly pack as bfloat16 panels, and the
+  product is bitwise the float32 panels' (same values, same FMA sequence); weights
+  that need float32 stay float32."""
+  rng = np.random.default_rng(3)
+  w = jnp.asarray(rng.standard_normal((255, 1000)), jnp.float32)
+  exact = w.astype(jnp.bfloat16).astype(jnp.float32)
+  x = jnp.asarray(rng.standard_normal((5, 255)), jnp.float32)
+  wide, narrow = kernels.pack(exact, jnp.float32), kernels.pack(exact, jnp.bfloat16)
+  np.testing.assert_array_equal(np.asarray(kernels.dot(x, narrow, 1000)),
+                                np.asarray(kernels.dot(x, wide, 1000)))
+  cfg = sd.get_config("t5_1_1_tiny")
+  model = sd.init_model(cfg, 0)
+  dtypes = lambda m: {p: x.dtype for p, x in flatten_dict(m.decode_weights).items()
+                      if p[-1] != "sum_squares"}
+  assert set(dtypes(model).values()) == {jnp.dtype(jnp.float32)}     # random float32 init
+  rounded = model.replace(params=jax.tree_util.tree_map(
+      lambda x: x.astype(jnp.bfloat16).astype(jnp.float32), model.params))
+  assert set(dtypes(rounded).values()) == {jnp.dtype(jnp.bfloat16)}
+  assert {x.dtype for x in jax.tree_util.tree_leaves(rounded.params)} == {jnp.dtype(jnp.float32)}
+  bundled = sd.load("demo-de-en/target")                             # stored in bfloat16
+  assert set(dtypes(bundled).values()) == {jnp.dtype(jnp.bfloat16)}
+
+
+@needs_kernels
+def test_aot_lowering_keeps_the_kernels(demo):
+  """`jit(f).lower(model, ...).compile()` lowers the kernel path and the compiled
+  function takes the same Model (its abstract leaves keep the packed weights)."""
+  target, enc = demo
+  cache = _prefilled(target, enc[:1])
+  tokens = jnp.asarray([[5, 6, 7]], jnp.int32)
+  lowered = jax.jit(_decode).lower(target, tokens, cache)
+  assert build.TARGET in lowered.as_text()
+  out = lowered.compile()(target, tokens, cache)
+  np.testing.assert_array_equal(np.asarray(out), np.asarray(target.decode(tokens, cache)[0]))
 
 
 @needs_kernels

@@ -4,15 +4,15 @@ Dense (no bias), fused products for decode steps, RMSNorm, the shared embedding,
 relative position buckets and bias, multi-head attention (heads-major, no 1/sqrt(d)
 scaling: it lives in the query init), and the (gated) MLP.
 
-Cached decode calls may carry a second, read-only variable collection,
-`DECODE_WEIGHTS`: the decode step's kernels packed for the CPU skinny products
-(`specdec_jax.kernels`), at the path of the layer that uses them (a Dense's
-"kernel", a fused product's "qkv" / "wi", the tied embedding's "logits", an
-RMSNorm's "sum_squares" column of ones). A layer that finds its packed weights runs
-its product through the kernel, and attention then runs one query row at a time:
-every row of a k-token call is then computed by exactly the ops of a 1-token call
-(bitwise equal logits). Without the collection (forward passes, the encoder, the
-cross K/V, kernels off) every layer is XLA's dot and reduce.
+Decode requests (the encoder and cross K/V of `Model.start`, cached decode calls)
+may carry a second, read-only variable collection, `DECODE_WEIGHTS`: the kernels
+packed for the CPU skinny products (`specdec_jax.kernels`), at the path of the layer
+that uses them (a Dense's "kernel", a fused product's "qkv" / "kv" / "wi", the tied
+embedding's "logits", a decoder RMSNorm's "sum_squares" column of ones). A layer that
+finds its packed weights runs its product through the kernel, and decoder attention
+then runs one query row at a time: every row of a k-token call is then computed by
+exactly the ops of a 1-token call (bitwise equal logits). Without the collection
+(teacher-forced forward passes, kernels off) every layer is XLA's dot and reduce.
 """
 
 from __future__ import annotations
@@ -270,6 +270,7 @@ class MultiHeadAttention(nn.Module):
   head_dim: int
   in_features: int
   dtype: jnp.dtype = jnp.float32
+  per_query_row: bool = False   # decoder attention: see `attend`
 
   def setup(self):
     joined = self.num_heads * self.head_dim
@@ -290,7 +291,7 @@ class MultiHeadAttention(nn.Module):
 
   def project_kv(self, x: Array, fuse: bool = True) -> tuple[Array, Array]:
     """[B, S, E] -> two [B, H, S, Dh] (`fuse`: see `fused_dense`)."""
-    k, v = fused_dense(x, [self.key, self.value], self.dtype, fuse)
+    k, v = fused_dense(x, [self.key, self.value], self.dtype, fuse, packed(self, "kv"))
     return self._split(k), self._split(v)
 
   def project_qkv(self, x: Array, fuse: bool = True) -> tuple[Array, Array, Array]:
@@ -307,11 +308,12 @@ class MultiHeadAttention(nn.Module):
   def attend(self, q: Array, k: Array, v: Array, bias: Array) -> Array:
     """q [B, H, T, Dh], k/v [B, H, S, Dh], bias [B|1, H|1, T|1, S] -> [B, T, E].
 
-    In a decode call on packed weights (the output projection has them), one query
-    row per einsum: XLA computes T >= 2 rows with other kernels than T = 1, and the
-    rows of a k-token call would round differently from 1-token calls.
+    Decoder attention (`per_query_row`) in a decode call on packed weights (the
+    output projection has them): one query row per einsum. XLA computes T >= 2 rows
+    with other kernels than T = 1, and the rows of a k-token call would round
+    differently from 1-token calls.
     """
-    if q.shape[2] > 1 and packed(self.out, "kernel") is not None:
+    if self.per_query_row and q.shape[2] > 1 and packed(self.out, "kernel") is not None:
       rows = [self._weighted_values(q[:, :, t:t + 1], k, v,
                                     bias[:, :, t:t + 1] if bias.shape[2] > 1 else bias)
               for t in range(q.shape[2])]

@@ -61,13 +61,13 @@ def _forward(model, encoder_tokens, decoder_input_tokens, deterministic=True, rn
 
 @jax.jit
 def _encode(model, encoder_tokens):
-  return _apply(model, encoder_tokens, method="encode")
+  return _apply(model, encoder_tokens, method="encode", packed=True)
 
 
 @functools.partial(jax.jit, static_argnames=("capacity",))
 def _start(model, encoder_tokens, capacity):
-  encoded = _apply(model, encoder_tokens, method="encode")
-  return _apply(model, encoded, encoder_tokens, capacity, method="init_cache")
+  encoded = _apply(model, encoder_tokens, method="encode", packed=True)
+  return _apply(model, encoded, encoder_tokens, capacity, method="init_cache", packed=True)
 
 
 @functools.partial(jax.jit, static_argnames=("num_layers",))
@@ -117,8 +117,7 @@ class Model:
     cached = self.__dict__.get("_packed")
     if cached is not None and _same_arrays(cached.sources, leaves):
       return cached.weights
-    if not all(isinstance(x, (np.ndarray, jax.Array)) and not isinstance(x, jax.core.Tracer)
-               for x in leaves):
+    if not all(_concrete(x) for x in leaves):
       return None   # tracers, or abstract leaves (ShapeDtypeStruct, a lowering's ArgInfo)
     with jax.ensure_compile_time_eval():
       weights = pack_decode_weights(self.config, self.params) if _on_one_cpu(leaves) else None
@@ -213,6 +212,11 @@ class Model:
     return self.replace(params=params)
 
 
+def _concrete(x) -> bool:
+  """A leaf holding values (not a tracer, nor an abstract leaf of AOT lowering)."""
+  return isinstance(x, (np.ndarray, jax.Array)) and not isinstance(x, jax.core.Tracer)
+
+
 def _same_arrays(a, b) -> bool:
   return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
@@ -227,10 +231,15 @@ def _on_one_cpu(leaves) -> bool:
 
 
 def pack_decode_weights(config: T5Config, params) -> Any | None:
-  """The decode-step products (`t5.decode_products`) packed for `kernels.dot`, or None.
+  """The decode-request products (`t5.decode_products`) packed for `kernels.dot`, or None.
 
   Each weight is packed in the dtype its layer computes in: bfloat16 where the
-  activations are bfloat16 or the params are (kind "bf16cvt"), else float32.
+  activations are bfloat16 or the params are (kind "bf16cvt"), else float32 -- but
+  float32 weights whose every value bfloat16 holds exactly (checkpoints stored in
+  bfloat16, such as the bundled demo pair, loaded as float32) pack as bfloat16 too:
+  the kernel widens them back to the same float32 values and runs the same FMA
+  sequence, so the results are bitwise those of float32 panels, from half the bytes
+  (a batch-1 step streams every weight: 2x less memory traffic).
   None for float16 activations or params (no kernel for them).
   """
   if config.activation_dtype not in (jnp.float32, jnp.bfloat16):
@@ -249,8 +258,16 @@ def pack_decode_weights(config: T5Config, params) -> Any | None:
     else:
       return None
     w = mats[0].T if product.transposed else jnp.concatenate(mats, axis=1)
+    if dtype == jnp.float32 and bool(_bfloat16_exact(w)):
+      dtype = jnp.bfloat16
     tree[path] = kernels.pack(w, dtype)
   return unflatten_dict(tree)
+
+
+@jax.jit
+def _bfloat16_exact(w: Array) -> Array:
+  """Whether every value of float32 `w` survives a round trip through bfloat16."""
+  return jnp.all(w.astype(jnp.bfloat16).astype(jnp.float32) == w)
 
 
 def _flatten_with_keys(model: Model):
@@ -267,15 +284,16 @@ def _flatten(model: Model):
 
 
 def _unflatten(aux, children) -> Model:
-  """Decode weights survive unflattening only as tracers (a jit / while-loop argument):
-  concrete leaves may have been mapped by any function, so a concrete Model re-packs."""
+  """Decode weights survive unflattening only as tracers or abstract leaves (a jit or
+  while-loop argument, `jit(f).lower(model, ...)`): concrete leaves may have been
+  mapped by any function, so a concrete Model re-packs."""
   config, has_weights = aux
   model = object.__new__(Model)
   object.__setattr__(model, "config", config)
   object.__setattr__(model, "params", children[0])
   if has_weights:
     weights = children[1]
-    if all(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(weights)):
+    if not any(_concrete(x) for x in jax.tree_util.tree_leaves(weights)):
       leaves = tuple(jax.tree_util.tree_leaves(children[0]))
       object.__setattr__(model, "_packed", _Packed(leaves, weights))
   return model

@@ -47,32 +47,41 @@ class DecodeProduct(NamedTuple):
 
 
 def decode_products(cfg: T5Config) -> dict[tuple[str, ...], DecodeProduct]:
-  """Every product of a cached decode step, by its path in the `DECODE_WEIGHTS` collection.
+  """Every product of a decode request, by its path in the `DECODE_WEIGHTS` collection.
 
-  Self-attention Q/K/V (fused, "qkv"), attention outputs, the cross-attention query,
-  the MLP's wi_* (fused, "wi") and wo, the output layer, and the decoder's RMSNorm
-  sums of squares ("sum_squares"). Not here: the encoder and the cross-attention K/V
-  (`init_cache`, once per request), which keep XLA's dot.
+  Once per request (`Model.start`): the encoder's Q/K/V (fused, "qkv"), attention
+  outputs, MLP wi_* (fused, "wi") and wo, and each decoder layer's cross-attention
+  K/V (fused, "kv"). In every cached decode step: the self-attention Q/K/V ("qkv"),
+  attention outputs, the cross-attention query, the MLP's "wi" and wo, the output
+  layer, and the decoder's RMSNorm sums of squares ("sum_squares"). Packed, a fused
+  product costs nothing extra (the concatenation happens once, at packing).
   """
   dt = cfg.activation_dtype
   f32 = jnp.dtype(jnp.float32)
   norm = lambda path: DecodeProduct((path + ("scale",),), f32, sum_of_squares=True)
+  wi = ["wi"] if len(cfg.mlp_activations) == 1 else [
+      f"wi_{j}" for j in range(len(cfg.mlp_activations))]
+  fused = lambda path, names: DecodeProduct(tuple(path + (n, "kernel") for n in names), dt)
+  single = lambda path: DecodeProduct((path + ("kernel",),), dt)
   out = {("decoder", "decoder_norm", "sum_squares"): norm(("decoder", "decoder_norm"))}
+  for i in range(cfg.num_encoder_layers):
+    layer = ("encoder", f"layers_{i}")
+    out[layer + ("attention", "qkv")] = fused(layer + ("attention",), ("query", "key", "value"))
+    out[layer + ("mlp", "wi")] = fused(layer + ("mlp",), wi)
+    for path in (layer + ("attention", "out"), layer + ("mlp", "wo")):
+      out[path + ("kernel",)] = single(path)
   for i in range(cfg.num_decoder_layers):
     layer = ("decoder", f"layers_{i}")
     for name in ("pre_self_attention_layer_norm", "pre_cross_attention_layer_norm",
                  "pre_mlp_layer_norm"):
       out[layer + (name, "sum_squares")] = norm(layer + (name,))
     self_attn, cross = layer + ("self_attention",), layer + ("encoder_decoder_attention",)
-    out[self_attn + ("qkv",)] = DecodeProduct(
-        tuple(self_attn + (n, "kernel") for n in ("query", "key", "value")), dt)
+    out[self_attn + ("qkv",)] = fused(self_attn, ("query", "key", "value"))
+    out[cross + ("kv",)] = fused(cross, ("key", "value"))
     for path in (self_attn + ("out",), cross + ("query",), cross + ("out",),
                  layer + ("mlp", "wo")):
-      out[path + ("kernel",)] = DecodeProduct((path + ("kernel",),), dt)
-    wi = ["wi"] if len(cfg.mlp_activations) == 1 else [
-        f"wi_{j}" for j in range(len(cfg.mlp_activations))]
-    out[layer + ("mlp", "wi")] = DecodeProduct(
-        tuple(layer + ("mlp", n, "kernel") for n in wi), dt)
+      out[path + ("kernel",)] = single(path)
+    out[layer + ("mlp", "wi")] = fused(layer + ("mlp",), wi)
   if cfg.logits_via_embedding:
     out[("token_embedder", "logits")] = DecodeProduct(
         (("token_embedder", "embedding"),), jnp.dtype(jnp.float32), transposed=True)
@@ -82,9 +91,10 @@ def decode_products(cfg: T5Config) -> dict[tuple[str, ...], DecodeProduct]:
   return out
 
 
-def _make_attention(cfg: T5Config, name: str | None) -> MultiHeadAttention:
+def _make_attention(cfg: T5Config, name: str | None,
+                    per_query_row: bool = False) -> MultiHeadAttention:
   return MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.emb_dim, cfg.activation_dtype,
-                            name=name)
+                            per_query_row, name=name)
 
 
 def _make_relpos(cfg: T5Config) -> RelativePositionBias:
@@ -123,9 +133,9 @@ class DecoderLayer(nn.Module):
   def setup(self):
     cfg, dt = self.config, self.config.activation_dtype
     self.pre_self_attention_layer_norm = RMSNorm(cfg.layer_norm_epsilon, dt)
-    self.self_attention = _make_attention(cfg, None)
+    self.self_attention = _make_attention(cfg, None, per_query_row=True)
     self.pre_cross_attention_layer_norm = RMSNorm(cfg.layer_norm_epsilon, dt)
-    self.encoder_decoder_attention = _make_attention(cfg, None)
+    self.encoder_decoder_attention = _make_attention(cfg, None, per_query_row=True)
     self.pre_mlp_layer_norm = RMSNorm(cfg.layer_norm_epsilon, dt)
     self.mlp = _make_mlp(cfg, None)
 
