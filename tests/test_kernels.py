@@ -271,6 +271,8 @@ def test_start_runs_the_encoder_on_kernels_forward_keeps_xla_dot(monkeypatch, de
   cfg = target.config
   products = 4 * cfg.num_encoder_layers + cfg.num_decoder_layers     # qkv, out, wi, wo; kv
   assert hlo.count(f"custom_call @{build.TARGET}(") == products
+  # two attention einsums per encoder layer over all rows (row by row: 2 x length each)
+  assert hlo.count("stablehlo.dot_general") == 2 * cfg.num_encoder_layers
   on = start(target, enc)
   _off(monkeypatch)
   off = start(target, enc)
@@ -302,6 +304,42 @@ def test_bfloat16_exact_float32_weights_pack_narrow_with_bitwise_equal_products(
   assert {x.dtype for x in jax.tree_util.tree_leaves(rounded.params)} == {jnp.dtype(jnp.float32)}
   bundled = sd.load("demo-de-en/target")                             # stored in bfloat16
   assert set(dtypes(bundled).values()) == {jnp.dtype(jnp.bfloat16)}
+
+
+def test_bfloat16_exactness_is_judged_on_the_bits():
+  from specdec_jax.models import model as model_lib
+  f32 = lambda bits: np.asarray(bits, np.uint32).view(np.float32)
+  assert model_lib._bfloat16_exact(jnp.asarray(f32([0x3F800000, 0x80000000, 0x7F800000,
+                                                    0x00010000, 0x7FC00000])))  # 1 -0 inf sub NaN
+  for bits in (0x3F800001, 0x00000001, 0x7FC00001):       # float32-only value, subnormal, NaN
+    assert not model_lib._bfloat16_exact(jnp.asarray(f32([0x3F800000, bits])))
+
+
+def test_threads_grow_with_weights_and_rows():
+  from specdec_jax.kernels import skinny
+  one = skinny.PARALLEL_BYTES // 4                          # float32 values in one share
+  assert skinny.threads(1, 1, one, jnp.float32) == 1
+  assert skinny.threads(1, 1, 4 * one, jnp.float32) == 4
+  assert skinny.threads(1, 1, 4 * one, jnp.bfloat16) == 2
+  rows = skinny.ROWS_PER_PASS
+  assert skinny.threads(rows, 1, one, jnp.float32) == 1
+  assert skinny.threads(8 * rows, 1, one, jnp.float32) == 8  # an encoder's many rows
+
+
+@needs_kernels
+def test_narrow_panels_give_bitwise_the_logits_of_float32_panels(monkeypatch, demo):
+  """The bundled target (bfloat16-exact float32 params) decodes on bfloat16 panels to
+  bitwise the logits of float32 panels of the same params."""
+  from specdec_jax.models import model as model_lib
+  target, enc = demo
+  cache = _prefilled(target, enc)
+  tokens = jnp.asarray(np.random.default_rng(4).integers(2, target.vocab_size, (8, 3)), jnp.int32)
+  narrow = np.asarray(target.decode(tokens, cache)[0])
+  monkeypatch.setattr(model_lib, "_bfloat16_exact", lambda w: False)
+  wide_model = target.replace(params=dict(target.params))
+  kinds = {x.dtype for p, x in flatten_dict(wide_model.decode_weights).items()}
+  assert kinds == {jnp.dtype(jnp.float32)}
+  np.testing.assert_array_equal(np.asarray(wide_model.decode(tokens, cache)[0]), narrow)
 
 
 @needs_kernels

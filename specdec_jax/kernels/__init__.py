@@ -1,4 +1,4 @@
-"""CPU kernels for decode steps: skinny products on pre-packed weights (XLA FFI).
+"""CPU kernels for decode requests: skinny products on pre-packed weights (XLA FFI).
 
 A cached decode call runs M = batch x k rows through every decoder product. On CPU,
 XLA runs M = 1 as a GEMV and M >= 2 through another library, so a k-token verify
@@ -16,7 +16,9 @@ Built on first use with the system C++ compiler (see `build`), for AVX-512F or A
 (with FMA; same results from either); where the backend is not the CPU, the CPU has
 neither, there is no compiler, the build fails, or SPECDEC_CPU_KERNELS=0,
 `available()` is False and the models use `jnp.dot`.
-The models use them in cached decode calls only (`models.model.Model.decode_weights`).
+The models use them for decode requests: the encoder and cross-attention K/V of
+`Model.start` and every cached decode call (`models.model.Model.decode_weights`);
+teacher-forced passes keep XLA's dot.
 """
 
 from specdec_jax.kernels.build import ENV_VAR, Status, available, status

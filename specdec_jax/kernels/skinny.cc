@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <utility>
 
 #include "xla/ffi/api/ffi.h"
@@ -301,7 +302,12 @@ ffi::Error SkinnyDotImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Any
   sh->nchunks = std::min<int64_t>(ntiles, nt * std::max<int64_t>(1, chunks_per_thread));
   for (int64_t t = 1; t < nt; ++t) pool.Schedule([sh] { sh->work(); });
   sh->work();
-  while (sh->done.load(std::memory_order_acquire) < sh->nchunks) _mm_pause();
+  // Spin briefly (a helper's chunk takes microseconds), then yield: on an oversubscribed
+  // host a preempted helper may need this core to finish its chunk.
+  for (int spins = 0; sh->done.load(std::memory_order_acquire) < sh->nchunks; ++spins) {
+    if (spins < 1 << 14) _mm_pause();
+    else std::this_thread::yield();
+  }
   return ffi::Error::Success();
 }
 

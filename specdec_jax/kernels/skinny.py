@@ -24,12 +24,14 @@ from specdec_jax.kernels import build
 Array = jax.Array
 
 PANEL = 16
-#: Weight bytes per thread above which a product is split over XLA's intra-op pool
-#: (`SPECDEC_CPU_KERNEL_PARALLEL_BYTES`). One core alone does not saturate memory
-#: bandwidth, and handing work to the pool costs ~10 us: on a 2-core AMD EPYC
-#: (AVX2), 64 KiB made the demo target's decode step 1.4x faster than 4 MiB (which
-#: split only the output layer), 256 KiB about as fast as 64 KiB.
+#: Weight bytes streamed per thread (`SPECDEC_CPU_KERNEL_PARALLEL_BYTES`): a product
+#: gets one thread of XLA's intra-op pool per PARALLEL_BYTES of weights times blocks of
+#: ROWS_PER_PASS rows (`threads`). One core alone does not saturate memory bandwidth,
+#: and handing work to the pool costs ~10 us: on a 2-core AMD EPYC (AVX2), 64 KiB made
+#: the demo target's decode step 1.4x faster than 4 MiB (which split none of its
+#: products), 256 KiB about as fast as 64 KiB.
 PARALLEL_BYTES = int(os.environ.get("SPECDEC_CPU_KERNEL_PARALLEL_BYTES", 64 << 10))
+ROWS_PER_PASS = 8      # rows that share one pass over the weights, roughly (skinny.cc plan)
 PREFETCH = 16          # software prefetch distance, in panel rows
 CHUNKS = 4             # column chunks per thread
 
@@ -65,10 +67,12 @@ def check_packed(wp: Array, k: int, n: int) -> None:
                      f"{list(want[jnp.bfloat16])})")
 
 
-def threads(k: int, n: int, dtype) -> int:
-  """Threads for a product: 1, or about one per PARALLEL_BYTES of weights."""
+def threads(m: int, k: int, n: int, dtype) -> int:
+  """Threads for an [m, k] x [k, n] product: about one per PARALLEL_BYTES of weights
+  per ROWS_PER_PASS rows (an encoder's m = batch x length rows is compute, not one
+  stream of the weights). The kernel caps it at the pool's size and the panel count."""
   nbytes = k * n * jnp.dtype(dtype).itemsize
-  return max(1, nbytes // PARALLEL_BYTES)
+  return max(1, nbytes * -(-m // ROWS_PER_PASS) // PARALLEL_BYTES)
 
 
 def dot(x: Array, wp: Array, n: int) -> Array:
@@ -82,5 +86,6 @@ def dot(x: Array, wp: Array, n: int) -> Array:
     raise RuntimeError(f"skinny products unavailable: {build.status().reason}")
   out = jax.ShapeDtypeStruct(x.shape[:-1] + (n,), jnp.float32)
   call = jax.ffi.ffi_call(build.TARGET, out, vmap_method="expand_dims")
-  return call(x.astype(jnp.float32), wp, nthreads=np.int64(threads(k, n, wp.dtype)),
+  m = int(np.prod(x.shape[:-1], dtype=np.int64))
+  return call(x.astype(jnp.float32), wp, nthreads=np.int64(threads(m, k, n, wp.dtype)),
               chunks=np.int64(CHUNKS), prefetch=np.int64(PREFETCH))

@@ -8,10 +8,11 @@ through `jax.jit`, `vmap` or `lax.while_loop` like any array container:
     cache = model.start(enc, capacity=32)         # encoder once, cross K/V cached
     logits, cache = model.decode(tok, cache)      # tok [B, k]; writes at cache.length
 
-On a CPU with the decode kernels (`specdec_jax.kernels`), a Model also carries its
-decode steps' weights packed for them (`Model.decode_weights`): built once per Model
-from its params, on first use, and passed as extra pytree leaves; cached decode
-calls read them from a separate flax collection, so `params` keeps T5X's tree.
+On a CPU with the decode kernels (`specdec_jax.kernels`), a Model also carries the
+weights of its decode requests packed for them (`Model.decode_weights`): built once
+per Model from its params, on first use, and passed as extra pytree leaves; `start`
+and cached decode calls read them from a separate flax collection, so `params` keeps
+T5X's tree.
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ class Model:
 
   @property
   def decode_weights(self) -> Any | None:
-    """The decode-step kernels packed for the CPU skinny products, or None.
+    """The kernels of decode requests (`start`, cached `decode`) packed for the CPU
+    skinny products, or None.
 
     A tree in the `layers.DECODE_WEIGHTS` collection's layout (`t5.decode_products`).
     Built on first use (the first jit call that takes this Model) from the current
@@ -109,7 +111,10 @@ class Model:
     is the very array they were packed from (assigning into the params dict in
     place re-packs). None where the kernels are off or unavailable
     (`kernels.status()`), for float16, for params not on one CPU device, and for a
-    Model made inside a traced function (those run XLA's dot).
+    Model made inside a traced function (those run XLA's dot). The packed dtype can
+    depend on the values (`pack_decode_weights`: bfloat16-exact float32 weights pack
+    narrow), so params moved off the bfloat16 grid (fine-tuning) repack wide: a new
+    pytree structure for jit (one recompile) and for an AOT-compiled function.
     """
     if not kernels.available():
       return None
@@ -258,16 +263,17 @@ def pack_decode_weights(config: T5Config, params) -> Any | None:
     else:
       return None
     w = mats[0].T if product.transposed else jnp.concatenate(mats, axis=1)
-    if dtype == jnp.float32 and bool(_bfloat16_exact(w)):
+    if dtype == jnp.float32 and _bfloat16_exact(w):
       dtype = jnp.bfloat16
     tree[path] = kernels.pack(w, dtype)
   return unflatten_dict(tree)
 
 
-@jax.jit
-def _bfloat16_exact(w: Array) -> Array:
-  """Whether every value of float32 `w` survives a round trip through bfloat16."""
-  return jnp.all(w.astype(jnp.bfloat16).astype(jnp.float32) == w)
+def _bfloat16_exact(w: Array) -> bool:
+  """Whether bfloat16 holds every float32 value of `w` bit for bit: the low 16 bits are
+  zero (a test of the bits, so subnormals and NaN payloads are judged by what the
+  kernel will read, whatever the floating-point mode)."""
+  return not np.any(np.asarray(w, np.float32).view(np.uint32) & 0xFFFF)
 
 
 def _flatten_with_keys(model: Model):

@@ -30,7 +30,7 @@ Array = jax.Array
 
 
 class DecodeProduct(NamedTuple):
-  """One product of a cached decode step, as `Model.decode_weights` packs it.
+  """One product of a decode request, as `Model.decode_weights` packs it.
 
   sources: param paths of [K, N_i] kernels, joined along N (a fused product); or,
   with `transposed`, one [N, K] matrix (the tied embedding); or, with
