@@ -67,8 +67,8 @@ def _encode(model, encoder_tokens):
 
 @functools.partial(jax.jit, static_argnames=("capacity",))
 def _start(model, encoder_tokens, capacity):
-  encoded = _apply(model, encoder_tokens, method="encode", packed=True)
-  return _apply(model, encoded, encoder_tokens, capacity, method="init_cache", packed=True)
+  return _apply(model, _encode(model, encoder_tokens), encoder_tokens, capacity,
+                method="init_cache", packed=True)
 
 
 @functools.partial(jax.jit, static_argnames=("num_layers",))
