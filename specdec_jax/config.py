@@ -131,6 +131,11 @@ class T5Config:
     return self.num_decoder_layers * layer + e * self.vocab_size
 
 
+def mlp_kernel_names(activations: tuple[str, ...]) -> list[str]:
+  """T5X names the MLP's input kernels ``wi`` for one activation, ``wi_0, wi_1, ...`` for several."""
+  return ["wi"] if len(activations) == 1 else [f"wi_{i}" for i in range(len(activations))]
+
+
 def available_configs() -> list[str]:
   """Names of the configs shipped in ``specdec_jax/configs/models/`` (sorted)."""
   root = package_data.model_configs()

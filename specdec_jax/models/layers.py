@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import kernels
+from specdec_jax.config import mlp_kernel_names
 
 Array = jax.Array
 _MASKED = -1e10  # T5X's bias for masked attention logits
@@ -338,9 +339,8 @@ class MlpBlock(nn.Module):
     acts = {"relu": nn.relu, "linear": lambda h: h, "silu": nn.silu,
             "gelu": functools.partial(nn.gelu, approximate=self.gelu_approximate),
             "gelu_exact": functools.partial(nn.gelu, approximate=False)}
-    names = ["wi"] if len(self.activations) == 1 else [f"wi_{i}" for i in
-                                                         range(len(self.activations))]
-    wi = [Dense(x.shape[-1], self.mlp_dim, ("embed", "mlp"), self.dtype, name=n) for n in names]
+    wi = [Dense(x.shape[-1], self.mlp_dim, ("embed", "mlp"), self.dtype, name=n)
+          for n in mlp_kernel_names(self.activations)]
     branches = fused_dense(x, wi, self.dtype, self.fuse, packed(self, "wi"))
     h = functools.reduce(jnp.multiply, [acts[a](y) for a, y in zip(self.activations, branches)])
     return Dense(self.mlp_dim, x.shape[-1], ("mlp", "embed"), self.dtype, name="wo")(h)

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import cache as cache_lib
-from specdec_jax.config import T5Config
+from specdec_jax.config import T5Config, mlp_kernel_names
 from specdec_jax.models.layers import (Dense, Embed, MlpBlock, MultiHeadAttention, RMSNorm,
                                        RelativePositionBias, attention_bias)
 
@@ -59,8 +59,7 @@ def decode_products(cfg: T5Config) -> dict[tuple[str, ...], DecodeProduct]:
   dt = cfg.activation_dtype
   f32 = jnp.dtype(jnp.float32)
   norm = lambda path: DecodeProduct((path + ("scale",),), f32, sum_of_squares=True)
-  wi = ["wi"] if len(cfg.mlp_activations) == 1 else [
-      f"wi_{j}" for j in range(len(cfg.mlp_activations))]
+  wi = mlp_kernel_names(cfg.mlp_activations)
   fused = lambda path, names: DecodeProduct(tuple(path + (n, "kernel") for n in names), dt)
   single = lambda path: DecodeProduct((path + ("kernel",),), dt)
   out = {("decoder", "decoder_norm", "sum_squares"): norm(("decoder", "decoder_norm"))}

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from specdec_jax.io.checkpoints.errors import CheckpointError
-from specdec_jax.config import ConfigError, T5Config
+from specdec_jax.config import ConfigError, T5Config, mlp_kernel_names
 
 _ATTENTION_PARTS = ("query", "key", "value", "out")
 _LAYER_RE = re.compile(r"^(encoder|decoder)/layers_(\d+)/")
@@ -42,12 +42,6 @@ def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
   return tree
 
 
-def mlp_kernel_names(config: T5Config) -> list[str]:
-  """T5X names the input kernels ``wi`` for one activation, ``wi_0, wi_1, ...`` for several."""
-  n = len(config.mlp_activations)
-  return ["wi"] if n == 1 else [f"wi_{i}" for i in range(n)]
-
-
 def _attention_shapes(prefix: str, emb: int, joined: int) -> dict[str, tuple[int, ...]]:
   shapes = {f"{prefix}/{part}/kernel": (emb, joined) for part in _ATTENTION_PARTS[:3]}
   shapes[f"{prefix}/out/kernel"] = (joined, emb)
@@ -56,7 +50,8 @@ def _attention_shapes(prefix: str, emb: int, joined: int) -> dict[str, tuple[int
 
 def _mlp_shapes(prefix: str, config: T5Config) -> dict[str, tuple[int, ...]]:
   e, m = config.emb_dim, config.mlp_dim
-  shapes = {f"{prefix}/{name}/kernel": (e, m) for name in mlp_kernel_names(config)}
+  shapes = {f"{prefix}/{name}/kernel": (e, m)
+            for name in mlp_kernel_names(config.mlp_activations)}
   shapes[f"{prefix}/wo/kernel"] = (m, e)
   return shapes
 
