@@ -32,7 +32,7 @@ def _off(monkeypatch):
 
 
 def _uses_kernel(fn, *args) -> bool:
-  return build.TARGET in jax.jit(fn).lower(*args).as_text()
+  return build.DOT in jax.jit(fn).lower(*args).as_text()
 
 
 def _decode(model, tokens, cache):
@@ -72,7 +72,7 @@ def test_instruction_set_is_the_best_the_cpu_has():
   assert pick("avx", "sse4_2") == "none"
   if STATUS.available:                                  # the library says which it built
     assert f"({build.instruction_set()[0]})" in STATUS.reason
-    assert f"skinny-{build.instruction_set()[0]}-" in STATUS.library
+    assert f"kernels-{build.instruction_set()[0]}-" in STATUS.library
 
 
 def test_env_var_disables_and_decode_falls_back_to_dot(monkeypatch, demo):
@@ -161,6 +161,89 @@ def test_packed_shape_is_checked():
     kernels.pack(jnp.ones((8, 20), jnp.float16))
 
 
+# ----------------------------------------------------------------------------- attention
+
+
+def _xla_attention(q, k, v, bias):
+  """The reference: XLA's softmax attention at highest precision, q [B, T, H, D]."""
+  logits = jnp.einsum("bthd,bhsd->bhts", q, k.astype(jnp.float32), precision="highest") + bias
+  probs = jax.nn.softmax(logits, axis=-1)
+  if k.dtype == jnp.bfloat16:
+    probs = probs.astype(jnp.bfloat16).astype(jnp.float32)
+  return jnp.einsum("bhts,bhsd->bthd", probs, v.astype(jnp.float32), precision="highest")
+
+
+def _attention_inputs(b, t, h, s, d, dtype, bias_shape, seed=0):
+  rng = np.random.default_rng(seed)
+  q = jnp.asarray(rng.standard_normal((b, t, h, d)), jnp.float32)
+  k, v = (jnp.asarray(rng.standard_normal((b, h, s, d)), dtype) for _ in range(2))
+  masked = rng.random(bias_shape) < 0.3
+  masked[..., 0] = False                      # every row keeps a key
+  bias = jnp.asarray(np.where(masked, -1e10, rng.standard_normal(bias_shape)), jnp.float32)
+  return q, k, v, bias
+
+
+ATTENTION_CASES = [  # b, t, h, s, d, dtype, bias: self-attention [B, H, T, S] / cross [B, 1, 1, S]
+    (1, 5, 4, 36, 64, jnp.float32, "self"), (3, 4, 2, 13, 20, jnp.bfloat16, "cross"),
+    (2, 1, 3, 7, 5, jnp.float32, "self"), (2, 3, 2, 40, 128, jnp.bfloat16, "self"),
+    (2, 2, 2, 9, 8, jnp.float16, "cross")]
+
+
+def _bias_shape(b, t, h, s, kind):
+  return (b, h, t, s) if kind == "self" else (b, 1, 1, s)
+
+
+@needs_kernels
+@pytest.mark.parametrize("b,t,h,s,d,dtype,kind", ATTENTION_CASES)
+def test_attention_matches_xla(b, t, h, s, d, dtype, kind):
+  q, k, v, bias = _attention_inputs(b, t, h, s, d, dtype, _bias_shape(b, t, h, s, kind))
+  out = kernels.attention(q, k, v, bias)
+  assert out.shape == (b, t, h, d) and out.dtype == jnp.float32
+  ref = _xla_attention(q, k.astype(jnp.float32) if dtype == jnp.float16 else k,
+                       v.astype(jnp.float32) if dtype == jnp.float16 else v, bias)
+  # bfloat16 probabilities may round the other way where the two softmaxes differ by an ulp
+  tol = 2e-2 if dtype == jnp.bfloat16 else 2e-5
+  assert float(jnp.max(jnp.abs(out - ref))) <= tol * float(jnp.max(jnp.abs(ref)))
+
+
+@needs_kernels
+@pytest.mark.parametrize("b,t,h,s,d,dtype,kind", ATTENTION_CASES[:4])
+def test_attention_rows_are_bitwise_independent_of_t_and_b(b, t, h, s, d, dtype, kind):
+  q, k, v, bias = _attention_inputs(b, t, h, s, d, dtype, _bias_shape(b, t, h, s, kind), seed=1)
+  out = np.asarray(kernels.attention(q, k, v, bias))
+  for i in range(t):        # each query row alone
+    row_bias = bias[:, :, i:i + 1] if bias.shape[2] > 1 else bias
+    np.testing.assert_array_equal(np.asarray(kernels.attention(q[:, i:i + 1], k, v, row_bias))[:, 0],
+                                  out[:, i])
+  for j in range(b):        # each batch row alone
+    np.testing.assert_array_equal(
+        np.asarray(kernels.attention(q[j:j + 1], k[j:j + 1], v[j:j + 1], bias[j:j + 1]))[0], out[j])
+
+
+@needs_kernels
+def test_attention_gives_masked_keys_exactly_zero_weight():
+  """A key under the -1e10 mask contributes nothing: its value can be anything."""
+  q, k, v, bias = _attention_inputs(2, 3, 2, 21, 16, jnp.float32, (2, 2, 3, 21), seed=2)
+  bias = bias.at[..., 5:].set(-1e10)
+  before = np.asarray(kernels.attention(q, k, v, bias))
+  after = np.asarray(kernels.attention(q, k, v.at[:, :, 5:].set(1e6), bias))
+  np.testing.assert_array_equal(before, after)
+  # the control: unmasked, the same change moves the output
+  assert not np.array_equal(np.asarray(kernels.attention(q, k, v, bias * 0)),
+                            np.asarray(kernels.attention(q, k, v.at[:, :, 5:].set(1e6), bias * 0)))
+
+
+@needs_kernels
+def test_attention_shapes_are_checked():
+  q, k, v, bias = _attention_inputs(2, 3, 2, 9, 8, jnp.float32, (2, 2, 3, 9))
+  with pytest.raises(ValueError, match=r"not \[B, H, S, D\]"):
+    kernels.attention(q, k[:, :1], v[:, :1], bias)
+  with pytest.raises(ValueError, match=r"bias \[2, 2, 2, 9\] is not"):
+    kernels.attention(q, k, v, bias[:, :, :2])
+  with pytest.raises(ValueError, match="bias"):
+    kernels.attention(q, k, v, bias[..., :8])
+
+
 # ----------------------------------------------------------------------------- the model
 
 
@@ -216,6 +299,19 @@ def test_verify_call_is_bitwise_the_single_steps_tiny(name, dtype):
 
 
 @needs_kernels
+@pytest.mark.parametrize("k", [1, 4])
+def test_decode_call_runs_attention_and_products_on_kernels(demo, k):
+  """A cached decode call has no XLA dot left: both attentions of every decoder layer are
+  one attention kernel call each (any k), every product a skinny product."""
+  target, enc = demo
+  cache = _prefilled(target, enc[:2])
+  hlo = jax.jit(_decode).lower(target, jnp.ones((2, k), jnp.int32), cache).as_text()
+  assert hlo.count(f"custom_call @{build.ATTENTION}(") == 2 * target.config.num_decoder_layers
+  assert hlo.count(f"custom_call @{build.DOT}(") > 0
+  assert "stablehlo.dot_general" not in hlo
+
+
+@needs_kernels
 def test_packed_once_and_never_stale(monkeypatch, demo):
   target, enc = demo
   weights = target.decode_weights
@@ -260,25 +356,56 @@ def test_model_made_inside_jit_falls_back(demo):
 
 @needs_kernels
 def test_start_runs_the_encoder_on_kernels_forward_keeps_xla_dot(monkeypatch, demo):
-  """`start` (encoder + cross K/V, once per request) runs its products on the packed
-  weights, with the encoder's attention over all rows at once (not row by row); the
-  teacher-forced `forward` keeps XLA's dot. The kernels' cache equals XLA's to
-  rounding."""
+  """`start` (encoder + cross K/V, once per request) runs its products, norms and
+  attention on the kernels; the teacher-forced `forward` keeps XLA's dot. The
+  kernels' cache equals XLA's to rounding."""
   target, enc = demo
   assert not _uses_kernel(lambda m, e: m.forward(e, e), target, enc)
   start = lambda m, e: m.start(e, capacity=8)
   hlo = jax.jit(start).lower(target, enc).as_text()
   cfg = target.config
   products = 4 * cfg.num_encoder_layers + cfg.num_decoder_layers     # qkv, out, wi, wo; kv
-  assert hlo.count(f"custom_call @{build.TARGET}(") == products
-  # two attention einsums per encoder layer over all rows (row by row: 2 x length each)
-  assert hlo.count("stablehlo.dot_general") == 2 * cfg.num_encoder_layers
+  norms = 2 * cfg.num_encoder_layers + 1
+  assert hlo.count(f"custom_call @{build.DOT}(") == products + norms
+  assert hlo.count(f"custom_call @{build.ATTENTION}(") == cfg.num_encoder_layers
+  assert "stablehlo.dot_general" not in hlo
   on = start(target, enc)
   _off(monkeypatch)
   off = start(target, enc)
   for a, b in zip(jax.tree_util.tree_leaves(on), jax.tree_util.tree_leaves(off)):
     a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
     assert np.max(np.abs(a - b)) <= 1e-5 * max(1.0, np.max(np.abs(b)))
+
+
+@needs_kernels
+def test_rows_of_a_batch_decode_bitwise_as_alone(monkeypatch, demo):
+  """Batch invariance: each sentence of a padded batch gets bitwise the cache and
+  logits it gets alone (trimmed to its own length), and the same greedy tokens; with
+  the kernels off, XLA's encoder already differs (the negative control)."""
+  target, enc = demo
+  tokens = jnp.asarray(np.random.default_rng(4).integers(2, target.vocab_size, (enc.shape[0], 3)),
+                       jnp.int32)
+
+  def run(e, t):
+    cache = target.start(e, capacity=24)
+    return cache, target.decode(t, cache)[0]
+
+  lengths = np.asarray((enc > 0).sum(axis=1))
+  assert len(set(lengths.tolist())) > 1                      # a ragged batch
+  cache, logits = run(enc, tokens)
+  out = sd.generate(target, enc, max_new_tokens=16)
+  for i, n in enumerate(lengths):
+    cache_1, logits_1 = run(enc[i:i + 1, :n], tokens[i:i + 1])
+    np.testing.assert_array_equal(np.asarray(logits[i:i + 1]), np.asarray(logits_1))
+    np.testing.assert_array_equal(np.asarray(cache.cross.key[0][i:i + 1, :, :n]),
+                                  np.asarray(cache_1.cross.key[0]))
+    alone = sd.generate(target, enc[i:i + 1, :n], max_new_tokens=16)
+    np.testing.assert_array_equal(np.asarray(out.tokens[i]), np.asarray(alone.tokens[0]))
+  _off(monkeypatch)
+  cache, _ = run(enc, tokens)
+  assert any(not np.array_equal(np.asarray(cache.cross.key[0][i:i + 1, :, :n]),
+                                np.asarray(run(enc[i:i + 1, :n], tokens[i:i + 1])[0].cross.key[0]))
+             for i, n in enumerate(lengths))
 
 
 @needs_kernels
@@ -350,7 +477,7 @@ def test_aot_lowering_keeps_the_kernels(demo):
   cache = _prefilled(target, enc[:1])
   tokens = jnp.asarray([[5, 6, 7]], jnp.int32)
   lowered = jax.jit(_decode).lower(target, tokens, cache)
-  assert build.TARGET in lowered.as_text()
+  assert build.DOT in lowered.as_text()
   out = lowered.compile()(target, tokens, cache)
   np.testing.assert_array_equal(np.asarray(out), np.asarray(target.decode(tokens, cache)[0]))
 

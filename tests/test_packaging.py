@@ -45,7 +45,7 @@ def _package_data() -> set[str]:
   """Wheel paths of the data files the package must ship."""
   files = [*(PACKAGE / "configs" / "models").glob("*.json"),
            *(p for p in (PACKAGE / "assets").rglob("*") if p.is_file()),
-           *(PACKAGE / "kernels").glob("*.cc")]
+           *(PACKAGE / "kernels").glob("*.cc"), *(PACKAGE / "kernels").glob("*.h")]
   return {p.relative_to(REPO).as_posix() for p in files}
 
 
@@ -108,7 +108,8 @@ def test_wheel_holds_configs_and_assets(wheel):
           "specdec_jax/assets/demo-de-en/target/specdec_config.json",
           "specdec_jax/assets/demo-de-en/drafter/params.safetensors",
           "specdec_jax/assets/demo-de-en/drafter/specdec_config.json",
-          "specdec_jax/kernels/skinny.cc"} <= expected
+          "specdec_jax/kernels/skinny.cc", "specdec_jax/kernels/attention.cc",
+          "specdec_jax/kernels/pool.h"} <= expected
   assert sorted(expected - names) == []
   assert "License-Expression: Apache-2.0" in metadata
   assert re.search(r"^specdec = specdec_jax\.[\w.]+:main$", entry_points, re.MULTILINE)
@@ -133,7 +134,7 @@ def test_wheel_install_loads_named_config_and_bundled_names(venv, tmp_path):
 
 
 def test_wheel_install_builds_cpu_kernels_from_package_data(venv, tmp_path):
-  """The installed wheel compiles its own skinny.cc (a fresh cache), where this checkout can."""
+  """The installed wheel compiles its own kernel sources (a fresh cache), where this checkout can."""
   from specdec_jax import kernels
   if not kernels.available():
     pytest.skip(f"CPU kernels unavailable here: {kernels.status().reason}")

@@ -3,11 +3,12 @@
     from specdec_jax.kernels import build
     build.status()   # Status(available=True, reason='built ...', library='/root/.cache/...so')
 
-The C++ source ships as package data (`skinny.cc`). On first use it is compiled with
-the system C++ compiler (`$CXX`, default g++) against the XLA FFI headers inside jaxlib
-(`jax.ffi.include_dir()`; nothing is linked), into a per-user cache directory:
+The C++ sources ship as package data (`skinny.cc`, `attention.cc`, `pool.h`). On first
+use they are compiled with the system C++ compiler (`$CXX`, default g++) against the XLA
+FFI headers inside jaxlib (`jax.ffi.include_dir()`; nothing is linked) into one library,
+in a per-user cache directory:
 `$SPECDEC_CACHE_DIR`, else `$XDG_CACHE_HOME/specdec_jax`, else `~/.cache/specdec_jax`.
-The file name carries a hash of the source, the flags, the compiler and the jaxlib
+The file name carries a hash of the sources, the flags, the compiler and the jaxlib
 version, so an upgrade of any of them builds a new library. Concurrent processes take
 an exclusive lock on the cache entry while one of them builds, and the library is
 written to a temporary file renamed into place: a reader never sees a partial file.
@@ -38,11 +39,14 @@ import warnings
 import jax
 
 ENV_VAR = "SPECDEC_CPU_KERNELS"        # 0 / false / off / no: always use XLA's dot
-TARGET = "specdec_skinny_dot"          # the FFI target name
-SOURCE = "skinny.cc"
-SYMBOL = "SpecdecSkinnyDot"
+DOT = "specdec_skinny_dot"                 # FFI target of the skinny products
+ATTENTION = "specdec_decode_attention"     # FFI target of decoder attention
+#: FFI target name -> the handler symbol the library exports.
+TARGETS = {DOT: "SpecdecSkinnyDot", ATTENTION: "SpecdecDecodeAttention"}
+SOURCES = ("skinny.cc", "attention.cc")    # compiled together into one library
+HEADERS = ("pool.h",)
 FLAGS = ("-std=c++17", "-O3", "-fPIC", "-shared", "-fno-math-errno")
-#: Instruction sets skinny.cc is written for, best first: (name, /proc/cpuinfo flags it
+#: Instruction sets the kernels are written for, best first: (name, /proc/cpuinfo flags it
 #: needs, compiler flags). Both compute the same FMA sequence per element: same results.
 ISAS = (("avx512", ("avx512f", "fma"), ("-mavx512f", "-mfma")),
         ("avx2", ("avx2", "fma"), ("-mavx2", "-mfma")))
@@ -119,8 +123,9 @@ def _decide() -> Status:
   try:
     path = _build(compiler, isa)
     lib = ctypes.cdll.LoadLibrary(str(path))
-    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(getattr(lib, SYMBOL)),
-                                platform="cpu")
+    for target, symbol in TARGETS.items():
+      jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)),
+                                  platform="cpu")
   except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as e:
     return _unavailable(str(e))
   return Status(True, f"built and registered ({isa[0]})", str(path))
@@ -149,21 +154,23 @@ def _compiler_id(compiler: str) -> str:
 def _build(compiler: str, isa: tuple) -> pathlib.Path:
   """The cached library for this source / flags / compiler / jaxlib; builds it if missing."""
   import jaxlib
-  source = importlib.resources.files(__package__).joinpath(SOURCE).read_bytes()
+  package = importlib.resources.files(__package__)
+  sources = {name: package.joinpath(name).read_bytes() for name in (*SOURCES, *HEADERS)}
   flags = (*FLAGS, *isa[2])
-  key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(),
+  key = hashlib.sha256(b"\0".join([*(n.encode() + b"\0" + b for n, b in sources.items()),
+                                   " ".join(flags).encode(),
                                    _compiler_id(compiler).encode(),
                                    jaxlib.__version__.encode()])).hexdigest()[:16]
   errors = []
   for directory in cache_dirs():
     try:
-      return _build_in(directory, f"skinny-{isa[0]}-{key}", source, compiler, flags)
+      return _build_in(directory, f"kernels-{isa[0]}-{key}", sources, compiler, flags)
     except PermissionError as e:       # not writable: try the next directory
       errors.append(str(e))
   raise OSError("no writable cache directory: " + "; ".join(errors))
 
 
-def _build_in(directory: pathlib.Path, stem: str, source: bytes, compiler: str,
+def _build_in(directory: pathlib.Path, stem: str, sources: dict[str, bytes], compiler: str,
               flags: tuple[str, ...]) -> pathlib.Path:
   path = directory / f"{stem}.so"
   if path.exists():
@@ -177,11 +184,15 @@ def _build_in(directory: pathlib.Path, stem: str, source: bytes, compiler: str,
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=directory)
     os.close(fd)
     try:
-      cmd = [compiler, *flags, "-isystem", jax.ffi.include_dir(), "-x", "c++", "-", "-o", tmp]
-      out = subprocess.run(cmd, input=source, capture_output=True, timeout=600)
+      with tempfile.TemporaryDirectory() as src_dir:   # the package may be a zip
+        for name, text in sources.items():
+          pathlib.Path(src_dir, name).write_bytes(text)
+        cmd = [compiler, *flags, "-isystem", jax.ffi.include_dir(), "-I", src_dir,
+               *(os.path.join(src_dir, name) for name in SOURCES), "-o", tmp]
+        out = subprocess.run(cmd, capture_output=True, timeout=600)
       if out.returncode != 0:
         tail = "\n".join(out.stderr.decode(errors="replace").strip().splitlines()[-8:])
-        raise RuntimeError(f"building {SOURCE} failed ({' '.join(cmd)}):\n{tail}")
+        raise RuntimeError(f"building {', '.join(SOURCES)} failed ({' '.join(cmd)}):\n{tail}")
       os.replace(tmp, path)
     finally:
       with contextlib.suppress(FileNotFoundError):

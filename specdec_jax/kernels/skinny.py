@@ -85,7 +85,7 @@ def dot(x: Array, wp: Array, n: int) -> Array:
   if not build.available():
     raise RuntimeError(f"skinny products unavailable: {build.status().reason}")
   out = jax.ShapeDtypeStruct(x.shape[:-1] + (n,), jnp.float32)
-  call = jax.ffi.ffi_call(build.TARGET, out, vmap_method="expand_dims")
+  call = jax.ffi.ffi_call(build.DOT, out, vmap_method="expand_dims")
   m = int(np.prod(x.shape[:-1], dtype=np.int64))
   return call(x.astype(jnp.float32), wp, nthreads=np.int64(threads(m, k, n, wp.dtype)),
               chunks=np.int64(CHUNKS), prefetch=np.int64(PREFETCH))

@@ -9,9 +9,10 @@ may carry a second, read-only variable collection, `DECODE_WEIGHTS`: the kernels
 packed for the CPU skinny products (`specdec_jax.kernels`), at the path of the layer
 that uses them (a Dense's "kernel", a fused product's "qkv" / "kv" / "wi", the tied
 embedding's "logits", a decoder RMSNorm's "sum_squares" column of ones). A layer that
-finds its packed weights runs its product through the kernel, and decoder attention
-then runs one query row at a time: every row of a k-token call is then computed by
-exactly the ops of a 1-token call (bitwise equal logits). Without the collection
+finds its packed weights runs its product through the kernel, and attention runs on
+the attention kernel: every row of a k-token call is then computed by exactly the
+operations of a 1-token call (bitwise equal logits), and every row of a batch as it
+would be alone. Without the collection
 (teacher-forced forward passes, kernels off) every layer is XLA's dot and reduce.
 """
 
@@ -271,7 +272,6 @@ class MultiHeadAttention(nn.Module):
   head_dim: int
   in_features: int
   dtype: jnp.dtype = jnp.float32
-  per_query_row: bool = False   # decoder attention: see `attend`
 
   def setup(self):
     joined = self.num_heads * self.head_dim
@@ -309,19 +309,18 @@ class MultiHeadAttention(nn.Module):
   def attend(self, q: Array, k: Array, v: Array, bias: Array) -> Array:
     """q [B, H, T, Dh], k/v [B, H, S, Dh], bias [B|1, H|1, T|1, S] -> [B, T, E].
 
-    Decoder attention (`per_query_row`) in a decode call on packed weights (the
-    output projection has them): one query row per einsum. XLA computes T >= 2 rows
-    with other kernels than T = 1, and the rows of a k-token call would round
-    differently from 1-token calls.
+    In a decode request on packed weights (the output projection has them: the
+    encoder of `Model.start`, cached decode calls) attention runs on the CPU kernel,
+    which computes every query row alike whatever T, B and the number of masked keys
+    are. XLA computes T >= 2 rows with other kernels than T = 1: the rows of a k-token
+    call would round differently from 1-token calls, and a sentence's encoding would
+    depend on the padded length of its batch.
     """
-    if self.per_query_row and q.shape[2] > 1 and packed(self.out, "kernel") is not None:
-      rows = [self._weighted_values(q[:, :, t:t + 1], k, v,
-                                    bias[:, :, t:t + 1] if bias.shape[2] > 1 else bias)
-              for t in range(q.shape[2])]
-      y = jnp.concatenate(rows, axis=2)
+    if packed(self.out, "kernel") is not None:
+      # [B, T, H, Dh] in and out: the transposes around it cancel with `_split`'s.
+      y = kernels.attention(jnp.swapaxes(q, 1, 2), k, v, bias).astype(self.dtype)
     else:
-      y = self._weighted_values(q, k, v, bias)
-    y = jnp.swapaxes(y, 1, 2)
+      y = jnp.swapaxes(self._weighted_values(q, k, v, bias), 1, 2)
     return self.out(y.reshape(y.shape[:2] + (self.num_heads * self.head_dim,)))
 
 

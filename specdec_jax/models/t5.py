@@ -50,10 +50,11 @@ def decode_products(cfg: T5Config) -> dict[tuple[str, ...], DecodeProduct]:
   """Every product of a decode request, by its path in the `DECODE_WEIGHTS` collection.
 
   Once per request (`Model.start`): the encoder's Q/K/V (fused, "qkv"), attention
-  outputs, MLP wi_* (fused, "wi") and wo, and each decoder layer's cross-attention
-  K/V (fused, "kv"). In every cached decode step: the self-attention Q/K/V ("qkv"),
-  attention outputs, the cross-attention query, the MLP's "wi" and wo, the output
-  layer, and the decoder's RMSNorm sums of squares ("sum_squares"). Packed, a fused
+  outputs, MLP wi_* (fused, "wi") and wo, its RMSNorm sums of squares ("sum_squares"),
+  and each decoder layer's cross-attention K/V (fused, "kv"). In every cached decode
+  step: the self-attention Q/K/V ("qkv"), attention outputs, the cross-attention
+  query, the MLP's "wi" and wo, the output layer, and the decoder's RMSNorm sums of
+  squares. Packed, a fused
   product costs nothing extra (the concatenation happens once, at packing).
   """
   dt = cfg.activation_dtype
@@ -63,8 +64,11 @@ def decode_products(cfg: T5Config) -> dict[tuple[str, ...], DecodeProduct]:
   fused = lambda path, names: DecodeProduct(tuple(path + (n, "kernel") for n in names), dt)
   single = lambda path: DecodeProduct((path + ("kernel",),), dt)
   out = {("decoder", "decoder_norm", "sum_squares"): norm(("decoder", "decoder_norm"))}
+  out[("encoder", "encoder_norm", "sum_squares")] = norm(("encoder", "encoder_norm"))
   for i in range(cfg.num_encoder_layers):
     layer = ("encoder", f"layers_{i}")
+    for name in ("pre_attention_layer_norm", "pre_mlp_layer_norm"):
+      out[layer + (name, "sum_squares")] = norm(layer + (name,))
     out[layer + ("attention", "qkv")] = fused(layer + ("attention",), ("query", "key", "value"))
     out[layer + ("mlp", "wi")] = fused(layer + ("mlp",), wi)
     for path in (layer + ("attention", "out"), layer + ("mlp", "wo")):
@@ -90,10 +94,9 @@ def decode_products(cfg: T5Config) -> dict[tuple[str, ...], DecodeProduct]:
   return out
 
 
-def _make_attention(cfg: T5Config, name: str | None,
-                    per_query_row: bool = False) -> MultiHeadAttention:
+def _make_attention(cfg: T5Config, name: str | None) -> MultiHeadAttention:
   return MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.emb_dim, cfg.activation_dtype,
-                            per_query_row, name=name)
+                            name=name)
 
 
 def _make_relpos(cfg: T5Config) -> RelativePositionBias:
@@ -132,9 +135,9 @@ class DecoderLayer(nn.Module):
   def setup(self):
     cfg, dt = self.config, self.config.activation_dtype
     self.pre_self_attention_layer_norm = RMSNorm(cfg.layer_norm_epsilon, dt)
-    self.self_attention = _make_attention(cfg, None, per_query_row=True)
+    self.self_attention = _make_attention(cfg, None)
     self.pre_cross_attention_layer_norm = RMSNorm(cfg.layer_norm_epsilon, dt)
-    self.encoder_decoder_attention = _make_attention(cfg, None, per_query_row=True)
+    self.encoder_decoder_attention = _make_attention(cfg, None)
     self.pre_mlp_layer_norm = RMSNorm(cfg.layer_norm_epsilon, dt)
     self.mlp = _make_mlp(cfg, None)
 

@@ -1,0 +1,232 @@
+// Decoder attention of a decode call as one XLA FFI custom call for the CPU:
+//
+//   out[b, t, h, :] = softmax_s(q[b, t, h, :] . k[b, h, s, :] + bias[b, h, t, s]) @ v[b, h, :, :]
+//
+//   q    [B, T, H, D] float32       (the new tokens' queries; T = tokens in the call)
+//   k, v [B, H, S, D] float32|bf16  (the heads-major decoder caches, or the encoder's K/V)
+//   bias [B|1, H|1, T|1, S] float32 (mask as -1e10, plus relative position bias)
+//   out  [B, T, H, D] float32
+//
+// Why a kernel: XLA:CPU computes a T-row attention with other kernels than a 1-row one, so
+// the rows of a k-token verify call would round differently from 1-token steps, and a
+// sentence's encoding depends on the padded length of its batch. Running it one query row
+// at a time in XLA keeps the decoder's rows equal but costs ~8 small ops per row and layer.
+//
+// Numerics, fixed per (b, t, h) row and independent of T, B, H, of threads and of the
+// instruction set (8-lane AVX2 vectors on every build), and of masked keys (they add exact
+// zeros), hence of the padded length S:
+//   logit[s] = hsum8(acc), acc = fma(q[d0..d0+7], k[s, d0..d0+7], acc) for d0 = 0, 8, ...
+//              (a partial last group is zero-padded), then + bias[s];
+//   e[s]     = exp8(logit[s] - max_s logit) (a fixed polynomial; arguments below
+//              ln(FLT_MIN) give 0), sum = hsum8 of the 8-lane running sum over s;
+//   p[s]     = e[s] / sum, rounded to bfloat16 (to nearest even) when v is bfloat16 (as
+//              XLA's path casts the probabilities to the compute dtype);
+//   out[d]   = one float32 accumulator per d, fma(p[s], v[s, d], .) for s = 0, 1, ..., S-1.
+// Row r of a T-row call is therefore bitwise the 1-row call on that row.
+//
+// Threads: (b, h) pairs are split into chunks over XLA's intra-op pool (pool.h); a pair
+// reads its K/V once for all T rows.
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+
+#include "pool.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+using V8 = __m256;
+
+// Lanes summed in a fixed tree: (0+4, 1+5, 2+6, 3+7), then (0+2, 1+3), then 0+1.
+inline float hsum8(V8 a) {
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
+// e^x per lane: x = n ln2 + r (Cody-Waite, |r| <= ln2 / 2), e^r by a degree-6 polynomial in
+// Horner form (Cephes' expf coefficients), times 2^n. 1-2 ulp; x < ln(FLT_MIN) gives 0.
+inline V8 exp8(V8 x) {
+  const V8 lo = _mm256_set1_ps(-87.33654475f);  // ln(FLT_MIN): below it, 0
+  const V8 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.37626266f));
+  const V8 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f),
+                                               _mm256_set1_ps(0.5f)));
+  V8 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  V8 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(underflow, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+
+// Eight values at src as float32 (bfloat16 widened exactly by a 16-bit shift).
+inline V8 load8(const float* src) { return _mm256_loadu_ps(src); }
+inline V8 load8(const uint16_t* src) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline float load1(const float* src) { return *src; }
+inline float load1(const uint16_t* src) {
+  const uint32_t bits = static_cast<uint32_t>(*src) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// float32 -> the nearest bfloat16 (ties to even), kept as float32.
+inline V8 round_bf16(V8 x) {
+  const __m256i b = _mm256_castps_si256(x);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF)));
+  return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(int(0xFFFF0000u))));
+}
+
+struct Attention {
+  int64_t B, T, H, S, D;
+  const float* q;
+  const void* k;
+  const void* v;
+  const float* bias;
+  int64_t bias_b, bias_h, bias_t;  // bias strides; 0 along a broadcast dimension
+  float* out;
+  bool bf16;                       // k and v are bfloat16 (else float32)
+};
+
+// One query row. scratch: 2 * S8 floats, S8 = S rounded up to 8.
+template <typename KV>
+void row(const Attention& a, int64_t b, int64_t h, int64_t t, float* scratch) {
+  const int64_t S = a.S, D = a.D, S8 = (S + 7) / 8 * 8, D8 = D / 8 * 8;
+  const float* q = a.q + ((b * a.T + t) * a.H + h) * D;
+  const KV* k = static_cast<const KV*>(a.k) + (b * a.H + h) * S * D;
+  const KV* v = static_cast<const KV*>(a.v) + (b * a.H + h) * S * D;
+  const float* bias = a.bias + b * a.bias_b + h * a.bias_h + t * a.bias_t;
+  float* logit = scratch;
+  float* prob = scratch + S8;
+
+  alignas(32) float q_tail[8] = {0};  // the zero-padded last group of d
+  for (int64_t d = D8; d < D; ++d) q_tail[d - D8] = q[d];
+  float top = -__builtin_inff();
+  for (int64_t s = 0; s < S; ++s) {
+    const KV* ks = k + s * D;
+    V8 acc = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D8; d += 8) acc = _mm256_fmadd_ps(load8(q + d), load8(ks + d), acc);
+    if (D8 < D) {
+      alignas(32) float k_tail[8] = {0};
+      for (int64_t d = D8; d < D; ++d) k_tail[d - D8] = load1(ks + d);
+      acc = _mm256_fmadd_ps(_mm256_load_ps(q_tail), _mm256_load_ps(k_tail), acc);
+    }
+    logit[s] = hsum8(acc) + bias[s];
+    top = std::max(top, logit[s]);
+  }
+  for (int64_t s = S; s < S8; ++s) logit[s] = -__builtin_inff();  // exp8 gives 0
+
+  const V8 vtop = _mm256_set1_ps(top);
+  V8 total = _mm256_setzero_ps();
+  for (int64_t s = 0; s < S8; s += 8) {
+    const V8 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(logit + s), vtop));
+    _mm256_storeu_ps(prob + s, e);
+    total = _mm256_add_ps(total, e);
+  }
+  const V8 vsum = _mm256_set1_ps(hsum8(total));
+  for (int64_t s = 0; s < S8; s += 8) {
+    V8 p = _mm256_div_ps(_mm256_loadu_ps(prob + s), vsum);
+    if (a.bf16) p = round_bf16(p);
+    _mm256_storeu_ps(prob + s, p);
+  }
+
+  float* o = a.out + ((b * a.T + t) * a.H + h) * D;
+  constexpr int G = 4;  // groups of 8 columns per pass (independent accumulators)
+  int64_t d0 = 0;
+  for (; d0 + 8 * G <= D8; d0 += 8 * G) {
+    V8 acc[G];
+    for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < S; ++s) {
+      const V8 p = _mm256_set1_ps(prob[s]);
+      for (int g = 0; g < G; ++g)
+        acc[g] = _mm256_fmadd_ps(p, load8(v + s * D + d0 + 8 * g), acc[g]);
+    }
+    for (int g = 0; g < G; ++g) _mm256_storeu_ps(o + d0 + 8 * g, acc[g]);
+  }
+  for (; d0 < D8; d0 += 8) {
+    V8 acc = _mm256_setzero_ps();
+    for (int64_t s = 0; s < S; ++s)
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(prob[s]), load8(v + s * D + d0), acc);
+    _mm256_storeu_ps(o + d0, acc);
+  }
+  for (int64_t d = D8; d < D; ++d) {  // columns past the last group of 8
+    float acc = 0.0f;
+    for (int64_t s = 0; s < S; ++s) acc = __builtin_fmaf(prob[s], load1(v + s * D + d), acc);
+    o[d] = acc;
+  }
+}
+
+// Rows of the (b, h) pairs [p0, p1), all T query rows of each.
+void pairs(const Attention& a, int64_t p0, int64_t p1) {
+  const int64_t S8 = (a.S + 7) / 8 * 8;
+  std::unique_ptr<float[]> scratch(new float[2 * S8]);
+  for (int64_t pair = p0; pair < p1; ++pair)
+    for (int64_t t = 0; t < a.T; ++t) {
+      if (a.bf16) row<uint16_t>(a, pair / a.H, pair % a.H, t, scratch.get());
+      else row<float>(a, pair / a.H, pair % a.H, t, scratch.get());
+    }
+}
+
+ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k,
+                         ffi::AnyBuffer v, ffi::Buffer<ffi::F32> bias,
+                         ffi::ResultBuffer<ffi::F32> out, int64_t nthreads) {
+  const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(),
+             bd = bias.dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4 || bd.size() != 4)
+    return ffi::Error::InvalidArgument("decode_attention: q, k, v and bias must be 4-D");
+  const int64_t B = qd[0], T = qd[1], H = qd[2], D = qd[3], S = kd[2];
+  if (kd[0] != B || kd[1] != H || kd[3] != D || !std::equal(kd.begin(), kd.end(), vd.begin()))
+    return ffi::Error::InvalidArgument("decode_attention: k, v must be [B, H, S, D] of q");
+  if (k.element_type() != v.element_type() ||
+      (k.element_type() != ffi::DataType::F32 && k.element_type() != ffi::DataType::BF16))
+    return ffi::Error::InvalidArgument("decode_attention: k, v must both be f32 or bf16");
+  if ((bd[0] != B && bd[0] != 1) || (bd[1] != H && bd[1] != 1) || (bd[2] != T && bd[2] != 1) ||
+      bd[3] != S)
+    return ffi::Error::InvalidArgument("decode_attention: bias must be [B|1, H|1, T|1, S]");
+  Attention a{B, T, H, S, D, q.typed_data(), k.untyped_data(), v.untyped_data(),
+              bias.typed_data(), 0, 0, 0, out->typed_data(),
+              k.element_type() == ffi::DataType::BF16};
+  a.bias_t = bd[2] == 1 ? 0 : S;
+  a.bias_h = bd[1] == 1 ? 0 : bd[2] * S;
+  a.bias_b = bd[0] == 1 ? 0 : bd[1] * bd[2] * S;
+  if (B * T * H == 0 || D == 0) return ffi::Error::Success();
+  if (S == 0) {  // nothing to attend to: XLA's softmax over no keys sums nothing either
+    std::memset(a.out, 0, sizeof(float) * B * T * H * D);
+    return ffi::Error::Success();
+  }
+  const int64_t npairs = B * H;
+  const int64_t nchunks = std::min<int64_t>(npairs, 4 * std::max<int64_t>(1, nthreads));
+  specdec::parallel_chunks(pool, nthreads, nchunks, [&a, npairs, nchunks](int64_t c) {
+    pairs(a, npairs * c / nchunks, npairs * (c + 1) / nchunks);
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecdecDecodeAttention, AttentionImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("nthreads"));
