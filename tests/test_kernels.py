@@ -208,21 +208,38 @@ def test_attention_matches_xla(b, t, h, s, d, dtype, kind):
 
 @needs_kernels
 @pytest.mark.parametrize("b,t,h,s,d,dtype,kind", ATTENTION_CASES[:4])
-def test_attention_rows_are_bitwise_independent_of_t_and_b(b, t, h, s, d, dtype, kind):
+def test_attention_rows_are_bitwise_independent_of_t_and_b(monkeypatch, b, t, h, s, d, dtype,
+                                                           kind):
+  from specdec_jax.kernels import threads
   q, k, v, bias = _attention_inputs(b, t, h, s, d, dtype, _bias_shape(b, t, h, s, kind), seed=1)
+  monkeypatch.setattr(threads, "PARALLEL_BYTES", 1)   # the whole call split over the pool
   out = np.asarray(kernels.attention(q, k, v, bias))
+  monkeypatch.undo()
   for i in range(t):        # each query row alone
     row_bias = bias[:, :, i:i + 1] if bias.shape[2] > 1 else bias
-    np.testing.assert_array_equal(np.asarray(kernels.attention(q[:, i:i + 1], k, v, row_bias))[:, 0],
-                                  out[:, i])
+    alone = kernels.attention(q[:, i:i + 1], k, v, row_bias)
+    np.testing.assert_array_equal(np.asarray(alone)[:, 0], out[:, i])
   for j in range(b):        # each batch row alone
-    np.testing.assert_array_equal(
-        np.asarray(kernels.attention(q[j:j + 1], k[j:j + 1], v[j:j + 1], bias[j:j + 1]))[0], out[j])
+    alone = kernels.attention(q[j:j + 1], k[j:j + 1], v[j:j + 1], bias[j:j + 1])
+    np.testing.assert_array_equal(np.asarray(alone)[0], out[j])
+  mapped = jax.vmap(lambda *a: kernels.attention(*(x[None] for x in a))[0])(q, k, v, bias)
+  np.testing.assert_array_equal(np.asarray(mapped), out)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_attention_rows_do_not_depend_on_keys_appended_under_the_mask(dtype):
+  """A sentence padded to a longer batch: keys 13..20 appended with the -1e10 mask (across a
+  multiple of 8) leave every row bitwise as it was."""
+  q, k, v, bias = _attention_inputs(2, 3, 2, 21, 16, dtype, (2, 2, 3, 21), seed=2)
+  bias = bias.at[..., 13:].set(-1e10)
+  short = kernels.attention(q, k[:, :, :13], v[:, :, :13], bias[..., :13])
+  np.testing.assert_array_equal(np.asarray(kernels.attention(q, k, v, bias)), np.asarray(short))
 
 
 @needs_kernels
 def test_attention_gives_masked_keys_exactly_zero_weight():
-  """A key under the -1e10 mask contributes nothing: its value can be anything."""
+  """A key under the -1e10 mask contributes nothing: its (finite) value can be anything."""
   q, k, v, bias = _attention_inputs(2, 3, 2, 21, 16, jnp.float32, (2, 2, 3, 21), seed=2)
   bias = bias.at[..., 5:].set(-1e10)
   before = np.asarray(kernels.attention(q, k, v, bias))
@@ -234,6 +251,37 @@ def test_attention_gives_masked_keys_exactly_zero_weight():
 
 
 @needs_kernels
+def test_attention_rounds_bfloat16_probabilities_to_nearest():
+  """With v the identity (S = D) the output is the probabilities: with bfloat16 caches they
+  are bfloat16 values, within half a bfloat16 ulp of XLA's float32 softmax (so rounded to
+  nearest, not truncated); with float32 caches they are not rounded."""
+  q, k, _, bias = _attention_inputs(1, 4, 2, 16, 16, jnp.float32, (1, 2, 4, 16), seed=5)
+  eye = jnp.broadcast_to(jnp.eye(16, dtype=jnp.float32), (1, 2, 16, 16))
+  probs = jax.nn.softmax(jnp.einsum("bthd,bhsd->bhts", q, k.astype(jnp.bfloat16).astype(
+      jnp.float32), precision="highest") + bias, axis=-1)
+  out = np.asarray(kernels.attention(q, k.astype(jnp.bfloat16), eye.astype(jnp.bfloat16), bias))
+  out = np.moveaxis(out, 2, 1)                              # [B, H, T, S]
+  np.testing.assert_array_equal(out, np.asarray(jnp.asarray(out).astype(jnp.bfloat16),
+                                                np.float32))
+  ulp = np.asarray(probs, np.float32) * 2.0 ** -7
+  assert np.all(np.abs(out - np.asarray(probs)) <= 0.5 * ulp * (1 + 1e-3) + 1e-7)
+  wide = np.moveaxis(np.asarray(kernels.attention(q, k.astype(jnp.bfloat16).astype(jnp.float32),
+                                                  eye, bias)), 2, 1)
+  assert not np.array_equal(wide, np.asarray(jnp.asarray(wide).astype(jnp.bfloat16), np.float32))
+  np.testing.assert_allclose(wide, np.asarray(probs), rtol=1e-5, atol=1e-7)
+
+
+@needs_kernels
+def test_attention_propagates_nan_as_xla_does():
+  q, k, v, bias = _attention_inputs(2, 2, 2, 9, 8, jnp.float32, (2, 2, 2, 9), seed=3)
+  out = np.asarray(kernels.attention(q.at[0, 1, 1, 3].set(jnp.nan), k, v, bias))
+  assert np.isnan(out[0, 1, 1]).all()
+  assert not np.isnan(np.delete(out.reshape(-1, 8), 1 * 2 + 1, axis=0)).any()
+  out = np.asarray(kernels.attention(q, k, v, bias.at[1, 0, 0, 4].set(jnp.nan)))
+  assert np.isnan(out[1, 0, 0]).all() and np.isnan(out).sum() == 8
+
+
+@needs_kernels
 def test_attention_shapes_are_checked():
   q, k, v, bias = _attention_inputs(2, 3, 2, 9, 8, jnp.float32, (2, 2, 3, 9))
   with pytest.raises(ValueError, match=r"not \[B, H, S, D\]"):
@@ -242,6 +290,8 @@ def test_attention_shapes_are_checked():
     kernels.attention(q, k, v, bias[:, :, :2])
   with pytest.raises(ValueError, match="bias"):
     kernels.attention(q, k, v, bias[..., :8])
+  with pytest.raises(ValueError, match="must be 4-D"):
+    kernels.attention(q[0], k, v, bias)
 
 
 # ----------------------------------------------------------------------------- the model
@@ -378,10 +428,11 @@ def test_start_runs_the_encoder_on_kernels_forward_keeps_xla_dot(monkeypatch, de
 
 
 @needs_kernels
-def test_rows_of_a_batch_decode_bitwise_as_alone(monkeypatch, demo):
+def test_rows_of_a_batch_decode_bitwise_as_alone(demo):
   """Batch invariance: each sentence of a padded batch gets bitwise the cache and
-  logits it gets alone (trimmed to its own length), and the same greedy tokens; with
-  the kernels off, XLA's encoder already differs (the negative control)."""
+  logits it gets alone (trimmed to its own length), and the same greedy tokens. (With
+  the kernels off, XLA's encoder differed for 14 of 16 sentences between batch 16 and
+  alone on jax 0.10.2.)"""
   target, enc = demo
   tokens = jnp.asarray(np.random.default_rng(4).integers(2, target.vocab_size, (enc.shape[0], 3)),
                        jnp.int32)
@@ -401,11 +452,6 @@ def test_rows_of_a_batch_decode_bitwise_as_alone(monkeypatch, demo):
                                   np.asarray(cache_1.cross.key[0]))
     alone = sd.generate(target, enc[i:i + 1, :n], max_new_tokens=16)
     np.testing.assert_array_equal(np.asarray(out.tokens[i]), np.asarray(alone.tokens[0]))
-  _off(monkeypatch)
-  cache, _ = run(enc, tokens)
-  assert any(not np.array_equal(np.asarray(cache.cross.key[0][i:i + 1, :, :n]),
-                                np.asarray(run(enc[i:i + 1, :n], tokens[i:i + 1])[0].cross.key[0]))
-             for i, n in enumerate(lengths))
 
 
 @needs_kernels
@@ -443,8 +489,8 @@ def test_bfloat16_exactness_is_judged_on_the_bits():
 
 
 def test_threads_grow_with_weights_and_rows():
-  from specdec_jax.kernels import skinny
-  one = skinny.PARALLEL_BYTES // 4                          # float32 values in one share
+  from specdec_jax.kernels import skinny, threads
+  one = threads.PARALLEL_BYTES // 4                         # float32 values in one share
   assert skinny.threads(1, 1, one, jnp.float32) == 1
   assert skinny.threads(1, 1, 4 * one, jnp.float32) == 4
   assert skinny.threads(1, 1, 4 * one, jnp.bfloat16) == 2

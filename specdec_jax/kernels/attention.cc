@@ -1,4 +1,5 @@
-// Decoder attention of a decode call as one XLA FFI custom call for the CPU:
+// Attention of decode requests (the decoder's in cached decode calls, the encoder's in
+// Model.start) as one XLA FFI custom call for the CPU:
 //
 //   out[b, t, h, :] = softmax_s(q[b, t, h, :] . k[b, h, s, :] + bias[b, h, t, s]) @ v[b, h, :, :]
 //
@@ -13,8 +14,10 @@
 // at a time in XLA keeps the decoder's rows equal but costs ~8 small ops per row and layer.
 //
 // Numerics, fixed per (b, t, h) row and independent of T, B, H, of threads and of the
-// instruction set (8-lane AVX2 vectors on every build), and of masked keys (they add exact
-// zeros), hence of the padded length S:
+// instruction set (8-lane AVX2 vectors on every build), and of keys appended under the mask
+// (hence of the padded length S) as long as the row has one unmasked key and the masked
+// values are finite: a masked key's weight is exactly 0 and adds exact zeros. (A row whose
+// keys are all masked gets near-uniform weights over all S keys, as XLA's softmax does.)
 //   logit[s] = hsum8(acc), acc = fma(q[d0..d0+7], k[s, d0..d0+7], acc) for d0 = 0, 8, ...
 //              (a partial last group is zero-padded), then + bias[s];
 //   e[s]     = exp8(logit[s] - max_s logit) (a fixed polynomial; arguments below
@@ -22,17 +25,19 @@
 //   p[s]     = e[s] / sum, rounded to bfloat16 (to nearest even) when v is bfloat16 (as
 //              XLA's path casts the probabilities to the compute dtype);
 //   out[d]   = one float32 accumulator per d, fma(p[s], v[s, d], .) for s = 0, 1, ..., S-1.
-// Row r of a T-row call is therefore bitwise the 1-row call on that row.
+// Row r of a T-row call is therefore bitwise the 1-row call on that row. NaN in q, k or
+// bias gives NaN, as XLA's softmax does.
 //
-// Threads: (b, h) pairs are split into chunks over XLA's intra-op pool (pool.h); a pair
-// reads its K/V once for all T rows.
+// Threads: (b, h) pairs are split into chunks over XLA's intra-op pool (pool.h); the T rows
+// of a pair run one after another on one thread, so its K/V stay in cache between them.
 
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <memory>
+#include <new>
+#include <vector>
 
 #include "pool.h"
 #include "xla/ffi/api/ffi.h"
@@ -51,11 +56,13 @@ inline float hsum8(V8 a) {
 }
 
 // e^x per lane: x = n ln2 + r (Cody-Waite, |r| <= ln2 / 2), e^r by a degree-6 polynomial in
-// Horner form (Cephes' expf coefficients), times 2^n. 1-2 ulp; x < ln(FLT_MIN) gives 0.
+// Horner form (Cephes' expf coefficients), times 2^n. 1-2 ulp; x < ln(FLT_MIN) gives 0,
+// NaN stays NaN. Callers pass x <= 0 (logit - max); the upper clamp keeps 2^n finite.
 inline V8 exp8(V8 x) {
   const V8 lo = _mm256_set1_ps(-87.33654475f);  // ln(FLT_MIN): below it, 0
   const V8 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-  x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.37626266f));
+  // max/min return their second operand when one is NaN: x second, so NaN passes through.
+  x = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(lo, x));
   const V8 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f),
                                                _mm256_set1_ps(0.5f)));
   V8 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
@@ -173,20 +180,19 @@ void row(const Attention& a, int64_t b, int64_t h, int64_t t, float* scratch) {
   }
 }
 
-// Rows of the (b, h) pairs [p0, p1), all T query rows of each.
-void pairs(const Attention& a, int64_t p0, int64_t p1) {
-  const int64_t S8 = (a.S + 7) / 8 * 8;
-  std::unique_ptr<float[]> scratch(new float[2 * S8]);
+// Rows of the (b, h) pairs [p0, p1), all T query rows of each; scratch: 2 * S8 floats.
+void pairs(const Attention& a, int64_t p0, int64_t p1, float* scratch) {
   for (int64_t pair = p0; pair < p1; ++pair)
     for (int64_t t = 0; t < a.T; ++t) {
-      if (a.bf16) row<uint16_t>(a, pair / a.H, pair % a.H, t, scratch.get());
-      else row<float>(a, pair / a.H, pair % a.H, t, scratch.get());
+      if (a.bf16) row<uint16_t>(a, pair / a.H, pair % a.H, t, scratch);
+      else row<float>(a, pair / a.H, pair % a.H, t, scratch);
     }
 }
 
 ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k,
                          ffi::AnyBuffer v, ffi::Buffer<ffi::F32> bias,
-                         ffi::ResultBuffer<ffi::F32> out, int64_t nthreads) {
+                         ffi::ResultBuffer<ffi::F32> out, int64_t nthreads,
+                         int64_t chunks_per_thread) {
   const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(),
              bd = bias.dimensions();
   if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4 || bd.size() != 4)
@@ -211,10 +217,16 @@ ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Any
     std::memset(a.out, 0, sizeof(float) * B * T * H * D);
     return ffi::Error::Success();
   }
-  const int64_t npairs = B * H;
-  const int64_t nchunks = std::min<int64_t>(npairs, 4 * std::max<int64_t>(1, nthreads));
-  specdec::parallel_chunks(pool, nthreads, nchunks, [&a, npairs, nchunks](int64_t c) {
-    pairs(a, npairs * c / nchunks, npairs * (c + 1) / nchunks);
+  const int64_t npairs = B * H, S8 = (S + 7) / 8 * 8;
+  const int64_t nchunks = specdec::chunk_count(pool, nthreads, chunks_per_thread, npairs);
+  std::vector<float> scratch;  // per chunk (allocated here: nothing throws on the pool)
+  try {
+    scratch.resize(static_cast<size_t>(nchunks * 2 * S8));
+  } catch (const std::bad_alloc&) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted, "decode_attention: out of memory");
+  }
+  specdec::parallel_chunks(pool, nthreads, nchunks, [&a, &scratch, npairs, nchunks, S8](int64_t c) {
+    pairs(a, npairs * c / nchunks, npairs * (c + 1) / nchunks, scratch.data() + c * 2 * S8);
   });
   return ffi::Error::Success();
 }
@@ -229,4 +241,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecdecDecodeAttention, AttentionImpl,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("nthreads"));
+                                  .Attr<int64_t>("nthreads")
+                                  .Attr<int64_t>("chunks"));

@@ -40,7 +40,7 @@ import jax
 
 ENV_VAR = "SPECDEC_CPU_KERNELS"        # 0 / false / off / no: always use XLA's dot
 DOT = "specdec_skinny_dot"                 # FFI target of the skinny products
-ATTENTION = "specdec_decode_attention"     # FFI target of decoder attention
+ATTENTION = "specdec_decode_attention"     # FFI target of attention in decode requests
 #: FFI target name -> the handler symbol the library exports.
 TARGETS = {DOT: "SpecdecSkinnyDot", ATTENTION: "SpecdecDecodeAttention"}
 SOURCES = ("skinny.cc", "attention.cc")    # compiled together into one library
@@ -184,12 +184,13 @@ def _build_in(directory: pathlib.Path, stem: str, sources: dict[str, bytes], com
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=directory)
     os.close(fd)
     try:
-      with tempfile.TemporaryDirectory() as src_dir:   # the package may be a zip
+      # The sources are copied out of the package (which may be a zip) next to the library.
+      with tempfile.TemporaryDirectory(prefix=stem + ".", dir=directory) as src_dir:
         for name, text in sources.items():
           pathlib.Path(src_dir, name).write_bytes(text)
-        cmd = [compiler, *flags, "-isystem", jax.ffi.include_dir(), "-I", src_dir,
-               *(os.path.join(src_dir, name) for name in SOURCES), "-o", tmp]
-        out = subprocess.run(cmd, capture_output=True, timeout=600)
+        cmd = [compiler, *flags, "-isystem", jax.ffi.include_dir(), *SOURCES, "-o",
+               os.path.abspath(tmp)]
+        out = subprocess.run(cmd, cwd=src_dir, capture_output=True, timeout=600)
       if out.returncode != 0:
         tail = "\n".join(out.stderr.decode(errors="replace").strip().splitlines()[-8:])
         raise RuntimeError(f"building {', '.join(SOURCES)} failed ({' '.join(cmd)}):\n{tail}")

@@ -1,6 +1,7 @@
 // Work split over XLA's intra-op thread pool, shared by the kernels of this directory.
 //
-// parallel_chunks(pool, nthreads, nchunks, fn) runs fn(c) once for every c in [0, nchunks):
+// parallel_chunks(pool, nthreads, nchunks, fn) runs fn(c) once for every c in [0, nchunks)
+// (chunk_count: how many chunks to cut n units of work into):
 // the calling thread works too, and nthreads - 1 helpers of the pool (ffi::ThreadPool) take
 // chunks from an atomic counter. The caller waits only for chunks that were taken, never for
 // a helper that has not started (a late helper finds no chunk left and returns), so a busy
@@ -22,10 +23,23 @@
 
 namespace specdec {
 
+// Threads for n units of work: the caller's wish, capped by the pool and by n.
+inline int64_t thread_count(xla::ffi::ThreadPool& pool, int64_t nthreads, int64_t n) {
+  const int64_t avail = std::max<int64_t>(1, pool.num_threads());
+  return std::max<int64_t>(1, std::min({nthreads, avail, n}));
+}
+
+// Chunks for n units of work: chunks_per_thread per thread (a late or slow helper leaves
+// its chunks to the others), at most n.
+inline int64_t chunk_count(xla::ffi::ThreadPool& pool, int64_t nthreads,
+                           int64_t chunks_per_thread, int64_t n) {
+  return std::min<int64_t>(n, thread_count(pool, nthreads, n) *
+                                  std::max<int64_t>(1, chunks_per_thread));
+}
+
 inline void parallel_chunks(xla::ffi::ThreadPool& pool, int64_t nthreads, int64_t nchunks,
                             std::function<void(int64_t)> fn) {
-  const int64_t avail = std::max<int64_t>(1, pool.num_threads());
-  const int64_t nt = std::max<int64_t>(1, std::min({nthreads, avail, nchunks}));
+  const int64_t nt = thread_count(pool, nthreads, nchunks);
   if (nt <= 1) {
     for (int64_t c = 0; c < nchunks; ++c) fn(c);
     return;

@@ -1,16 +1,19 @@
 """Attention of decode requests in one kernel: every query row computed alike.
 
-    out = attention(q, k, v, bias)   # q [B, T, H, D], k/v [B, H, S, D], bias [B|1, H|1, T|1, S]
-                                     # -> out [B, T, H, D] float32
+    out = attention(q, k, v, bias)   # q [B, T, H, D], k/v [B, H, S, D],
+                                     # bias [B|1, H|1, T|1, S] -> out [B, T, H, D] float32
 
 softmax(q . k + bias) @ v per (b, t, h) row with a fixed per-row sequence of
 operations (see attention.cc): row t of a T-row call is bitwise the 1-row call on it,
-whatever B, T and H are, and masked keys add exact zeros (a sentence's rows do not
-depend on the padded length of its batch). T5 conventions: no 1/sqrt(D) scaling (it lives in the query
-weights), masked keys carry a large negative bias. k and v are read in the caches'
-dtype: with bfloat16 the probabilities are rounded to bfloat16 before the weighted sum,
-as XLA's path casts them to the compute dtype; float16 caches are widened to float32
-first (exact; the probabilities then stay float32).
+whatever B, T and H are. Keys appended under the mask change nothing either (a
+sentence's rows do not depend on the padded length of its batch), provided the row has
+an unmasked key and the masked values are finite. T5 conventions: no 1/sqrt(D) scaling
+(it lives in the query weights), masked keys carry a large negative bias.
+
+k and v are read in their dtype. With bfloat16 the probabilities are rounded to
+bfloat16 before the weighted sum, as XLA's path rounds them to the compute dtype (the
+models' caches are in the compute dtype); float16 caches are widened to float32 first
+(exact), and their probabilities stay float32 (XLA's path would round them to float16).
 """
 
 from __future__ import annotations
@@ -19,35 +22,42 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.kernels import build, skinny
+from specdec_jax.kernels import build
+from specdec_jax.kernels import threads as work
 
 Array = jax.Array
 
 
 def threads(b: int, h: int, s: int, d: int, dtype) -> int:
-  """Threads for attention over [b, h, s, d] keys and values: one per PARALLEL_BYTES of
-  them (the kernel caps it at the pool's size and at b x h)."""
-  return max(1, 2 * b * h * s * d * jnp.dtype(dtype).itemsize // skinny.PARALLEL_BYTES)
+  """Threads for attention over [b, h, s, d] keys and values: one per
+  `threads.PARALLEL_BYTES` of them (the kernel caps it at the pool's size and at b x h)."""
+  return work.count(2 * b * h * s * d * jnp.dtype(dtype).itemsize)
 
 
 def attention(q: Array, k: Array, v: Array, bias: Array) -> Array:
-  """q [B, T, H, D] (any float dtype; computed in float32), k/v [B, H, S, D], bias [B|1, H|1, T|1, S] -> [B, T, H, D] float32.
+  """q [B, T, H, D] (any float dtype; computed in float32), k/v [B, H, S, D],
+  bias [B|1, H|1, T|1, S] -> [B, T, H, D] float32.
 
-  Needs the kernels (`build.available()`): the caller picks this or XLA's ops.
+  Needs the kernels (`build.available()`): the caller picks this or XLA's ops. Under
+  `jax.vmap` the call runs once per mapped element (each bitwise as alone).
   """
+  if q.ndim != 4 or k.ndim != 4:
+    raise ValueError(f"attention: q {list(q.shape)} and k {list(k.shape)} must be 4-D "
+                     f"([B, T, H, D] and [B, H, S, D])")
   b, t, h, d = q.shape
   s = k.shape[2]
   if k.shape != (b, h, s, d) or v.shape != k.shape:
     raise ValueError(f"attention: k {list(k.shape)} / v {list(v.shape)} are not [B, H, S, D] "
                      f"= [{b}, {h}, S, {d}] of q {list(q.shape)}")
-  if k.dtype != v.dtype or jnp.dtype(k.dtype) != jnp.bfloat16:
-    k, v = k.astype(jnp.float32), v.astype(jnp.float32)
-  if bias.ndim != 4 or any(n not in (1, full) for n, full in zip(bias.shape[:3], (b, h, t))) \
-      or bias.shape[3] != s:
+  if bias.ndim != 4 or bias.shape[3] != s or any(
+      n not in (1, full) for n, full in zip(bias.shape[:3], (b, h, t))):
     raise ValueError(f"attention: bias {list(bias.shape)} is not [B|1, H|1, T|1, S] = "
                      f"[{b}|1, {h}|1, {t}|1, {s}]")
+  if k.dtype != v.dtype or jnp.dtype(k.dtype) != jnp.bfloat16:
+    k, v = k.astype(jnp.float32), v.astype(jnp.float32)
   if not build.available():
-    raise RuntimeError(f"decode attention kernel unavailable: {build.status().reason}")
-  call = jax.ffi.ffi_call(build.ATTENTION, jax.ShapeDtypeStruct(q.shape, jnp.float32))
+    raise RuntimeError(f"attention kernel unavailable: {build.status().reason}")
+  call = jax.ffi.ffi_call(build.ATTENTION, jax.ShapeDtypeStruct(q.shape, jnp.float32),
+                          vmap_method="sequential")
   return call(q.astype(jnp.float32), k, v, bias.astype(jnp.float32),
-              nthreads=np.int64(threads(b, h, s, d, k.dtype)))
+              nthreads=np.int64(threads(b, h, s, d, k.dtype)), chunks=np.int64(work.CHUNKS))

@@ -291,10 +291,8 @@ ffi::Error SkinnyDotImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Any
   int nv, mr_max;
   plan(kind, M, &nv, &mr_max);
   const int64_t ntiles = (p.P + nv - 1) / nv;
-  const int64_t avail = std::max<int64_t>(1, pool.num_threads());
-  const int64_t nt = std::max<int64_t>(1, std::min({nthreads, avail, ntiles}));
-  const int64_t nchunks = std::min<int64_t>(ntiles, nt * std::max<int64_t>(1, chunks_per_thread));
-  specdec::parallel_chunks(pool, nt, nchunks, [&p, nv, mr_max, ntiles, nchunks](int64_t c) {
+  const int64_t nchunks = specdec::chunk_count(pool, nthreads, chunks_per_thread, ntiles);
+  specdec::parallel_chunks(pool, nthreads, nchunks, [&p, nv, mr_max, ntiles, nchunks](int64_t c) {
     run_tiles(p, nv, mr_max, ntiles * c / nchunks, ntiles * (c + 1) / nchunks);
   });
   return ffi::Error::Success();

@@ -13,27 +13,19 @@ of rows: row r of a call is bitwise the 1-row call on that row (see skinny.cc).
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.kernels import build
+from specdec_jax.kernels import threads as work
 
 Array = jax.Array
 
 PANEL = 16
-#: Weight bytes streamed per thread (`SPECDEC_CPU_KERNEL_PARALLEL_BYTES`): a product
-#: gets one thread of XLA's intra-op pool per PARALLEL_BYTES of weights times blocks of
-#: ROWS_PER_PASS rows (`threads`). One core alone does not saturate memory bandwidth,
-#: and handing work to the pool costs ~10 us: on a 2-core AMD EPYC (AVX2), 64 KiB made
-#: the demo target's decode step 1.4x faster than 4 MiB (which split none of its
-#: products), 256 KiB about as fast as 64 KiB.
-PARALLEL_BYTES = int(os.environ.get("SPECDEC_CPU_KERNEL_PARALLEL_BYTES", 64 << 10))
 ROWS_PER_PASS = 8      # rows that share one pass over the weights, roughly (skinny.cc plan)
 PREFETCH = 16          # software prefetch distance, in panel rows
-CHUNKS = 4             # column chunks per thread
 
 
 @functools.partial(jax.jit, static_argnames=("dtype",))
@@ -68,11 +60,10 @@ def check_packed(wp: Array, k: int, n: int) -> None:
 
 
 def threads(m: int, k: int, n: int, dtype) -> int:
-  """Threads for an [m, k] x [k, n] product: about one per PARALLEL_BYTES of weights
-  per ROWS_PER_PASS rows (an encoder's m = batch x length rows is compute, not one
-  stream of the weights). The kernel caps it at the pool's size and the panel count."""
-  nbytes = k * n * jnp.dtype(dtype).itemsize
-  return max(1, nbytes * -(-m // ROWS_PER_PASS) // PARALLEL_BYTES)
+  """Threads for an [m, k] x [k, n] product: about one per `threads.PARALLEL_BYTES` of
+  weights per ROWS_PER_PASS rows (an encoder's m = batch x length rows is compute, not
+  one stream of the weights). The kernel caps it at the pool's size and the panel count."""
+  return work.count(k * n * jnp.dtype(dtype).itemsize * -(-m // ROWS_PER_PASS))
 
 
 def dot(x: Array, wp: Array, n: int) -> Array:
@@ -88,4 +79,4 @@ def dot(x: Array, wp: Array, n: int) -> Array:
   call = jax.ffi.ffi_call(build.DOT, out, vmap_method="expand_dims")
   m = int(np.prod(x.shape[:-1], dtype=np.int64))
   return call(x.astype(jnp.float32), wp, nthreads=np.int64(threads(m, k, n, wp.dtype)),
-              chunks=np.int64(CHUNKS), prefetch=np.int64(PREFETCH))
+              chunks=np.int64(work.CHUNKS), prefetch=np.int64(PREFETCH))

@@ -8,12 +8,12 @@ Decode requests (the encoder and cross K/V of `Model.start`, cached decode calls
 may carry a second, read-only variable collection, `DECODE_WEIGHTS`: the kernels
 packed for the CPU skinny products (`specdec_jax.kernels`), at the path of the layer
 that uses them (a Dense's "kernel", a fused product's "qkv" / "kv" / "wi", the tied
-embedding's "logits", a decoder RMSNorm's "sum_squares" column of ones). A layer that
-finds its packed weights runs its product through the kernel, and attention runs on
-the attention kernel: every row of a k-token call is then computed by exactly the
+embedding's "logits", an RMSNorm's "sum_squares" column of ones). A layer that finds
+its packed weights runs its product through the kernel, and attention runs on the
+attention kernel: every row of a k-token call is then computed by exactly the
 operations of a 1-token call (bitwise equal logits), and every row of a batch as it
-would be alone. Without the collection
-(teacher-forced forward passes, kernels off) every layer is XLA's dot and reduce.
+would be alone. Without the collection (teacher-forced forward passes, kernels off)
+every layer is XLA's dot and reduce.
 """
 
 from __future__ import annotations

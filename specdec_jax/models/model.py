@@ -135,8 +135,8 @@ class Model:
     1-token call: a k-token call's logits are then bitwise k sequential 1-token calls.
 
     True with packed decode weights (`decode_weights`): every product is a skinny
-    kernel with a fixed per-element accumulation order, and attention runs one query
-    row at a time. XLA's dot picks other kernels for k >= 2 rows than for 1, so
+    kernel with a fixed per-element accumulation order, and attention a kernel that
+    computes every query row alike (`kernels.attention`). XLA's dot picks other kernels for k >= 2 rows than for 1, so
     without them rows round differently (the engine's exact mode then pads every
     call to one width, `engine.EXACT_WIDTH`).
     """

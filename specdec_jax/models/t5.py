@@ -54,8 +54,8 @@ def decode_products(cfg: T5Config) -> dict[tuple[str, ...], DecodeProduct]:
   and each decoder layer's cross-attention K/V (fused, "kv"). In every cached decode
   step: the self-attention Q/K/V ("qkv"), attention outputs, the cross-attention
   query, the MLP's "wi" and wo, the output layer, and the decoder's RMSNorm sums of
-  squares. Packed, a fused
-  product costs nothing extra (the concatenation happens once, at packing).
+  squares. Packed, a fused product costs nothing extra (the concatenation happens
+  once, at packing).
   """
   dt = cfg.activation_dtype
   f32 = jnp.dtype(jnp.float32)
