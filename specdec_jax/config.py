@@ -132,7 +132,7 @@ class T5Config:
 
 
 def mlp_kernel_names(activations: tuple[str, ...]) -> list[str]:
-  """T5X names the MLP's input kernels ``wi`` for one activation, ``wi_0, wi_1, ...`` for several."""
+  """T5X's names of the MLP's input kernels: ``wi`` for one activation, else ``wi_0, wi_1, ...``."""
   return ["wi"] if len(activations) == 1 else [f"wi_{i}" for i in range(len(activations))]
 
 

@@ -210,9 +210,9 @@ def test_attention_matches_xla(b, t, h, s, d, dtype, kind):
 @pytest.mark.parametrize("b,t,h,s,d,dtype,kind", ATTENTION_CASES[:4])
 def test_attention_rows_are_bitwise_independent_of_t_and_b(monkeypatch, b, t, h, s, d, dtype,
                                                            kind):
-  from specdec_jax.kernels import threads
+  from specdec_jax.kernels import work
   q, k, v, bias = _attention_inputs(b, t, h, s, d, dtype, _bias_shape(b, t, h, s, kind), seed=1)
-  monkeypatch.setattr(threads, "PARALLEL_BYTES", 1)   # the whole call split over the pool
+  monkeypatch.setattr(work, "PARALLEL_BYTES", 1)   # the whole call split over the pool
   out = np.asarray(kernels.attention(q, k, v, bias))
   monkeypatch.undo()
   for i in range(t):        # each query row alone
@@ -489,8 +489,8 @@ def test_bfloat16_exactness_is_judged_on_the_bits():
 
 
 def test_threads_grow_with_weights_and_rows():
-  from specdec_jax.kernels import skinny, threads
-  one = threads.PARALLEL_BYTES // 4                         # float32 values in one share
+  from specdec_jax.kernels import skinny, work
+  one = work.PARALLEL_BYTES // 4                         # float32 values in one share
   assert skinny.threads(1, 1, one, jnp.float32) == 1
   assert skinny.threads(1, 1, 4 * one, jnp.float32) == 4
   assert skinny.threads(1, 1, 4 * one, jnp.bfloat16) == 2

@@ -134,7 +134,7 @@ def test_wheel_install_loads_named_config_and_bundled_names(venv, tmp_path):
 
 
 def test_wheel_install_builds_cpu_kernels_from_package_data(venv, tmp_path):
-  """The installed wheel compiles its own kernel sources (a fresh cache), where this checkout can."""
+  """The installed wheel compiles its own kernel sources (fresh cache), where this checkout can."""
   from specdec_jax import kernels
   if not kernels.available():
     pytest.skip(f"CPU kernels unavailable here: {kernels.status().reason}")

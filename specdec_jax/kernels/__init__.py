@@ -25,8 +25,8 @@ The models use them for decode requests: the encoder and cross-attention K/V of
 teacher-forced passes keep XLA's dot and attention.
 """
 
-from specdec_jax.kernels.row_attention import attention
 from specdec_jax.kernels.build import ENV_VAR, Status, available, status
+from specdec_jax.kernels.row_attention import attention
 from specdec_jax.kernels.skinny import check_packed, dot, pack
 
 __all__ = ["ENV_VAR", "Status", "attention", "available", "check_packed", "dot", "pack",

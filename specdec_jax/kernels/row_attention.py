@@ -23,14 +23,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.kernels import build
-from specdec_jax.kernels import threads as work
+from specdec_jax.kernels import work
 
 Array = jax.Array
 
 
 def threads(b: int, h: int, s: int, d: int, dtype) -> int:
   """Threads for attention over [b, h, s, d] keys and values: one per
-  `threads.PARALLEL_BYTES` of them (the kernel caps it at the pool's size and at b x h)."""
+  `work.PARALLEL_BYTES` of them (the kernel caps it at the pool's size and at b x h)."""
   return work.count(2 * b * h * s * d * jnp.dtype(dtype).itemsize)
 
 

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.kernels import build
-from specdec_jax.kernels import threads as work
+from specdec_jax.kernels import work
 
 Array = jax.Array
 
@@ -60,7 +60,7 @@ def check_packed(wp: Array, k: int, n: int) -> None:
 
 
 def threads(m: int, k: int, n: int, dtype) -> int:
-  """Threads for an [m, k] x [k, n] product: about one per `threads.PARALLEL_BYTES` of
+  """Threads for an [m, k] x [k, n] product: about one per `work.PARALLEL_BYTES` of
   weights per ROWS_PER_PASS rows (an encoder's m = batch x length rows is compute, not
   one stream of the weights). The kernel caps it at the pool's size and the panel count."""
   return work.count(k * n * jnp.dtype(dtype).itemsize * -(-m // ROWS_PER_PASS))

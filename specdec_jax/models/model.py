@@ -136,9 +136,9 @@ class Model:
 
     True with packed decode weights (`decode_weights`): every product is a skinny
     kernel with a fixed per-element accumulation order, and attention a kernel that
-    computes every query row alike (`kernels.attention`). XLA's dot picks other kernels for k >= 2 rows than for 1, so
-    without them rows round differently (the engine's exact mode then pads every
-    call to one width, `engine.EXACT_WIDTH`).
+    computes every query row alike (`kernels.attention`). XLA's dot picks other
+    kernels for k >= 2 rows than for 1, so without them rows round differently (the
+    engine's exact mode then pads every call to one width, `engine.EXACT_WIDTH`).
     """
     return self.decode_weights is not None
 

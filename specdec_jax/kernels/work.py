@@ -1,6 +1,6 @@
 """How the kernels split their work over XLA's intra-op thread pool (see pool.h).
 
-    threads.count(nbytes)    # threads for a call that streams nbytes: one per PARALLEL_BYTES
+    work.count(nbytes)    # threads for a call that streams nbytes: one per PARALLEL_BYTES
 
 One core alone does not saturate memory bandwidth, and handing work to the pool costs
 ~10 us: on a 2-core AMD EPYC (AVX2), one thread per 64 KiB made the demo target's decode
