@@ -20,7 +20,7 @@ from specdec_jax.decoding.adaptive import AdaptiveGamma
 from specdec_jax.decoding.autoregressive import generate
 from specdec_jax.decoding.bild import bild_generate, early_exit
 from specdec_jax.decoding.blockwise import blockwise_generate
-from specdec_jax.decoding.buffer import DecodeOutput
+from specdec_jax.rounds.buffer import DecodeOutput
 from specdec_jax.decoding.methods import Autoregressive, BiLD, Blockwise, Speculative, decode
 from specdec_jax.decoding.speculative import speculative_generate
 from specdec_jax.decoding.stats import DecodeStats

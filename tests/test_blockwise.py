@@ -10,9 +10,10 @@ import optax
 import pytest
 
 import specdec_jax as sd
-from specdec_jax.decoding import blockwise, engine, lattice
+from specdec_jax.decoding import blockwise, engine
+from specdec_jax.drafters import lattice
 from specdec_jax.decoding.acceptance import prefix_length
-from specdec_jax.decoding.phases import Acceptance, Proposal
+from specdec_jax.rounds.phases import Acceptance, Proposal
 from specdec_jax.drafters.heads import head_logits, heads_loss
 from conftest import peaked, ragged_tokens
 

@@ -1,4 +1,4 @@
-"""Tests for specdec_jax.decoding.lattice: the backoff n-gram LM and the k-best lattice DP."""
+"""Tests for specdec_jax.drafters.lattice: the backoff n-gram LM and the k-best lattice DP."""
 
 import itertools
 import statistics
@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax.decoding import lattice as L
+from specdec_jax.drafters import lattice as L
 from specdec_jax.errors import InputError, SpecdecError
 
 # The hand-worked corpus: V = 5, D = 1/2, epsilon = 1 (add-one unigrams).

@@ -238,3 +238,27 @@ def test_tools_cli_and_bench_derive_from_the_core_fields():
                         ("fallback_threshold=2", r"fallback_threshold must be in \[0, 1\]")]:
     with pytest.raises(Exception, match=message):
       bench_methods.parse_settings(spec, core.BiLD, "--bild")
+
+
+def test_drafters_and_round_types_sit_below_the_methods():
+  """drafters/ and rounds/ import nothing of decoding/ but its input checks and counters:
+  the engine, the rules and the methods build on them, never the reverse."""
+  import ast
+  import pathlib
+
+  root = pathlib.Path(sd.__file__).parent
+  allowed = {"specdec_jax.decoding.inputs", "specdec_jax.decoding.stats"}
+  imported = set()
+  for package in ("drafters", "rounds"):
+    for path in sorted((root / package).glob("*.py")):
+      for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+          names = [node.module] if node.module != "specdec_jax.decoding" else [
+              f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+          names = [a.name for a in node.names]
+        else:
+          continue
+        imported |= {(path.name, n) for n in names if n.startswith("specdec_jax.decoding")}
+  assert {n for _, n in imported} <= allowed, sorted(imported)
+  assert ("__init__.py", "specdec_jax.decoding.inputs") in imported   # the check sees imports

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax import sampling as sampling_lib
-from specdec_jax.decoding.phases import Acceptance, Proposal
+from specdec_jax.rounds.phases import Acceptance, Proposal
 from specdec_jax.errors import InputError
 
 Array = jax.Array

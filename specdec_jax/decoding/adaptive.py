@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specdec_jax.decoding.phases import Proposal, RoundContext, RoundOutcome
+from specdec_jax.rounds.phases import Proposal, RoundContext, RoundOutcome
 from specdec_jax.errors import InputError
 
 Array = jax.Array

@@ -16,7 +16,7 @@ from __future__ import annotations
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.decoding import engine, inputs
 from specdec_jax.decoding.acceptance import TargetOnly
-from specdec_jax.decoding.buffer import DecodeOutput
+from specdec_jax.rounds.buffer import DecodeOutput
 from specdec_jax.models.model import Model
 
 

@@ -42,8 +42,8 @@ import jax.numpy as jnp
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.decoding import engine, inputs
 from specdec_jax.decoding.acceptance import Rollback
-from specdec_jax.decoding.buffer import DecodeOutput
-from specdec_jax.decoding.phases import Proposal, Verified
+from specdec_jax.rounds.buffer import DecodeOutput
+from specdec_jax.rounds.phases import Proposal, Verified
 from specdec_jax.drafters import DraftLoop, Unsure, as_drafter
 from specdec_jax.drafters.early_exit import EarlyExitDrafter
 from specdec_jax.errors import InputError

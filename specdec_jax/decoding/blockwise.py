@@ -30,8 +30,8 @@ from specdec_jax import cache as cache_lib
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.decoding import engine, inputs
 from specdec_jax.decoding.acceptance import SpeculativeSampling, prefix_length
-from specdec_jax.decoding.buffer import DecodeOutput, last_tokens
-from specdec_jax.decoding.phases import Acceptance, Proposal, Verified
+from specdec_jax.rounds.buffer import DecodeOutput, last_tokens
+from specdec_jax.rounds.phases import Acceptance, Proposal, Verified
 from specdec_jax.drafters.blockwise import RESCORING
 from specdec_jax.drafters.heads import Heads, check_heads, head_logits
 from specdec_jax.errors import InputError

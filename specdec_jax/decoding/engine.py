@@ -36,9 +36,9 @@ from flax import struct
 
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.cache import DecoderCache
-from specdec_jax.decoding import buffer
+from specdec_jax.rounds import buffer
 from specdec_jax.decoding.acceptance import SpeculativeSampling
-from specdec_jax.decoding.phases import (Acceptance, Proposal, RoundContext, RoundOutcome,
+from specdec_jax.rounds.phases import (Acceptance, Proposal, RoundContext, RoundOutcome,
                                          Verified)
 from specdec_jax.decoding.stats import DecodeStats
 from specdec_jax.errors import InputError

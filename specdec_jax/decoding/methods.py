@@ -32,7 +32,7 @@ from flax import struct
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.decoding import autoregressive, bild, blockwise, engine, inputs, speculative
 from specdec_jax.decoding.adaptive import AdaptiveGamma
-from specdec_jax.decoding.buffer import DecodeOutput
+from specdec_jax.rounds.buffer import DecodeOutput
 from specdec_jax.drafters import as_drafter
 from specdec_jax.drafters.blockwise import RESCORING, HeadDrafter
 from specdec_jax.drafters.heads import Heads

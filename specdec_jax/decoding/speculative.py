@@ -27,7 +27,7 @@ from specdec_jax import sampling as sampling_lib
 from specdec_jax.decoding import engine, inputs
 from specdec_jax.decoding.acceptance import SpeculativeSampling
 from specdec_jax.decoding.adaptive import Adaptive, AdaptiveGamma
-from specdec_jax.decoding.buffer import DecodeOutput
+from specdec_jax.rounds.buffer import DecodeOutput
 from specdec_jax.drafters import ModelDrafter, as_proposer
 from specdec_jax.models.model import Model
 

@@ -29,7 +29,7 @@ from flax import struct
 from flax import traverse_util
 
 from specdec_jax import sampling as sampling_lib
-from specdec_jax.decoding import buffer
+from specdec_jax.rounds import buffer
 
 Array = jax.Array
 MIN_TEMPERATURE = 1e-4

@@ -6,7 +6,7 @@
 
 These are token-level drafters (init / first / next, see `loop`); `as_proposer`
 wraps one in a `DraftLoop`, the proposer the round engine calls. A proposer
-written from scratch (prediction heads, ...) implements `decoding.phases.Proposer`.
+written from scratch (prediction heads, ...) implements `rounds.phases.Proposer`.
 """
 
 from __future__ import annotations

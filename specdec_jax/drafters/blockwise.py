@@ -26,9 +26,9 @@ import jax.numpy as jnp
 from flax import struct
 
 from specdec_jax import sampling as sampling_lib
-from specdec_jax.decoding import lattice
-from specdec_jax.decoding.buffer import last_tokens
-from specdec_jax.decoding.phases import Proposal, RoundContext, RoundOutcome
+from specdec_jax.drafters import lattice
+from specdec_jax.rounds.buffer import last_tokens
+from specdec_jax.rounds.phases import Proposal, RoundContext, RoundOutcome
 from specdec_jax.drafters.heads import Heads, head_logits
 from specdec_jax.models.model import Model
 

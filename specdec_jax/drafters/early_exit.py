@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specdec_jax.cache import DecoderCache
-from specdec_jax.decoding.buffer import last_tokens
+from specdec_jax.rounds.buffer import last_tokens
 from specdec_jax.errors import InputError
 from specdec_jax.models.model import Model
 

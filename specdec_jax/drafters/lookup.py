@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specdec_jax.decoding.buffer import last_tokens
+from specdec_jax.rounds.buffer import last_tokens
 
 Array = jax.Array
 _NEG = -1e9  # log-probability of "impossible" (finite: no NaNs under scaling)

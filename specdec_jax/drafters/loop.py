@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specdec_jax import sampling as sampling_lib
-from specdec_jax.decoding.phases import Proposal, RoundContext, RoundOutcome
+from specdec_jax.rounds.phases import Proposal, RoundContext, RoundOutcome
 
 Array = jax.Array
 

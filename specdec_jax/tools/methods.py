@@ -39,7 +39,7 @@ import numpy as np
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.decoding import methods as core
 from specdec_jax.decoding import stats as stats_lib
-from specdec_jax.decoding.buffer import DecodeOutput
+from specdec_jax.rounds.buffer import DecodeOutput
 from specdec_jax.decoding.inputs import as_rng
 from specdec_jax.tools.batching import Batch
 from specdec_jax.tools.report import finite

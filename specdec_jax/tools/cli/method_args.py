@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import specdec_jax as sd
 from specdec_jax.decoding import methods as core
-from specdec_jax.decoding.lattice import NGramLM
+from specdec_jax.drafters.lattice import NGramLM
 from specdec_jax.tools.errors import CLIError
 from specdec_jax.tools.methods import Baseline, Bild, Blockwise, DecodeMethod, Speculative
 from specdec_jax.tools.models import DRAFTER_KINDS

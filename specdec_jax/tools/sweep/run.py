@@ -159,7 +159,7 @@ def lattice_cost_ms(batch: int, width: int, k: int, num_paths: int, lm=None,
   arcs, p = num_paths paths, `lm` rescoring (the dynamic program of one round)."""
   import jax
   import jax.numpy as jnp
-  from specdec_jax.decoding import lattice
+  from specdec_jax.drafters import lattice
   from specdec_jax.tools.timing import median_call_seconds
   vocab = lm.vocab_size if lm is not None else 32000
   keys = jax.random.split(jax.random.PRNGKey(0), 2)
