@@ -64,8 +64,22 @@ def load(path_or_name: str, dtype="float32", config: T5Config | None = None) -> 
 
 
 def save(path, model: Model, dtype=None) -> None:
-  """Save `model` in our own format (config + safetensors); `sd.load(path)` reads it back."""
+  """Save `model` in our own format (config + safetensors); `sd.load(path)` reads it back.
+
+  `path` is a new or empty directory, or one written by `sd.save` before (overwritten);
+  a directory holding a checkpoint of another format (Hugging Face, T5X) is refused.
+  """
+  import os
   from specdec_jax.io import checkpoints
+  if isinstance(path, Model) and isinstance(model, (str, os.PathLike)):
+    raise InputError(f"sd.save takes (path, model), got (model, {model!r}): call "
+                     f"sd.save({model!r}, model)")
+  if not isinstance(model, Model):
+    raise InputError(f"sd.save(path, model): model must be an sd.Model, got "
+                     f"{type(model).__name__}")
+  if not isinstance(path, (str, os.PathLike)):
+    raise InputError(f"sd.save(path, model): path must be a directory path, got "
+                     f"{type(path).__name__}")
   checkpoints.save_checkpoint(path, model.config, model.params, dtype=dtype)
 
 

@@ -47,4 +47,4 @@ def generate(model: Model, encoder_tokens, max_new_tokens: int = 64,
   config = round_config(max_new_tokens, sampling, inputs.resolve_eos(eos_id, model.config),
                         exact)
   return engine.run(model, NoProposals(model.config.vocab_size), encoder_tokens, None,
-                    inputs.as_rng(rng), config=config)
+                    inputs.as_rng(rng, sampling), config=config)

@@ -138,7 +138,7 @@ def bild_generate(large: Model, small: Any, encoder_tokens, fallback_threshold: 
   s_tokens = encoder_tokens if small_encoder_tokens is None else small_encoder_tokens
   if isinstance(p.drafter, ModelDrafter):
     s_tokens = inputs.check_request(s_tokens, p.drafter.model.config, max_new_tokens)
-  return engine.run(large, p, encoder_tokens, s_tokens, inputs.as_rng(rng), config=config)
+  return engine.run(large, p, encoder_tokens, s_tokens, inputs.as_rng(rng, sampling), config=config)
 
 
 def early_exit(model: Model, exit_layer: int = 1) -> EarlyExitDrafter:

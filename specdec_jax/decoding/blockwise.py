@@ -148,6 +148,7 @@ def blockwise_generate(model: Model, heads: Heads, encoder_tokens, max_new_token
   """
   encoder_tokens = inputs.check_request(encoder_tokens, model.config, max_new_tokens)
   method = sampling_lib.as_method(sampling)
+  inputs.check_heads_value(heads)
   check_settings(model, heads, top_k, num_drafts, rescoring, rescorer, method)
   neural = None
   if rescoring == "neural":
@@ -157,7 +158,7 @@ def blockwise_generate(model: Model, heads: Heads, encoder_tokens, max_new_token
                          rescoring=rescoring, weight=float(rescoring_weight))
   config = round_config(heads, max_new_tokens, method, inputs.resolve_eos(eos_id, model.config),
                         top_k, num_drafts, rescoring, oracle, accept, exact)
-  out = engine.run(model, proposer, encoder_tokens, None, inputs.as_rng(rng), config=config)
+  out = engine.run(model, proposer, encoder_tokens, None, inputs.as_rng(rng, method), config=config)
   if oracle:
     calls = oracle_calls(model, heads, encoder_tokens, out.tokens, out.lengths, top_k)
     out = out.replace(counters=out.counters.replace(oracle_calls=calls))

@@ -89,7 +89,7 @@ def speculative_generate(target: Model, drafter, encoder_tokens, gamma: int = 5,
   model_drafter = _model_drafter(p)
   d_config = target.config if model_drafter is None else model_drafter.model.config
   d_tokens = inputs.check_request(d_tokens, d_config, max_new_tokens)
-  return engine.run(target, p, encoder_tokens, d_tokens, inputs.as_rng(rng), config=config)
+  return engine.run(target, p, encoder_tokens, d_tokens, inputs.as_rng(rng, sampling), config=config)
 
 
 def _model_drafter(p: Any) -> ModelDrafter | None:

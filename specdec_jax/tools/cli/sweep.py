@@ -129,6 +129,9 @@ def _config(args, names) -> dict[str, Any]:
 def _run(args, kind: str, build) -> int:
   if args.limit is not None and args.limit < 1 or args.batch_size < 1 or args.repeats < 1:
     raise CLIError("--limit, --batch-size and --repeats must be >= 1")
+  if kind == "bild" and not args.small and not args.early_exit:
+    raise CLIError("sweep-bild needs a small model to sweep: --small NAME=PATH (e.g. "
+                   "aligned=demo-de-en/drafter; repeatable) or --early-exit MODEL:K")
   split = load_split(args.data, args.split, args.limit)
   tokenizer = sd.load_tokenizer(os.path.join(args.data, "spiece.model"))
   target = load_model(args.model, args.dtype, what="target")
