@@ -367,7 +367,7 @@ def test_sweep_blockwise_table(trained, capsys, tmp_path, heads_file):
 def test_eval_missing_data_dir(capsys, tmp_path):
   code, out, err = run(capsys, "eval", "--model", "config:t5_1_1_tiny", "--data",
                        tmp_path / "nope")
-  assert code == 2 and "is not a directory" in err
+  assert code == 2 and "is neither a .jsonl file of pairs nor a directory" in err
 
 
 # ----------------------------------------------------------------------------- helpers
