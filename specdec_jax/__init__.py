@@ -2,8 +2,12 @@
 
     import specdec_jax as sd
     target, drafter = sd.load("path/to/target"), sd.load("path/to/drafter")
-    out = sd.speculative_generate(target, drafter, encoder_tokens, gamma=5, max_new_tokens=64)
+    method = sd.Speculative(drafter, gamma=5)
+    out = sd.decode(target, method, encoder_tokens, max_new_tokens=64)
     out.tokens, out.lengths, out.stats
+
+Methods are values (`sd.Autoregressive`, `sd.Speculative`, `sd.BiLD`, `sd.Blockwise`) run by
+`sd.decode`; `sd.generate`, `sd.speculative_generate`, ... are the same calls by keyword.
 """
 
 import jax
@@ -17,6 +21,7 @@ from specdec_jax.decoding.autoregressive import generate
 from specdec_jax.decoding.bild import bild_generate, early_exit
 from specdec_jax.decoding.blockwise import blockwise_generate
 from specdec_jax.decoding.buffer import DecodeOutput
+from specdec_jax.decoding.methods import Autoregressive, BiLD, Blockwise, Speculative, decode
 from specdec_jax.decoding.speculative import speculative_generate
 from specdec_jax.decoding.stats import DecodeStats
 from specdec_jax.drafters import ModelDrafter, NGramDrafter, PromptLookupDrafter
@@ -27,12 +32,13 @@ from specdec_jax.models.model import Model, init_model, logical_axes
 from specdec_jax.sampling import Greedy, Sampling
 
 __all__ = [
-    "AdaptiveGamma", "CheckpointError", "ConfigError", "DecodeOutput", "DecodeStats",
-    "DecoderCache", "Greedy", "Heads", "InputError", "Model", "ModelDrafter", "NGramDrafter",
-    "PromptLookupDrafter", "Sampling", "SamplingError", "SpecdecError", "T5Config",
-    "TokenizerError", "available_configs", "bild_generate", "blockwise_generate", "early_exit",
-    "generate", "get_config", "init_heads", "init_model", "load", "load_heads", "load_tokenizer",
-    "logical_axes", "save", "save_heads", "speculative_generate", "t5x_compat", "theory",
+    "AdaptiveGamma", "Autoregressive", "BiLD", "Blockwise", "CheckpointError", "ConfigError",
+    "DecodeOutput", "DecodeStats", "DecoderCache", "Greedy", "Heads", "InputError", "Model",
+    "ModelDrafter", "NGramDrafter", "PromptLookupDrafter", "Sampling", "SamplingError",
+    "SpecdecError", "Speculative", "T5Config", "TokenizerError", "available_configs",
+    "bild_generate", "blockwise_generate", "decode", "early_exit", "generate", "get_config",
+    "init_heads", "init_model", "load", "load_heads", "load_tokenizer", "logical_axes", "save",
+    "save_heads", "speculative_generate", "t5x_compat", "theory",
 ]
 
 

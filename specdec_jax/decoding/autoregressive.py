@@ -17,7 +17,6 @@ from specdec_jax import sampling as sampling_lib
 from specdec_jax.decoding import engine, inputs
 from specdec_jax.decoding.acceptance import Sample
 from specdec_jax.decoding.buffer import DecodeOutput
-from specdec_jax.drafters.loop import NoProposals
 from specdec_jax.models.model import Model
 
 
@@ -43,8 +42,6 @@ def generate(model: Model, encoder_tokens, max_new_tokens: int = 64,
   "Exactness").
   Returns `DecodeOutput(tokens [B, T], lengths [B], counters)`; `.stats` has the mapping.
   """
-  encoder_tokens = inputs.check_request(encoder_tokens, model.config, max_new_tokens)
-  config = round_config(max_new_tokens, sampling, inputs.resolve_eos(eos_id, model.config),
-                        exact)
-  return engine.run(model, NoProposals(model.config.vocab_size), encoder_tokens, None,
-                    inputs.as_rng(rng, sampling), config=config)
+  from specdec_jax.decoding import methods   # methods builds on this module
+  return methods.decode(model, methods.Autoregressive(exact=exact), encoder_tokens,
+                        max_new_tokens, sampling, rng, eos_id)

@@ -46,7 +46,6 @@ from specdec_jax.decoding.buffer import DecodeOutput
 from specdec_jax.decoding.phases import Proposal, Verified
 from specdec_jax.drafters import DraftLoop, Unsure, as_drafter
 from specdec_jax.drafters.early_exit import EarlyExitDrafter
-from specdec_jax.drafters.model import ModelDrafter
 from specdec_jax.errors import InputError
 from specdec_jax.models.model import Model
 
@@ -80,6 +79,11 @@ def check_thresholds(fallback_threshold: float, rollback_threshold: float,
   inputs.check_positive_int(max_small_steps, "max_small_steps")
 
 
+def check_batch_policy(batch_policy: str) -> None:
+  if batch_policy not in BATCH_POLICIES:
+    raise InputError(f"batch_policy must be one of {BATCH_POLICIES}, got {batch_policy!r}")
+
+
 def round_config(fallback_threshold: float, rollback_threshold: float, max_small_steps: int,
                  max_new_tokens: int, sampling=None, eos_id: int = 1,
                  batch_policy: str = "wait", small_kind: str = "model",
@@ -100,8 +104,7 @@ def proposer(small: Any, large: Model, fallback_threshold: float,
              batch_policy: str = "wait") -> DraftLoop:
   """The small model (a `Model`, a drafter, or `EarlyExitDrafter(large, k)`) under BiLD's
   fallback policy."""
-  if batch_policy not in BATCH_POLICIES:
-    raise InputError(f"batch_policy must be one of {BATCH_POLICIES}, got {batch_policy!r}")
+  check_batch_policy(batch_policy)
   return DraftLoop(as_drafter(small, large), stop=Unsure(float(fallback_threshold)),
                    final_at_eos=True, stop_together=batch_policy == "sync", keep_q=False)
 
@@ -130,15 +133,12 @@ def bild_generate(large: Model, small: Any, encoder_tokens, fallback_threshold: 
   Returns:
     DecodeOutput(tokens [B, max_new_tokens], lengths [B], counters; `.stats` mapping).
   """
-  encoder_tokens = inputs.check_request(encoder_tokens, large.config, max_new_tokens)
-  p = proposer(small, large, fallback_threshold, batch_policy)
-  config = round_config(fallback_threshold, rollback_threshold, max_small_steps, max_new_tokens,
-                        sampling, inputs.resolve_eos(eos_id, large.config), batch_policy,
-                        p.drafter.kind, exact)
-  s_tokens = encoder_tokens if small_encoder_tokens is None else small_encoder_tokens
-  if isinstance(p.drafter, ModelDrafter):
-    s_tokens = inputs.check_request(s_tokens, p.drafter.model.config, max_new_tokens)
-  return engine.run(large, p, encoder_tokens, s_tokens, inputs.as_rng(rng, sampling), config=config)
+  from specdec_jax.decoding import methods   # methods builds on this module
+  method = methods.BiLD(small, fallback_threshold=fallback_threshold,
+                        rollback_threshold=rollback_threshold, max_small_steps=max_small_steps,
+                        batch_policy=batch_policy, small_encoder_tokens=small_encoder_tokens,
+                        exact=exact)
+  return methods.decode(large, method, encoder_tokens, max_new_tokens, sampling, rng, eos_id)
 
 
 def early_exit(model: Model, exit_layer: int = 1) -> EarlyExitDrafter:

@@ -32,8 +32,7 @@ from specdec_jax.decoding import engine, inputs
 from specdec_jax.decoding.acceptance import Speculative, prefix_length
 from specdec_jax.decoding.buffer import DecodeOutput, last_tokens
 from specdec_jax.decoding.phases import Proposal, Verified
-from specdec_jax.drafters import as_drafter
-from specdec_jax.drafters.blockwise import RESCORING, HeadDrafter
+from specdec_jax.drafters.blockwise import RESCORING
 from specdec_jax.drafters.heads import Heads, check_heads, head_logits
 from specdec_jax.errors import InputError
 from specdec_jax.models.model import Model
@@ -104,6 +103,15 @@ def round_config(heads: Heads, max_new_tokens: int, sampling=None, eos_id: int =
             ("oracle_top_k", top_k if oracle else 0), ("lossy", False)))
 
 
+def check_rescoring(rescoring: str | None, rescorer: Any, num_drafts: int) -> None:
+  if rescoring not in RESCORING:
+    raise InputError(f"rescoring must be one of {RESCORING}, got {rescoring!r}")
+  if rescoring is not None and rescorer is None:
+    raise InputError(f"rescoring={rescoring!r} needs a rescorer (an n-gram LM or a model)")
+  if rescoring == "neural" and num_drafts > 1:
+    raise InputError("neural rescoring builds one draft: use num_drafts=1")
+
+
 def check_settings(model: Model, heads: Heads, top_k: int, num_drafts: int,
                    rescoring: str | None, rescorer: Any, sampling) -> None:
   inputs.check_positive_int(num_drafts, "num_drafts")
@@ -113,12 +121,7 @@ def check_settings(model: Model, heads: Heads, top_k: int, num_drafts: int,
   if num_drafts > top_k ** heads.num_drafts:
     raise InputError(f"num_drafts={num_drafts} exceeds the {top_k}^{heads.num_drafts} paths "
                      f"of the top-{top_k} lattice")
-  if rescoring not in RESCORING:
-    raise InputError(f"rescoring must be one of {RESCORING}, got {rescoring!r}")
-  if rescoring is not None and rescorer is None:
-    raise InputError(f"rescoring={rescoring!r} needs a rescorer (an n-gram LM or a model)")
-  if rescoring == "neural" and num_drafts > 1:
-    raise InputError("neural rescoring builds one draft: use num_drafts=1")
+  check_rescoring(rescoring, rescorer, num_drafts)
   if not sampling.is_greedy and (num_drafts > 1 or rescoring is not None or top_k > 1):
     raise InputError("sampling with head drafts draws from the heads' distributions: "
                      "use top_k=1, num_drafts=1 and no rescoring")
@@ -146,23 +149,11 @@ def blockwise_generate(model: Model, heads: Heads, encoder_tokens, max_new_token
     exact: verifier calls of `engine.EXACT_WIDTH` tokens (as `generate(exact=True)`), so
       greedy output is bitwise the baseline's on any backend. None: greedy, if it fits.
   """
-  encoder_tokens = inputs.check_request(encoder_tokens, model.config, max_new_tokens)
-  method = sampling_lib.as_method(sampling)
-  inputs.check_heads_value(heads)
-  check_settings(model, heads, top_k, num_drafts, rescoring, rescorer, method)
-  neural = None
-  if rescoring == "neural":
-    neural = as_drafter(rescorer, model)
-  proposer = HeadDrafter(model, heads, lm=rescorer if rescoring == "ngram" else None,
-                         rescorer=neural, top_k=top_k, num_drafts=num_drafts,
-                         rescoring=rescoring, weight=float(rescoring_weight))
-  config = round_config(heads, max_new_tokens, method, inputs.resolve_eos(eos_id, model.config),
-                        top_k, num_drafts, rescoring, oracle, accept, exact)
-  out = engine.run(model, proposer, encoder_tokens, None, inputs.as_rng(rng, method), config=config)
-  if oracle:
-    calls = oracle_calls(model, heads, encoder_tokens, out.tokens, out.lengths, top_k)
-    out = out.replace(counters=out.counters.replace(oracle_calls=calls))
-  return out
+  from specdec_jax.decoding import methods   # methods builds on this module
+  method = methods.Blockwise(heads, top_k=top_k, num_drafts=num_drafts, rescoring=rescoring,
+                             rescorer=rescorer, rescoring_weight=rescoring_weight,
+                             oracle=oracle, accept=accept, exact=exact)
+  return methods.decode(model, method, encoder_tokens, max_new_tokens, sampling, rng, eos_id)
 
 
 @functools.partial(jax.jit, static_argnames=("top_k",))

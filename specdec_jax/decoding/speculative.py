@@ -81,18 +81,14 @@ def speculative_generate(target: Model, drafter, encoder_tokens, gamma: int = 5,
   Returns:
     DecodeOutput(tokens [B, max_new_tokens], lengths [B], counters; `.stats` mapping).
   """
-  encoder_tokens = inputs.check_request(encoder_tokens, target.config, max_new_tokens)
-  config = round_config(gamma, max_new_tokens, sampling,
-                        inputs.resolve_eos(eos_id, target.config), lenience, accept, exact)
-  p = proposer(drafter, target, gamma, adaptive)
-  d_tokens = encoder_tokens if drafter_encoder_tokens is None else drafter_encoder_tokens
-  model_drafter = _model_drafter(p)
-  d_config = target.config if model_drafter is None else model_drafter.model.config
-  d_tokens = inputs.check_request(d_tokens, d_config, max_new_tokens)
-  return engine.run(target, p, encoder_tokens, d_tokens, inputs.as_rng(rng, sampling), config=config)
+  from specdec_jax.decoding import methods   # methods builds on this module
+  method = methods.Speculative(drafter, gamma=gamma, adaptive=adaptive, lenience=lenience,
+                               drafter_encoder_tokens=drafter_encoder_tokens, accept=accept,
+                               exact=exact)
+  return methods.decode(target, method, encoder_tokens, max_new_tokens, sampling, rng, eos_id)
 
 
-def _model_drafter(p: Any) -> ModelDrafter | None:
+def model_drafter(p: Any) -> ModelDrafter | None:
   """The `ModelDrafter` inside proposer wrappers (adaptive gamma, draft loop), if any."""
   while p is not None and not isinstance(p, ModelDrafter):
     p = getattr(p, "inner", None) or getattr(p, "drafter", None)

@@ -1,18 +1,26 @@
-"""Decode methods as values: every tool builds one and runs it; none dispatches itself.
+"""Decode methods for the tools: the core method values (`sd.Speculative`, ...) plus what a
+tool needs around them (the sampling mode, a display name for the drafter / heads, a
+report of the settings). Every tool builds one and runs it; none dispatches itself.
 
     method = Speculative(drafter=drafter, gamma=4)          # or Baseline(sampling=sd.Sampling())
     out = method.decode(target, encoder_tokens, max_new_tokens=32, rng=key)   # a DecodeOutput
+    method.value()      # sd.Speculative(drafter, gamma=4): what `sd.decode` runs
     corpus = decode_corpus(method, target, padded_batches(inputs, 8), max_new_tokens=32)
     corpus.stats        # stats.merge_outputs over the real rows of every batch
     corpus.token_rows() # each real row's tokens, cut at its length
 
-A method is a frozen dataclass holding the settings of one decoding algorithm, with
-`decode(target, encoder_tokens, *, max_new_tokens, rng, eos_id) -> DecodeOutput`;
+The tools' classes are DERIVED from the core dataclasses: their settings fields are the
+core's (`decoding.methods.settings_fields`: defaults, checks and docs included), their
+model fields the core's models, plus `sampling` and a `*_name` for reports. A setting
+added to `sd.BiLD` is a field here, a CLI flag (`cli.method_args`) and a bench option
+with no other change. Settings the tools leave at their defaults: research hooks
+(`accept`) and per-call inputs (a drafter's own encoder tokens).
+
 `sampling` (greedy or sd.Sampling) and `exact` (None: the library's default, exact
-greedy calls; False: each call at its natural width, faster on CPU) are common to all. To add one (BiLD with
-fallback / rollback thresholds, blockwise decoding with prediction heads) write one
-more subclass and add it to `METHODS`: the CLI, benchmarks, results and evaluation
-take any method as it is, and report its `settings()`.
+greedy calls; False: each call at its natural width, faster on CPU) are common to all.
+A method the core does not know is one subclass of `DecodeMethod` with its own `decode`
+(the CLI, benchmarks, results and evaluation take any method as it is, and report its
+`settings()`).
 
 Statistics of several batches are aggregated once, here, with `stats.merge_outputs`:
 alpha = sum(beta_sum) / sum(beta_count), target_calls counted per row (so
@@ -29,13 +37,10 @@ import jax
 import numpy as np
 
 from specdec_jax import sampling as sampling_lib
+from specdec_jax.decoding import methods as core
 from specdec_jax.decoding import stats as stats_lib
-from specdec_jax.decoding.autoregressive import generate
-from specdec_jax.decoding.bild import bild_generate
-from specdec_jax.decoding.blockwise import blockwise_generate
 from specdec_jax.decoding.buffer import DecodeOutput
 from specdec_jax.decoding.inputs import as_rng
-from specdec_jax.decoding.speculative import speculative_generate
 from specdec_jax.tools.batching import Batch
 from specdec_jax.tools.report import finite
 
@@ -59,10 +64,13 @@ class DecodeMethod:
     raise NotImplementedError
 
   def settings(self) -> dict[str, Any]:
-    """JSON-friendly settings: {"method": kind, <field>: value, ...}; objects left out."""
+    """JSON-friendly settings: {"method": kind, <field>: value, ...}; objects (and the
+    models, fields not compared) left out."""
     out: dict[str, Any] = {"method": self.kind}
     for f in dataclasses.fields(self):
       value = getattr(self, f.name)
+      if not f.compare:
+        continue
       if f.name == "sampling":
         out[f.name] = repr(value)
       elif isinstance(value, (bool, int, float, str, type(None))):
@@ -73,47 +81,61 @@ class DecodeMethod:
     return f"{self.kind}, {sampling_label(self.sampling)}"
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Baseline(DecodeMethod):
-  """Autoregressive decoding of the target alone (`sd.generate`)."""
+class CoreMethod(DecodeMethod):
+  """A tool method whose settings are those of a core method value (`core`)."""
 
-  kind: ClassVar[str] = "baseline"
+  core: ClassVar[type] = core.Autoregressive
+
+  def value(self) -> core.Method:
+    """The core method value (`sd.decode`'s argument) of these settings."""
+    names = [f.name for f in core.settings_fields(self.core) + core.model_fields(self.core)]
+    return self.core(**{n: getattr(self, n) for n in names})
 
   def decode(self, target, encoder_tokens, *, max_new_tokens: int, rng=None,
              eos_id: int | None = None) -> DecodeOutput:
-    return generate(target, encoder_tokens, max_new_tokens=max_new_tokens,
-                    sampling=self.sampling, rng=rng, eos_id=eos_id, exact=self.exact)
+    return core.decode(target, self.value(), encoder_tokens, max_new_tokens=max_new_tokens,
+                       sampling=self.sampling, rng=rng, eos_id=eos_id)
+
+
+def derive(core_type: type, name_field: str | None = None) -> type:
+  """The frozen, keyword-only dataclass of `core_type`'s settings and models for the tools:
+  `sampling`, `exact`, `<name_field>` (how reports name the model fields' objects), every
+  model field (not compared, not reported) and every setting (same default), checked by
+  building the core value."""
+  fields: list[tuple] = []
+  if name_field is not None:
+    fields.append((name_field, str | None, dataclasses.field(default=None)))
+  for f in core.model_fields(core_type):
+    fields.append((f.name, Any, dataclasses.field(default=None, compare=False, repr=False)))
+  for f in core.settings_fields(core_type):
+    if f.name != "exact":                      # DecodeMethod's, common to all
+      fields.append((f.name, f.type, dataclasses.field(default=f.default)))
+
+  def __post_init__(self):
+    self.value()                               # the core's checks, at construction
+
+  cls = dataclasses.make_dataclass(
+      f"{core_type.__name__}Settings", fields, bases=(CoreMethod,), frozen=True, kw_only=True,
+      namespace={"core": core_type, "__post_init__": __post_init__})
+  cls.__module__ = __name__
+  return cls
+
+
+class Baseline(derive(core.Autoregressive)):
+  """Autoregressive decoding of the target alone (`sd.Autoregressive`, `sd.generate`)."""
+
+  kind: ClassVar[str] = "baseline"
 
   def describe(self) -> str:
     return f"baseline (sd.generate), {sampling_label(self.sampling)}"
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Speculative(DecodeMethod):
-  """Speculative decoding with a drafter (`sd.speculative_generate`).
+class Speculative(derive(core.Speculative, "drafter_name")):
+  """Speculative decoding with a drafter (`sd.Speculative`); `drafter_name`: how reports
+  name the drafter ("ngram", a path, ...)."""
 
-  Attributes:
-    drafter: a Model or a drafter object (not compared, not reported).
-    drafter_name: how reports name the drafter ("ngram", a path, ...).
-    gamma: drafts per round (the maximum with `adaptive`).
-    lenience: 1 is exact; below 1 is lossy.
-    adaptive: per-row gamma in 1..gamma chosen on device.
-  """
-
-  drafter: Any = dataclasses.field(compare=False, repr=False)
-  drafter_name: str | None = None
-  gamma: int = 5
-  lenience: float = 1.0
-  adaptive: bool = False
   kind: ClassVar[str] = "speculative"
   uses_drafter: ClassVar[bool] = True
-
-  def decode(self, target, encoder_tokens, *, max_new_tokens: int, rng=None,
-             eos_id: int | None = None) -> DecodeOutput:
-    return speculative_generate(target, self.drafter, encoder_tokens, gamma=self.gamma,
-                                max_new_tokens=max_new_tokens, sampling=self.sampling, rng=rng,
-                                eos_id=eos_id, lenience=self.lenience,
-                                adaptive=self.adaptive or None, exact=self.exact)
 
   def describe(self) -> str:
     name = self.drafter_name or "model"
@@ -121,68 +143,23 @@ class Speculative(DecodeMethod):
             + (", adaptive" if self.adaptive else "") + f"), {sampling_label(self.sampling)}")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Bild(DecodeMethod):
-  """BiLD, the Big Little Decoder (`sd.bild_generate`); the target is the large model.
+class Bild(derive(core.BiLD, "small_name")):
+  """BiLD, the Big Little Decoder (`sd.BiLD`); the target is the large model. `small_name`:
+  how reports name the small model ("aligned", "early-exit:1", a path, ...)."""
 
-  Attributes:
-    small: the small model (a Model or `sd.early_exit(target, k)`; not compared).
-    small_name: how reports name it ("aligned", "early-exit:1", a path, ...).
-    fallback_threshold, rollback_threshold, max_small_steps, batch_policy: as
-      `sd.bild_generate`.
-  """
-
-  small: Any = dataclasses.field(compare=False, repr=False)
-  small_name: str | None = None
-  fallback_threshold: float = 0.5
-  rollback_threshold: float = 5.0
-  max_small_steps: int = 10
-  batch_policy: str = "wait"
   kind: ClassVar[str] = "bild"
   uses_drafter: ClassVar[bool] = True
-
-  def decode(self, target, encoder_tokens, *, max_new_tokens: int, rng=None,
-             eos_id: int | None = None) -> DecodeOutput:
-    return bild_generate(target, self.small, encoder_tokens,
-                         fallback_threshold=self.fallback_threshold,
-                         rollback_threshold=self.rollback_threshold,
-                         max_small_steps=self.max_small_steps, max_new_tokens=max_new_tokens,
-                         sampling=self.sampling, rng=rng, eos_id=eos_id,
-                         batch_policy=self.batch_policy, exact=self.exact)
 
   def describe(self) -> str:
     return (f"bild (small {self.small_name or 'model'}, fallback {self.fallback_threshold}, "
             f"rollback {self.rollback_threshold}), {sampling_label(self.sampling)}")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Blockwise(DecodeMethod):
-  """Blockwise parallel decoding with prediction heads (`sd.blockwise_generate`).
+class Blockwise(derive(core.Blockwise, "heads_name")):
+  """Blockwise parallel decoding with prediction heads (`sd.Blockwise`); `heads_name`: how
+  reports name the heads."""
 
-  Attributes:
-    heads: `sd.Heads` for the target (not compared); heads_name: how reports name them.
-    top_k, num_drafts, rescoring, rescoring_weight, oracle: as `sd.blockwise_generate`.
-    rescorer: the n-gram LM or small model of `rescoring` (not compared).
-  """
-
-  heads: Any = dataclasses.field(compare=False, repr=False)
-  heads_name: str | None = None
-  top_k: int = 1
-  num_drafts: int = 1
-  rescoring: str | None = None
-  rescorer: Any = dataclasses.field(default=None, compare=False, repr=False)
-  rescoring_weight: float = 1.0
-  oracle: bool = False
   kind: ClassVar[str] = "blockwise"
-
-  def decode(self, target, encoder_tokens, *, max_new_tokens: int, rng=None,
-             eos_id: int | None = None) -> DecodeOutput:
-    return blockwise_generate(target, self.heads, encoder_tokens, max_new_tokens=max_new_tokens,
-                              top_k=self.top_k, rescoring=self.rescoring,
-                              num_drafts=self.num_drafts,
-                              rescoring_weight=self.rescoring_weight, rescorer=self.rescorer,
-                              sampling=self.sampling, rng=rng, eos_id=eos_id,
-                              oracle=self.oracle, exact=self.exact)
 
   def describe(self) -> str:
     extra = "".join([f", top-{self.top_k}" if self.top_k > 1 else "",

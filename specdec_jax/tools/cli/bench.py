@@ -11,7 +11,7 @@ from typing import Any
 import specdec_jax as sd
 from specdec_jax.tools import bench
 from specdec_jax.tools.errors import BenchError
-from specdec_jax.tools.methods import Bild, Blockwise
+from specdec_jax.tools.bench.methods import extra_methods
 from specdec_jax.tools.models import DRAFTER_KINDS, DTYPES, load_model, note
 from specdec_jax.tools.options import (MODES, check_at_least_one, int_list, mode_list,
                                        parse_overrides)
@@ -94,31 +94,11 @@ def _existing(args, settings: dict[str, Any]) -> dict[str, Any] | None:
   return existing
 
 
-def _pair(text: str, flag: str) -> tuple[float, float]:
-  a, sep, b = text.partition(":")
-  try:
-    return float(a), float(b)
-  except ValueError:
-    raise BenchError(f"{flag} {text!r}: expected two numbers A:B") from None
-
-
 def _extras(args, target, drafter) -> dict[str, Any]:
-  """{label: sampling -> method} for --bild FB:RB (small model: --drafter) and --heads."""
-  extras: dict[str, Any] = {}
-  for text in args.bild:
-    f, r = _pair(text, "--bild")
-    extras[f"bild fb={f:g} rb={r:g}"] = lambda sampling, f=f, r=r: Bild(
-        small=drafter, small_name=args.drafter, fallback_threshold=f, rollback_threshold=r,
-        sampling=sampling)
-  if args.heads:
-    heads = sd.load_heads(args.heads, target)
-    lattices = [(1, 1)] + [tuple(int(x) for x in _pair(t, "--heads-lattice"))
-                           for t in args.heads_lattice]
-    for k, p in lattices:
-      label = "blockwise" + (f" k={k} p={p}" if (k, p) != (1, 1) else "")
-      extras[label] = lambda sampling, k=k, p=p: Blockwise(
-          heads=heads, heads_name=args.heads, top_k=k, num_drafts=p, sampling=sampling)
-  return extras
+  """{label: sampling -> method} for --bild (small model: --drafter) and --heads."""
+  heads = sd.load_heads(args.heads, target) if args.heads else None
+  return extra_methods(args.bild, args.heads_lattice, small=drafter, small_name=args.drafter,
+                       heads=heads, heads_name=args.heads)
 
 
 def run(args) -> int:
@@ -193,12 +173,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--baseline-only", action="store_true")
   p.add_argument("--bild", action="append", default=[], metavar="FB:RB",
                  help="also time BiLD with --drafter as the small model at fallback FB and "
-                 "rollback RB (repeatable), e.g. --bild 0.5:3")
+                 "rollback RB (repeatable), e.g. --bild 0.5:3, or any sd.BiLD settings as "
+                 "field=value pairs: --bild fallback_threshold=0.5,max_small_steps=4")
   p.add_argument("--heads", metavar="PATH",
                  help="also time blockwise decoding with these prediction heads (a heads file, "
                  "a model dir or a bundled name such as demo-de-en/target)")
   p.add_argument("--heads-lattice", action="append", default=[], metavar="K:P",
-                 help="with --heads: also a top-K lattice verifying P drafts per call")
+                 help="with --heads: also a top-K lattice verifying P drafts per call, or any "
+                 "sd.Blockwise settings as field=value pairs: top_k=3,num_drafts=2")
   p.add_argument("--compile-workers", type=int, metavar="N",
                  help="concurrent warm-up (compile) calls before timing; default: up to 4 on "
                  "CPU, 1 on accelerators (each warm-up call holds device memory)")

@@ -6,6 +6,13 @@
     --method blockwise             prediction heads (--heads, default: those saved with
                                    --model), --lattice-k, --num-drafts, --rescoring
 
+The flags of BiLD's and blockwise decoding's settings are derived from the core method
+values (`sd.BiLD`, `sd.Blockwise`): one flag per setting, named after the field
+(`--fallback-threshold`), typed and defaulted by it, its help taken from the class's
+"Attributes:" docs. `FLAG_NAMES` renames the one that would clash (`--lattice-k`: the
+lattice's top_k, beside sampling's `--top-k`). The models (`--drafter`, `--heads`,
+`--rescorer`) are paths, read here.
+
 BiLD and blockwise decoding sample when a sampling option (--temperature, --top-k,
 --top-p) is given, else decode greedily.
 """
@@ -13,9 +20,11 @@ BiLD and blockwise decoding sample when a sampling option (--temperature, --top-
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any, Callable
 
 import specdec_jax as sd
+from specdec_jax.decoding import methods as core
 from specdec_jax.decoding.lattice import NGramLM
 from specdec_jax.tools.errors import CLIError
 from specdec_jax.tools.methods import Baseline, Bild, Blockwise, DecodeMethod, Speculative
@@ -25,10 +34,51 @@ from specdec_jax.tools.options import MODES, make_sampling
 ALGORITHMS = ("bild", "blockwise")
 EARLY_EXIT = "early-exit:"
 
-_BILD_FLAGS = ("fallback_threshold", "rollback_threshold", "max_small_steps", "batch_policy")
-_BLOCKWISE_FLAGS = ("heads", "lattice_k", "num_drafts", "rescoring", "rescorer",
-                    "rescoring_weight", "oracle")
-_SPECULATIVE_FLAGS = ("gamma", "adaptive_gamma", "lenience")
+#: Flag names that differ from their field's: (core method type, field) -> flag.
+FLAG_NAMES = {(core.Blockwise, "top_k"): "--lattice-k",
+              (core.Speculative, "adaptive"): "--adaptive-gamma"}
+
+
+def setting_flags(core_type: type) -> list[tuple[str, dataclasses.Field]]:
+  """(flag, field) of every setting of a core method type (`exact` is the tools' own)."""
+  return [(FLAG_NAMES.get((core_type, f.name), "--" + f.name.replace("_", "-")), f)
+          for f in core.settings_fields(core_type) if f.name != "exact"]
+
+
+def _dest(flag: str) -> str:
+  return flag[2:].replace("-", "_")
+
+
+def add_setting_flags(group, core_type: type) -> None:
+  """One flag per setting of `core_type`: type, choices and help from the field."""
+  docs = core.field_docs(core_type)
+  for flag, f in setting_flags(core_type):
+    help = f"{docs.get(f.name, f.name).rstrip('.')} (default {f.default})".replace("%", "%%")
+    choices = f.metadata.get("choices")
+    if isinstance(f.default, bool):
+      group.add_argument(flag, action="store_true", help=help)
+    elif choices:
+      group.add_argument(flag, choices=[c for c in choices if c is not None], help=help)
+    else:
+      group.add_argument(flag, type=type(f.default), help=help)
+
+
+def settings_from_args(args, core_type: type) -> dict[str, Any]:
+  """{field: value} of the settings given on the command line (the rest keep the core's
+  defaults)."""
+  out = {}
+  for flag, f in setting_flags(core_type):
+    value = getattr(args, _dest(flag), None)
+    if value is not None and value is not False:
+      out[f.name] = value
+  return out
+
+
+_BILD_FLAGS = tuple(_dest(flag) for flag, _ in setting_flags(core.BiLD))
+_BLOCKWISE_FLAGS = ("heads", "rescorer") + tuple(_dest(flag)
+                                                  for flag, _ in setting_flags(core.Blockwise))
+# Speculative decoding's flags are the commands' own (`specdec decode`, `specdec eval`).
+_SPECULATIVE_FLAGS = tuple(_dest(flag) for flag, _ in setting_flags(core.Speculative))
 
 
 def add_method_flags(p: argparse.ArgumentParser) -> None:
@@ -40,28 +90,15 @@ def add_method_flags(p: argparse.ArgumentParser) -> None:
   p.add_argument("--temperature", type=float, help="sampling temperature (>= 0; default 1)")
   p.add_argument("--top-k", type=int, help="keep the k most likely tokens (0 = off)")
   p.add_argument("--top-p", type=float, help="nucleus mass in (0, 1] (1 = off)")
-  bild = p.add_argument_group("BiLD (--method bild)")
-  bild.add_argument("--fallback-threshold", type=float,
-                    help="the small model hands over when max p_S <= it (default 0.5)")
-  bild.add_argument("--rollback-threshold", type=float,
-                    help="roll back a small token y when -log p_L(y) > it (default 5)")
-  bild.add_argument("--max-small-steps", type=int,
-                    help="most consecutive small-model tokens (default 10)")
-  bild.add_argument("--batch-policy", choices=("wait", "sync"),
-                    help="rows that fall back wait for the others (default) or stop them")
+  bild = p.add_argument_group("BiLD (--method bild; the small model: --drafter)")
+  add_setting_flags(bild, core.BiLD)
   heads = p.add_argument_group("blockwise parallel decoding (--method blockwise)")
   heads.add_argument("--heads", metavar="PATH",
                      help="heads file or model dir (default: the heads saved with --model)")
-  heads.add_argument("--lattice-k", type=int, help="top-k lattice width per head (default 1)")
-  heads.add_argument("--num-drafts", type=int,
-                     help="p best lattice paths verified in one call (default 1)")
-  heads.add_argument("--rescoring", choices=("ngram", "neural"), help="rescore the lattice")
+  add_setting_flags(heads, core.Blockwise)
   heads.add_argument("--rescorer", metavar="PATH",
                      help="neural: a small model path/name; ngram: a prepared data dir whose "
                      "train targets fit the bigram LM ('data' in specdec eval: --data)")
-  heads.add_argument("--rescoring-weight", type=float, help="default 1.0")
-  heads.add_argument("--oracle", action="store_true",
-                     help="also report the oracle top-k block efficiency")
 
 
 def _given(args, names) -> list[str]:
@@ -126,7 +163,7 @@ def build_method(args, target: sd.Model, sampling, drafter: Any,
     if args.drafter.startswith(EARLY_EXIT):
       small, name = sd.early_exit(target, early_exit_layer(args.drafter, target)), args.drafter
     return Bild(sampling=sampling, small=small, small_name=args.drafter,
-                **{k: getattr(args, k) for k in _BILD_FLAGS if getattr(args, k) is not None})
+                **settings_from_args(args, core.BiLD))
   if args.method == "blockwise":
     heads = sd.load_heads(args.heads or args.model, target)
     rescorer = None
@@ -134,14 +171,9 @@ def build_method(args, target: sd.Model, sampling, drafter: Any,
       rescorer = load(args.rescorer)
     elif args.rescoring == "ngram":
       rescorer = fit_ngram(args.rescorer, target.config.vocab_size)
-    settings = {"top_k": args.lattice_k, "num_drafts": args.num_drafts,
-                "rescoring_weight": args.rescoring_weight}
     return Blockwise(sampling=sampling, heads=heads, heads_name=args.heads or args.model,
-                     rescoring=args.rescoring, rescorer=rescorer, oracle=args.oracle,
-                     **{k: v for k, v in settings.items() if v is not None})
+                     rescorer=rescorer, **settings_from_args(args, core.Blockwise))
   if drafter is None:
     return Baseline(sampling=sampling)
   return Speculative(sampling=sampling, drafter=drafter, drafter_name=name,
-                     gamma=getattr(args, "gamma", None) or 5,
-                     lenience=getattr(args, "lenience", None) or 1.0,
-                     adaptive=bool(getattr(args, "adaptive_gamma", False)))
+                     **settings_from_args(args, core.Speculative))

@@ -1,0 +1,177 @@
+"""Methods as values: `sd.decode(target, method, ...)` against the `*_generate` calls and the
+engine's own pieces, settings checked at construction, equality / hash by settings, jit."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+import specdec_jax as sd
+from specdec_jax.decoding import bild, blockwise, engine, inputs, speculative
+from specdec_jax.decoding.acceptance import Rollback
+from conftest import peaked, perturbed, ragged_tokens
+
+MAX_NEW = 8
+
+
+@pytest.fixture(scope="module")
+def target():
+  return peaked(sd.init_model(sd.get_config("t5_1_1_tiny"), 1), 5.0, 2.5)
+
+
+@pytest.fixture(scope="module")
+def drafter(target):
+  return perturbed(target, 0.25, seed=3)
+
+
+@pytest.fixture(scope="module")
+def heads(target):
+  return sd.init_heads(target, 3, rng=2)
+
+
+@pytest.fixture(scope="module")
+def enc():
+  return ragged_tokens(3, 8, 512, seed=4)
+
+
+def _same(a, b):
+  np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+  np.testing.assert_array_equal(np.asarray(a.lengths), np.asarray(b.lengths))
+
+
+SAMPLE = sd.Sampling(temperature=0.8)
+
+
+def _cases(drafter, heads):
+  """(method value, the same run by keyword) with non-default settings."""
+  return {
+      "autoregressive": (sd.Autoregressive(exact=False),
+                         lambda t, e, **kw: sd.generate(t, e, exact=False, **kw)),
+      "speculative": (sd.Speculative(drafter, gamma=3, lenience=0.7),
+                      lambda t, e, **kw: sd.speculative_generate(t, drafter, e, gamma=3,
+                                                                 lenience=0.7, **kw)),
+      "bild": (sd.BiLD(drafter, fallback_threshold=0.7, rollback_threshold=1.5,
+                       max_small_steps=4, batch_policy="sync"),
+               lambda t, e, **kw: sd.bild_generate(t, drafter, e, fallback_threshold=0.7,
+                                                   rollback_threshold=1.5, max_small_steps=4,
+                                                   batch_policy="sync", **kw)),
+      "blockwise": (sd.Blockwise(heads, top_k=2, num_drafts=2),
+                    lambda t, e, **kw: sd.blockwise_generate(t, heads, e, top_k=2,
+                                                             num_drafts=2, **kw)),
+  }
+
+
+@pytest.mark.parametrize("kind", ["autoregressive", "speculative", "bild", "blockwise"])
+def test_decode_with_a_method_value_equals_the_generate_call(target, drafter, heads, enc, kind):
+  method, call = _cases(drafter, heads)[kind]
+  sampling = None if kind == "blockwise" else SAMPLE   # a top-2 lattice drafts greedily
+  out = sd.decode(target, method, enc, MAX_NEW, sampling=sampling, rng=7)
+  _same(out, call(target, enc, max_new_tokens=MAX_NEW, sampling=sampling, rng=7))
+  assert out.stats["method"] == kind
+
+
+def test_decode_runs_the_wiring_its_settings_describe(target, drafter, enc):
+  """The values build the same engine run as the wiring modules' own pieces."""
+  method = sd.Speculative(drafter, gamma=2, lenience=0.6)
+  config = speculative.round_config(2, MAX_NEW, SAMPLE, 1, lenience=0.6)
+  ref = engine.run(target, speculative.proposer(drafter, target, 2), jax.numpy.asarray(enc),
+                   jax.numpy.asarray(enc), inputs.as_rng(3), config=config)
+  out = sd.decode(target, method, enc, MAX_NEW, sampling=SAMPLE, rng=3)
+  _same(out, ref)
+  assert out.stats["gamma"] == 2 and out.stats["lenience"] == 0.6 and out.stats["lossy"]
+
+  method = sd.BiLD(drafter, fallback_threshold=0.8, rollback_threshold=2.0, max_small_steps=3)
+  config = bild.round_config(0.8, 2.0, 3, MAX_NEW, None, 1)
+  assert config.accept == Rollback(2.0)
+  ref = engine.run(target, bild.proposer(drafter, target, 0.8), jax.numpy.asarray(enc),
+                   jax.numpy.asarray(enc), inputs.as_rng(0), config=config)
+  _same(sd.decode(target, method, enc, MAX_NEW), ref)
+
+
+def test_greedy_methods_reproduce_the_baseline(target, drafter, heads, enc):
+  base = sd.decode(target, sd.Autoregressive(), enc, MAX_NEW)
+  for method in (sd.Speculative(drafter, gamma=4), sd.Blockwise(heads),
+                 sd.BiLD(drafter, fallback_threshold=1.0)):   # 1.0: the large model decides
+    _same(sd.decode(target, method, enc, MAX_NEW), base)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: sd.Speculative(None, gamma=0), "gamma must be an integer >= 1"),
+    (lambda: sd.Speculative(None, gamma=2.5), "gamma must be an integer >= 1"),
+    (lambda: sd.Speculative(None, lenience=0.0), r"lenience must be in \(0, 1\]"),
+    (lambda: sd.Speculative(None, adaptive="yes"), "adaptive must be"),
+    (lambda: sd.Speculative(None, accept=3), "accept must be an acceptance rule"),
+    (lambda: sd.Autoregressive(exact="on"), "exact must be True, False or None"),
+    (lambda: sd.BiLD(None, fallback_threshold=1.5), r"fallback_threshold must be in \[0, 1\]"),
+    (lambda: sd.BiLD(None, rollback_threshold=0.0), "rollback_threshold must be > 0"),
+    (lambda: sd.BiLD(None, rollback_threshold=float("nan")), "rollback_threshold must be > 0"),
+    (lambda: sd.BiLD(None, max_small_steps=0), "max_small_steps must be an integer >= 1"),
+    (lambda: sd.BiLD(None, batch_policy="later"), "batch_policy must be one of"),
+    (lambda: sd.Blockwise(None, top_k=0), "top_k must be an integer >= 1"),
+    (lambda: sd.Blockwise(None, num_drafts=0), "num_drafts must be an integer >= 1"),
+    (lambda: sd.Blockwise(None, rescoring="beam"), "rescoring must be one of"),
+    (lambda: sd.Blockwise(None, rescoring="ngram"), "needs a rescorer"),
+    (lambda: sd.Blockwise(None, rescoring="neural", rescorer=1, num_drafts=2),
+     "neural rescoring builds one draft"),
+    (lambda: sd.Blockwise(None, oracle="yes"), "oracle must be True or False"),
+])
+def test_bad_settings_fail_when_the_value_is_made(make, message):
+  with pytest.raises(sd.InputError, match=message):
+    make()
+
+
+def test_missing_models_and_wrong_methods_give_clear_errors(target, enc):
+  for method, message in [(sd.Speculative(None), "needs a drafter"),
+                          (sd.BiLD(None), "needs the small model"),
+                          (sd.Blockwise(target), "needs the target's prediction heads")]:
+    with pytest.raises(sd.InputError, match=message):
+      sd.decode(target, method, enc, MAX_NEW)
+  with pytest.raises(sd.InputError, match="method must be one of sd.Autoregressive"):
+    sd.decode(target, "speculative", enc, MAX_NEW)
+
+
+def test_values_are_equal_and_hashable_by_settings(target, drafter, heads):
+  a, b = sd.Speculative(target, gamma=3), sd.Speculative(drafter, gamma=3)
+  assert a == b and hash(a) == hash(b)                 # the drafter is not a setting
+  assert a != sd.Speculative(target, gamma=4)
+  assert a != sd.Speculative(target, gamma=3, adaptive=True)
+  assert sd.BiLD(drafter) == sd.BiLD(target) != sd.BiLD(target, batch_policy="sync")
+  assert sd.Blockwise(heads, top_k=2) != sd.Blockwise(heads, top_k=3)
+  assert sd.Autoregressive() != sd.Autoregressive(exact=False)
+  assert len({sd.Autoregressive(), sd.Autoregressive(), sd.BiLD(None), a, b}) == 3
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    a.gamma = 4
+  assert dataclasses.replace(a, gamma=6).gamma == 6
+  with pytest.raises(sd.InputError, match="gamma"):
+    dataclasses.replace(a, gamma=-1)
+
+
+def test_a_method_value_passes_through_jit(target, drafter, enc):
+  """Models in a value are traced leaves, settings are static: one program per settings."""
+  traces = []
+
+  @jax.jit
+  def run(method):
+    traces.append(method.gamma)
+    out = sd.decode(target, method, enc, MAX_NEW)
+    return out.tokens, out.lengths
+
+  leaves = jax.tree_util.tree_leaves(sd.Speculative(drafter, gamma=3))
+  assert len(leaves) == len(jax.tree_util.tree_leaves(drafter))
+  ref = sd.decode(target, sd.Speculative(drafter, gamma=3), enc, MAX_NEW)
+  tokens, lengths = run(sd.Speculative(drafter, gamma=3))
+  np.testing.assert_array_equal(np.asarray(tokens), np.asarray(ref.tokens))
+  np.testing.assert_array_equal(np.asarray(lengths), np.asarray(ref.lengths))
+  run(sd.Speculative(target, gamma=3))     # other drafter weights: no new trace
+  assert traces == [3]
+  run(sd.Speculative(drafter, gamma=2))     # another setting: a new program
+  assert traces == [3, 2]
+
+
+def test_oracle_runs_after_the_loop(target, heads, enc):
+  out = sd.decode(target, sd.Blockwise(heads, top_k=2, oracle=True), enc, MAX_NEW)
+  calls = blockwise.oracle_calls(target, heads, jax.numpy.asarray(enc), out.tokens,
+                                 out.lengths, 2)
+  np.testing.assert_array_equal(np.asarray(out.counters.oracle_calls), np.asarray(calls))
+  assert "oracle_tokens_per_target_call" in out.stats
