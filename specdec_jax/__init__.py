@@ -29,6 +29,7 @@ from specdec_jax.drafters.heads import Heads, init_heads, load_heads, save_heads
 from specdec_jax.errors import (CheckpointError, ConfigError, InputError, SamplingError,
                                 SpecdecError, TokenizerError)
 from specdec_jax.models.model import Model, init_model, logical_axes
+from specdec_jax.models.packing import pack
 from specdec_jax.sampling import Greedy, Sampling
 
 __all__ = [
@@ -37,7 +38,7 @@ __all__ = [
     "ModelDrafter", "NGramDrafter", "PromptLookupDrafter", "Sampling", "SamplingError",
     "SpecdecError", "Speculative", "T5Config", "TokenizerError", "available_configs",
     "bild_generate", "blockwise_generate", "decode", "early_exit", "generate", "get_config",
-    "init_heads", "init_model", "load", "load_heads", "load_tokenizer", "logical_axes", "save",
+    "init_heads", "init_model", "load", "load_heads", "load_tokenizer", "logical_axes", "pack", "save",
     "save_heads", "speculative_generate", "t5x_compat", "theory",
 ]
 

@@ -32,6 +32,10 @@ class WidthRounding(sd.Model):
 
   scale: float = struct.field(pytree_node=False, default=0.0)
 
+  @property
+  def width_invariant_decode(self) -> bool:
+    return False          # by construction, whatever its products run on
+
   def decode_with_hidden(self, tokens, cache, *, positions=None, visible=None):
     logits, hidden, cache = super().decode_with_hidden(tokens, cache, positions=positions,
                                                        visible=visible)
