@@ -126,8 +126,8 @@ def _check(batch_sizes, gammas, table_gammas, repeats, timing_steps, variants, t
 def _split(workdir: pathlib.Path, split: str, limit: int | None):
   """(inputs, references, the split's target width) of the first `limit` pairs."""
   if not (workdir / "target" / "final").is_dir():
-    raise ResultsError(f"no target at {workdir / 'target' / 'final'} (train it: "
-                       "scripts/train_demo.py)")
+    raise ResultsError(f"no target at {workdir / 'target' / 'final'} (train it: `specdec "
+                       f"train --recipe configs/demo/train.json --workdir {workdir}`)")
   split_data, _ = evaluation.resolve_split(workdir / "data", split)
   inputs = np.asarray(split_data["inputs"], np.int32)[:limit]
   references = [p.en for p in split_data["pairs"]][:limit]
