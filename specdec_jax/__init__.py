@@ -38,8 +38,8 @@ __all__ = [
     "ModelDrafter", "NGramDrafter", "PromptLookupDrafter", "Sampling", "SamplingError",
     "SpecdecError", "Speculative", "T5Config", "TokenizerError", "available_configs",
     "bild_generate", "blockwise_generate", "decode", "early_exit", "generate", "get_config",
-    "init_heads", "init_model", "load", "load_heads", "load_tokenizer", "logical_axes", "pack", "save",
-    "save_heads", "speculative_generate", "t5x_compat", "theory",
+    "init_heads", "init_model", "load", "load_heads", "load_tokenizer", "logical_axes", "pack",
+    "save", "save_heads", "speculative_generate", "t5x_compat", "theory",
 ]
 
 
