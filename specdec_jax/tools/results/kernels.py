@@ -16,8 +16,8 @@ order, and the median over rounds is kept.
 * Exactness cost: `sd.generate` and `sd.speculative_generate` (bundled drafter, gamma 2 and 4)
   on the first `limit` shipped test sentences (tests/data/demo_test_pairs.jsonl), greedy,
   ms per generated token, with `exact=None` (the default: exact greedy) and `exact=False`
-  (every call at its natural width). Speedups are against the fastest baseline, `generate`
-  with `exact=False`, timed in the same rounds.
+  (every call at its natural width). Speedups are against the fastest baseline: the faster
+  `generate` row of the same products and batch, timed in the same rounds.
 """
 
 from __future__ import annotations
@@ -202,8 +202,8 @@ def exactness_markdown(results: dict[str, Any]) -> str:
            f"ms per generated token, greedy, the first {s['limit']} shipped test sentences "
            f"(`tests/data/demo_test_pairs.jsonl`), at most {s['max_new_tokens']} new tokens, "
            f"the bundled pair, median of {s['rounds']} interleaved rounds of whole-set decodes; "
-           "in parentheses the speedup against the fastest baseline "
-           "(`generate` with `exact=False`, timed in the same rounds); identical: the "
+           "in parentheses the speedup against the fastest baseline (the faster `generate` "
+           "row of the same products and batch, timed in the same rounds); identical: the "
            "speculative tokens equal `generate`'s with the same `exact`.", "",
            "| batch | products | exact | generate | speculative γ 2 | speculative γ 4 | "
            "identical |",
@@ -211,8 +211,10 @@ def exactness_markdown(results: dict[str, Any]) -> str:
   for name, label in (("kernels", "kernels"), ("xla", "XLA")):
     rows = h[name]["e2e"]
     for b in sorted({r["batch"] for r in rows}):
-      fastest = next(r["ms_per_token"] for r in rows if r["batch"] == b
-                     and r["method"] == "generate" and r["exact"] == "False")
+      # Where exact greedy needs no padding (the kernels) both generate rows run the same
+      # program: the faster of the two is the baseline, not the one a noisy round slowed.
+      fastest = min(r["ms_per_token"] for r in rows if r["batch"] == b
+                    and r["method"] == "generate")
       for exact in ("default", "False"):
         sel = {r["gamma"]: r for r in rows if r["batch"] == b and r["exact"] == exact}
         cells = [_with_speedup(sel[g]["ms_per_token"], fastest) for g in (None, *GAMMAS)]
