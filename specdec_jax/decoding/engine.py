@@ -283,3 +283,9 @@ def _run(target: Model, proposer: Any, encoder_tokens: Array, proposer_inputs: A
   state = jax.lax.while_loop(
       cond, functools.partial(round_step, target, proposer, config=config), state)
   return finish(state, config)
+
+
+# `run` as a jitted function: `lower` (AOT, HLO) and `_cache_size` are `_run`'s on packed models.
+run.lower = lambda target, proposer, *args, **kwargs: _run.lower(
+    *packing.pack((target, proposer)), *args, **kwargs)
+run._cache_size = _run._cache_size

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -141,18 +142,19 @@ def width_invariant(model) -> bool:
 
 # ----------------------------------------------------------------------------- the layers' calls
 
-_found: list[list[Product]] = []    # open `discovering()` recorders (innermost last)
+_local = threading.local()      # .found: this thread's open `discovering()` recorders
 
 
 @contextlib.contextmanager
 def discovering():
   """Record every product the layers declare while tracing (`models.packing.products`)."""
   found: list[Product] = []
-  _found.append(found)
+  stack = _local.__dict__.setdefault("found", [])
+  stack.append(found)
   try:
     yield found
   finally:
-    _found.pop()
+    stack.pop()
 
 
 def param_path(module, name: str) -> tuple[str, ...]:
@@ -162,8 +164,9 @@ def param_path(module, name: str) -> tuple[str, ...]:
 
 def _packed(module, product: Product) -> Array | None:
   """The product's packed operand in this request, or None (run XLA's ops)."""
-  if _found:
-    _found[-1].append(product)
+  stack = getattr(_local, "found", None)
+  if stack:
+    stack[-1].append(product)
     return None
   name = product.key[-1]
   if module.has_variable(COLLECTION, name):
