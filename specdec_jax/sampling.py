@@ -1,7 +1,7 @@
-"""Sampling methods: logits -> a standardised next-token distribution.
+"""Sampling settings: logits -> a standardised next-token distribution.
 
-Every decoding method (baseline, speculative, BiLD) turns raw logits into the
-SAME adjusted distribution before sampling or before an acceptance test, so p
+Every decoding method (baseline, speculative, BiLD, blockwise) turns raw logits into
+the SAME adjusted distribution before sampling or before an acceptance test, so p
 (target) and q (drafter) are always comparable:
 
     Greedy()                                  one-hot at argmax (first on ties)
@@ -66,7 +66,8 @@ class Sampling:
     return self.temperature == 0.0 or self.top_k == 1
 
 
-SamplingMethod = Greedy | Sampling
+#: What a `sampling=` argument holds once resolved (`as_sampling`).
+SamplingSettings = Greedy | Sampling
 
 
 def top_k_mask(logits: Array, k: int) -> Array:
@@ -92,44 +93,45 @@ def top_p_mask(logits: Array, p: float) -> Array:
   return jnp.where(probs >= threshold, logits, -jnp.inf)
 
 
-def log_probs(logits: Array, method: SamplingMethod) -> Array:
+def log_probs(logits: Array, sampling: SamplingSettings) -> Array:
   """Raw logits [..., V] -> float32 log-probabilities of the adjusted distribution [..., V].
 
   Greedy gives log one-hot (0 at the argmax, -inf elsewhere).
   """
   logits = logits.astype(jnp.float32)
-  if method.is_greedy:
+  if sampling.is_greedy:
     one_hot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.bool_)
     return jnp.where(one_hot, 0.0, -jnp.inf)
-  scaled = top_p_mask(top_k_mask(logits / method.temperature, method.top_k), method.top_p)
+  scaled = top_p_mask(top_k_mask(logits / sampling.temperature, sampling.top_k), sampling.top_p)
   return jax.nn.log_softmax(scaled, axis=-1)
 
 
-def probs(logits: Array, method: SamplingMethod) -> Array:
+def probs(logits: Array, sampling: SamplingSettings) -> Array:
   """Adjusted distribution [..., V] float32 (sums to 1)."""
-  return jnp.exp(log_probs(logits, method))
+  return jnp.exp(log_probs(logits, sampling))
 
 
-def token_log_probs(logits: Array, tokens: Array, method: SamplingMethod) -> Array:
+def token_log_probs(logits: Array, tokens: Array, sampling: SamplingSettings) -> Array:
   """Log-probability of `tokens` [...] under the adjusted distribution of `logits` [..., V].
 
   Greedy: 0 for the argmax, -inf otherwise (without building the one-hot [..., V]).
   """
-  if method.is_greedy:
+  if sampling.is_greedy:
     best = jnp.argmax(logits, axis=-1)
     return jnp.where(tokens == best, 0.0, -jnp.inf).astype(jnp.float32)
-  return jnp.take_along_axis(log_probs(logits, method), tokens[..., None], axis=-1)[..., 0]
+  return jnp.take_along_axis(log_probs(logits, sampling), tokens[..., None], axis=-1)[..., 0]
 
 
-def sample(rng: Array, logits: Array, method: SamplingMethod) -> Array:
-  """Draw one token per row from the adjusted distribution: [..., V] -> int32 [...]."""
-  if method.is_greedy:
+def draw(rng: Array, logits: Array, sampling: SamplingSettings) -> Array:
+  """Draw one token per row from the adjusted distribution: [..., V] -> int32 [...]
+  (greedy: the argmax)."""
+  if sampling.is_greedy:
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-  return jax.random.categorical(rng, log_probs(logits, method), axis=-1).astype(jnp.int32)
+  return jax.random.categorical(rng, log_probs(logits, sampling), axis=-1).astype(jnp.int32)
 
 
-def as_method(sampling) -> SamplingMethod:
-  """Accept a method object, None (greedy) or a dict of Sampling fields."""
+def as_sampling(sampling) -> SamplingSettings:
+  """Accept `Greedy()` / `Sampling(...)`, None (greedy) or a dict of Sampling fields."""
   if sampling is None:
     return Greedy()
   if isinstance(sampling, (Greedy, Sampling)):
@@ -149,3 +151,8 @@ def top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
   lead = x.shape[:-1]
   values, indices = jax.lax.top_k(x.reshape(-1, x.shape[-1]), k)
   return values.reshape(lead + (k,)), indices.reshape(lead + (k,))
+
+
+# The names tools.options and tools.evaluation import.
+SamplingMethod = SamplingSettings
+as_method = as_sampling

@@ -1,6 +1,8 @@
 """Blockwise parallel drafts: heads, greedy equivalence for every variant, parallel
 verification, oracle, exact sampling with head drafts, save/load, errors."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,7 +11,8 @@ import pytest
 
 import specdec_jax as sd
 from specdec_jax.decoding import blockwise, engine, lattice
-from specdec_jax.decoding.phases import Proposal
+from specdec_jax.decoding.acceptance import prefix_length
+from specdec_jax.decoding.phases import Acceptance, Proposal
 from specdec_jax.drafters.heads import head_logits, heads_loss
 from conftest import peaked, ragged_tokens
 
@@ -157,6 +160,50 @@ def test_parallel_verify_scores_each_draft_as_if_verified_alone(model, enc):
         visible=jnp.asarray(visible)[None])
     np.testing.assert_allclose(np.asarray(logits[:, views[i]]), np.asarray(alone.logits),
                                atol=1e-4)
+
+
+@dataclasses.dataclass(frozen=True)
+class KeepEven:
+  """A research rule: keep proposals while they are even; then the target's argmax."""
+
+  lossy = True
+
+  def __call__(self, logits, proposal, sampling, key):
+    g = proposal.tokens.shape[1]
+    valid = jnp.arange(g)[None] < proposal.count[:, None]
+    m = prefix_length((proposal.tokens % 2 == 0) & valid)
+    best = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return Acceptance(m=m, next_token=jnp.take_along_axis(best, m[:, None], 1)[:, 0],
+                      beta=jnp.zeros(proposal.tokens.shape), scored=valid)
+
+
+def test_parallel_verify_picks_the_draft_with_the_configured_rule(model, enc, trained):
+  """The winning draft is the one the run's acceptance rule keeps most of, not the one
+  matching the verifier's argmax longest."""
+  config = blockwise.round_config(sd.init_heads(model, 4), MAX_NEW, num_drafts=3, top_k=3,
+                                  accept=KeepEven())
+  assert config.verify.accept == KeepEven()
+  state = engine.init_state(model, sd.drafters.NoProposals(512), jnp.asarray(enc), config,
+                            jax.random.PRNGKey(0))
+  state = state.replace(n=jnp.array([2, 3, 1, 4, 2, 3]),
+                        seq=state.seq.at[:, 1:6].set(jnp.asarray(enc[:, :5])))
+  state = state.replace(cache=model.decode(state.seq[:, :5], state.cache)[1])
+  drafts = np.random.RandomState(5).randint(2, 512, (6, 3, 3)).astype(np.int32)
+  count = jnp.full((6,), 3, jnp.int32)
+  no = jnp.zeros((6,), jnp.bool_)
+  proposal = Proposal(tokens=jnp.asarray(drafts.reshape(6, 9)), count=count, q=None,
+                      calls=0 * count, fallback=no, final=no, state=None)
+  even = np.cumprod(drafts % 2 == 0, axis=2).sum(axis=2)                  # [B, p]
+  expected = drafts[np.arange(6), even.argmax(axis=1)]
+  assert (even.argmax(axis=1) > 0).any()    # the argmax rule would pick draft 0 here
+  chosen = config.verify(model, state, proposal, config.call_width).proposal.tokens
+  np.testing.assert_array_equal(np.asarray(chosen), expected)
+  default = blockwise.ParallelVerify(3, 3)(model, state, proposal).proposal.tokens
+  assert (np.asarray(default) != expected).any()
+  # end to end: the rule that chose the draft commits it
+  out = sd.decode(model, sd.Blockwise(trained, top_k=3, num_drafts=3, accept=KeepEven()),
+                  enc, MAX_NEW)
+  assert int(out.stats["accepted"]) > 0 and int(out.stats["target_calls"]) > 0
 
 
 @pytest.mark.parametrize("k", [1, 3])

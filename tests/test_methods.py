@@ -175,3 +175,66 @@ def test_oracle_runs_after_the_loop(target, heads, enc):
                                  out.lengths, 2)
   np.testing.assert_array_equal(np.asarray(out.counters.oracle_calls), np.asarray(calls))
   assert "oracle_tokens_per_target_call" in out.stats
+
+
+# ----------------------------------------------------------------------------- derived options
+
+
+def test_tools_cli_and_bench_derive_from_the_core_fields():
+  """A setting added to a core method value is a tools field, a CLI flag and a bench option
+  with no other change."""
+  import argparse
+
+  from flax import struct
+
+  from specdec_jax.decoding import methods as core
+  from specdec_jax.tools import methods as tools
+  from specdec_jax.tools.bench import methods as bench_methods
+  from specdec_jax.tools.cli import method_args
+
+  @struct.dataclass
+  class Patient(core.BiLD):
+    """BiLD that waits.
+
+    Attributes:
+      patience: rounds to wait before falling back.
+    """
+
+    patience: int = core._setting(3)
+
+  parser = argparse.ArgumentParser()
+  method_args.add_setting_flags(parser, Patient)
+  args = parser.parse_args(["--patience", "7", "--batch-policy", "sync"])
+  assert method_args.settings_from_args(args, Patient) == {"patience": 7, "batch_policy": "sync"}
+  assert "rounds to wait before falling back (default 3)" in parser.format_help()
+  with pytest.raises(SystemExit):                     # choices come from the field
+    parser.parse_args(["--batch-policy", "later"])
+
+  cls = tools.derive(Patient, "small_name")
+  assert cls(small=None, patience=5).settings()["patience"] == 5
+  assert cls(small=None, patience=5).value() == Patient(None, patience=5)
+  with pytest.raises(sd.InputError, match="batch_policy"):   # the core's checks
+    cls(small=None, batch_policy="later")
+
+  assert bench_methods.parse_settings("patience=4,rollback_threshold=inf", Patient,
+                                      "--bild") == {"patience": 4, "rollback_threshold": np.inf}
+  # the real flags and the bench syntax of sd.BiLD / sd.Blockwise
+  parser = argparse.ArgumentParser()
+  method_args.add_method_flags(parser)
+  args = parser.parse_args(["--lattice-k", "3", "--num-drafts", "2", "--oracle",
+                            "--max-small-steps", "4"])
+  assert method_args.settings_from_args(args, core.Blockwise) == {
+      "top_k": 3, "num_drafts": 2, "oracle": True}
+  assert method_args.settings_from_args(args, core.BiLD) == {"max_small_steps": 4}
+  extras = bench_methods.extra_methods(["0.5:3", "max_small_steps=4,batch_policy=sync"],
+                                       ["2:2"], heads=object(), heads_name="h")
+  assert list(extras) == ["bild fb=0.5 rb=3", "bild max_small_steps=4 batch_policy=sync",
+                          "blockwise", "blockwise k=2 p=2"]
+  made = extras["bild max_small_steps=4 batch_policy=sync"](sd.Greedy())
+  assert made.value() == sd.BiLD(None, max_small_steps=4, batch_policy="sync")
+  for spec, message in [("0.5", "expected FALLBACK_THRESHOLD:ROLLBACK_THRESHOLD"),
+                        ("gamma=3", "unknown setting 'gamma'"),
+                        ("max_small_steps=two", "is not a int"),
+                        ("fallback_threshold=2", r"fallback_threshold must be in \[0, 1\]")]:
+    with pytest.raises(Exception, match=message):
+      bench_methods.parse_settings(spec, core.BiLD, "--bild")

@@ -2,12 +2,12 @@
 proposals and pick the target's next token. Each rule is a frozen dataclass (a static,
 hashable value) that the engine calls; write your own with the same signature.
 
-    Sample()                    no proposals: the next token is the target's (the baseline)
-    Speculative()               Leviathan et al.'s rule: exact (output ~ the target)
-    Speculative(lenience=0.5)   their lossy variant (A.5), labelled lossy
+    TargetOnly()                        no proposals: the next token is the target's (baseline)
+    SpeculativeSampling()               Leviathan et al.'s rule: exact (output ~ the target)
+    SpeculativeSampling(lenience=0.5)   their lossy variant (A.5), labelled lossy
     Rollback(rollback_threshold=2.0)   BiLD's rollback policy (lossy)
 
-Greedy decoding is the special case of one-hot p and q: `Speculative()` then keeps
+Greedy decoding is the special case of one-hot p and q: `SpeculativeSampling()` keeps
 the proposals that equal the target's argmax (the longest-prefix rule of blockwise
 decoding) and its next token is the target's argmax, so the output is the target's
 greedy output token for token.
@@ -55,21 +55,21 @@ def _valid(proposal: Proposal) -> Array:
 
 
 @dataclasses.dataclass(frozen=True)
-class Sample:
+class TargetOnly:
   """No proposals: the next token is drawn from the target (the autoregressive baseline)."""
 
   lossy = False
 
   def __call__(self, logits, proposal, sampling, key) -> Acceptance:
-    batch, width = proposal.tokens.shape
+    batch, g = proposal.tokens.shape
     return Acceptance(m=jnp.zeros((batch,), jnp.int32),
-                      next_token=sampling_lib.sample(key, logits[:, 0], sampling),
-                      beta=jnp.zeros((batch, width), jnp.float32),
-                      scored=jnp.zeros((batch, width), jnp.bool_))
+                      next_token=sampling_lib.draw(key, logits[:, 0], sampling),
+                      beta=jnp.zeros((batch, g), jnp.float32),
+                      scored=jnp.zeros((batch, g), jnp.bool_))
 
 
 @dataclasses.dataclass(frozen=True)
-class Speculative:
+class SpeculativeSampling:
   """The modified rejection rule (Leviathan et al., Algorithm 1), per row.
 
   Sampling: accept x_i while r_i * q_i(x_i) < p_i(x_i), r_i ~ U[0, 1); after the first
@@ -98,23 +98,23 @@ class Speculative:
     return self._sample(logits, proposal, sampling, key)
 
   def _greedy(self, logits: Array, proposal: Proposal) -> Acceptance:
-    x, width = proposal.tokens, proposal.tokens.shape[1]
+    x, g = proposal.tokens, proposal.tokens.shape[1]
     best = jnp.argmax(logits, axis=-1).astype(jnp.int32)              # [B, G + 1]
-    match = x == best[:, :width]
+    match = x == best[:, :g]
     ok = match
     if self.lossy:
-      raw = jax.nn.softmax(logits[:, :width], axis=-1)
+      raw = jax.nn.softmax(logits[:, :g], axis=-1)
       ok = ok | (_at(raw, x) >= self.lenience * jnp.max(raw, axis=-1))
     valid = _valid(proposal)
     m = prefix_length(ok & valid)
-    scored = (jnp.arange(width)[None] <= m[:, None]) & valid
+    scored = (jnp.arange(g)[None] <= m[:, None]) & valid
     return Acceptance(m=m, next_token=_row(best, m), beta=match.astype(jnp.float32),
                       scored=scored)
 
   def _sample(self, logits, proposal, sampling, key) -> Acceptance:
     if proposal.q is None:
       raise InputError("the exact sampling rule needs the proposer's distributions q")
-    x, q, width = proposal.tokens, proposal.q, proposal.tokens.shape[1]
+    x, q, g = proposal.tokens, proposal.q, proposal.tokens.shape[1]
     k_accept, k_next = jax.random.split(key)
     p = sampling_lib.probs(logits, sampling)                           # [B, G + 1, V]
     p_x, q_x = _at(p[:, :-1], x), _at(q, x)
@@ -122,16 +122,20 @@ class Speculative:
     valid = _valid(proposal)
     m = prefix_length((r * (self.lenience * q_x) < p_x) & valid)
     p_next = _row(p, m)                                                # [B, V]
-    if width:
-      residual = jnp.maximum(p_next - _row(q, jnp.minimum(m, width - 1)), 0.0)
+    if g:
+      residual = jnp.maximum(p_next - _row(q, jnp.minimum(m, g - 1)), 0.0)
       mass = jnp.sum(residual, axis=-1, keepdims=True)
       rejected = (m < proposal.count)[:, None]
       # p == q makes a rejection impossible; the guard only avoids 0/0 in unused lanes.
       p_next = jnp.where(rejected & (mass > 0), residual / jnp.maximum(mass, 1e-30), p_next)
     next_token = jax.random.categorical(k_next, jnp.log(p_next), axis=-1).astype(jnp.int32)
     beta = jnp.sum(jnp.minimum(p[:, :-1], q), axis=-1)
-    scored = (jnp.arange(width)[None] <= m[:, None]) & valid
+    scored = (jnp.arange(g)[None] <= m[:, None]) & valid
     return Acceptance(m=m, next_token=next_token, beta=beta, scored=scored)
+
+
+#: The name this rule had before `decoding.methods.Speculative` (the method) existed.
+Speculative = SpeculativeSampling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,11 +165,11 @@ class Rollback:
   lossy = True
 
   def __call__(self, logits, proposal, sampling, key) -> Acceptance:
-    x, width = proposal.tokens, proposal.tokens.shape[1]
-    log_p = jax.nn.log_softmax(logits[:, :width].astype(jnp.float32), axis=-1)
+    x, g = proposal.tokens, proposal.tokens.shape[1]
+    log_p = jax.nn.log_softmax(logits[:, :g].astype(jnp.float32), axis=-1)
     distance = -_at(log_p, x)                                          # [B, G]
     valid = _valid(proposal)
     m = prefix_length((distance <= self.rollback_threshold) & valid)
-    next_token = sampling_lib.sample(key, _row(logits, m), sampling)
-    scored = (jnp.arange(width)[None] <= m[:, None]) & valid
+    next_token = sampling_lib.draw(key, _row(logits, m), sampling)
+    scored = (jnp.arange(g)[None] <= m[:, None]) & valid
     return Acceptance(m=m, next_token=next_token, beta=jnp.exp(-distance), scored=scored)

@@ -1,7 +1,7 @@
 """Autoregressive baseline: the round engine with no proposals, one token per target call.
 
 Each round feeds every row's last token (a 1-token cached call), samples the next
-token from the adjusted distribution (`acceptance.Sample`) and emits it. Semantics
+token from the adjusted distribution (`acceptance.TargetOnly`) and emits it. Semantics
 follow T5X's `temperature_sample` from scratch: the decoder starts from token 0, a
 row ends at its first EOS (kept) or after `max_new_tokens`, later positions are 0.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.decoding import engine, inputs
-from specdec_jax.decoding.acceptance import Sample
+from specdec_jax.decoding.acceptance import TargetOnly
 from specdec_jax.decoding.buffer import DecodeOutput
 from specdec_jax.models.model import Model
 
@@ -25,13 +25,13 @@ def round_config(max_new_tokens: int, sampling=None, eos_id: int = 1,
   width = engine.call_width(exact, sampling, 1)
   return engine.RoundConfig(
       max_new_tokens=inputs.check_positive_int(max_new_tokens, "max_new_tokens"),
-      max_proposals=0, sampling=sampling_lib.as_method(sampling), eos_id=eos_id,
-      accept=Sample(), call_width=width,
+      max_proposals=0, sampling=sampling_lib.as_sampling(sampling), eos_id=eos_id,
+      accept=TargetOnly(), call_width=width,
       info=(("method", "autoregressive"), ("lossy", False)))
 
 
 def generate(model: Model, encoder_tokens, max_new_tokens: int = 64,
-             sampling: sampling_lib.SamplingMethod | None = None, rng=None,
+             sampling: sampling_lib.SamplingSettings | None = None, rng=None,
              eos_id: int | None = None, exact: bool | None = None) -> DecodeOutput:
   """Decode up to `max_new_tokens` per row from `encoder_tokens` [B, Le] (0-padded).
 

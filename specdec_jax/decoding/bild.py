@@ -53,10 +53,10 @@ BATCH_POLICIES = ("wait", "sync")
 
 
 def verify_unless_final(target: Model, state: engine.RoundState, proposal: Proposal,
-                        width: int = 0) -> Verified:
+                        call_width: int = 0) -> Verified:
   """`engine.verify`, skipped (ran=False) when every live row's proposals are final."""
   needed = jnp.any(~state.done & ~proposal.final)
-  real = lambda: engine.verify(target, state, proposal, width)
+  real = lambda: engine.verify(target, state, proposal, call_width)
   shape = jax.eval_shape(real)
 
   def skip() -> Verified:
@@ -92,7 +92,7 @@ def round_config(fallback_threshold: float, rollback_threshold: float, max_small
   return engine.RoundConfig(
       call_width=engine.call_width(exact, sampling, int(max_small_steps) + 1),
       max_new_tokens=inputs.check_positive_int(max_new_tokens, "max_new_tokens"),
-      max_proposals=int(max_small_steps), sampling=sampling_lib.as_method(sampling),
+      max_proposals=int(max_small_steps), sampling=sampling_lib.as_sampling(sampling),
       eos_id=eos_id, accept=Rollback(float(rollback_threshold)), verify=verify_unless_final,
       info=(("method", "bild"), ("fallback_threshold", float(fallback_threshold)),
             ("rollback_threshold", float(rollback_threshold)),
@@ -111,7 +111,7 @@ def proposer(small: Any, large: Model, fallback_threshold: float,
 
 def bild_generate(large: Model, small: Any, encoder_tokens, fallback_threshold: float = 0.5,
                   rollback_threshold: float = 5.0, max_small_steps: int = 10,
-                  max_new_tokens: int = 64, sampling: sampling_lib.SamplingMethod | None = None,
+                  max_new_tokens: int = 64, sampling: sampling_lib.SamplingSettings | None = None,
                   rng=None, eos_id: int | None = None, batch_policy: str = "wait",
                   small_encoder_tokens=None, exact: bool | None = None) -> DecodeOutput:
   """BiLD decoding of `encoder_tokens` [B, Le] (0-padded). Lossy by design.

@@ -4,9 +4,9 @@
     verify    ONE verifier call over [last, x_1..x_G]; it also yields the states the
               next round's heads read. With num_drafts = p > 1, the p best lattice paths
               go in ONE call as a tree (every draft attends to the shared prefix and to
-              its own earlier tokens only) and the draft with the longest accepted prefix
-              wins; its cache entries move to where a single draft would have put them.
-    accept    acceptance.Speculative: greedy, the longest prefix equal to the verifier's
+              its own earlier tokens only) and the draft the acceptance rule keeps most
+              of wins; its cache entries move to where a single draft would have put them.
+    accept    acceptance.SpeculativeSampling: greedy, the longest prefix equal to the verifier's
               argmax (so the output is the verifier's greedy output, token for token);
               sampling, the exact rule with q from the heads (the target's distribution)
     commit    as every method
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -29,9 +29,9 @@ import numpy as np
 from specdec_jax import cache as cache_lib
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.decoding import engine, inputs
-from specdec_jax.decoding.acceptance import Speculative, prefix_length
+from specdec_jax.decoding.acceptance import SpeculativeSampling, prefix_length
 from specdec_jax.decoding.buffer import DecodeOutput, last_tokens
-from specdec_jax.decoding.phases import Proposal, Verified
+from specdec_jax.decoding.phases import Acceptance, Proposal, Verified
 from specdec_jax.drafters.blockwise import RESCORING
 from specdec_jax.drafters.heads import Heads, check_heads, head_logits
 from specdec_jax.errors import InputError
@@ -42,10 +42,18 @@ Array = jax.Array
 
 @dataclasses.dataclass(frozen=True)
 class ParallelVerify:
-  """Verify `num_drafts` drafts of `width` tokens in ONE call shaped as a tree (greedy)."""
+  """Verify `num_drafts` drafts of `draft_length` tokens in ONE call shaped as a tree.
+
+  The winner of each row is the draft with the most tokens kept by `accept`, the run's
+  acceptance rule (first on ties): the rule that then commits the round is the rule that
+  chose the draft. Each draft is scored with the round's acceptance key
+  (`engine.round_keys`), so the engine's acceptance of the winner is the one computed here.
+  """
 
   num_drafts: int
-  width: int
+  draft_length: int
+  accept: Callable[..., Acceptance] = SpeculativeSampling()
+  sampling: sampling_lib.SamplingSettings = sampling_lib.Greedy()
 
   def layout(self, call_width: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(offsets [K] from n, visible [K, K], views [p, G + 1]) of the call, K = 1 + pG.
@@ -54,7 +62,7 @@ class ParallelVerify:
     position n + 1 + j. views[i] are the call's positions whose logits score draft i.
     With `call_width` (exact mode) K = call_width: padding tokens nobody attends to.
     """
-    p, g = self.num_drafts, self.width
+    p, g = self.num_drafts, self.draft_length
     pad = max(call_width - 1 - p * g, 0)
     draft = np.concatenate([[-1], np.repeat(np.arange(p), g), np.full(pad, -2)])
     step = np.concatenate([[-1], np.tile(np.arange(g), p), np.zeros(pad, int)])
@@ -64,25 +72,32 @@ class ParallelVerify:
     return step + 1, visible, views
 
   def __call__(self, target: Model, state: engine.RoundState, proposal: Proposal,
-               width: int = 0) -> Verified:
-    offsets, visible, views = self.layout(width)
-    batch, g = state.n.shape[0], self.width
-    drafts = proposal.tokens.reshape(batch, self.num_drafts, g)
+               call_width: int = 0) -> Verified:
+    offsets, visible, views = self.layout(call_width)
+    batch, p, g = state.n.shape[0], self.num_drafts, self.draft_length
+    drafts = proposal.tokens.reshape(batch, p, g)
     tokens = jnp.concatenate([last_tokens(state.seq, state.n, 1), proposal.tokens], axis=1)
     tokens = jnp.pad(tokens, ((0, 0), (0, len(offsets) - tokens.shape[1])))   # exact mode
     logits, hidden, cache = target.decode_with_hidden(
         tokens, state.cache.with_length(state.n), positions=state.n[:, None] + offsets,
         visible=jnp.asarray(visible)[None])
     logits, hidden = logits[:, views], hidden[:, views]              # [B, p, G + 1, ...]
-    match = drafts == jnp.argmax(logits[:, :, :g], axis=-1)
-    valid = jnp.arange(g)[None, None] < proposal.count[:, None, None]
-    m = jax.vmap(prefix_length, in_axes=1, out_axes=1)(match & valid)          # [B, p]
-    win = jnp.argmax(m, axis=1)                                        # first longest
+    q = None if proposal.q is None else proposal.q.reshape(batch, p, g, -1)
+    key = engine.round_keys(state.rng)[2]
+
+    def kept(draft_logits, draft_tokens, draft_q):                    # one draft -> m [B]
+      one = proposal.replace(tokens=draft_tokens, q=draft_q)
+      return self.accept(draft_logits, one, self.sampling, key).m
+
+    m = jax.vmap(kept, in_axes=(1, 1, None if q is None else 1), out_axes=1)(
+        logits, drafts, q)                                               # [B, p]
+    win = jnp.argmax(m, axis=1)                                        # first most kept
     pick = lambda x: jnp.take_along_axis(x, win.reshape((-1,) + (1,) * (x.ndim - 1)), 1)[:, 0]
     src = state.n[:, None] + 1 + win[:, None] * g + jnp.arange(g)[None]
     cache = cache_lib.move(cache, src, state.n[:, None] + 1 + jnp.arange(g)[None])
+    chosen = proposal.replace(tokens=pick(drafts), q=None if q is None else pick(q))
     return Verified(logits=pick(logits), hidden=pick(hidden), cache=cache,
-                    ran=jnp.ones((), jnp.bool_), proposal=proposal.replace(tokens=pick(drafts)))
+                    ran=jnp.ones((), jnp.bool_), proposal=chosen)
 
 
 def round_config(heads: Heads, max_new_tokens: int, sampling=None, eos_id: int = 1,
@@ -90,13 +105,14 @@ def round_config(heads: Heads, max_new_tokens: int, sampling=None, eos_id: int =
                  oracle: bool = False, accept=None, exact: bool | None = None
                  ) -> engine.RoundConfig:
   g = heads.num_drafts
+  sampling = sampling_lib.as_sampling(sampling)
+  rule = SpeculativeSampling() if accept is None else accept
   parallel = num_drafts > 1
   return engine.RoundConfig(
       call_width=engine.call_width(exact, sampling, 1 + num_drafts * g),
       max_new_tokens=inputs.check_positive_int(max_new_tokens, "max_new_tokens"),
-      max_proposals=g, sampling=sampling_lib.as_method(sampling), eos_id=eos_id,
-      accept=Speculative() if accept is None else accept,
-      verify=ParallelVerify(num_drafts, g) if parallel else engine.verify,
+      max_proposals=g, sampling=sampling, eos_id=eos_id, accept=rule,
+      verify=ParallelVerify(num_drafts, g, rule, sampling) if parallel else engine.verify,
       extra_capacity=(num_drafts - 1) * g,
       info=(("method", "blockwise"), ("num_heads", heads.num_heads), ("top_k", top_k),
             ("num_drafts", num_drafts), ("rescoring", rescoring),
@@ -131,13 +147,13 @@ def check_settings(model: Model, heads: Heads, top_k: int, num_drafts: int,
 def blockwise_generate(model: Model, heads: Heads, encoder_tokens, max_new_tokens: int = 64,
                        top_k: int = 1, rescoring: str | None = None, num_drafts: int = 1,
                        rescoring_weight: float = 1.0, rescorer: Any = None,
-                       sampling: sampling_lib.SamplingMethod | None = None, rng=None,
+                       sampling: sampling_lib.SamplingSettings | None = None, rng=None,
                        eos_id: int | None = None, oracle: bool = False,
                        accept=None, exact: bool | None = None) -> DecodeOutput:
   """Blockwise parallel decoding of `encoder_tokens` [B, Le] with `heads` on `model`.
 
   Args:
-    top_k: lattice width per head (1: each head's argmax).
+    top_k: candidates per head in the lattice (1: each head's argmax).
     rescoring: None, "ngram" (`rescorer` = `lattice.NGramLM`) or "neural" (`rescorer` =
       a small `Model` with the same vocabulary, e.g. the demo drafter).
     num_drafts: p best lattice paths verified together in one call (parallel BPD).

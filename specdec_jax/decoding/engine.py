@@ -37,7 +37,7 @@ from flax import struct
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.cache import DecoderCache
 from specdec_jax.decoding import buffer
-from specdec_jax.decoding.acceptance import Speculative
+from specdec_jax.decoding.acceptance import SpeculativeSampling
 from specdec_jax.decoding.phases import (Acceptance, Proposal, RoundContext, RoundOutcome,
                                          Verified)
 from specdec_jax.decoding.stats import DecodeStats
@@ -74,10 +74,11 @@ class RoundState:
   stats: DecodeStats
 
 
-def verify(target: Model, state: RoundState, proposal: Proposal, width: int = 0) -> Verified:
+def verify(target: Model, state: RoundState, proposal: Proposal,
+           call_width: int = 0) -> Verified:
   """ONE cached call of the target over [last emitted token, x_1 .. x_G], for every row.
 
-  width > 0 (exact mode): the call carries `width` tokens, the proposals padded with
+  call_width > 0 (exact mode): the call carries `call_width` tokens, the proposals padded with
   0 (written beyond the row's valid length: never read), so that every target call
   of a run has ONE shape and a position's numerics cannot depend on how many tokens
   its call carried. Not padded where the target's decode is width-invariant
@@ -89,8 +90,8 @@ def verify(target: Model, state: RoundState, proposal: Proposal, width: int = 0)
   cache = state.cache if proposal.target_cache is None else proposal.target_cache
   tokens = jnp.concatenate([buffer.last_tokens(state.seq, state.n, 1), proposal.tokens], 1)
   real = tokens.shape[1]
-  if width and not target.width_invariant_decode:
-    tokens = jnp.pad(tokens, ((0, 0), (0, width - real)))
+  if call_width and not target.width_invariant_decode:
+    tokens = jnp.pad(tokens, ((0, 0), (0, call_width - real)))
   logits, hidden, cache = target.decode_with_hidden(tokens, cache.with_length(state.n))
   return Verified(logits=logits[:, :real], hidden=hidden[:, :real], cache=cache,
                   ran=jnp.ones((), jnp.bool_))
@@ -106,7 +107,7 @@ def call_width(exact: bool | None, sampling, needed: int) -> int:
   exact None: exact for greedy decoding when the rounds fit in `EXACT_WIDTH`.
   """
   if exact is None:
-    exact = sampling_lib.as_method(sampling).is_greedy and needed <= EXACT_WIDTH
+    exact = sampling_lib.as_sampling(sampling).is_greedy and needed <= EXACT_WIDTH
   return EXACT_WIDTH if exact else 0
 
 
@@ -132,9 +133,9 @@ class RoundConfig:
 
   max_new_tokens: int
   max_proposals: int
-  sampling: sampling_lib.SamplingMethod = sampling_lib.Greedy()
+  sampling: sampling_lib.SamplingSettings = sampling_lib.Greedy()
   eos_id: int = 1
-  accept: Callable[..., Acceptance] = Speculative()
+  accept: Callable[..., Acceptance] = SpeculativeSampling()
   verify: Callable[[Model, RoundState, Proposal], Verified] = verify
   info: tuple[tuple[str, Any], ...] = ()
   extra_capacity: int = 0
@@ -181,10 +182,17 @@ def context(state: RoundState, config: RoundConfig) -> RoundContext:
                       eos_id=config.eos_id, max_new_tokens=config.max_new_tokens)
 
 
+def round_keys(rng: Array) -> tuple[Array, Array, Array]:
+  """The round's keys from the state's: (next round's, propose, accept). A verify phase
+  that applies the acceptance rule (`blockwise.ParallelVerify`) uses the same accept key."""
+  rng, k_propose, k_accept = jax.random.split(rng, 3)
+  return rng, k_propose, k_accept
+
+
 def round_step(target: Model, proposer: Any, state: RoundState,
                config: RoundConfig) -> RoundState:
   """propose -> verify -> accept -> commit, for every live row at once."""
-  rng, k_propose, k_accept = jax.random.split(state.rng, 3)
+  rng, k_propose, k_accept = round_keys(state.rng)
   proposal = proposer.propose(state.proposer, context(state, config), k_propose)
   verified = config.verify(target, state, proposal, config.call_width)
   if verified.proposal is not None:     # the verify phase chose one of several drafts
@@ -198,8 +206,8 @@ def commit(proposer: Any, state: RoundState, proposal: Proposal, verified: Verif
   """Emit x_1..x_m and the target's token, roll the cache back by length, count."""
   live = ~state.done
   m = jnp.where(proposal.final, proposal.count, acceptance.m)
-  width = config.max_proposals
-  candidates = jnp.where(jnp.arange(width + 1)[None] < m[:, None],
+  g = config.max_proposals
+  candidates = jnp.where(jnp.arange(g + 1)[None] < m[:, None],
                          jnp.pad(proposal.tokens, ((0, 0), (0, 1))),
                          acceptance.next_token[:, None])                    # [B, G + 1]
   # A final proposal is committed as it is: the target adds no token after it.
@@ -215,16 +223,16 @@ def commit(proposer: Any, state: RoundState, proposal: Proposal, verified: Verif
 
 def count_round(stats: DecodeStats, live: Array, proposal: Proposal, verified: Verified,
                 acceptance: Acceptance, m: Array, candidates: Array, emitted: Array,
-                sampling: sampling_lib.SamplingMethod) -> DecodeStats:
+                sampling: sampling_lib.SamplingSettings) -> DecodeStats:
   """Add one round to the counters (meanings: `stats.DecodeStats`)."""
   verified_rows = live & ~proposal.final & verified.ran
   scored = acceptance.scored & verified_rows[:, None]
-  width = proposal.tokens.shape[1]
+  g = proposal.tokens.shape[1]
   repeats = ((proposal.tokens[:, 1:] == proposal.tokens[:, :-1])
-             & (jnp.arange(1, width)[None] < proposal.count[:, None]))          # [B, G-1]
+             & (jnp.arange(1, g)[None] < proposal.count[:, None]))          # [B, G-1]
   drafting = (live & (proposal.count > 0)).astype(jnp.int32)
   token_log_p = sampling_lib.token_log_probs(verified.logits, candidates, sampling)  # [B, G+1]
-  kept = jnp.arange(width + 1)[None] < emitted[:, None]
+  kept = jnp.arange(g + 1)[None] < emitted[:, None]
   return stats.add(
       rounds=verified.ran.astype(jnp.int32),
       target_calls=verified_rows.astype(jnp.int32),
@@ -233,7 +241,7 @@ def count_round(stats: DecodeStats, live: Array, proposal: Proposal, verified: V
       accepted=m * live,
       rejections=(verified_rows & (acceptance.m < proposal.count)).astype(jnp.int32),
       fallbacks=(proposal.fallback & live).astype(jnp.int32),
-      per_position_accepted=((jnp.arange(width)[None] < m[:, None])
+      per_position_accepted=((jnp.arange(g)[None] < m[:, None])
                              & live[:, None]).astype(jnp.int32),
       beta_sum=jnp.sum(jnp.where(scored, acceptance.beta, 0.0), axis=1),
       beta_count=jnp.sum(scored, axis=1).astype(jnp.int32),

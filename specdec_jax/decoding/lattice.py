@@ -289,19 +289,19 @@ def _transitions(tokens, prev, prev2, lm, weight):
   a_j to arc a_{j+1}; C = 1 for a bigram (axis 1 unused), or C = k for a trigram from
   j >= 1 (axis 1 = the arc a_{j-1} before). All lookups are one batched call.
   """
-  batch, width, k = tokens.shape
+  batch, g, k = tokens.shape
   if lm is None:
-    return jnp.zeros((batch, k)), [jnp.zeros((batch, 1, k, k))] * (width - 1)
+    return jnp.zeros((batch, k)), [jnp.zeros((batch, 1, k, k))] * (g - 1)
   start = jnp.broadcast_to(prev[:, None, None], (batch, 1, k))
   before = jnp.concatenate([start, tokens[:, :-1]], axis=1)           # [B, G, k]
   if lm.order == 2:
     lp = weight * lm.log_prob(before[..., :, None], tokens[:, :, None, :])   # [B, G, k, k]
-    return lp[:, 0, 0], [lp[:, j + 1][:, None] for j in range(width - 1)]
+    return lp[:, 0, 0], [lp[:, j + 1][:, None] for j in range(g - 1)]
   start2 = jnp.broadcast_to(prev2[:, None, None], (batch, 1, k))
   before2 = jnp.concatenate([start2, before[:, :-1]], axis=1)          # [B, G, k]
   lp = weight * lm.log_prob(before2[..., :, None, None], before[..., None, :, None],
                             tokens[:, :, None, None, :])              # [B, G, k, k, k]
-  trans = [lp[:, j + 1] if j else lp[:, 1, :1] for j in range(width - 1)]
+  trans = [lp[:, j + 1] if j else lp[:, 1, :1] for j in range(g - 1)]
   return lp[:, 0, 0, 0], trans
 
 
@@ -312,10 +312,10 @@ def _k_best(head, first, trans, p):
   (context c), its head log-probs and the transitions inside it. Candidates for a
   state are (a_{j+1}, r) in that order: top_k keeps the lower index on equal scores.
   """
-  batch, width, k = head.shape
+  batch, g, k = head.shape
   beta = jnp.full((batch, 1, k, p), -jnp.inf).at[..., 0].set(head[:, -1][:, None])
   pointers = []
-  for j in range(width - 2, -1, -1):
+  for j in range(g - 2, -1, -1):
     cand = head[:, j][:, None, :, None, None] + trans[j][..., None] + beta[:, None]
     beta, ptr = jax.lax.top_k(cand.reshape(cand.shape[:3] + (k * p,)), p)   # [B, C, k, p]
     pointers.insert(0, ptr)
@@ -335,8 +335,8 @@ def best_arcs(head_log_probs: Array, tokens: Array, prev: Array, num_paths: int,
               prev2: Array | None = None) -> tuple[Array, Array]:
   """`best_paths`, returning arc indices [B, p, G] (positions in each column) for tokens."""
   _check(head_log_probs, tokens, prev, num_paths, lm, prev2)
-  batch, width, k = tokens.shape
-  real = min(num_paths, k ** width)           # exact Python ints: k^G may be huge
+  batch, g, k = tokens.shape
+  real = min(num_paths, k ** g)           # exact Python ints: k^G may be huge
   head = jnp.maximum(head_log_probs.astype(jnp.float32), _FLOOR)
   prev = jnp.asarray(prev, jnp.int32)
   prev2 = None if prev2 is None else jnp.asarray(prev2, jnp.int32)
@@ -386,8 +386,8 @@ def _check(head_log_probs, tokens, prev, num_paths, lm, prev2) -> None:
   if tokens.ndim != 3 or head_log_probs.shape != tokens.shape:
     raise InputError(f"head_log_probs and tokens must both be [B, G, k], got "
                      f"{head_log_probs.shape} and {tokens.shape}")
-  batch, width, k = tokens.shape
-  if width < 1 or k < 1:
+  batch, g, k = tokens.shape
+  if g < 1 or k < 1:
     raise InputError(f"the lattice needs G >= 1 columns and k >= 1 arcs, got {tokens.shape}")
   if jnp.shape(prev) != (batch,):
     raise InputError(f"prev must be [B] = [{batch}], got {jnp.shape(prev)}")

@@ -82,11 +82,11 @@ def _carried(default=None, per_call: bool = False):
 class Method:
   """What every method value provides to `decode` (the subclasses below)."""
 
-  def proposer(self, target: Model, sampling: sampling_lib.SamplingMethod) -> Any:
+  def proposer(self, target: Model, sampling: sampling_lib.SamplingSettings) -> Any:
     raise NotImplementedError
 
   def round_config(self, target: Model, max_new_tokens: int,
-                   sampling: sampling_lib.SamplingMethod, eos_id: int) -> engine.RoundConfig:
+                   sampling: sampling_lib.SamplingSettings, eos_id: int) -> engine.RoundConfig:
     raise NotImplementedError
 
   def proposer_inputs(self, proposer: Any, encoder_tokens: Array,
@@ -352,21 +352,25 @@ def model_fields(method_type: type) -> tuple:
 
 
 def field_docs(method_type: type) -> dict[str, str]:
-  """{field: its one-paragraph description} from the "Attributes:" of the class docstring."""
-  docs, name = {}, None
-  text = (method_type.__doc__ or "").split("Attributes:", 1)[-1].split("\n\n", 1)[0]
-  for line in text.splitlines()[1:]:
-    head, sep, rest = line.strip().partition(": ")
-    if line.startswith("    ") and not line.startswith("      ") and sep and head.isidentifier():
-      name = head
-      docs[name] = rest
-    elif name is not None and line.strip():
-      docs[name] += " " + line.strip()
+  """{field: its description} from the "Attributes:" of the class docstrings (a subclass's
+  own first, then its bases')."""
+  docs: dict[str, str] = {}
+  for cls in method_type.__mro__[::-1]:
+    name, indent = None, None
+    text = (cls.__dict__.get("__doc__") or "").split("Attributes:", 1)
+    for line in (text[1].split("\n\n", 1)[0] if len(text) > 1 else "").splitlines()[1:]:
+      head, sep, rest = line.strip().partition(": ")
+      indent = len(line) - len(line.lstrip()) if indent is None else indent
+      if sep and head.isidentifier() and len(line) - len(line.lstrip()) == indent:
+        name = head
+        docs[name] = rest
+      elif name is not None and line.strip():
+        docs[name] += " " + line.strip()
   return docs
 
 
 def decode(target: Model, method: Method, encoder_tokens, max_new_tokens: int = 64,
-           sampling: sampling_lib.SamplingMethod | None = None, rng=None,
+           sampling: sampling_lib.SamplingSettings | None = None, rng=None,
            eos_id: int | None = None) -> DecodeOutput:
   """Decode `encoder_tokens` int [B, Le] (0-padded) with `method`; the target verifies.
 
@@ -395,7 +399,7 @@ def decode(target: Model, method: Method, encoder_tokens, max_new_tokens: int = 
     raise InputError(f"method must be one of sd.{', sd.'.join(m.__name__ for m in METHODS)}, "
                      f"got {type(method).__name__}")
   encoder_tokens = inputs.check_request(encoder_tokens, target.config, max_new_tokens)
-  sampling = sampling_lib.as_method(sampling)
+  sampling = sampling_lib.as_sampling(sampling)
   proposer = method.proposer(target, sampling)
   config = method.round_config(target, max_new_tokens, sampling,
                                inputs.resolve_eos(eos_id, target.config))

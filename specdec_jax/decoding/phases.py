@@ -1,7 +1,7 @@
 """What the four phases of a round hand to each other, and the two protocols a method plugs in.
 
-Shapes: B rows, G = the round's proposal width (gamma, static), V vocabulary,
-E model width. `count` [B] says how many of a row's G proposal slots are real;
+Shapes: B rows, G = the round's proposal slots (gamma, static), V vocabulary,
+E the model's hidden size. `count` [B] says how many of a row's G proposal slots are real;
 slots at or beyond it hold 0 and are never accepted.
 
     ctx          = RoundContext(...)                  what a proposer may read
@@ -19,7 +19,7 @@ import jax
 from flax import struct
 
 from specdec_jax.cache import DecoderCache
-from specdec_jax.sampling import SamplingMethod
+from specdec_jax.sampling import SamplingSettings
 
 Array = jax.Array
 
@@ -41,7 +41,7 @@ class RoundContext:
   limit: Array
   cache: DecoderCache
   max_proposals: int = struct.field(pytree_node=False)
-  sampling: SamplingMethod = struct.field(pytree_node=False)
+  sampling: SamplingSettings = struct.field(pytree_node=False)
   eos_id: int = struct.field(pytree_node=False)
   max_new_tokens: int = struct.field(pytree_node=False)
 
@@ -152,6 +152,6 @@ class Proposer(Protocol):
 class AcceptRule(Protocol):
   """A frozen, hashable dataclass: the engine receives the rule as a value."""
 
-  def __call__(self, logits: Array, proposal: Proposal, sampling: SamplingMethod,
+  def __call__(self, logits: Array, proposal: Proposal, sampling: SamplingSettings,
                key: Array) -> Acceptance:
     """logits: float32 [B, G + 1, V] of the target at [last, x_1 .. x_G]."""

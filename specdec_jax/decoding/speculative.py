@@ -5,7 +5,7 @@ sampling transform; n = tokens emitted so far):
 
   1. propose  x_1..x_gamma ~ q_1..q_gamma     (gamma drafter calls, q kept when sampling)
   2. verify   p_1..p_{gamma+1} = target([seq[n], x_1..x_gamma])     (ONE call)
-  3. accept   `acceptance.Speculative`: x_i while r_i q_i(x_i) < p_i(x_i) -> m accepted,
+  3. accept   `acceptance.SpeculativeSampling`: x_i while r_i q_i(x_i) < p_i(x_i) -> m accepted,
               then t ~ norm(max(0, p_{m+1} - q_{m+1})), or t ~ p_{gamma+1} if all accepted
   4. commit   emit x_1..x_m, t; both caches roll back by length only
 
@@ -25,7 +25,7 @@ from typing import Any
 
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.decoding import engine, inputs
-from specdec_jax.decoding.acceptance import Speculative
+from specdec_jax.decoding.acceptance import SpeculativeSampling
 from specdec_jax.decoding.adaptive import Adaptive, AdaptiveGamma
 from specdec_jax.decoding.buffer import DecodeOutput
 from specdec_jax.drafters import ModelDrafter, as_proposer
@@ -37,11 +37,11 @@ def round_config(gamma: int, max_new_tokens: int, sampling=None, eos_id: int = 1
                  ) -> engine.RoundConfig:
   """The engine settings of speculative decoding; `accept` replaces the rule (research)."""
   gamma = inputs.check_positive_int(gamma, "gamma")
-  rule = Speculative(lenience=float(lenience)) if accept is None else accept
+  rule = SpeculativeSampling(lenience=float(lenience)) if accept is None else accept
   width = engine.call_width(exact, sampling, gamma + 1)
   return engine.RoundConfig(
       max_new_tokens=inputs.check_positive_int(max_new_tokens, "max_new_tokens"),
-      max_proposals=gamma, sampling=sampling_lib.as_method(sampling), eos_id=eos_id,
+      max_proposals=gamma, sampling=sampling_lib.as_sampling(sampling), eos_id=eos_id,
       accept=rule, call_width=width,
       info=(("method", "speculative"), ("gamma", gamma), ("lenience", float(lenience)),
             ("lossy", bool(getattr(rule, "lossy", False)))))
@@ -58,7 +58,7 @@ def proposer(drafter: Any, target: Model, gamma: int,
 
 def speculative_generate(target: Model, drafter, encoder_tokens, gamma: int = 5,
                          max_new_tokens: int = 64,
-                         sampling: sampling_lib.SamplingMethod | None = None, rng=None,
+                         sampling: sampling_lib.SamplingSettings | None = None, rng=None,
                          eos_id: int | None = None, lenience: float = 1.0,
                          adaptive: AdaptiveGamma | bool | None = None,
                          drafter_encoder_tokens=None, accept=None,

@@ -15,18 +15,19 @@ from typing import Any
 
 from specdec_jax.decoding.inputs import check_same_vocabulary
 from specdec_jax.drafters.lookup import LookupState, PromptLookupDrafter
-from specdec_jax.drafters.loop import DraftLoop, NoProposals, Unsure
+from specdec_jax.drafters.loop import DraftLoop, DraftState, NoProposals, Unsure
 from specdec_jax.drafters.model import ModelDrafter
 from specdec_jax.drafters.ngram import NGramDrafter
 from specdec_jax.errors import InputError
 from specdec_jax.models.model import Model
 
-__all__ = ["DraftLoop", "LookupState", "ModelDrafter", "NGramDrafter", "NoProposals",
-           "PromptLookupDrafter", "Unsure", "as_drafter", "as_proposer"]
+__all__ = ["DraftLoop", "DraftState", "LookupState", "ModelDrafter", "NGramDrafter",
+           "NoProposals", "PromptLookupDrafter", "Unsure", "as_drafter", "as_proposer"]
 
 
 def as_drafter(drafter: Any, target: Model) -> Any:
-  """A `Model` becomes a `ModelDrafter`; token-level drafters pass through. Checks the vocabulary."""
+  """A `Model` becomes a `ModelDrafter`; token-level drafters pass through. Checks the
+  vocabulary."""
   if isinstance(drafter, Model):
     drafter = ModelDrafter(drafter)
   if not all(hasattr(drafter, a) for a in ("init", "first", "next", "vocab_size")):

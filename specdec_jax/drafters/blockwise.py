@@ -86,8 +86,8 @@ class HeadDrafter:
 
   def propose(self, state: HeadState, ctx: RoundContext, key: Array) -> Proposal:
     logits = head_logits(self.model, self.heads, state.hidden)                # [B, G, V]
-    batch, width = logits.shape[:2]
-    count = jnp.where(state.ready, jnp.minimum(ctx.limit, width), 0).astype(jnp.int32)
+    batch, g = logits.shape[:2]
+    count = jnp.where(state.ready, jnp.minimum(ctx.limit, g), 0).astype(jnp.int32)
     calls = jnp.zeros((batch,), jnp.int32)
     q, rescorer = None, state.rescorer
     if not ctx.sampling.is_greedy:
@@ -95,7 +95,7 @@ class HeadDrafter:
       tokens = jax.random.categorical(key, jnp.log(q), axis=-1).astype(jnp.int32)
     elif self.rescoring == "neural":
       tokens, rescorer = self._neural(state.rescorer, ctx, logits)
-      calls = jnp.where(count > 0, width, 0)
+      calls = jnp.where(count > 0, g, 0)
     elif self.top_k == 1 and self.num_drafts == 1:
       tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     else:
@@ -104,7 +104,7 @@ class HeadDrafter:
       paths, _ = lattice.best_paths(head_lp, cand, two[:, 1], self.num_drafts,
                                     self.lm if self.rescoring == "ngram" else None,
                                     self.weight, two[:, 0])
-      tokens = paths.reshape(batch, self.num_drafts * width)
+      tokens = paths.reshape(batch, self.num_drafts * g)
     no = jnp.zeros((batch,), jnp.bool_)
     return Proposal(tokens=tokens, count=count, q=q, calls=calls, fallback=no, final=no,
                     state=state.replace(rescorer=rescorer))

@@ -132,7 +132,7 @@ def head_logits(model: Model, heads: Heads, states: Array) -> Array:
 def check_heads(model: Model, heads: Heads) -> None:
   """Heads must have been trained for this very model."""
   if heads.params["head_2"]["wi"].shape[0] != model.config.emb_dim:
-    raise InputError(f"heads trained for another model: state width "
+    raise InputError(f"heads trained for another model: hidden size "
                      f"{heads.params['head_2']['wi'].shape[0]} != the model's emb_dim "
                      f"{model.config.emb_dim}")
   if heads.base and heads.base != model_fingerprint(model):

@@ -3,7 +3,7 @@
 A token-level drafter is a pytree with three pure methods:
 
     state = drafter.init(encoder_tokens [B, Le], capacity)
-    logits, state = drafter.first(state, seq [B, T+1], n [B])   # next-token logits after seq[:, :n+1]
+    logits, state = drafter.first(state, seq [B, T+1], n [B])   # logits after seq[:, :n+1]
     logits, state = drafter.next(state, token [B])               # append a draft, logits after it
 
 `first` starts a round from the emitted prefix (so any rollback of the previous
@@ -50,6 +50,35 @@ class Unsure:
 
 
 @struct.dataclass
+class DraftState:
+  """The state of `DraftLoop`'s drafting loop within one round (a `lax.while_loop` carry).
+
+  Attributes:
+    step: int32 [] drafting steps taken (the next draft's slot).
+    logits: [B, V] the drafter's next-token logits.
+    drafter: the drafter's own state (its cache; the target's, for an early exit).
+    active: bool [B] rows still drafting.
+    tokens: int32 [B, G] drafts so far (0 in unused slots).
+    count: int32 [B] drafts per row.
+    calls: int32 [B] drafter calls per row.
+    fallback: bool [B] rows that stopped because the drafter was unsure.
+    final: bool [B] rows whose drafts are committed unverified (EOS or a full buffer).
+    q: float32 [B, G, V] the drafter's distributions (exact sampling), or None.
+  """
+
+  step: Array
+  logits: Array
+  drafter: Any
+  active: Array
+  tokens: Array
+  count: Array
+  calls: Array
+  fallback: Array
+  final: Array
+  q: Array | None
+
+
+@struct.dataclass
 class DraftLoop:
   """A proposer that runs a token-level `drafter` autoregressively (see module doc).
 
@@ -87,51 +116,52 @@ class DraftLoop:
     return state
 
   def propose(self, state: Any, ctx: RoundContext, key: Array) -> Proposal:
-    width, sampling = ctx.max_proposals, ctx.sampling
+    g, sampling = ctx.max_proposals, ctx.sampling
     shared = getattr(self.drafter, "shares_target_cache", False)
-    own_state = state
-    logits, state = self.drafter.first(ctx.cache if shared else state, ctx.seq, ctx.n)
+    logits, drafter_state = self.drafter.first(ctx.cache if shared else state, ctx.seq, ctx.n)
     batch, vocab = logits.shape
-    keys = jax.random.split(key, width)
+    keys = jax.random.split(key, g)
     active = ctx.limit > 0
-    zeros = jnp.zeros((batch,), jnp.int32)
     no = jnp.zeros((batch,), jnp.bool_)
-    carry = dict(i=jnp.zeros((), jnp.int32), logits=logits, state=state, active=active,
-                 tokens=jnp.zeros((batch, width), jnp.int32), count=zeros,
-                 calls=active.astype(jnp.int32), fallback=no, final=no,
-                 q=(None if sampling.is_greedy or not self.keep_q
-                    else jnp.zeros((batch, width, vocab), jnp.float32)))
+    start = DraftState(step=jnp.zeros((), jnp.int32), logits=logits, drafter=drafter_state,
+                       active=active, tokens=jnp.zeros((batch, g), jnp.int32),
+                       count=jnp.zeros((batch,), jnp.int32), calls=active.astype(jnp.int32),
+                       fallback=no, final=no,
+                       q=(None if sampling.is_greedy or not self.keep_q
+                          else jnp.zeros((batch, g, vocab), jnp.float32)))
 
-    def step(c):
-      active, fallback = c["active"], c["fallback"]
+    def draft_one(d: DraftState) -> DraftState:
+      active, fallback = d.active, d.fallback
       unsure = jnp.zeros_like(active)
       if self.stop is not None:
-        unsure = active & self.stop(c["logits"])
+        unsure = active & self.stop(d.logits)
         fallback, active = fallback | unsure, active & ~unsure
-      x = sampling_lib.sample(keys[c["i"]], c["logits"], sampling)
-      tokens = c["tokens"].at[:, c["i"]].set(jnp.where(active, x, 0))
-      q = c["q"]
+      x = sampling_lib.draw(keys[d.step], d.logits, sampling)
+      tokens = d.tokens.at[:, d.step].set(jnp.where(active, x, 0))
+      q = d.q
       if q is not None:
-        q = q.at[:, c["i"]].set(sampling_lib.probs(c["logits"], sampling))
-      count = c["count"] + active
-      final = c["final"]
+        q = q.at[:, d.step].set(sampling_lib.probs(d.logits, sampling))
+      count = d.count + active
+      final = d.final
       if self.final_at_eos:
         ends = active & ((x == ctx.eos_id) | (ctx.n + count >= ctx.max_new_tokens))
         final, active = final | ends, active & ~ends
       active = active & (count < ctx.limit)
       if self.stop_together:
         active = active & ~jnp.any(unsure)
-      logits, state = jax.lax.cond(jnp.any(active),
-                                   lambda: self.drafter.next(c["state"], x),
-                                   lambda: (c["logits"], c["state"]))
-      return dict(i=c["i"] + 1, logits=logits, state=state, active=active, tokens=tokens,
-                  count=count, calls=c["calls"] + active, fallback=fallback, final=final, q=q)
+      # The last draft of every row needs no drafter call after it.
+      logits, drafter_state = jax.lax.cond(jnp.any(active),
+                                           lambda: self.drafter.next(d.drafter, x),
+                                           lambda: (d.logits, d.drafter))
+      return DraftState(step=d.step + 1, logits=logits, drafter=drafter_state, active=active,
+                        tokens=tokens, count=count, calls=d.calls + active,
+                        fallback=fallback, final=final, q=q)
 
-    c = jax.lax.while_loop(lambda c: (c["i"] < width) & jnp.any(c["active"]), step, carry)
-    return Proposal(tokens=c["tokens"], count=c["count"], q=c["q"], calls=c["calls"],
-                    fallback=c["fallback"], final=c["final"],
-                    state=own_state if shared else c["state"],
-                    target_cache=c["state"] if shared else None)
+    d = jax.lax.while_loop(lambda d: (d.step < g) & jnp.any(d.active), draft_one, start)
+    return Proposal(tokens=d.tokens, count=d.count, q=d.q, calls=d.calls,
+                    fallback=d.fallback, final=d.final,
+                    state=state if shared else d.drafter,
+                    target_cache=d.drafter if shared else None)
 
 
 @struct.dataclass

@@ -45,7 +45,7 @@ from specdec_jax.tools.batching import Batch
 from specdec_jax.tools.report import finite
 
 
-def sampling_label(sampling: sampling_lib.SamplingMethod) -> str:
+def sampling_label(sampling: sampling_lib.SamplingSettings) -> str:
   """"greedy", or "sampling Sampling(temperature=..., ...)"."""
   return "greedy" if sampling.is_greedy else f"sampling {sampling!r}"
 
@@ -54,7 +54,7 @@ def sampling_label(sampling: sampling_lib.SamplingMethod) -> str:
 class DecodeMethod:
   """One decoding algorithm and its settings (subclasses add fields and `decode`)."""
 
-  sampling: sampling_lib.SamplingMethod = sampling_lib.Greedy()
+  sampling: sampling_lib.SamplingSettings = sampling_lib.Greedy()
   exact: bool | None = None
   kind: ClassVar[str] = "method"
   uses_drafter: ClassVar[bool] = False
