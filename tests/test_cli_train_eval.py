@@ -343,6 +343,7 @@ def test_sweep_bild_writes_reports_and_resumes(trained, capsys, tmp_path, baseli
   assert code == 2 and "other settings (limit)" in err
 
 
+@pytest.mark.slow
 def test_sweep_blockwise_table(trained, capsys, tmp_path, heads_file):
   _, workdir = trained
   code, out, err = run(capsys, "sweep-blockwise", "--model", workdir / "target" / "final",

@@ -47,7 +47,7 @@ def test_bundle_shapes_and_shared_vocabulary(pair):
   assert sd.load_heads("demo-de-en/target", target).num_heads == 8
 
 
-@pytest.mark.parametrize("gamma", [1, 4])
+@pytest.mark.parametrize("gamma", [pytest.param(1, marks=pytest.mark.slow), 4])
 def test_speculative_translation_equals_greedy(pair, gamma):
   target, drafter, tok = pair
   enc = tok.encode(SENTENCES)

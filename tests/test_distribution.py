@@ -355,7 +355,8 @@ class AcceptAll(Speculative):
     return right.replace(m=m, next_token=next_token)
 
 
-@pytest.mark.parametrize("wrong", [WrongResidual(), AcceptAll()],
+@pytest.mark.parametrize("wrong", [WrongResidual(),
+                                   pytest.param(AcceptAll(), marks=pytest.mark.slow)],
                          ids=["residual-replaced-by-p", "accept-all-drafts"])
 def test_negative_controls_fail(wrong):
   """The same test, with a wrong rule passed as an argument, must fail decisively."""

@@ -72,6 +72,7 @@ def _methods(target):
   }
 
 
+@pytest.mark.slow
 def test_exact_mode_survives_call_shape_rounding_and_the_naive_path_does_not(target, enc):
   exact_base = sd.generate(target, enc, MAX_NEW)                       # exact by default
   naive_base = sd.generate(target, enc, MAX_NEW, exact=False)
@@ -114,6 +115,7 @@ def demo_bf16():
   return target, drafters, enc
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [1, 8])
 def test_demo_pair_bf16_speculative_equals_baseline(demo_bf16, batch):
   """bfloat16 params and activations: every held-out sentence, every drafter, gamma 1..8."""
