@@ -31,6 +31,8 @@ from specdec_jax.errors import (CheckpointError, ConfigError, InputError, Sampli
 from specdec_jax.models.model import Model, init_model, logical_axes
 from specdec_jax.models.packing import pack
 from specdec_jax.sampling import Greedy, Sampling
+from specdec_jax import sharding
+from specdec_jax.sharding import make_mesh, shard
 
 __all__ = [
     "AdaptiveGamma", "Autoregressive", "BiLD", "Blockwise", "CheckpointError", "ConfigError",
@@ -41,6 +43,7 @@ __all__ = [
     "init_heads", "init_model", "load", "load_heads", "load_tokenizer", "logical_axes", "pack",
     "save", "save_heads", "speculative_generate", "t5x_compat", "theory",
 ]
+__all__ += ["make_mesh", "shard", "sharding"]
 
 
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
