@@ -101,6 +101,9 @@ def main(path):
       "single_uses_kernels": sd.pack(target).decode_weights is not None,
       "meshes": {},
   }
+  dec_in = np.concatenate([np.zeros((B, 1), np.int32), single["generate"][0][:, :-1]], 1)
+  single_logits = np.asarray(target.forward(enc, dec_in))
+  report["logits_scale"] = float(np.abs(single_logits).max())
   paths = sorted(flatten_dict(target.params, sep="/"))
   for data, model in MESHES:
     for rules_name in ("RULES_1D", "RULES_2D") if (data, model) == (2, 4) else ("RULES_1D",):
@@ -113,6 +116,8 @@ def main(path):
       on_mesh = runs(t, d, h, e, None if rules_name == "RULES_1D" else
                      ("generate", "speculative", "sample", "sample_again"))
       out = sd.generate(t, e, T)
+      dec_in = np.concatenate([np.zeros((B, 1), np.int32), single["generate"][0][:, :-1]], 1)
+      logits_diff = float(np.abs(np.asarray(t.forward(e, dec_in)) - single_logits).max())
       report["meshes"][f"{data}x{model}/{rules_name}"] = {
           "params": placement(t, paths),
           "drafter_devices": sorted({len(x.sharding.device_set) for x in
@@ -120,6 +125,7 @@ def main(path):
           "drafter_replicated": all(x.sharding.is_fully_replicated for x in
                                     jax.tree_util.tree_leaves((d.params, h.params))),
           "enc_shard_shapes": sorted({tuple(s.data.shape) for s in e.addressable_shards}),
+          "logits_max_abs_diff": logits_diff,
           "packed": sd.pack(t).decode_weights is not None,
           "output_devices": len(out.tokens.sharding.device_set),
           "equal_single": {k: same(v, single[k]) for k, v in on_mesh.items()},

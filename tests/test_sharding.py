@@ -205,6 +205,15 @@ def test_mesh_equals_single_device(report, mesh):
   assert all(min(n) >= 1 for n in entry["lengths"].values())
 
 
+@pytest.mark.parametrize("mesh", MESHES)
+def test_mesh_logits_within_float_tolerance(report, mesh):
+  """Teacher-forced logits on the mesh: one device's to float32 rounding (the partial sums
+  of products split over "model" add in another order), far below the top-2 margins."""
+  diff = report["meshes"][mesh]["logits_max_abs_diff"]
+  assert diff < 1e-4 * max(1.0, report["logits_scale"]), (diff, report["logits_scale"])
+  assert diff < report["margin"] / 10
+
+
 def test_mesh_errors(report):
   errors = report["errors"]
   kind, message = errors["strict"]
