@@ -109,6 +109,14 @@ def partition_spec(axes: Sequence[str | None], mesh: Mesh, rules: Rules = RULES_
   (None: replicated; a dimension named None is replicated). With `shape`, a dimension
   the mesh axis does not divide is replicated, or with `strict` a ConfigError.
   ConfigError: a name no rule maps (`name` labels the tensor in the message).
+
+  >>> mesh = sd.make_mesh()                                  # 1 x 1: any size divides
+  >>> sd.sharding.partition_spec(("embed", "mlp"), mesh)     # an MLP's wi kernel
+  P(None, 'model')
+  >>> sd.sharding.partition_spec(("embed", "mlp"), mesh, sd.sharding.RULES_2D)
+  P('data', 'model')
+  >>> sd.sharding.partition_spec(("batch", "length", "embed"), mesh, sd.sharding.RULES_2D)
+  P('data', None, None)
   """
   rules = check_rules(rules, mesh)
   label = f" of {name}" if name else ""

@@ -17,7 +17,16 @@ from flax.traverse_util import flatten_dict
 
 import specdec_jax as sd
 
-MESHES = ((8, 1), (2, 4), (1, 8))
+# Mesh "DxM/RULES" -> the methods run on it: each method on some model-parallel mesh, all
+# of them on 2x4 (every placement is a program of its own to compile: CI time).
+GREEDY = ("generate", "speculative")
+SAMPLE = ("sample", "sample_again")
+MESHES = {
+    "8x1/RULES_1D": GREEDY + SAMPLE,
+    "2x4/RULES_1D": None,
+    "2x4/RULES_2D": GREEDY,
+    "1x8/RULES_1D": GREEDY + SAMPLE + ("bild", "blockwise"),
+}
 B, L, T, GAMMA = 8, 7, 10, 3
 LOGITS_SCALE = 6.0     # sharpens the random target: top-2 margins far above float noise
 
@@ -62,10 +71,13 @@ def same(a, b) -> bool:
                                            and np.array_equal(a[1], b[1]))
 
 
-def min_margin(target, enc, tokens, lengths) -> float:
-  """Smallest top-2 logit margin of `target` over the emitted positions of `tokens`."""
-  dec_in = np.concatenate([np.zeros((B, 1), np.int32), tokens[:, :-1]], axis=1)
-  logits = np.asarray(target.forward(enc, dec_in))
+def teacher_forced(tokens):
+  """Decoder inputs [B, T] that reproduce `tokens` [B, T]: the start token, then tokens."""
+  return np.concatenate([np.zeros((B, 1), np.int32), tokens[:, :-1]], axis=1)
+
+
+def min_margin(logits, tokens, lengths) -> float:
+  """Smallest top-2 margin of `logits` [B, T, V] over the emitted positions of `tokens`."""
   top2 = np.sort(logits, axis=-1)[..., -2:]
   margin = top2[..., 1] - top2[..., 0]
   emitted = np.arange(tokens.shape[1])[None] < lengths[:, None]
@@ -94,39 +106,44 @@ def main(path):
   assert jax.device_count() == 8, jax.devices()
   target, drafter, heads, enc = fixture()
   single = runs(target, drafter, heads, enc)
+  dec_in = teacher_forced(single["generate"][0])
+  single_logits = np.asarray(target.forward(enc, dec_in))
   report = {
       "device_count": jax.device_count(),
-      "margin": min_margin(target, enc, *single["generate"]),
+      "margin": min_margin(single_logits, *single["generate"]),
       "single_speculative_is_generate": same(single["speculative"], single["generate"]),
       "single_uses_kernels": sd.pack(target).decode_weights is not None,
+      "logits_scale": float(np.abs(single_logits).max()),
       "meshes": {},
   }
   paths = sorted(flatten_dict(target.params, sep="/"))
-  for data, model in MESHES:
-    for rules_name in ("RULES_1D", "RULES_2D") if (data, model) == (2, 4) else ("RULES_1D",):
-      mesh = sd.make_mesh(data=data, model=model)
-      t = sd.shard(target, mesh, rules=getattr(sd.sharding, rules_name))
-      d = sd.sharding.replicate(drafter, mesh)
-      h = sd.sharding.replicate(heads, mesh)
-      e = sd.sharding.shard_batch(enc, mesh)
-      # RULES_2D: the layout differs, the decode loop does not (fewer programs to compile)
-      on_mesh = runs(t, d, h, e, None if rules_name == "RULES_1D" else
-                     ("generate", "speculative", "sample", "sample_again"))
-      out = sd.generate(t, e, T)
-      report["meshes"][f"{data}x{model}/{rules_name}"] = {
-          "params": placement(t, paths),
-          "drafter_devices": sorted({len(x.sharding.device_set) for x in
-                                     jax.tree_util.tree_leaves(d.params)}),
-          "drafter_replicated": all(x.sharding.is_fully_replicated for x in
-                                    jax.tree_util.tree_leaves((d.params, h.params))),
-          "enc_shard_shapes": sorted({tuple(s.data.shape) for s in e.addressable_shards}),
-          "packed": sd.pack(t).decode_weights is not None,
-          "output_devices": len(out.tokens.sharding.device_set),
-          "equal_single": {k: same(v, single[k]) for k, v in on_mesh.items()},
-          "equal_generate": {k: same(v, on_mesh["generate"]) for k, v in on_mesh.items()},
-          "sample_repeat": same(on_mesh["sample"], on_mesh["sample_again"]),
-          "lengths": {k: v[1].tolist() for k, v in on_mesh.items()},
-      }
+  for name, methods in MESHES.items():
+    shape, rules_name = name.split("/")
+    data, model = map(int, shape.split("x"))
+    mesh = sd.make_mesh(data=data, model=model)
+    t = sd.shard(target, mesh, rules=getattr(sd.sharding, rules_name))
+    d = sd.sharding.replicate(drafter, mesh)
+    h = sd.sharding.replicate(heads, mesh)
+    e = sd.sharding.shard_batch(enc, mesh)
+    on_mesh = runs(t, d, h, e, methods)
+    out = sd.generate(t, e, T)      # its program is compiled already: for the output's placement
+    logits_diff = float(np.abs(np.asarray(t.forward(e, dec_in)) - single_logits).max())
+    report["meshes"][name] = {
+        "params": placement(t, paths),
+        "drafter_devices": sorted({len(x.sharding.device_set) for x in
+                                   jax.tree_util.tree_leaves(d.params)}),
+        "drafter_replicated": all(x.sharding.is_fully_replicated for x in
+                                  jax.tree_util.tree_leaves((d.params, h.params))),
+        "enc_shard_shapes": sorted({tuple(s.data.shape) for s in e.addressable_shards}),
+        "logits_max_abs_diff": logits_diff,
+        "packed": sd.pack(t).decode_weights is not None,
+        "output_devices": len(out.tokens.sharding.device_set),
+        "equal_single": {k: same(v, single[k]) for k, v in on_mesh.items()},
+        "equal_generate": {k: same(v, on_mesh["generate"]) for k, v in on_mesh.items()},
+        "sample_repeat": same(on_mesh["sample"], on_mesh["sample_again"])
+                         if "sample" in on_mesh else None,
+        "lengths": {k: v[1].tolist() for k, v in on_mesh.items()},
+    }
   report["errors"] = {
       "strict": error(lambda: sd.shard(target, sd.make_mesh(model=8), strict=True)),
       "batch": error(lambda: sd.sharding.shard_batch(enc[:6], sd.make_mesh(data=4, model=2))),
