@@ -42,10 +42,13 @@ def _use_compilation_cache() -> None:
     if where.lower() in ("off", "0", "none", ""):
       return
     jax.config.update("jax_compilation_cache_dir", where)
-  if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  if "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES" not in os.environ:
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    # Also in the environment: the CLI and wheel tests run `specdec` in subprocesses.
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = where
+  for name, value in (("jax_persistent_cache_min_compile_time_secs", 0.0),
+                      ("jax_persistent_cache_min_entry_size_bytes", 0)):
+    if name.upper() not in os.environ:
+      jax.config.update(name, value)
+      os.environ[name.upper()] = str(value)
 
 
 # Before any test compiles: conftest.py is imported before the test modules.
