@@ -29,7 +29,10 @@ from specdec_jax.drafters.heads import Heads, init_heads, load_heads, save_heads
 from specdec_jax.errors import (CheckpointError, ConfigError, InputError, SamplingError,
                                 SpecdecError, TokenizerError)
 from specdec_jax.models.model import Model, init_model, logical_axes
+from specdec_jax.models.packing import pack
 from specdec_jax.sampling import Greedy, Sampling
+from specdec_jax import sharding
+from specdec_jax.sharding import make_mesh, shard
 
 __all__ = [
     "AdaptiveGamma", "Autoregressive", "BiLD", "Blockwise", "CheckpointError", "ConfigError",
@@ -37,9 +40,10 @@ __all__ = [
     "ModelDrafter", "NGramDrafter", "PromptLookupDrafter", "Sampling", "SamplingError",
     "SpecdecError", "Speculative", "T5Config", "TokenizerError", "available_configs",
     "bild_generate", "blockwise_generate", "decode", "early_exit", "generate", "get_config",
-    "init_heads", "init_model", "load", "load_heads", "load_tokenizer", "logical_axes", "save",
-    "save_heads", "speculative_generate", "t5x_compat", "theory",
+    "init_heads", "init_model", "load", "load_heads", "load_tokenizer", "logical_axes", "pack",
+    "save", "save_heads", "speculative_generate", "t5x_compat", "theory",
 ]
+__all__ += ["make_mesh", "shard", "sharding"]
 
 
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
@@ -70,8 +74,22 @@ def load(path_or_name: str, dtype="float32", config: T5Config | None = None) -> 
 
 
 def save(path, model: Model, dtype=None) -> None:
-  """Save `model` in our own format (config + safetensors); `sd.load(path)` reads it back."""
+  """Save `model` in our own format (config + safetensors); `sd.load(path)` reads it back.
+
+  `path` is a new or empty directory, or one written by `sd.save` before (overwritten);
+  a directory holding a checkpoint of another format (Hugging Face, T5X) is refused.
+  """
+  import os
   from specdec_jax.io import checkpoints
+  if isinstance(path, Model) and isinstance(model, (str, os.PathLike)):
+    raise InputError(f"sd.save takes (path, model), got (model, {model!r}): call "
+                     f"sd.save({model!r}, model)")
+  if not isinstance(model, Model):
+    raise InputError(f"sd.save(path, model): model must be an sd.Model, got "
+                     f"{type(model).__name__}")
+  if not isinstance(path, (str, os.PathLike)):
+    raise InputError(f"sd.save(path, model): path must be a directory path, got "
+                     f"{type(path).__name__}")
   checkpoints.save_checkpoint(path, model.config, model.params, dtype=dtype)
 
 

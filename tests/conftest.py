@@ -1,7 +1,27 @@
-"""Shared fixtures: the T5X-written tiny model and small random model pairs."""
+"""Shared fixtures (the T5X-written tiny model, small random model pairs) and test settings.
+
+Almost all of the suite's time is XLA compiles, so the tests keep a persistent compilation
+cache: every program compiled once is loaded from disk by later runs (and by later modules of
+the same run, after `_release_compiled_programs` has dropped it from memory). Where it lives:
+
+  JAX_COMPILATION_CACHE_DIR   when set, JAX's own setting is kept as it is;
+  SPECDEC_TEST_CACHE          else this directory ("off": no persistent cache, e.g. to
+                              measure compile times);
+  <repo>/.jax_cache/          else (ignored by git; delete it to start cold).
+
+Every program is cached (minimum compile time 0 s, minimum entry size 0 bytes) unless
+JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS / JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES say
+otherwise. Entries are keyed by the program, the backend, jaxlib and the XLA flags, so a
+stale entry is never loaded; the directory only grows (a full run writes a few hundred MB).
+
+Tiers: `pytest -m "not slow"` is the fast tier to run before every commit; the full suite
+(README's test command) adds the tests marked `@pytest.mark.slow`, the costly
+parametrizations of features the fast tier already covers once.
+"""
 
 import gc
 import json
+import os
 import pathlib
 
 import jax
@@ -12,6 +32,27 @@ from flax import traverse_util
 import specdec_jax as sd
 
 FIXTURE_DIR = pathlib.Path(__file__).parent / "fixtures" / "t5x_tiny_v1_1"
+REPO_DIR = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _use_compilation_cache() -> None:
+  """Point JAX's persistent compilation cache at a directory (see the module docstring)."""
+  if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    where = os.environ.get("SPECDEC_TEST_CACHE", str(REPO_DIR / ".jax_cache"))
+    if where.lower() in ("off", "0", "none", ""):
+      return
+    jax.config.update("jax_compilation_cache_dir", where)
+    # Also in the environment: the CLI and wheel tests run `specdec` in subprocesses.
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = where
+  for name, value in (("jax_persistent_cache_min_compile_time_secs", 0.0),
+                      ("jax_persistent_cache_min_entry_size_bytes", 0)):
+    if name.upper() not in os.environ:
+      jax.config.update(name, value)
+      os.environ[name.upper()] = str(value)
+
+
+# Before any test compiles: conftest.py is imported before the test modules.
+_use_compilation_cache()
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -93,7 +93,7 @@ def test_ragged_batch_rows_equal_rows_alone(large, small):
   out = sd.bild_generate(large, small, enc, **kwargs)
   lengths = np.asarray(out.lengths)
   assert len(set(lengths.tolist())) >= 3 and (lengths < MAX_NEW).any()  # EOS at different times
-  per_row = np.asarray(out.stats["target_calls_per_row"])
+  per_row = np.asarray(out.counters.target_calls)
   for b in range(enc.shape[0]):
     alone = sd.bild_generate(large, small, enc[b:b + 1], **kwargs)
     assert _row(out, b) == _row(alone)

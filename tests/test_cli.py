@@ -73,7 +73,7 @@ def test_json_and_stats(capsys):
                                 for t, n in zip(direct.tokens, direct.lengths)]
   stats = payload["stats"]
   assert_same_stats(stats, direct.stats)
-  assert stats["target_calls"] == stats["emitted"] == sum(payload["lengths"])
+  assert stats["target_calls"] == stats["tokens"] == sum(payload["lengths"])
   assert stats["tokens_per_target_call"] == 1.0 and stats["rounds"] == max(payload["lengths"])
   timing = payload["timing"]
   assert timing["generated_tokens"] == sum(payload["lengths"])
@@ -94,7 +94,7 @@ def test_greedy_speculative_equals_baseline(capsys):
   assert 0.0 <= stats["alpha"] <= 1.0 and stats["gamma"] == 2
   assert 0.0 <= stats["acceptance_rate"] <= 1.0
   assert stats["acceptance_rate"] == pytest.approx(stats["accepted"] / stats["drafted"])
-  assert stats["tokens_per_target_call"] == pytest.approx(stats["emitted"]
+  assert stats["tokens_per_target_call"] == pytest.approx(stats["tokens"]
                                                           / stats["target_calls"])
   assert "acceptance rate" in err and "alpha" in err and "tokens/target call" in err
 
@@ -109,6 +109,33 @@ def test_compare_times_the_baseline_on_the_same_inputs(capsys):
   assert "speedup vs baseline" in err
   base, err = decode_json(capsys, "--compare", *PROMPTS)   # nothing to compare the baseline with
   assert "compare" not in base["timing"] and "speedup" not in err
+
+
+def test_compare_divides_by_the_plain_baseline_and_reports_exact_cost(capsys, monkeypatch):
+  """The speedup's baseline is the target alone at its natural width (exact=False); exact
+  mode's own cost is a separate figure (the exact baseline over the plain one)."""
+  from specdec_jax.tools.cli import decode as decode_cli
+  seen = []
+  def spy(method, *args, **kwargs):
+    seen.append((method.kind, method.exact))
+    return real(method, *args, **kwargs)
+  real = decode_cli.decode_corpus
+  monkeypatch.setattr(decode_cli, "decode_corpus", spy)
+  out, err = decode_json(capsys, "--drafter", DRAFTER, "--gamma", "2", "--compare", *PROMPTS)
+  assert ("baseline", False) in seen and ("baseline", True) in seen
+  assert ("baseline", None) not in seen
+  compare = out["timing"]["compare"]
+  assert compare["exact_cost"] == pytest.approx(compare["exact_baseline_ms_per_token"]
+                                                / compare["baseline_ms_per_token"])
+  assert "exact mode's cost" in err
+
+
+def test_timings_exclude_compilation_by_default(capsys):
+  out, err = decode_json(capsys, "--stats", *PROMPTS)
+  assert out["timing"]["warmup"] is True and out["timing"]["includes_compile"] is False
+  assert "compilation excluded" in err
+  out, err = decode_json(capsys, "--stats", "--no-warmup", *PROMPTS)
+  assert out["timing"]["includes_compile"] is True and "INCLUDES compilation" in err
 
 
 def test_bild_and_blockwise_methods_are_the_library_calls(capsys, tmp_path):
@@ -138,8 +165,8 @@ def test_batches_merge_into_one_run(capsys):
   two, _ = decode_json(capsys, "--drafter", DRAFTER, "--gamma", "2", "--batch-size", "1",
                        *PROMPTS)
   assert two["outputs"] == one["outputs"] and two["timing"]["batch_size"] == 1
-  for key in ("target_calls", "drafted", "accepted", "emitted", "beta_count", "alpha",
-              "acceptance_rate", "tokens_per_target_call", "target_calls_per_row"):
+  for key in ("target_calls", "drafted", "accepted", "tokens", "beta_count", "alpha",
+              "acceptance_rate", "tokens_per_target_call", "per_position_accepted"):
     np.testing.assert_allclose(two["stats"][key], one["stats"][key], rtol=1e-6, err_msg=key)
 
 

@@ -3,6 +3,7 @@ pure helpers of specdec_jax.tools.evaluation."""
 
 import json
 import math
+import pathlib
 
 import numpy as np
 import pytest
@@ -237,7 +238,7 @@ def test_eval_speculative_greedy_equals_target_greedy(trained, capsys, baseline)
   assert stats["alpha"] == pytest.approx(stats["beta_sum"] / stats["beta_count"])
   assert stats["tokens_per_target_call"] == pytest.approx(result["generated_tokens"]
                                                           / stats["target_calls"])
-  assert stats["emitted"] == result["generated_tokens"] and stats["gamma"] == 3
+  assert stats["tokens"] == result["generated_tokens"] and stats["gamma"] == 3
 
 
 def test_eval_ngram_drafter_fitted_on_train_split(trained, baseline):
@@ -312,7 +313,7 @@ def test_eval_blockwise_every_variant_is_the_target_greedy(trained, capsys, base
                  workdir / "drafter" / "final"]):
     result = eval_json(capsys, workdir, *common, *extra)
     assert result["hypotheses"] == baseline["hypotheses"], extra
-    assert result["stats"]["drafting_rounds"] > 0
+    assert result["stats"]["mean_max_run"] >= 1.0     # some rounds drafted
     assert 0.0 <= result["stats"]["repeated_draft_rate"] <= 1.0
 
 
@@ -342,6 +343,7 @@ def test_sweep_bild_writes_reports_and_resumes(trained, capsys, tmp_path, baseli
   assert code == 2 and "other settings (limit)" in err
 
 
+@pytest.mark.slow
 def test_sweep_blockwise_table(trained, capsys, tmp_path, heads_file):
   _, workdir = trained
   code, out, err = run(capsys, "sweep-blockwise", "--model", workdir / "target" / "final",
@@ -366,7 +368,7 @@ def test_sweep_blockwise_table(trained, capsys, tmp_path, heads_file):
 def test_eval_missing_data_dir(capsys, tmp_path):
   code, out, err = run(capsys, "eval", "--model", "config:t5_1_1_tiny", "--data",
                        tmp_path / "nope")
-  assert code == 2 and "is not a directory" in err
+  assert code == 2 and "is neither a .jsonl file of pairs nor a directory" in err
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -397,3 +399,45 @@ def test_resolve_sampling_and_drafter_errors():
   assert evaluation.resolve_drafter(None, target, None) is None
   assert isinstance(evaluation.resolve_drafter("prompt-lookup", target, None),
                     sd.PromptLookupDrafter)
+
+
+# ----------------------------------------------------------------------------- from a fresh clone
+
+SHIPPED_PAIRS = pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl"
+
+
+def test_eval_and_sweep_run_on_the_shipped_pairs(capsys, tmp_path):
+  """`specdec eval` and `specdec sweep-bild` on tests/data/demo_test_pairs.jsonl with the
+  bundled demo pair: no prepared data dir, no dictionary, no recipe; timings exclude
+  compilation by default and speedups divide by the plain baseline."""
+  code, out, err = run(capsys, "eval", "--model", "demo-de-en/target", "--data", SHIPPED_PAIRS,
+                       "--drafter", "demo-de-en/drafter", "--gamma", 3, "--limit", 4,
+                       "--batch-size", 2, "--json")
+  assert code == 0, err
+  result = json.loads(out)
+  assert result["pairs"] == 4 and result["includes_compile"] is False
+  assert result["bleu"] > 0 and result["stats"]["tokens"] == result["generated_tokens"]
+  assert result["settings"]["data"] == str(SHIPPED_PAIRS)
+  code, out, err = run(capsys, "sweep-bild", "--data", SHIPPED_PAIRS, "--limit", 4,
+                       "--batch-size", 2, "--repeats", 1, "--no-progress",
+                       "--small", "aligned=demo-de-en/drafter", "--fallback", "0.5",
+                       "--rollback", "5", "--gammas", "2", "--out", tmp_path)
+  assert code == 0, err
+  sweep = json.loads((tmp_path / "bild.json").read_text())
+  points = {p["label"]: p for p in sweep["points"]}
+  assert set(points) == {"aligned/fb0.5/rb5", "speculative/aligned/g2"}
+  spec = points["speculative/aligned/g2"]
+  assert spec["exact"] and spec["exact_cost"] == pytest.approx(
+      spec["exact_baseline_ms_per_token"] / spec["baseline_ms_per_token"])
+  assert spec["speedup"] == pytest.approx(spec["baseline_ms_per_token"] / spec["ms_per_token"])
+  assert "natural call width" in out
+
+
+def test_jsonl_data_errors_are_clear(capsys, tmp_path):
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text('{"de": "Hallo."}\n')
+  code, _, err = run(capsys, "eval", "--model", "demo-de-en/target", "--data", bad)
+  assert code == 2 and "bad.jsonl' line 1: expected an object with \"de\" and \"en\"" in err
+  code, _, err = run(capsys, "eval", "--model", "demo-de-en/target", "--data",
+                     tmp_path / "missing.jsonl")
+  assert code == 2 and "no such file" in err

@@ -225,6 +225,7 @@ def real_pairs():
 
 
 @needs_real_file
+@pytest.mark.slow
 def test_real_file_pairs_and_split(real_pairs):
   assert len(real_pairs) > 300_000
   assert len(set(real_pairs)) == len(real_pairs)

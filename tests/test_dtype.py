@@ -14,6 +14,7 @@ from flax.traverse_util import flatten_dict
 import specdec_jax as sd
 
 
+@pytest.mark.slow
 def test_direct_bf16_init_matches_the_float32_initialiser_leaf_by_leaf():
   cfg = sd.get_config("t5_1_1_small")
   f32 = flatten_dict(sd.init_model(cfg, 0).params)
@@ -36,6 +37,7 @@ def test_direct_bf16_init_matches_the_float32_initialiser_leaf_by_leaf():
     assert not np.array_equal(y, x)          # drawn anew, not cast from the float32 init
 
 
+@pytest.mark.slow
 def test_direct_bf16_init_peak_memory_is_below_the_float32_size():
   """T5 1.1 large (783M params, 3.1 GB in float32): the process grows by less than that."""
   script = textwrap.dedent("""

@@ -50,6 +50,7 @@ def test_token_helpers():
     hf_compare.prompt_rows([np.zeros(3, np.int32)])
 
 
+@pytest.mark.slow
 def test_compare_hf_greedy_assisted_and_ours_identical(tmp_path, models):
   target, drafter = models
   results = hf_compare.compare(target, drafter, _prompts(), gamma=3, max_new_tokens=8,

@@ -17,7 +17,8 @@ from flax.traverse_util import flatten_dict
 import specdec_jax as sd
 from specdec_jax import kernels
 from specdec_jax.decoding import engine
-from specdec_jax.kernels import build
+from specdec_jax.kernels import build, dispatch
+from specdec_jax.models import packing
 from conftest import ragged_tokens
 
 STATUS = kernels.status()
@@ -37,6 +38,12 @@ def _uses_kernel(fn, *args) -> bool:
 
 def _decode(model, tokens, cache):
   return model.decode(tokens, cache)[0]
+
+
+def _packed_dots(model):
+  """{key: dtype} of the packed weights of `model`'s matmuls (not norms, not attention)."""
+  weights = flatten_dict(sd.pack(model).decode_weights.weights)
+  return {p: x.dtype for p, x in weights.items() if p[-1] not in ("sum_squares", "attention")}
 
 
 @pytest.fixture(scope="module")
@@ -79,18 +86,21 @@ def test_env_var_disables_and_decode_falls_back_to_dot(monkeypatch, demo):
   target, enc = demo
   _off(monkeypatch)
   assert not kernels.available() and kernels.ENV_VAR in kernels.status().reason
-  assert target.decode_weights is None
+  assert sd.pack(target) is target and target.decode_weights is None
+  assert not dispatch.policy().kernels and not target.width_invariant_decode
   cache = _prefilled(target, enc[:1])
   tokens = jnp.asarray([[5, 6, 7]], jnp.int32)
-  assert not _uses_kernel(_decode, target, tokens, cache)
+  assert not _uses_kernel(_decode, sd.pack(target), tokens, cache)
 
 
 def test_decode_uses_kernel_exactly_when_available(demo):
   target, enc = demo
   cache = _prefilled(target, enc[:1])
   tokens = jnp.asarray([[5, 6, 7]], jnp.int32)
-  assert _uses_kernel(_decode, target, tokens, cache) == STATUS.available
-  assert (target.decode_weights is not None) == STATUS.available
+  packed = sd.pack(target)
+  assert _uses_kernel(_decode, packed, tokens, cache) == STATUS.available
+  assert (packed.decode_weights is not None) == STATUS.available
+  assert not _uses_kernel(_decode, target, tokens, cache)   # unpacked as a jit argument: XLA
 
 
 def test_failed_build_warns_once_and_falls_back(monkeypatch, tmp_path):
@@ -344,7 +354,7 @@ def test_verify_call_is_bitwise_the_single_steps(demo, batch):
                                         ("t5_1_0_tiny", "float32")])
 def test_verify_call_is_bitwise_the_single_steps_tiny(name, dtype):
   model = sd.init_model(sd.get_config(name), 3, dtype)
-  assert model.decode_weights is not None
+  assert model.pack().width_invariant_decode
   _verify_vs_steps(model, jnp.asarray(ragged_tokens(2, 10, model.vocab_size)), ks=(2, 4))
 
 
@@ -355,26 +365,28 @@ def test_decode_call_runs_attention_and_products_on_kernels(demo, k):
   one attention kernel call each (any k), every product a skinny product."""
   target, enc = demo
   cache = _prefilled(target, enc[:2])
-  hlo = jax.jit(_decode).lower(target, jnp.ones((2, k), jnp.int32), cache).as_text()
+  hlo = jax.jit(_decode).lower(sd.pack(target), jnp.ones((2, k), jnp.int32), cache).as_text()
   assert hlo.count(f"custom_call @{build.ATTENTION}(") == 2 * target.config.num_decoder_layers
   assert hlo.count(f"custom_call @{build.DOT}(") > 0
   assert "stablehlo.dot_general" not in hlo
 
 
 @needs_kernels
-def test_packed_once_and_never_stale(monkeypatch, demo):
+def test_packed_once_per_model_and_never_stale(monkeypatch, demo):
   target, enc = demo
-  weights = target.decode_weights
-  assert target.decode_weights is weights                     # built once per Model
+  packed = sd.pack(target)
+  assert packed is not target and target.decode_weights is None      # a new value
+  assert sd.pack(target) is packed and sd.pack(packed) is packed      # once per Model
   cache = _prefilled(target, enc[:1])
   tokens = jnp.asarray([[5, 6, 7]], jnp.int32)
   before = np.asarray(target.decode(tokens, cache)[0])
-  assert target.decode_weights is weights                     # not per call
+  assert sd.pack(target) is packed                                    # not per call
+  np.testing.assert_array_equal(np.asarray(packed.decode(tokens, cache)[0]), before)
 
   params = jax.tree_util.tree_map(lambda x: x, target.params)
   params["decoder"]["logits_dense"]["kernel"] = params["decoder"]["logits_dense"]["kernel"] * 2
-  changed = target.replace(params=params)
-  assert changed.decode_weights is not weights
+  changed = packed.replace(params=params)
+  assert changed.decode_weights is None                   # new params drop the packed weights
   after = np.asarray(changed.decode(tokens, cache)[0])
   np.testing.assert_allclose(after, 2 * before, rtol=1e-5, atol=1e-5)
 
@@ -383,10 +395,99 @@ def test_packed_once_and_never_stale(monkeypatch, demo):
   assert not np.any(np.asarray(changed.decode(tokens, cache)[0]))
 
   bf16 = target.with_dtype("bfloat16")
-  packed = flatten_dict(bf16.decode_weights)
-  assert {x.dtype for p, x in packed.items() if p[-1] != "sum_squares"} == {jnp.dtype(jnp.bfloat16)}
+  assert bf16.decode_weights is None
+  assert set(_packed_dots(bf16).values()) == {jnp.dtype(jnp.bfloat16)}
   _off(monkeypatch)
-  assert target.decode_weights is None
+  assert sd.pack(target) is target                       # the policy is asked on every pack
+
+
+def test_treedef_does_not_depend_on_the_kernels(monkeypatch, demo):
+  """An unpacked Model's pytree structure is the same with the kernels on and off, and
+  using it (decode calls, a jit argument) writes nothing onto it."""
+  target, enc = demo
+  fresh = lambda: sd.Model(config=target.config, params=target.params)
+  on = fresh()
+  jax.jit(lambda m: m.encode(enc[:1]))(on)
+  on.start(enc[:1], capacity=4)
+  _off(monkeypatch)
+  off = fresh()
+  off.start(enc[:1], capacity=4)
+  assert jax.tree_util.tree_structure(on) == jax.tree_util.tree_structure(off)
+  assert len(jax.tree_util.tree_leaves(on)) == len(jax.tree_util.tree_leaves(target.params))
+  assert set(vars(on)) == set(vars(off)) == {"config", "params", "decode_weights"}
+
+
+def test_products_come_from_the_parameter_tree():
+  """Every 2-D kernel of the params feeds exactly one packed matmul (a new Dense layer is
+  found, not listed by hand), every RMSNorm scale one sum of squares; attentions: one
+  per attention module; the tied embedding is the T5 1.0 output layer."""
+  for name in ("t5_1_1_tiny", "t5_1_0_tiny"):
+    cfg = sd.get_config(name)
+    products = packing.products(cfg)
+    params = flatten_dict(jax.eval_shape(lambda: sd.init_model(cfg, 0).params))
+    sources = [s for p in products if p.kind == "dot" for s in p.sources]
+    kernels_2d = [p for p, x in params.items() if p[-1] == "kernel"]
+    assert sorted(s for s in sources if s[-1] == "kernel") == sorted(kernels_2d)
+    assert len(set(sources)) == len(sources)
+    norms = sorted(s for p in products if p.kind == "sum_squares" for s in p.sources)
+    assert norms == sorted(p for p in params if p[-1] == "scale")
+    attentions = [p for p in products if p.kind == "attention"]
+    assert len(attentions) == cfg.num_encoder_layers + 2 * cfg.num_decoder_layers
+    tied = [p for p in products if p.transposed]
+    assert [p.sources for p in tied] == ([(("token_embedder", "embedding"),)]
+                                        if cfg.logits_via_embedding else [])
+
+
+def test_policy_routes_each_product():
+  on = dispatch.Policy(True, "built", frozenset({"decoder/layers_0/mlp/wo/kernel"}))
+  dot = lambda key, dtype: dispatch.Product(key, "dot", (), jnp.dtype(dtype))
+  assert on.route(dot(("encoder", "x", "kernel"), jnp.float32), jnp.float32) is None
+  assert on.route(dot(("encoder", "x", "kernel"), jnp.float32), jnp.bfloat16) is None
+  assert "float16" in on.route(dot(("encoder", "x", "kernel"), jnp.float32), jnp.float16)
+  assert "float16" in on.route(dot(("encoder", "x", "kernel"), jnp.float16), jnp.float32)
+  assert on.route(dot(("decoder", "layers_0", "mlp", "wo", "kernel"), jnp.float32),
+                  jnp.float32) == "kept on XLA by the policy"
+  norm = dispatch.Product(("n", "sum_squares"), "sum_squares", ())
+  assert on.route(norm) is None
+  assert dispatch.Policy(False, "off here").route(norm) == "off here"
+  with pytest.raises(ValueError, match="unknown product kind"):
+    on.route(dispatch.Product(("x",), "conv", ()))
+
+
+@needs_kernels
+def test_one_product_on_xla_makes_the_decode_not_width_invariant(monkeypatch, demo):
+  """A Model packed with one product kept on XLA: its decode has that one XLA dot, it is
+  reported not width-invariant, and exact mode pads its calls again."""
+  target, enc = demo
+  wo = "decoder/layers_0/mlp/wo/kernel"
+  partial = sd.pack(target, dispatch.policy(xla={wo}))
+  assert partial.decode_weights.xla == ((wo, "kept on XLA by the policy"),)
+  assert not partial.width_invariant_decode and sd.pack(target).width_invariant_decode
+  cache = _prefilled(target, enc[:2])
+  hlo = jax.jit(_decode).lower(partial, jnp.ones((2, 3), jnp.int32), cache).as_text()
+  assert hlo.count("stablehlo.dot_general") == 1
+  widths = []
+  original = sd.Model.decode_with_hidden
+
+  def recording(self, tokens, cache, **kwargs):
+    widths.append(tokens.shape[1])
+    return original(self, tokens, cache, **kwargs)
+
+  monkeypatch.setattr(sd.Model, "decode_with_hidden", recording)
+  drafter = sd.load("demo-de-en/drafter")
+  sd.speculative_generate(partial, drafter, enc[:2], gamma=3, max_new_tokens=8)
+  assert set(widths) == {engine.EXACT_WIDTH}
+  widths.clear()
+  sd.speculative_generate(target, drafter, enc[:2], gamma=3, max_new_tokens=8)
+  assert set(widths) == {4}
+
+
+def test_only_dispatch_reads_the_packed_collection():
+  """One dispatch site: no other module of the library looks the packed weights up."""
+  root = pathlib.Path(sd.__file__).parent
+  readers = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
+                   if any(s in p.read_text() for s in ("has_variable(", "get_variable(")))
+  assert readers == ["kernels/dispatch.py"]
 
 
 @needs_kernels
@@ -412,7 +513,7 @@ def test_start_runs_the_encoder_on_kernels_forward_keeps_xla_dot(monkeypatch, de
   target, enc = demo
   assert not _uses_kernel(lambda m, e: m.forward(e, e), target, enc)
   start = lambda m, e: m.start(e, capacity=8)
-  hlo = jax.jit(start).lower(target, enc).as_text()
+  hlo = jax.jit(start).lower(sd.pack(target), enc).as_text()
   cfg = target.config
   products = 4 * cfg.num_encoder_layers + cfg.num_decoder_layers     # qkv, out, wi, wo; kv
   norms = 2 * cfg.num_encoder_layers + 1
@@ -468,8 +569,7 @@ def test_bfloat16_exact_float32_weights_pack_narrow_with_bitwise_equal_products(
                                 np.asarray(kernels.dot(x, wide, 1000)))
   cfg = sd.get_config("t5_1_1_tiny")
   model = sd.init_model(cfg, 0)
-  dtypes = lambda m: {p: x.dtype for p, x in flatten_dict(m.decode_weights).items()
-                      if p[-1] != "sum_squares"}
+  dtypes = _packed_dots
   assert set(dtypes(model).values()) == {jnp.dtype(jnp.float32)}     # random float32 init
   rounded = model.replace(params=jax.tree_util.tree_map(
       lambda x: x.astype(jnp.bfloat16).astype(jnp.float32), model.params))
@@ -480,12 +580,11 @@ def test_bfloat16_exact_float32_weights_pack_narrow_with_bitwise_equal_products(
 
 
 def test_bfloat16_exactness_is_judged_on_the_bits():
-  from specdec_jax.models import model as model_lib
   f32 = lambda bits: np.asarray(bits, np.uint32).view(np.float32)
-  assert model_lib._bfloat16_exact(jnp.asarray(f32([0x3F800000, 0x80000000, 0x7F800000,
+  assert packing.bfloat16_exact(jnp.asarray(f32([0x3F800000, 0x80000000, 0x7F800000,
                                                     0x00010000, 0x7FC00000])))  # 1 -0 inf sub NaN
   for bits in (0x3F800001, 0x00000001, 0x7FC00001):       # float32-only value, subnormal, NaN
-    assert not model_lib._bfloat16_exact(jnp.asarray(f32([0x3F800000, bits])))
+    assert not packing.bfloat16_exact(jnp.asarray(f32([0x3F800000, bits])))
 
 
 def test_threads_grow_with_weights_and_rows():
@@ -503,15 +602,14 @@ def test_threads_grow_with_weights_and_rows():
 def test_narrow_panels_give_bitwise_the_logits_of_float32_panels(monkeypatch, demo):
   """The bundled target (bfloat16-exact float32 params) decodes on bfloat16 panels to
   bitwise the logits of float32 panels of the same params."""
-  from specdec_jax.models import model as model_lib
   target, enc = demo
   cache = _prefilled(target, enc)
   tokens = jnp.asarray(np.random.default_rng(4).integers(2, target.vocab_size, (8, 3)), jnp.int32)
   narrow = np.asarray(target.decode(tokens, cache)[0])
-  monkeypatch.setattr(model_lib, "_bfloat16_exact", lambda w: False)
+  assert set(_packed_dots(target).values()) == {jnp.dtype(jnp.bfloat16)}
+  monkeypatch.setattr(packing, "bfloat16_exact", lambda w: False)
   wide_model = target.replace(params=dict(target.params))
-  kinds = {x.dtype for p, x in flatten_dict(wide_model.decode_weights).items()}
-  assert kinds == {jnp.dtype(jnp.float32)}
+  assert set(_packed_dots(wide_model).values()) == {jnp.dtype(jnp.float32)}
   np.testing.assert_array_equal(np.asarray(wide_model.decode(tokens, cache)[0]), narrow)
 
 
@@ -522,9 +620,10 @@ def test_aot_lowering_keeps_the_kernels(demo):
   target, enc = demo
   cache = _prefilled(target, enc[:1])
   tokens = jnp.asarray([[5, 6, 7]], jnp.int32)
-  lowered = jax.jit(_decode).lower(target, tokens, cache)
+  packed = sd.pack(target)
+  lowered = jax.jit(_decode).lower(packed, tokens, cache)
   assert build.DOT in lowered.as_text()
-  out = lowered.compile()(target, tokens, cache)
+  out = lowered.compile()(packed, tokens, cache)
   np.testing.assert_array_equal(np.asarray(out), np.asarray(target.decode(tokens, cache)[0]))
 
 
@@ -535,7 +634,7 @@ def test_exact_greedy_needs_no_padding_with_kernels(monkeypatch, demo):
   baseline's. Kernels off: the calls are padded again."""
   target, enc = demo
   drafter = sd.load("demo-de-en/drafter")
-  assert target.width_invariant_decode
+  assert sd.pack(target).width_invariant_decode and not target.width_invariant_decode
   widths = []                                   # token width of each traced target call
   original = sd.Model.decode_with_hidden
 
@@ -553,7 +652,7 @@ def test_exact_greedy_needs_no_padding_with_kernels(monkeypatch, demo):
     np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(base.tokens))
     np.testing.assert_array_equal(np.asarray(spec.lengths), np.asarray(base.lengths))
   _off(monkeypatch)
-  assert not target.width_invariant_decode
+  assert not sd.pack(target).width_invariant_decode
   widths.clear()
   sd.generate(target, enc, max_new_tokens=23)
   assert set(widths) == {engine.EXACT_WIDTH}

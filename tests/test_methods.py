@@ -124,7 +124,7 @@ def test_bad_settings_fail_when_the_value_is_made(make, message):
 def test_missing_models_and_wrong_methods_give_clear_errors(target, enc):
   for method, message in [(sd.Speculative(None), "needs a drafter"),
                           (sd.BiLD(None), "needs the small model"),
-                          (sd.Blockwise(target), "needs the target's prediction heads")]:
+                          (sd.Blockwise(target), "prediction heads")]:
     with pytest.raises(sd.InputError, match=message):
       sd.decode(target, method, enc, MAX_NEW)
   with pytest.raises(sd.InputError, match="method must be one of sd.Autoregressive"):

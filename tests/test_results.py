@@ -67,7 +67,9 @@ def test_pipeline_writes_json_md_png_and_greedy_bleu_matches(workdir, tmp_path):
   assert set(rows) == {"B4/target/greedy", "B4/target/sample", "B4/drafter/g2",
                        "B4/ngram/g2", "B4/prompt-lookup/g2"}
   base = rows["B4/target/greedy"]
-  assert base["speedup"] == pytest.approx(1.0)
+  assert base["speedup"] == pytest.approx(1.0)   # the plain baseline (exact=False) itself
+  assert base["exact_cost"] == pytest.approx(base["exact_baseline_ms_per_token"]
+                                             / base["ms_per_token"])
   for key in ("B4/drafter/g2", "B4/ngram/g2", "B4/prompt-lookup/g2"):
     r = rows[key]
     for col in ("alpha", "acceptance_rate", "block_efficiency", "ms_per_token", "speedup",

@@ -34,7 +34,7 @@ def inputs():
 
 
 AGGREGATES = ("alpha", "acceptance_rate", "tokens_per_target_call", "target_calls", "drafted",
-              "accepted", "beta_sum", "beta_count", "emitted", "drafter_calls", "rejections",
+              "accepted", "beta_sum", "beta_count", "tokens", "drafter_calls", "rejections",
               "per_position_accepted")
 
 
@@ -53,10 +53,12 @@ def test_corpus_of_padded_batches_has_the_stats_of_one_big_batch(pair, inputs):
   merged, expected = corpus.stats, whole.stats
   assert 0.0 < float(expected["alpha"]) < 1.0          # a meaningful mix of accepts/rejects
   assert 0 < int(expected["accepted"]) < int(expected["drafted"])
+  raw_merged = stats_lib.merge_outputs(corpus.outputs, corpus.real_rows, raw=True)
+  raw_whole = stats_lib.summarize(whole.counters, dict(whole.info), raw=True)
   for key in AGGREGATES:
     np.testing.assert_allclose(merged[key], expected[key], rtol=1e-6, err_msg=key)
-    np.testing.assert_allclose(merged[f"{key}_per_row"], expected[f"{key}_per_row"],
-                               rtol=1e-6, err_msg=key)
+    row_key = f"{'emitted' if key == 'tokens' else key}_per_row"
+    np.testing.assert_allclose(raw_merged[row_key], raw_whole[row_key], rtol=1e-6, err_msg=key)
   assert float(merged["alpha"]) == pytest.approx(
       float(merged["beta_sum"]) / float(merged["beta_count"]))
   assert float(merged["tokens_per_target_call"]) == pytest.approx(
@@ -89,6 +91,33 @@ def test_baseline_counts_one_target_call_per_row_and_token(pair, inputs):
   assert row["target_calls"] == corpus.generated and row["block_efficiency"] == 1.0
   assert set(row) == {"target_calls", "rounds", "block_efficiency"}
   assert "_per_row" not in "".join(methods.totals(corpus.stats))
+
+
+def test_out_stats_is_a_readable_summary_of_host_numbers(pair, inputs):
+  """out.stats: documented names, Python ints / floats (no device arrays, no per-row keys);
+  the per-row counters stay on out.counters and in summarize(raw=True), also under jit."""
+  target, drafter = pair
+  out = sd.speculative_generate(target, drafter, inputs, gamma=GAMMA, max_new_tokens=MAX_NEW)
+  s = out.stats
+  doc = stats_lib.summarize.__doc__
+  numbers = {k: v for k, v in s.items() if k not in dict(out.info)}
+  assert set(numbers) <= set(stats_lib.SUMMARY) and len(numbers) >= 20
+  for name, value in numbers.items():
+    assert f"{name} " in doc or f"{name}," in doc, f"{name} is not documented"
+    assert type(value) in (int, float, list), (name, type(value))
+  assert s["tokens"] == int(np.asarray(out.lengths).sum()) and s["rows"] == len(inputs)
+  assert s["tokens_per_target_call"] == pytest.approx(s["tokens"] / s["target_calls"])
+  assert s["alpha"] == pytest.approx(s["beta_sum"] / s["beta_count"])
+  assert sum(s["per_position_accepted"]) == s["accepted"]
+  assert s["method"] == "speculative" and s["gamma"] == GAMMA
+  calls = np.asarray(out.counters.target_calls)
+  assert calls.shape == (len(inputs),) and calls.sum() == s["target_calls"]
+  raw = stats_lib.summarize(out.counters, dict(out.info), raw=True)
+  np.testing.assert_array_equal(raw["target_calls_per_row"], calls)
+  jitted = jax.jit(lambda c: stats_lib.summarize(c, raw=True)["alpha"])(out.counters)
+  assert float(jitted) == pytest.approx(s["alpha"], rel=1e-6)
+  with pytest.raises(sd.InputError, match="raw=True"):
+    jax.jit(lambda c: stats_lib.summarize(c)["alpha"])(out.counters)
 
 
 # ----------------------------------------------------------------------------- batching

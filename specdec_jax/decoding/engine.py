@@ -43,6 +43,7 @@ from specdec_jax.rounds.phases import (Acceptance, Proposal, RoundContext, Round
 from specdec_jax.decoding.stats import DecodeStats
 from specdec_jax.errors import InputError
 from specdec_jax.models.model import Model
+from specdec_jax.models import packing
 
 Array = jax.Array
 
@@ -275,11 +276,24 @@ def finish(state: RoundState, config: RoundConfig) -> buffer.DecodeOutput:
 # ----------------------------------------------------------------------------- driver
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
 def run(target: Model, proposer: Any, encoder_tokens: Array, proposer_inputs: Array | None,
         rng: Array, *, config: RoundConfig) -> buffer.DecodeOutput:
-  """The whole decode as ONE jitted `lax.while_loop` of `round_step`."""
+  """The whole decode as ONE jitted `lax.while_loop` of `round_step`, on the models
+  packed for the CPU kernels (`sd.pack`: once per Model object)."""
+  target, proposer = packing.pack((target, proposer))
+  return _run(target, proposer, encoder_tokens, proposer_inputs, rng, config=config)
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _run(target: Model, proposer: Any, encoder_tokens: Array, proposer_inputs: Array | None,
+         rng: Array, *, config: RoundConfig) -> buffer.DecodeOutput:
   state = init_state(target, proposer, encoder_tokens, config, rng, proposer_inputs)
   state = jax.lax.while_loop(
       cond, functools.partial(round_step, target, proposer, config=config), state)
   return finish(state, config)
+
+
+# `run` as a jitted function: `lower` (AOT, HLO) and `_cache_size` are `_run`'s on packed models.
+run.lower = lambda target, proposer, *args, **kwargs: _run.lower(
+    *packing.pack((target, proposer)), *args, **kwargs)
+run._cache_size = _run._cache_size

@@ -1,29 +1,119 @@
-"""Checks and defaults for decode requests: clear errors before anything is traced."""
+"""Checks and defaults for decode requests: clear errors before anything is traced.
+
+Every public decode function runs these on its raw arguments first, so a malformed
+request fails with an `InputError` that names the argument, never inside a jit trace:
+
+    check_request(encoder_tokens, config, max_new_tokens)   tokens [B, Le] -> int32 array
+    resolve_eos(eos_id, config)                              the stop token, in the vocabulary
+    as_rng(rng, sampling)                                    one PRNG key (required to sample)
+    check_heads_value(heads)                                 prediction heads, not a Model
+"""
 
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import sampling as sampling_lib
 from specdec_jax.config import T5Config
 from specdec_jax.errors import InputError
-from specdec_jax.models.model import check_tokens
+from specdec_jax.models.model import Model, check_tokens
 
 Array = jax.Array
 
 
 def check_request(encoder_tokens, config: T5Config, max_new_tokens: int) -> Array:
-  """Validate a decode request and return the encoder tokens as int32 [B, Le]."""
+  """Validate a decode request and return the encoder tokens as int32 [B, Le].
+
+  `encoder_tokens` may be an array or a rectangular nested list of ids. Every row must
+  hold at least one token that is neither padding (0) nor EOS: an empty input gives the
+  decoder nothing to condition on, so it is refused, naming the row.
+  """
+  encoder_tokens = as_token_array(encoder_tokens, "encoder_tokens")
   check_tokens(encoder_tokens, config, "encoder_tokens")
-  check_positive_int(max_new_tokens, "max_new_tokens")
+  max_new_tokens = check_positive_int(max_new_tokens, "max_new_tokens")
   limit = config.max_encoder_length
   if limit is not None and encoder_tokens.shape[1] > limit:
     raise InputError(f"encoder_tokens has length {encoder_tokens.shape[1]}, longer than the "
                      f"model allows (max_encoder_length={limit})")
+  if not isinstance(encoder_tokens, jax.core.Tracer):
+    check_nonempty_rows(np.asarray(encoder_tokens), config, "encoder_tokens")
+  check_buffer_fits(config, encoder_tokens.shape[0], max_new_tokens)
   return jnp.asarray(encoder_tokens, jnp.int32)
+
+
+def as_token_array(tokens, name: str):
+  """A nested Python list of ids -> int32 numpy [B, L]; arrays pass through.
+
+  A ragged list (rows of different lengths) is refused: rows must be right-padded
+  with 0 to one length (`tools.batching.pad_rows`, or `tokenizer.encode` on strings).
+  """
+  if not isinstance(tokens, (list, tuple)):
+    return tokens
+  rows = list(tokens)
+  if not rows or not all(isinstance(r, (list, tuple, np.ndarray)) for r in rows):
+    raise InputError(f"{name} must be 2-D [batch, length]: a list of rows of token ids, "
+                     f"got a list of {type(rows[0]).__name__ if rows else 'nothing'}")
+  lengths = [len(r) for r in rows]
+  if len(set(lengths)) > 1:
+    raise InputError(f"{name} is a ragged list (row lengths {lengths[:8]}"
+                     f"{', ...' if len(lengths) > 8 else ''}): right-pad every row with 0 "
+                     "to one length (tools.batching.pad_rows, or tokenizer.encode)")
+  array = np.asarray(rows)
+  if array.size and not np.issubdtype(array.dtype, np.integer):
+    raise InputError(f"{name} must hold integer token ids, got {array.dtype} values")
+  return array.astype(np.int32)
+
+
+def check_nonempty_rows(tokens: np.ndarray, config: T5Config, name: str) -> None:
+  """Refuse rows [B, L] holding nothing but padding (0) and EOS: an empty sentence."""
+  content = (tokens != config.pad_id) & (tokens != config.eos_id)
+  empty = np.flatnonzero(~np.any(content, axis=1))
+  if empty.size:
+    rows = ", ".join(map(str, empty[:8].tolist())) + (", ..." if empty.size > 8 else "")
+    raise InputError(
+        f"{name} row{'s' if empty.size > 1 else ''} {rows} "
+        f"{'hold' if empty.size > 1 else 'holds'} no token besides padding ({config.pad_id}) "
+        f"and EOS ({config.eos_id}): an empty input gives the decoder nothing to condition on; "
+        "drop the row (a short last batch can repeat a real row: tools.batching.padded_batches)")
+
+
+def device_memory_bytes() -> int | None:
+  """The default device's memory (accelerators: XLA's limit; CPU: the host's RAM)."""
+  device = jax.devices()[0]
+  stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+  if stats and stats.get("bytes_limit"):
+    return int(stats["bytes_limit"])
+  try:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (ValueError, OSError, AttributeError):
+    return None
+
+
+def cache_bytes(config: T5Config, batch: int, length: int) -> int:
+  """Bytes of a decoder self-attention cache: K and V [B, H, length, D] in every layer."""
+  itemsize = jnp.dtype(config.dtype).itemsize
+  return (2 * config.num_decoder_layers * batch * config.num_heads * length
+          * config.head_dim * itemsize)
+
+
+def check_buffer_fits(config: T5Config, batch: int, max_new_tokens: int) -> None:
+  """Refuse a `max_new_tokens` whose decoder cache alone exceeds the device's memory.
+
+  The cache is allocated for the whole budget at once (fixed shapes), so an absurd
+  budget would otherwise surface as an out-of-memory error deep inside XLA.
+  """
+  need, have = cache_bytes(config, batch, max_new_tokens + 1), device_memory_bytes()
+  if have is not None and need > have:
+    raise InputError(
+        f"max_new_tokens={max_new_tokens} needs a decoder cache of {need / 2**30:.1f} GiB "
+        f"(K and V [B={batch}, heads={config.num_heads}, {max_new_tokens + 1}, "
+        f"head_dim={config.head_dim}] {config.dtype} in {config.num_decoder_layers} layers), "
+        f"more than the device's {have / 2**30:.1f} GiB: lower max_new_tokens or the batch")
 
 
 def check_positive_int(value, name: str) -> int:
@@ -40,8 +130,20 @@ def check_same_vocabulary(target_vocab: int, drafter_vocab: int, what: str = "dr
 
 
 def resolve_eos(eos_id: int | None, config: T5Config) -> int:
-  """None -> the model's EOS; a negative id disables stopping (T5X's eos_id=-1)."""
-  return config.eos_id if eos_id is None else int(eos_id)
+  """None -> the model's EOS; a negative id disables stopping (T5X's eos_id=-1).
+
+  An id >= vocab_size is refused: no token could ever equal it, so no row would stop.
+  """
+  if eos_id is None:
+    return config.eos_id
+  if not isinstance(eos_id, (int, np.integer)) or isinstance(eos_id, bool):
+    raise InputError(f"eos_id must be an integer token id (or None: the model's "
+                     f"{config.eos_id}; -1: never stop), got {eos_id!r}")
+  if eos_id >= config.vocab_size:
+    raise InputError(f"eos_id={eos_id} is outside the vocabulary [0, {config.vocab_size}): "
+                     "no token can equal it, so no row would stop; pass -1 to disable "
+                     "stopping on purpose")
+  return int(eos_id)
 
 
 @functools.lru_cache(maxsize=64)
@@ -50,10 +152,44 @@ def _seed_key(seed: int) -> Array:
   return jax.random.PRNGKey(seed)
 
 
-def as_rng(rng) -> Array:
-  """None -> the key of seed 0; an int -> its key; a key passes through."""
+def as_rng(rng, sampling=None) -> Array:
+  """One PRNG key for the call: an int seed -> its key; a key passes through.
+
+  `rng` is ONE key for the whole batch (rows draw independent streams from it).
+  None is allowed only for greedy decoding (`sampling` None or greedy): sampling
+  without a key would silently reuse seed 0, so every call would draw the same samples.
+  """
   if rng is None:
+    if not sampling_lib.as_method(sampling).is_greedy:
+      raise InputError(
+          f"sampling={sampling!r} needs rng: a seed (rng=0) or a key (rng=jax.random.key(0)); "
+          "without it every call would draw the same samples")
     return _seed_key(0)
-  if isinstance(rng, (int, np.integer)):
+  if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
     return _seed_key(int(rng))
-  return rng
+  shape, dtype = getattr(rng, "shape", None), getattr(rng, "dtype", None)
+  if shape is None or dtype is None:
+    raise InputError(f"rng must be an int seed or a PRNG key (jax.random.key(0) or "
+                     f"jax.random.PRNGKey(0)), got {type(rng).__name__} {rng!r:.40}")
+  typed = jnp.issubdtype(dtype, jax.dtypes.prng_key)
+  if (typed and shape == ()) or (not typed and dtype == jnp.uint32 and shape == (2,)):
+    return rng
+  if (typed and len(shape) == 1) or (not typed and len(shape) == 2 and shape[-1] == 2):
+    raise InputError(
+        f"rng has shape {tuple(shape)}: one key per row. Pass ONE key for the call (rows "
+        "draw independent streams from it); for per-row keys, decode the rows in separate "
+        "calls, or vmap the pure pieces (engine.init_state / round_step / finish) over rows")
+  raise InputError(f"rng must be an int seed or one PRNG key (jax.random.key(0): shape (), or "
+                   f"jax.random.PRNGKey(0): uint32 [2]), got {dtype} {tuple(shape)}")
+
+
+def check_heads_value(heads) -> None:
+  """`heads` must be prediction heads (`sd.load_heads` / `sd.init_heads`), not a Model."""
+  if isinstance(heads, Model):
+    raise InputError(
+        "heads is a Model: blockwise_generate(model, heads, encoder_tokens, ...) takes the "
+        "prediction heads trained on `model` as its second argument "
+        "(sd.load_heads(path, model), or `specdec train --heads`)")
+  if not (hasattr(heads, "num_drafts") and hasattr(heads, "params")):
+    raise InputError(f"heads must be prediction heads (sd.load_heads / sd.init_heads), "
+                     f"got {type(heads).__name__}")

@@ -309,6 +309,7 @@ class Blockwise(Method):
     _check_exact(self.exact)
 
   def proposer(self, target, sampling):
+    inputs.check_heads_value(self.heads)
     if not isinstance(self.heads, Heads):
       raise InputError(f"sd.Blockwise needs the target's prediction heads (sd.Heads from "
                        f"sd.init_heads / sd.load_heads), got {type(self.heads).__name__}")
@@ -403,6 +404,6 @@ def decode(target: Model, method: Method, encoder_tokens, max_new_tokens: int = 
   config = method.round_config(target, max_new_tokens, sampling,
                                inputs.resolve_eos(eos_id, target.config))
   proposer_inputs = method.proposer_inputs(proposer, encoder_tokens, max_new_tokens)
-  out = engine.run(target, proposer, encoder_tokens, proposer_inputs, inputs.as_rng(rng),
+  out = engine.run(target, proposer, encoder_tokens, proposer_inputs, inputs.as_rng(rng, sampling),
                    config=config)
   return method.finish(target, encoder_tokens, out)

@@ -20,6 +20,10 @@ Worked example (one row, speculative decoding, gamma 3, EOS off, 7 tokens):
     rounds 2, target_calls 2, drafter_calls 6, drafted 6, accepted 5, rejections 1,
     per_position_accepted [2, 2, 1], emitted 7, drafter_tokens 5,
     acceptance_rate 5/6, tokens_per_target_call 3.5
+
+`DecodeOutput.stats` is `summarize`'s readable view: host Python numbers under the
+names documented there (tokens, rounds, target_calls, tokens_per_target_call, alpha,
+...); the per-row counters stay on `DecodeOutput.counters`.
 """
 
 from __future__ import annotations
@@ -122,16 +126,79 @@ def _ratio(num, den):
   return num / jnp.maximum(den, 1)
 
 
-def summarize(stats: DecodeStats, info: Mapping[str, Any] | None = None) -> dict[str, Any]:
-  """The user-facing mapping: totals, ratios of totals, the same per row, and `info`.
+#: The readable summary's names (`summarize`), in order; each is documented there.
+SUMMARY = ("rows", "tokens", "rounds", "target_calls", "tokens_per_target_call", "drafter_calls",
+           "drafted", "accepted", "acceptance_rate", "alpha", "beta_sum", "beta_count",
+           "per_position_accepted", "rejections", "fallbacks", "drafter_tokens",
+           "target_tokens", "fallback_rate", "rollback_rate", "repeated_draft_rate",
+           "mean_max_run", "oracle_tokens_per_target_call", "log_prob")
 
-  Keys: every counter (total over rows), `rounds`, `per_position_accepted` [G],
-  `target_tokens` (= emitted - drafter_tokens), the ratios `acceptance_rate`,
-  `tokens_per_target_call`, `alpha`, `fallback_rate`, `rollback_rate`,
-  `repeated_draft_rate`, `mean_max_run` (and `oracle_tokens_per_target_call` when `info`
-  names an `oracle_top_k`); each per-row value under `<name>_per_row`; then the static `info`
-  (method, gamma, lossy, ...).
+
+def summarize(stats: DecodeStats, info: Mapping[str, Any] | None = None, *,
+              raw: bool = False) -> dict[str, Any]:
+  """The statistics of a decode call as host Python numbers, plus the run's `info`.
+
+  Totals over the rows (ints unless noted); ratios are ratios of totals:
+
+    rows                     B, the rows decoded.
+    tokens                   tokens emitted, EOS included (the rows' output lengths summed).
+    rounds                   batched verifier invocations (what wall time follows).
+    target_calls             verifier calls counted per row: a row live in a call adds 1.
+    tokens_per_target_call   float, tokens / target_calls: the block efficiency (tokens a
+                             row gains per verifier call; 1.0 for the baseline).
+    drafter_calls            proposer invocations counted per row.
+    drafted, accepted        proposals made / committed (accepted, or BiLD's unverified end).
+    acceptance_rate          float, accepted / drafted.
+    alpha                    float, beta_sum / beta_count: the mean over scored proposals of
+                             beta = sum_x min(p(x), q(x)) (Leviathan et al.'s alpha).
+    beta_sum, beta_count     float / int, alpha's numerator and denominator (merge exactly).
+    per_position_accepted    list [G]: rounds in which proposal i (0-based) was accepted.
+    rejections               rounds with a rejected proposal (BiLD: rollbacks).
+    fallbacks                rounds ended by an unsure proposer (BiLD's fallback policy).
+    drafter_tokens           emitted tokens that came from the proposer.
+    target_tokens            tokens - drafter_tokens: the verifier's own tokens.
+    fallback_rate            float, fallbacks / tokens (BiLD).
+    rollback_rate            float, rejections / tokens (BiLD).
+    repeated_draft_rate      float, adjacent equal proposal pairs / pairs (blockwise).
+    mean_max_run             float, mean longest run of equal adjacent proposals (blockwise).
+    oracle_tokens_per_target_call  float, only when `info` names an `oracle_top_k`.
+    log_prob                 float, the emitted tokens' summed log-probability under the
+                             target's adjusted distribution.
+
+  then `info` (method, gamma, lossy, exact, ...). The per-row counters stay in the
+  `DecodeStats` (`out.counters`, [B] each); `raw=True` returns the full mapping of
+  device arrays instead: every counter's total, the ratios, and each per row under
+  `<name>_per_row` (also usable inside `jax.jit`).
   """
+  if raw:
+    return _raw_summary(stats, info)
+  if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(stats)):
+    raise InputError("the readable statistics are host numbers: inside jax.jit use "
+                     "stats.summarize(counters, raw=True)")
+  host = jax.tree_util.tree_map(np.asarray, jax.device_get(stats))
+  total = {k: getattr(host, k).sum(axis=0) for k in _ROW_COUNTERS}
+  out = {"rows": int(host.emitted.shape[0]), "tokens": int(total["emitted"]),
+         "rounds": int(host.rounds)}
+  ratio = lambda num, den: float(num) / max(float(den), 1.0)
+  out["target_tokens"] = int(total["emitted"] - total["drafter_tokens"])
+  for name, (num, den) in _RATIOS.items():
+    out[name] = ratio(total[num], total[den])
+  if info and dict(info).get("oracle_top_k"):
+    out["oracle_tokens_per_target_call"] = ratio(total["emitted"], total["oracle_calls"])
+  for name in SUMMARY:
+    if name in total and name not in out:
+      out[name] = float(total[name]) if name in _FLOAT_COUNTERS else int(total[name])
+  out["per_position_accepted"] = host.per_position_accepted.sum(axis=0).astype(int).tolist()
+  out = {k: out[k] for k in SUMMARY if k in out}
+  out.update(dict(info or {}))
+  return out
+
+
+_FLOAT_COUNTERS = ("beta_sum", "log_prob")
+
+
+def _raw_summary(stats: DecodeStats, info: Mapping[str, Any] | None) -> dict[str, Any]:
+  """Device arrays: totals, ratios of totals, the same per row (`*_per_row`), and `info`."""
   total = {k: jnp.sum(getattr(stats, k), axis=0) for k in _ROW_COUNTERS}
   per_row = {k: getattr(stats, k) for k in _ROW_COUNTERS}
   for view in (total, per_row):
@@ -175,16 +242,17 @@ def merge(parts: Sequence[tuple[DecodeStats, int]]) -> DecodeStats:
   return DecodeStats(**fields)
 
 
-def merge_outputs(outputs: Sequence[Any], real_rows: Sequence[int] | None = None
-                  ) -> dict[str, Any]:
+def merge_outputs(outputs: Sequence[Any], real_rows: Sequence[int] | None = None, *,
+                  raw: bool = False) -> dict[str, Any]:
   """`summarize` over several `DecodeOutput`s (e.g. the batches of a corpus) as one run.
 
   real_rows[i]: rows of output i that are real (the rest pad a short last batch).
   The outputs must come from one kind of run (the same `info`: method, gamma, ...).
+  raw: the full mapping with per-row values (`summarize(..., raw=True)`).
   """
   if any(o.info != outputs[0].info for o in outputs):
     raise InputError("stats.merge_outputs: outputs of different runs (their info differs: "
                      f"{dict(outputs[0].info)} vs another)")
   rows = real_rows or [o.lengths.shape[0] for o in outputs]
   merged = merge([(o.counters, r) for o, r in zip(outputs, rows)])
-  return summarize(merged, dict(outputs[0].info))
+  return summarize(merged, dict(outputs[0].info), raw=raw)

@@ -19,10 +19,11 @@ time goes on CPU".
 Built on first use with the system C++ compiler (see `build`), for AVX-512F or AVX2
 (with FMA; same results from either); where the backend is not the CPU, the CPU has
 neither, there is no compiler, the build fails, or SPECDEC_CPU_KERNELS=0,
-`available()` is False and the models use `jnp.dot`.
-The models use them for decode requests: the encoder and cross-attention K/V of
-`Model.start` and every cached decode call (`models.model.Model.decode_weights`);
-teacher-forced passes keep XLA's dot and attention.
+`available()` is False and the models use XLA's ops.
+Which product of a decode request (the encoder and cross-attention K/V of
+`Model.start`, every cached decode call) runs on them is decided in one place,
+`dispatch` (its `Policy`); the weights are packed for them by an explicit step,
+`sd.pack(model)` (`models.packing`). Teacher-forced passes keep XLA's dot and attention.
 """
 
 from specdec_jax.kernels.build import ENV_VAR, Status, available, status

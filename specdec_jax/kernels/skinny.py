@@ -76,7 +76,9 @@ def dot(x: Array, wp: Array, n: int) -> Array:
   if not build.available():
     raise RuntimeError(f"skinny products unavailable: {build.status().reason}")
   out = jax.ShapeDtypeStruct(x.shape[:-1] + (n,), jnp.float32)
-  call = jax.ffi.ffi_call(build.DOT, out, vmap_method="expand_dims")
+  # vmap: one call per element. "expand_dims" would hand the kernel batched weights
+  # [R, P, K, 16] (a vmapped while_loop batches its body's weights), which it rejects.
+  call = jax.ffi.ffi_call(build.DOT, out, vmap_method="sequential")
   m = int(np.prod(x.shape[:-1], dtype=np.int64))
   return call(x.astype(jnp.float32), wp, nthreads=np.int64(threads(m, k, n, wp.dtype)),
               chunks=np.int64(work.CHUNKS), prefetch=np.int64(PREFETCH))

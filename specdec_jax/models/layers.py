@@ -4,16 +4,10 @@ Dense (no bias), fused products for decode steps, RMSNorm, the shared embedding,
 relative position buckets and bias, multi-head attention (heads-major, no 1/sqrt(d)
 scaling: it lives in the query init), and the (gated) MLP.
 
-Decode requests (the encoder and cross K/V of `Model.start`, cached decode calls)
-may carry a second, read-only variable collection, `DECODE_WEIGHTS`: the kernels
-packed for the CPU skinny products (`specdec_jax.kernels`), at the path of the layer
-that uses them (a Dense's "kernel", a fused product's "qkv" / "kv" / "wi", the tied
-embedding's "logits", an RMSNorm's "sum_squares" column of ones). A layer that finds
-its packed weights runs its product through the kernel, and attention runs on the
-attention kernel: every row of a k-token call is then computed by exactly the
-operations of a 1-token call (bitwise equal logits), and every row of a batch as it
-would be alone. Without the collection (teacher-forced forward passes, kernels off)
-every layer is XLA's dot and reduce.
+Every product of a decode request (a Dense, a fused Q/K/V / K/V / wi_*, the tied
+output layer, an RMSNorm's sum of squares, an attention) goes through
+`specdec_jax.kernels.dispatch`, which runs it on a CPU kernel when the request carries
+its packed operand (`models.packing.pack`) and on XLA's ops otherwise.
 """
 
 from __future__ import annotations
@@ -27,19 +21,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import kernels
 from specdec_jax.config import mlp_kernel_names
+from specdec_jax.kernels import dispatch
 
 Array = jax.Array
 _MASKED = -1e10  # T5X's bias for masked attention logits
-DECODE_WEIGHTS = "decode_weights"   # collection of packed decode-step kernels (see above)
-
-
-def packed(module: nn.Module, name: str) -> Array | None:
-  """`module`'s packed decode weights `name`, or None (no `DECODE_WEIGHTS` collection)."""
-  if module.has_variable(DECODE_WEIGHTS, name):
-    return module.get_variable(DECODE_WEIGHTS, name)
-  return None
 
 
 # ----------------------------------------------------------------------------- position buckets
@@ -139,15 +125,14 @@ class Dense(nn.Module):
                              (self.in_features, self.features), jnp.float32)
 
   def __call__(self, x: Array) -> Array:
-    """[..., in] -> [..., features] in `dtype` (packed decode weights: the CPU kernel)."""
-    wp = packed(self, "kernel")
-    if wp is not None:
-      return kernels.dot(x.astype(self.dtype), wp, self.features).astype(self.dtype)
-    return jnp.dot(x.astype(self.dtype), jnp.asarray(self.kernel, self.dtype))
+    """[..., in] -> [..., features] in `dtype`."""
+    dt = self.dtype
+    return dispatch.dot(self, "kernel", x, (dispatch.param_path(self, "kernel"),), self.features,
+                        dt, lambda: jnp.dot(x.astype(dt), jnp.asarray(self.kernel, dt)))
 
 
-def fused_dense(x: Array, denses: list[Dense], dtype, fuse: bool = True,
-                wp: Array | None = None) -> list[Array]:
+def fused_dense(module: nn.Module, name: str, x: Array, denses: list[Dense], dtype,
+                fuse: bool = True) -> list[Array]:
   """[x @ k_1, x @ k_2, ...], with `fuse` as ONE dot against the concatenated kernel.
 
   Same maths either way. Fuse in decode steps: there the concatenation is
@@ -156,17 +141,20 @@ def fused_dense(x: Array, denses: list[Dense], dtype, fuse: bool = True,
   bandwidth-bound: ~14% less time per token for T5 1.1 small). Don't fuse in
   passes that run once per call (encoder, cross K/V): there the concatenated copy
   of the kernels is paid on every call (~1 ms per layer for the demo target).
-  wp: the concatenated kernels packed once per model (`DECODE_WEIGHTS`): one
-  skinny product on the CPU kernel.
+  On the CPU kernel (product `name` of `module`) the kernels are packed joined, once
+  per model: one skinny product either way.
   """
   sizes = np.cumsum([d.features for d in denses])
-  if wp is not None:
-    y = kernels.dot(x.astype(dtype), wp, int(sizes[-1])).astype(dtype)
-  elif not fuse:
-    return [d(x) for d in denses]
-  else:
-    kernel = jnp.concatenate([jnp.asarray(d.kernel, dtype) for d in denses], axis=1)
-    y = jnp.dot(x.astype(dtype), kernel)
+  kernels = lambda: [jnp.asarray(d.kernel, dtype) for d in denses]
+
+  def xla():
+    if fuse:
+      return jnp.dot(x.astype(dtype), jnp.concatenate(kernels(), axis=1))
+    # XLA folds these slices of a concatenation back into the separate dots.
+    return jnp.concatenate([jnp.dot(x.astype(dtype), k) for k in kernels()], axis=-1)
+
+  sources = tuple(dispatch.param_path(d, "kernel") for d in denses)
+  y = dispatch.dot(module, name, x, sources, int(sizes[-1]), dtype, xla)
   return jnp.split(y, sizes[:-1].tolist(), axis=-1)
 
 
@@ -181,12 +169,7 @@ class RMSNorm(nn.Module):
     scale = self.param("scale", nn.with_logical_partitioning(NORM_SCALE_INIT, ("embed",)),
                        (x.shape[-1],), jnp.float32)
     x = x.astype(jnp.float32)
-    ones = packed(self, "sum_squares")
-    if ones is not None:     # a fixed accumulation order per row, as the products have
-      mean_square = kernels.dot(jnp.square(x), ones, 1) / x.shape[-1]
-    else:
-      mean_square = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
-    y = x * jax.lax.rsqrt(mean_square + self.epsilon)
+    y = x * jax.lax.rsqrt(dispatch.mean_square(self, x) + self.epsilon)
     return y.astype(self.dtype) * jnp.asarray(scale, self.dtype)
 
 
@@ -208,10 +191,9 @@ class Embed(nn.Module):
 
   def attend(self, x: Array) -> Array:
     """Tied logits: [..., emb] -> [..., vocab] in x's dtype."""
-    wp = packed(self, "logits")
-    if wp is not None:
-      return kernels.dot(x, wp, self.vocab_size).astype(x.dtype)
-    return jnp.dot(x, jnp.asarray(self.embedding, x.dtype).T)
+    return dispatch.dot(self, "logits", x, (dispatch.param_path(self, "embedding"),),
+                        self.vocab_size, x.dtype,
+                        lambda: jnp.dot(x, jnp.asarray(self.embedding, x.dtype).T), True)
 
 
 class RelativePositionBias(nn.Module):
@@ -292,13 +274,13 @@ class MultiHeadAttention(nn.Module):
 
   def project_kv(self, x: Array, fuse: bool = True) -> tuple[Array, Array]:
     """[B, S, E] -> two [B, H, S, Dh] (`fuse`: see `fused_dense`)."""
-    k, v = fused_dense(x, [self.key, self.value], self.dtype, fuse, packed(self, "kv"))
+    k, v = fused_dense(self, "kv", x, [self.key, self.value], self.dtype, fuse)
     return self._split(k), self._split(v)
 
   def project_qkv(self, x: Array, fuse: bool = True) -> tuple[Array, Array, Array]:
     """Self-attention projections: [B, T, E] -> three [B, H, T, Dh] (`fuse`: one dot)."""
-    return tuple(map(self._split, fused_dense(x, [self.query, self.key, self.value],
-                                               self.dtype, fuse, packed(self, "qkv"))))
+    return tuple(map(self._split, fused_dense(self, "qkv", x, [self.query, self.key, self.value],
+                                               self.dtype, fuse)))
 
   def _weighted_values(self, q: Array, k: Array, v: Array, bias: Array) -> Array:
     """q [B, H, T, Dh], k/v [B, H, S, Dh], bias [B|1, H|1, T|1, S] -> [B, H, T, Dh]."""
@@ -309,18 +291,14 @@ class MultiHeadAttention(nn.Module):
   def attend(self, q: Array, k: Array, v: Array, bias: Array) -> Array:
     """q [B, H, T, Dh], k/v [B, H, S, Dh], bias [B|1, H|1, T|1, S] -> [B, T, E].
 
-    In a decode request on packed weights (the output projection has them: the
-    encoder of `Model.start`, cached decode calls) attention runs on the CPU kernel,
-    which computes every query row alike whatever T, B and the number of masked keys
-    are. XLA computes T >= 2 rows with other kernels than T = 1: the rows of a k-token
-    call would round differently from 1-token calls, and a sentence's encoding would
-    depend on the padded length of its batch.
+    On the CPU kernel (`dispatch.attention`) every query row is computed alike whatever
+    T, B and the number of masked keys are. XLA computes T >= 2 rows with other kernels
+    than T = 1: the rows of a k-token call would round differently from 1-token calls,
+    and a sentence's encoding would depend on the padded length of its batch.
     """
-    if packed(self.out, "kernel") is not None:
-      # [B, T, H, Dh] in and out: the transposes around it cancel with `_split`'s.
-      y = kernels.attention(jnp.swapaxes(q, 1, 2), k, v, bias).astype(self.dtype)
-    else:
-      y = jnp.swapaxes(self._weighted_values(q, k, v, bias), 1, 2)
+    # [B, T, H, Dh]: the transposes around it cancel with `_split`'s.
+    y = dispatch.attention(self, q, k, v, bias, self.dtype,
+                           lambda: jnp.swapaxes(self._weighted_values(q, k, v, bias), 1, 2))
     return self.out(y.reshape(y.shape[:2] + (self.num_heads * self.head_dim,)))
 
 
@@ -340,6 +318,6 @@ class MlpBlock(nn.Module):
             "gelu_exact": functools.partial(nn.gelu, approximate=False)}
     wi = [Dense(x.shape[-1], self.mlp_dim, ("embed", "mlp"), self.dtype, name=n)
           for n in mlp_kernel_names(self.activations)]
-    branches = fused_dense(x, wi, self.dtype, self.fuse, packed(self, "wi"))
+    branches = fused_dense(self, "wi", x, wi, self.dtype, self.fuse)
     h = functools.reduce(jnp.multiply, [acts[a](y) for a, y in zip(self.activations, branches)])
     return Dense(self.mlp_dim, x.shape[-1], ("mlp", "embed"), self.dtype, name="wo")(h)

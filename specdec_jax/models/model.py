@@ -8,32 +8,31 @@ through `jax.jit`, `vmap` or `lax.while_loop` like any array container:
     cache = model.start(enc, capacity=32)         # encoder once, cross K/V cached
     logits, cache = model.decode(tok, cache)      # tok [B, k]; writes at cache.length
 
-On a CPU with the decode kernels (`specdec_jax.kernels`), a Model also carries the
-weights of its decode requests packed for them (`Model.decode_weights`): built once
-per Model from its params, on first use, and passed as extra pytree leaves; `start`
-and cached decode calls read them from a separate flax collection, so `params` keeps
-T5X's tree.
+Decode requests (`start`, cached `decode`) run each product on a CPU kernel or on
+XLA's ops as `specdec_jax.kernels.dispatch` decides; the kernels read weights packed
+for them by an explicit step, `sd.pack(model)` (`models.packing`), which returns a
+Model carrying them in `decode_weights`. `start` / `decode` pack on the fly when given
+an unpacked Model outside a trace; `params` keeps T5X's tree either way.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, NamedTuple
+from typing import Any
 
 import flax.linen as nn
 from flax.traverse_util import flatten_dict, unflatten_dict
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 
 from specdec_jax import cache as cache_lib
-from specdec_jax import kernels
 from specdec_jax.config import T5Config
 from specdec_jax.errors import InputError
+from specdec_jax.kernels import dispatch
 from specdec_jax.models import layers
-from specdec_jax.models.t5 import Transformer, decode_products
+from specdec_jax.models.t5 import Transformer
 
 Array = jax.Array
 
@@ -46,9 +45,8 @@ def module_for(config: T5Config) -> Transformer:
 def _apply(model: "Model", *args, method: str, packed: bool = False, **kwargs):
   """`Transformer.<method>` on `model`'s params; `packed`: with its decode weights too."""
   variables = {"params": model.params}
-  weights = model.decode_weights if packed else None
-  if weights is not None:
-    variables[layers.DECODE_WEIGHTS] = weights
+  if packed and model.decode_weights is not None:
+    variables[dispatch.COLLECTION] = model.decode_weights.weights
   return module_for(model.config).apply(variables, *args, method=getattr(Transformer, method),
                                         **kwargs)
 
@@ -77,70 +75,39 @@ def _decode(model, tokens, cache, num_layers=None, positions=None, visible=None)
                 packed=True)
 
 
-class _Packed(NamedTuple):
-  """A Model's packed decode weights and the param leaves they were packed from."""
-
-  sources: tuple       # tree_leaves(params) at packing time, compared by identity
-  weights: Any         # {DECODE_WEIGHTS tree} or None (the model cannot use the kernels)
-
-
 @dataclasses.dataclass(frozen=True)
 class Model:
-  """A T5 encoder-decoder: `config` (static) and `params` (T5X tree names).
+  """A T5 encoder-decoder: `config` (static), `params` (T5X tree names) and, once
+  packed (`pack`), `decode_weights` (`dispatch.DecodeWeights`; None when unpacked).
 
-  A pytree whose leaves are `params`, then `decode_weights` when there are any.
+  A pytree whose leaves are `params`, then the packed weights' (none when unpacked).
   """
 
   config: T5Config = struct.field(pytree_node=False)
   params: Any
+  decode_weights: Any = None
 
   def replace(self, **updates) -> "Model":
-    """A new Model with fields replaced (its decode weights are packed anew, when used)."""
+    """A new Model with fields replaced; new params or config drop the packed weights."""
+    if ("params" in updates or "config" in updates) and "decode_weights" not in updates:
+      updates["decode_weights"] = None
     return dataclasses.replace(self, **updates)
 
-  @property
-  def decode_weights(self) -> Any | None:
-    """The kernels of decode requests (`start`, cached `decode`) packed for the CPU
-    skinny products, or None.
-
-    A tree in the `layers.DECODE_WEIGHTS` collection's layout (`t5.decode_products`).
-    Built on first use (the first jit call that takes this Model) from the current
-    params, then kept on this Model: it is never recomputed per call, and a Model
-    made by `replace`, `astype` or `with_dtype` is a new Model that packs its own.
-    Packed weights can never be stale: they are used only while every params leaf
-    is the very array they were packed from (assigning into the params dict in
-    place re-packs). None where the kernels are off or unavailable
-    (`kernels.status()`), for float16, for params not on one CPU device, and for a
-    Model made inside a traced function (those run XLA's dot). The packed dtype can
-    depend on the values (`pack_decode_weights`: bfloat16-exact float32 weights pack
-    narrow), so params moved off the bfloat16 grid (fine-tuning) repack wide: a new
-    pytree structure for jit (one recompile) and for an AOT-compiled function.
-    """
-    if not kernels.available():
-      return None
-    leaves = jax.tree_util.tree_leaves(self.params)
-    cached = self.__dict__.get("_packed")
-    if cached is not None and _same_arrays(cached.sources, leaves):
-      return cached.weights
-    if not all(_concrete(x) for x in leaves):
-      return None   # tracers, or abstract leaves (ShapeDtypeStruct, a lowering's ArgInfo)
-    with jax.ensure_compile_time_eval():
-      weights = pack_decode_weights(self.config, self.params) if _on_one_cpu(leaves) else None
-    object.__setattr__(self, "_packed", _Packed(tuple(leaves), weights))
-    return weights
+  def pack(self, policy: dispatch.Policy | None = None) -> "Model":
+    """This Model with its decode products packed for the CPU kernels (`packing.pack_model`)."""
+    from specdec_jax.models import packing
+    return packing.pack_model(self, policy)
 
   @property
   def width_invariant_decode(self) -> bool:
     """Whether a cached decode call computes each of its k tokens by the ops of a
     1-token call: a k-token call's logits are then bitwise k sequential 1-token calls.
 
-    True with packed decode weights (`decode_weights`): every product is a skinny
-    kernel with a fixed per-element accumulation order, and attention a kernel that
-    computes every query row alike (`kernels.attention`). XLA's dot picks other
-    kernels for k >= 2 rows than for 1, so without them rows round differently (the
-    engine's exact mode then pads every call to one width, `engine.EXACT_WIDTH`).
+    True when every product of the decode runs on a kernel (`dispatch.width_invariant`:
+    a packed Model with no product left on XLA). XLA's dot picks other kernels for
+    k >= 2 rows than for 1 (the engine's exact mode then pads every call to one width).
     """
-    return self.decode_weights is not None
+    return dispatch.width_invariant(self)
 
   @property
   def vocab_size(self) -> int:
@@ -155,11 +122,11 @@ class Model:
 
   def encode(self, encoder_tokens: Array) -> Array:
     """[B, Le] int32 -> encoder output [B, Le, E]."""
-    return _encode(self, encoder_tokens)
+    return _encode(self.pack(), encoder_tokens)
 
   def start(self, encoder_tokens: Array, capacity: int) -> cache_lib.DecoderCache:
     """Run the encoder once and build an empty decoder cache of `capacity` positions."""
-    return _start(self, encoder_tokens, capacity)
+    return _start(self.pack(), encoder_tokens, capacity)
 
   def decode(self, tokens: Array, cache: cache_lib.DecoderCache, *,
              exit_layer: int | None = None) -> tuple[Array, cache_lib.DecoderCache]:
@@ -169,7 +136,7 @@ class Model:
     `exit_layer`: read the logits after that many decoder layers (shared final norm
     and output layer: an early exit); only those layers' buffers are written.
     """
-    logits, _, cache = _decode(self, tokens, cache, exit_layer)
+    logits, _, cache = _decode(self.pack(), tokens, cache, exit_layer)
     return logits, cache
 
   def decode_with_hidden(self, tokens: Array, cache: cache_lib.DecoderCache, *,
@@ -181,7 +148,7 @@ class Model:
     `positions` [B, k] / `visible` [B | 1, k, k]: the k new tokens form a tree (several
     drafts after one shared token; see `cache.tree_mask`).
     """
-    return _decode(self, tokens, cache, None, positions, visible)
+    return _decode(self.pack(), tokens, cache, None, positions, visible)
 
   def exit_logits(self, encoder_tokens: Array, decoder_input_tokens: Array,
                   exits: tuple[int, ...], deterministic: bool = True, rngs=None):
@@ -217,91 +184,21 @@ class Model:
     return self.replace(params=params)
 
 
-def _concrete(x) -> bool:
-  """A leaf holding values (not a tracer, nor an abstract leaf of AOT lowering)."""
-  return isinstance(x, (np.ndarray, jax.Array)) and not isinstance(x, jax.core.Tracer)
-
-
-def _same_arrays(a, b) -> bool:
-  return len(a) == len(b) and all(x is y for x, y in zip(a, b))
-
-
-def _on_one_cpu(leaves) -> bool:
-  for x in leaves:
-    if isinstance(x, jax.Array) and not all(d.platform == "cpu" for d in x.sharding.device_set):
-      return False
-    if isinstance(x, jax.Array) and len(x.sharding.device_set) != 1:
-      return False
-  return True
-
-
-def pack_decode_weights(config: T5Config, params) -> Any | None:
-  """The decode-request products (`t5.decode_products`) packed for `kernels.dot`, or None.
-
-  Each weight is packed in the dtype its layer computes in: bfloat16 where the
-  activations are bfloat16 or the params are (kind "bf16cvt"), else float32 -- but
-  float32 weights whose every value bfloat16 holds exactly (checkpoints stored in
-  bfloat16, such as the bundled demo pair, loaded as float32) pack as bfloat16 too:
-  the kernel widens them back to the same float32 values and runs the same FMA
-  sequence, so the results are bitwise those of float32 panels, from half the bytes
-  (a batch-1 step streams every weight: 2x less memory traffic).
-  None for float16 activations or params (no kernel for them).
-  """
-  if config.activation_dtype not in (jnp.float32, jnp.bfloat16):
-    return None
-  tree = {}
-  for path, product in decode_products(config).items():
-    mats = [functools.reduce(lambda t, k: t[k], p, params) for p in product.sources]
-    if product.sum_of_squares:
-      tree[path] = kernels.pack(jnp.ones((mats[0].shape[0], 1), jnp.float32))
-      continue
-    stored = jnp.result_type(*mats)
-    if product.dtype == jnp.bfloat16 or stored == jnp.bfloat16:
-      dtype = jnp.bfloat16
-    elif stored == jnp.float32:
-      dtype = jnp.float32
-    else:
-      return None
-    w = mats[0].T if product.transposed else jnp.concatenate(mats, axis=1)
-    if dtype == jnp.float32 and _bfloat16_exact(w):
-      dtype = jnp.bfloat16
-    tree[path] = kernels.pack(w, dtype)
-  return unflatten_dict(tree)
-
-
-def _bfloat16_exact(w: Array) -> bool:
-  """Whether bfloat16 holds every float32 value of `w` bit for bit: the low 16 bits are
-  zero (a test of the bits, so subnormals and NaN payloads are judged by what the
-  kernel will read, whatever the floating-point mode)."""
-  return not np.any(np.asarray(w, np.float32).view(np.uint32) & 0xFFFF)
-
-
 def _flatten_with_keys(model: Model):
-  weights = model.decode_weights
-  children = [(jax.tree_util.GetAttrKey("params"), model.params)]
-  if weights is not None:
-    children.append((jax.tree_util.GetAttrKey("decode_weights"), weights))
-  return children, (model.config, weights is not None)
+  children = [(jax.tree_util.GetAttrKey("params"), model.params),
+              (jax.tree_util.GetAttrKey("decode_weights"), model.decode_weights)]
+  return children, model.config
 
 
 def _flatten(model: Model):
-  children, aux = _flatten_with_keys(model)
-  return [c for _, c in children], aux
+  return [model.params, model.decode_weights], model.config
 
 
-def _unflatten(aux, children) -> Model:
-  """Decode weights survive unflattening only as tracers or abstract leaves (a jit or
-  while-loop argument, `jit(f).lower(model, ...)`): concrete leaves may have been
-  mapped by any function, so a concrete Model re-packs."""
-  config, has_weights = aux
+def _unflatten(config, children) -> Model:
   model = object.__new__(Model)
   object.__setattr__(model, "config", config)
   object.__setattr__(model, "params", children[0])
-  if has_weights:
-    weights = children[1]
-    if not any(_concrete(x) for x in jax.tree_util.tree_leaves(weights)):
-      leaves = tuple(jax.tree_util.tree_leaves(children[0]))
-      object.__setattr__(model, "_packed", _Packed(leaves, weights))
+  object.__setattr__(model, "decode_weights", children[1])
   return model
 
 

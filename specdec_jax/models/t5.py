@@ -14,7 +14,7 @@ Three entry points share the same layers:
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import flax.linen as nn
 import jax
@@ -22,76 +22,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import cache as cache_lib
-from specdec_jax.config import T5Config, mlp_kernel_names
+from specdec_jax.config import T5Config
 from specdec_jax.models.layers import (Dense, Embed, MlpBlock, MultiHeadAttention, RMSNorm,
                                        RelativePositionBias, attention_bias)
 
 Array = jax.Array
-
-
-class DecodeProduct(NamedTuple):
-  """One product of a decode request, as `Model.decode_weights` packs it.
-
-  sources: param paths of [K, N_i] kernels, joined along N (a fused product); or,
-  with `transposed`, one [N, K] matrix (the tied embedding); or, with
-  `sum_of_squares`, an RMSNorm's scale [K], packed as a [K, 1] column of ones (the
-  norm's sum of squares as a product: XLA's reduce rounds a row differently with
-  other rows beside it). dtype: the dtype the layer computes the product in (the
-  weights are cast to it).
-  """
-
-  sources: tuple[tuple[str, ...], ...]
-  dtype: jnp.dtype
-  transposed: bool = False
-  sum_of_squares: bool = False
-
-
-def decode_products(cfg: T5Config) -> dict[tuple[str, ...], DecodeProduct]:
-  """Every product of a decode request, by its path in the `DECODE_WEIGHTS` collection.
-
-  Once per request (`Model.start`): the encoder's Q/K/V (fused, "qkv"), attention
-  outputs, MLP wi_* (fused, "wi") and wo, its RMSNorm sums of squares ("sum_squares"),
-  and each decoder layer's cross-attention K/V (fused, "kv"). In every cached decode
-  step: the self-attention Q/K/V ("qkv"), attention outputs, the cross-attention
-  query, the MLP's "wi" and wo, the output layer, and the decoder's RMSNorm sums of
-  squares. Packed, a fused product costs nothing extra (the concatenation happens
-  once, at packing).
-  """
-  dt = cfg.activation_dtype
-  f32 = jnp.dtype(jnp.float32)
-  norm = lambda path: DecodeProduct((path + ("scale",),), f32, sum_of_squares=True)
-  wi = mlp_kernel_names(cfg.mlp_activations)
-  fused = lambda path, names: DecodeProduct(tuple(path + (n, "kernel") for n in names), dt)
-  single = lambda path: DecodeProduct((path + ("kernel",),), dt)
-  out = {("decoder", "decoder_norm", "sum_squares"): norm(("decoder", "decoder_norm"))}
-  out[("encoder", "encoder_norm", "sum_squares")] = norm(("encoder", "encoder_norm"))
-  for i in range(cfg.num_encoder_layers):
-    layer = ("encoder", f"layers_{i}")
-    for name in ("pre_attention_layer_norm", "pre_mlp_layer_norm"):
-      out[layer + (name, "sum_squares")] = norm(layer + (name,))
-    out[layer + ("attention", "qkv")] = fused(layer + ("attention",), ("query", "key", "value"))
-    out[layer + ("mlp", "wi")] = fused(layer + ("mlp",), wi)
-    for path in (layer + ("attention", "out"), layer + ("mlp", "wo")):
-      out[path + ("kernel",)] = single(path)
-  for i in range(cfg.num_decoder_layers):
-    layer = ("decoder", f"layers_{i}")
-    for name in ("pre_self_attention_layer_norm", "pre_cross_attention_layer_norm",
-                 "pre_mlp_layer_norm"):
-      out[layer + (name, "sum_squares")] = norm(layer + (name,))
-    self_attn, cross = layer + ("self_attention",), layer + ("encoder_decoder_attention",)
-    out[self_attn + ("qkv",)] = fused(self_attn, ("query", "key", "value"))
-    out[cross + ("kv",)] = fused(cross, ("key", "value"))
-    for path in (self_attn + ("out",), cross + ("query",), cross + ("out",),
-                 layer + ("mlp", "wo")):
-      out[path + ("kernel",)] = single(path)
-    out[layer + ("mlp", "wi")] = fused(layer + ("mlp",), wi)
-  if cfg.logits_via_embedding:
-    out[("token_embedder", "logits")] = DecodeProduct(
-        (("token_embedder", "embedding"),), jnp.dtype(jnp.float32), transposed=True)
-  else:
-    out[("decoder", "logits_dense", "kernel")] = DecodeProduct(
-        (("decoder", "logits_dense", "kernel"),), jnp.dtype(jnp.float32))
-  return out
 
 
 def _make_attention(cfg: T5Config, name: str | None) -> MultiHeadAttention:

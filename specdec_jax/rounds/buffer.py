@@ -40,8 +40,10 @@ class DecodeOutput:
 
   @functools.cached_property
   def stats(self) -> Mapping[str, Any]:
-    """Totals, ratios and per-row values (`*_per_row`) of the counters, plus `info`
-    (computed once per output)."""
+    """The readable statistics: host Python numbers (tokens, rounds, target_calls,
+    tokens_per_target_call, alpha, acceptance_rate, ...; `stats.summarize` documents each
+    name), plus `info`. Computed once per output. Per-row values: `counters` ([B] each),
+    or `stats.summarize(out.counters, dict(out.info), raw=True)`."""
     return summarize(self.counters, dict(self.info))
 
 

@@ -8,8 +8,10 @@
     evaluate(target, "runs/demo/data", drafter="ngram", method="sample", limit=200)
 
 `data` is a directory written by `specdec_jax.tools.data.prepare.prepare_de_en` (its
-`split`, default "test", is evaluated and its spiece.model decodes) or one split
-as returned by `prepare.load_split` (then pass `tokenizer`). Hypotheses are
+`split`, default "test", is evaluated and its spiece.model decodes), a `.jsonl` file of
+{"de", "en"} pairs such as tests/data/demo_test_pairs.jsonl (tokenised with `tokenizer`,
+default the bundled demo tokenizer), or one split as returned by `prepare.load_split`
+(then pass `tokenizer`). Hypotheses are
 decoded in batches of a fixed size (`batching.padded_batches`: the last batch is
 padded by repeating its final row, so one compiled shape serves every batch) and
 scored against the English side of the split with sacrebleu's corpus BLEU and chrF.
@@ -44,13 +46,24 @@ from specdec_jax.tools.report import to_jsonable
 # ----------------------------------------------------------------------------- inputs
 
 
-def resolve_split(data, split: str = "test") -> tuple[dict, pathlib.Path | None]:
-  """(split dict {'inputs', 'targets', 'pairs'}, data dir or None) from a dir or a split dict."""
+def is_jsonl(data) -> bool:
+  """Whether `data` names a `.jsonl` file of text pairs (not a prepared directory)."""
+  return isinstance(data, (str, pathlib.Path)) and str(data).endswith(".jsonl")
+
+
+def resolve_split(data, split: str = "test", tokenizer=None
+                  ) -> tuple[dict, pathlib.Path | None]:
+  """(split dict {'inputs', 'targets', 'pairs'}, data dir or None) from a dir, a `.jsonl`
+  file of pairs (tokenised with `tokenizer`, default the bundled demo one) or a split dict."""
   if isinstance(data, dict):
     missing = {"inputs", "pairs"} - set(data)
     if missing:
       raise EvaluationError(f"split dict lacks {sorted(missing)} (use prepare.load_split)")
     return data, None
+  if is_jsonl(data):
+    if not pathlib.Path(data).is_file():
+      raise EvaluationError(f"data file {str(data)!r} does not exist")
+    return prepare.load_jsonl_split(data, tokenizer), None
   data_dir = pathlib.Path(data)
   if not data_dir.is_dir():
     raise EvaluationError(f"data directory {str(data_dir)!r} does not exist")
@@ -119,9 +132,9 @@ def _check_sizes(batch_size: int, gamma: int, max_new_tokens, limit) -> None:
       raise EvaluationError(f"{name} must be an integer >= 1, got {value!r}")
 
 
-def split_inputs(data, split: str, limit: int | None):
+def split_inputs(data, split: str, limit: int | None, tokenizer=None):
   """(inputs [N, L], English references, data dir or None, default max_new_tokens)."""
-  split_data, data_dir = resolve_split(data, split)
+  split_data, data_dir = resolve_split(data, split, tokenizer)
   inputs = np.asarray(split_data["inputs"], np.int32)
   references = [p.en if hasattr(p, "en") else p["en"] for p in split_data["pairs"]]
   if len(references) != len(inputs):
@@ -135,24 +148,29 @@ def split_inputs(data, split: str, limit: int | None):
   return inputs, references, data_dir, width
 
 
-def _data_tokenizer(data_dir: pathlib.Path | None):
+def data_tokenizer(data, data_dir: pathlib.Path | None):
+  """The tokenizer of a prepared dir (its spiece.model) or of a `.jsonl` file (the bundled
+  demo tokenizer)."""
+  from specdec_jax.io.tokenizer import load_tokenizer
+  if is_jsonl(data):
+    return load_tokenizer(prepare.DEFAULT_TOKENIZER)
   if data_dir is None:
     raise EvaluationError("pass tokenizer= when evaluating a split dict")
-  from specdec_jax.io.tokenizer import load_tokenizer
   return load_tokenizer(data_dir / "spiece.model")
 
 
 def evaluate(model: Model, data, *, split: str = "test", method: str = "greedy",
              drafter=None, gamma: int = 5, sampling=None, batch_size: int = 32,
              max_new_tokens: int | None = None, limit: int | None = None, tokenizer=None,
-             seed: int = 0, warmup: bool = False,
+             seed: int = 0, warmup: bool = True,
              train_targets: np.ndarray | None = None,
              decode_method: DecodeMethod | None = None) -> dict[str, Any]:
   """BLEU / chrF and speed of `model` (baseline, or speculative with `drafter`) on a split.
 
   Args:
     model: the (target) model.
-    data: a prepared data directory, or a split dict from `prepare.load_split`.
+    data: a prepared data directory, a `.jsonl` file of {"de", "en"} pairs, or a split
+      dict from `prepare.load_split`.
     split: which split of a data directory ("test", "validation", "train").
     method: "greedy" or "sample"; `sampling` (sd.Greedy() / sd.Sampling(...)) refines it.
     drafter: None (baseline `sd.generate`), a Model, a drafter object, "ngram" (bigram
@@ -164,7 +182,8 @@ def evaluate(model: Model, data, *, split: str = "test", method: str = "greedy",
     limit: evaluate only the first `limit` pairs.
     tokenizer: a Tokenizer (default: the data directory's spiece.model).
     seed: PRNG seed; batch i uses `methods.batch_key(seed, i)` (batch 0: PRNGKey(seed)).
-    warmup: decode the first batch once untimed, so timing excludes compilation.
+    warmup: decode the first batch once untimed (every batch has its shape), so the
+      reported time excludes compilation; False times the first call's compile too.
     decode_method: any `methods.DecodeMethod` (BiLD, blockwise, ...) instead of the one
       `drafter` / `gamma` / `sampling` describe.
 
@@ -174,8 +193,9 @@ def evaluate(model: Model, data, *, split: str = "test", method: str = "greedy",
   """
   _check_sizes(batch_size, gamma, max_new_tokens, limit)
   sampling = resolve_sampling(method, sampling)
-  inputs, references, data_dir, width = split_inputs(data, split, limit)
-  tokenizer = _data_tokenizer(data_dir) if tokenizer is None else tokenizer
+  tokenizer = data_tokenizer(data, None) if tokenizer is None and is_jsonl(data) else tokenizer
+  inputs, references, data_dir, width = split_inputs(data, split, limit, tokenizer)
+  tokenizer = data_tokenizer(data, data_dir) if tokenizer is None else tokenizer
   max_new_tokens = width if max_new_tokens is None else max_new_tokens
   if decode_method is None:
     drafter = resolve_drafter(drafter, model, data_dir, train_targets)

@@ -48,6 +48,7 @@ def save(path: str | os.PathLike, config: T5Config, params: Mapping[str, Any],
          dtype: str | None = None) -> str:
   """Write ``params`` (nested or flat, validated against ``config``) to dir ``path``."""
   path = os.fspath(path)
+  check_save_target(path)
   flat = cast_floating(tree.flatten(params), dtype)
   tree.validate(flat, config, "params to save")
   os.makedirs(path, exist_ok=True)
@@ -61,6 +62,34 @@ def save(path: str | os.PathLike, config: T5Config, params: Mapping[str, Any],
     json.dump(meta, f, indent=1)
   os.replace(config_tmp, os.path.join(path, CONFIG_NAME))
   return path
+
+
+def check_save_target(path: str) -> None:
+  """Refuse to write into a file, or into a dir that holds a checkpoint of another format.
+
+  Our files beside a Hugging Face or T5X checkpoint would make the dir hold two models,
+  and `sd.load` would silently pick ours (see `resolve.format_of`).
+  """
+  if resolve.is_gcs(path):
+    raise CheckpointError(f"{path}: specdec-jax dirs are written to local disk only")
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise CheckpointError(f"{path}: exists and is not a directory; save into a directory")
+  if not os.path.isdir(path):
+    return
+  names = sorted(os.listdir(path))
+  foreign = [n for n in names if n in FOREIGN_FILES or resolve.HF_WEIGHTS_RE.fullmatch(n)
+             or resolve.STEP_RE.fullmatch(n)]
+  if foreign:
+    fmt = resolve.format_of(path) or "another"
+    raise CheckpointError(
+        f"{path} already holds a checkpoint of {fmt} format ({os.path.join(path, foreign[0])}"
+        f"{' and ' + str(len(foreign) - 1) + ' more' if len(foreign) > 1 else ''}); "
+        "sd.save writes its own files beside it and sd.load would then read ours: "
+        "save into a new directory")
+
+
+#: Files (or dirs) that mark a Hugging Face or T5X checkpoint in a directory.
+FOREIGN_FILES = ("config.json", "checkpoint", "_METADATA", "state", "_CHECKPOINT_METADATA")
 
 
 def read_config(directory: str) -> T5Config:

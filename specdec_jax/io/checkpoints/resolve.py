@@ -24,9 +24,9 @@ SPECDEC_CONFIG = "specdec_config.json"
 HUB_PATTERNS = ["config.json", "*.safetensors", "*.json", "spiece.model"]
 
 _GCS_RE = re.compile(r"gs://([^/]+)/?(.*)", re.DOTALL)
-_STEP_RE = re.compile(r"checkpoint_(\d+)")
+STEP_RE = re.compile(r"checkpoint_(\d+)")
 _HUB_ID_RE = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
-_HF_WEIGHTS_RE = re.compile(
+HF_WEIGHTS_RE = re.compile(
     r"(model.*\.safetensors(\.index\.json)?|pytorch_model.*\.bin(\.index\.json)?)")
 
 
@@ -129,9 +129,9 @@ def _is_hf_dir(directory: str) -> bool:
   """HF weight files, or a HF config.json (model_type) that does not merely describe the
   T5X checkpoint_<step> dirs beside it."""
   names = list_dir(directory)
-  if any(_HF_WEIGHTS_RE.fullmatch(n) for n in names):
+  if any(HF_WEIGHTS_RE.fullmatch(n) for n in names):
     return True
-  if "config.json" in names and not any(_STEP_RE.fullmatch(n) for n in names):
+  if "config.json" in names and not any(STEP_RE.fullmatch(n) for n in names):
     try:
       return "model_type" in (read_json(directory, "config.json") or {})
     except CheckpointError:
@@ -155,7 +155,7 @@ def format_of(directory: str) -> str | None:
 def step_dirs(directory: str) -> list[tuple[int, str]]:
   """(step, path) of the ``checkpoint_<step>`` children, highest step first."""
   steps = [(int(m.group(1)), join(directory, n))
-           for n in list_dir(directory) if (m := _STEP_RE.fullmatch(n))]
+           for n in list_dir(directory) if (m := STEP_RE.fullmatch(n))]
   return sorted(steps, reverse=True)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from typing import Any
@@ -28,8 +29,8 @@ def _report(result: dict[str, Any]) -> str:
            f"pairs                {result['pairs']} (batches of {result['batch_size']})",
            f"generated tokens     {result['generated_tokens']}",
            f"wall time            {result['wall_s']:.3f} s"
-           + (" (includes compilation; --warmup excludes it)" if result["includes_compile"]
-              else ""),
+           + (" (INCLUDES compilation: --no-warmup)" if result["includes_compile"]
+              else " (compilation excluded)"),
            f"ms/token             {f(result['ms_per_token'], 2)}",
            f"tokens/s             {f(result['tokens_per_s'], 1)}",
            f"tokens/target call   {f(stats['tokens_per_target_call'])}",
@@ -65,9 +66,15 @@ def run(args) -> int:
   check_at_least_one(gamma=gamma, batch_size=args.batch_size, limit=args.limit,
                      max_new_tokens=args.max_new_tokens)
   sampling = sampling_from_method_args(args)
-  if not os.path.isdir(args.data):
-    raise CLIError(f"--data {args.data!r} is not a directory (prepare one with "
-                   "`specdec train --stages data`)")
+  if evaluation.is_jsonl(args.data):
+    if not os.path.isfile(args.data):
+      raise CLIError(f"--data {args.data!r}: no such file")
+    if args.drafter == "ngram" or getattr(args, "rescorer", None) == "data":
+      raise CLIError("the n-gram drafter / rescorer is fitted on a prepared data dir's train "
+                     "split; a .jsonl file has none (use a model drafter, or --data DIR)")
+  elif not os.path.isdir(args.data):
+    raise CLIError(f"--data {args.data!r} is neither a .jsonl file of pairs nor a directory "
+                   "(prepare one with `specdec train --stages data`)")
   tokenizer = sd.load_tokenizer(args.tokenizer) if args.tokenizer else None
   model = load_model(args.model, args.dtype, what="model")
   method = _method(args, model, args.data)
@@ -103,8 +110,10 @@ def add(subparsers) -> None:
       "BLEU and chrF against its English side, with wall time and ms/token.")
   p.add_argument("--model", required=True, metavar="PATH_OR_NAME",
                  help="model: checkpoint dir, bundled name, or config:NAME")
-  p.add_argument("--data", required=True, metavar="DIR",
-                 help="prepared data dir (spiece.model, {split}.npz/.jsonl)")
+  p.add_argument("--data", required=True, metavar="DIR_OR_JSONL",
+                 help="prepared data dir (spiece.model, {split}.npz/.jsonl), or a .jsonl file "
+                 "of {\"de\", \"en\"} pairs such as tests/data/demo_test_pairs.jsonl "
+                 "(tokenised with --tokenizer, default the bundled demo-de-en one)")
   p.add_argument("--split", default="test", help="train, validation or test (default: test)")
   add_drafter_flag(p, "bigram tables fitted on the data's train targets")
   p.add_argument("--gamma", type=int, help="drafts per round (default 5)")
@@ -117,8 +126,9 @@ def add(subparsers) -> None:
                  help="SentencePiece model (default: the data dir's spiece.model)")
   p.add_argument("--seed", type=int, default=0, help="PRNG seed for sampling (default: 0)")
   add_dtype_flag(p)
-  p.add_argument("--warmup", action="store_true",
-                 help="decode the first batch once untimed, so timing excludes compilation")
+  p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                 help="decode the first batch once untimed, so timing excludes compilation "
+                 "(default); --no-warmup times the compiling first call too")
   p.add_argument("--json", action="store_true",
                  help="print one JSON object (scores, timing, stats, hypotheses, settings)")
   p.set_defaults(func=run)

@@ -5,6 +5,11 @@
         --fallback 0.5,0.7,0.9 --rollback 2,3,5 --out results/bild
     specdec sweep-blockwise --data runs/demo/data --lattice-k 16 --num-drafts 4 \\
         --out results/blockwise
+    specdec sweep-bild --data tests/data/demo_test_pairs.jsonl --small aligned=demo-de-en/drafter
+
+--data is a prepared data dir or a .jsonl file of {"de", "en"} pairs (tokenised with the
+bundled demo tokenizer); with a .jsonl file sweep-blockwise fits its n-gram rescorer on
+the file's own English side (in-sample, recorded as `ngram_data` in the results).
 
 Every point is timed beside the target alone in alternating rounds (`tools.sweep`);
 both write JSON, Markdown and a BLEU-vs-speedup PNG, with a progress bar, and
@@ -15,12 +20,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import pathlib
 import shlex
 import sys
 from typing import Any
 
 import specdec_jax as sd
+from specdec_jax.decoding.lattice import NGramLM
+from specdec_jax.tools import evaluation
 from specdec_jax.tools.cli.method_args import early_exit_layer, fit_ngram
+from specdec_jax.tools.data import prepare
 from specdec_jax.tools.errors import CLIError
 from specdec_jax.tools.methods import Bild, Blockwise, Speculative
 from specdec_jax.tools.models import load_model
@@ -90,10 +99,20 @@ def bild_points(args, target) -> list[Point]:
   return points
 
 
+def _ngram(args, vocab_size: int):
+  """The bigram rescorer: a prepared dir's train targets, or a .jsonl file's English side."""
+  if not evaluation.is_jsonl(args.data):
+    return fit_ngram(args.data, vocab_size)
+  targets = prepare.load_jsonl_split(args.data)["targets"]
+  print("sweep-blockwise: the n-gram rescorer is fitted on the evaluated references of "
+        f"{args.data} (in-sample: no train split in a .jsonl file)", file=sys.stderr)
+  return NGramLM.fit([r[r > 0] for r in targets], vocab_size=vocab_size)
+
+
 def blockwise_points(args, target) -> list[Point]:
   """Table 4 of Kim et al. 2024: base, n-gram, neural, parallel base / n-gram, oracle."""
   heads = sd.load_heads(args.heads or args.model, target)
-  lm = fit_ngram(args.data, target.config.vocab_size)
+  lm = _ngram(args, target.config.vocab_size)
   rescorer = load_model(args.rescorer, args.dtype, what="rescorer")
   k, p, w = args.lattice_k, args.num_drafts, args.rescoring_weight
   rows = [("base", {}), ("ngram", dict(top_k=k, rescoring="ngram", rescorer=lm)),
@@ -129,11 +148,16 @@ def _config(args, names) -> dict[str, Any]:
 def _run(args, kind: str, build) -> int:
   if args.limit is not None and args.limit < 1 or args.batch_size < 1 or args.repeats < 1:
     raise CLIError("--limit, --batch-size and --repeats must be >= 1")
+  if kind == "bild" and not args.small and not args.early_exit:
+    raise CLIError("sweep-bild needs a small model to sweep: --small NAME=PATH (e.g. "
+                   "aligned=demo-de-en/drafter; repeatable) or --early-exit MODEL:K")
   split = load_split(args.data, args.split, args.limit)
-  tokenizer = sd.load_tokenizer(os.path.join(args.data, "spiece.model"))
+  tokenizer = evaluation.data_tokenizer(args.data, pathlib.Path(args.data))
   target = load_model(args.model, args.dtype, what="target")
   config = _config(args, BILD_SETTINGS + ("exact", "heads", "lattice_k", "num_drafts", "rescorer",
                                           "rescoring_weight", "fallback", "rollback", "gammas"))
+  if kind == "blockwise" and evaluation.is_jsonl(args.data):
+    config["ngram_data"] = f"{args.data} (in-sample: the evaluated references)"
   existing = _existing(args, config, kind)
   points = build(args, target)
   results = run_points(target, split, tokenizer, points, batch_size=args.batch_size,
@@ -154,7 +178,9 @@ def _run(args, kind: str, build) -> int:
 
 def _common(p: argparse.ArgumentParser, default_out: str) -> None:
   p.add_argument("--model", default="demo-de-en/target", help="the target (large) model")
-  p.add_argument("--data", required=True, metavar="DIR", help="prepared data dir")
+  p.add_argument("--data", required=True, metavar="DIR_OR_JSONL",
+                 help="prepared data dir, or a .jsonl file of {\"de\", \"en\"} pairs (e.g. "
+                 "tests/data/demo_test_pairs.jsonl)")
   p.add_argument("--split", default="test")
   p.add_argument("--limit", type=int, default=100, help="first N pairs (default 100)")
   p.add_argument("--batch-size", type=int, default=1, help="rows per decode call (default 1)")
@@ -166,8 +192,9 @@ def _common(p: argparse.ArgumentParser, default_out: str) -> None:
                  help="keep the points of DIR's earlier run with the same settings")
   p.add_argument("--exact", choices=sorted(EXACT), default="auto",
                  help="greedy target calls at the exact width (on), at their natural width "
-                 "(off: faster on CPU), or the library default (auto: exact for greedy); the "
-                 "target alone is timed the same way")
+                 "(off: faster on CPU), or the library default (auto: exact for greedy); "
+                 "speedups are over the target alone at its natural width, the exact "
+                 "baseline's cost is a column of its own")
   p.add_argument("--no-progress", action="store_true")
 
 

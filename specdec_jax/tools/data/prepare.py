@@ -55,6 +55,48 @@ def load_split(data_dir: str | pathlib.Path, split: str) -> dict:
   return {"inputs": inputs, "targets": targets, "pairs": pairs}
 
 
+#: The tokenizer of a `.jsonl` split given without one: the bundled demo pair's.
+DEFAULT_TOKENIZER = "demo-de-en"
+
+
+def read_pairs_jsonl(path: str | pathlib.Path) -> list[de_en.Pair]:
+  """The {"de", "en"} text pairs of a `.jsonl` file, one object per line (DataError naming
+  the line when one is malformed)."""
+  path = pathlib.Path(path)
+  try:
+    lines = path.read_text(encoding="utf-8").splitlines()
+  except OSError as e:
+    raise DataError(f"cannot read {str(path)!r}: {e.strerror or e}") from None
+  pairs = []
+  for i, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+      pairs.append(de_en.Pair(de=str(record["de"]), en=str(record["en"])))
+    except (ValueError, KeyError, TypeError) as e:
+      raise DataError(f"{str(path)!r} line {i}: expected an object with \"de\" and \"en\" "
+                      f"strings ({type(e).__name__}: {e})") from None
+  if not pairs:
+    raise DataError(f"{str(path)!r} holds no pairs")
+  return pairs
+
+
+def load_jsonl_split(path: str | pathlib.Path, tok: Tokenizer | None = None) -> dict:
+  """A split from a `.jsonl` file of text pairs, tokenised with `tok` (default: the bundled
+  demo tokenizer): {'inputs', 'targets'} int32 [N, L] (EOS appended, 0-padded) and
+  'pairs', as `load_split` returns for a prepared directory.
+
+  >>> split = load_jsonl_split("tests/data/demo_test_pairs.jsonl")
+  >>> split["inputs"].shape[0] == len(split["pairs"]) == 64
+  True
+  """
+  pairs = read_pairs_jsonl(path)
+  tok = load_tokenizer(DEFAULT_TOKENIZER) if tok is None else tok
+  return {"inputs": tok.encode([p.de for p in pairs]),
+          "targets": tok.encode([p.en for p in pairs]), "pairs": pairs}
+
+
 def prepare_de_en(out_dir: str | pathlib.Path, vocab_size: int = 8000, max_len: int = 32,
                   min_words_de: int = 2, path: str = de_en.DEFAULT_PATH,
                   test_size: int = 2000, valid_size: int = 1000, seed: int = 0) -> dict:

@@ -1,7 +1,10 @@
-"""The README results for the demo pair: quality, acceptance, measured vs predicted speedup.
+"""The tables under results/, and the demo pair's: quality, acceptance, measured vs predicted.
 
-    python scripts/demo_results.py --workdir runs/demo --out results/demo [--limit N] \
-        [--batch-sizes 8] [--resume] [--readme README.md]
+    python -m specdec_jax.tools.results [--only theory,kernels,demo] [--workdir runs/demo] \
+        [--limit N] [--batch-sizes 1,8] [--resume]
+
+rebuilds every table (`__main__`), then README's headline (`headline`). The CPU-kernel
+tables are in `kernels`; the rest of this package is the demo pair's tables:
 
 On a split of `workdir/data` (default "test"), for each batch size, one process times:
 

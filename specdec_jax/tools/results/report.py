@@ -48,6 +48,12 @@ def _summary_lines(results: dict[str, Any]) -> list[str]:
       f"Timing: median of {cfg['repeats']} alternating rounds after a compile call; "
       f"jax {m['jax_version']} ({m['backend']}, {m['device_kind']}), {m['cpu_count']} CPUs.",
   ]
+  exact = {r["batch_size"]: r["exact_cost"] for r in results["rows"] if r.get("exact_cost")}
+  lines.append("Speedups divide by target greedy at its natural call width (exact=False, the "
+               "fastest plain decode)" + (
+                   "; exact mode itself costs the target alone "
+                   + ", ".join(f"{c:.2f}x at batch {b}" for b, c in sorted(exact.items()))
+                   + " (not folded into any speedup)." if exact else "."))
   if results.get("command"):
     lines.append(f"Command: `{results['command']}`.")
   if results.get("skipped"):

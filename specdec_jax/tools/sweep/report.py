@@ -21,11 +21,13 @@ def _cols(points: Sequence[dict[str, Any]]) -> list[str]:
   extra = [k for k in ("fallback_rate", "rollback_rate", "alpha", "repeated_draft_rate",
                        "mean_max_run", "oracle_tokens_per_target_call")
            if any(p.get(k) is not None for p in points)]
-  return ["bleu", "speedup", "block_efficiency", "ms_per_token", *extra]
+  exact = ["exact_cost"] if any(p.get("exact_cost") is not None for p in points) else []
+  return ["bleu", "speedup", "block_efficiency", "ms_per_token", *exact, *extra]
 
 
 _HEAD = {"bleu": "BLEU", "speedup": "speedup", "block_efficiency": "tokens/large call",
-         "ms_per_token": "ms/token", "fallback_rate": "fallback rate",
+         "ms_per_token": "ms/token", "exact_cost": "exact baseline / plain",
+         "fallback_rate": "fallback rate",
          "rollback_rate": "rollback rate", "alpha": "alpha",
          "repeated_draft_rate": "% consec", "mean_max_run": "max run",
          "oracle_tokens_per_target_call": "oracle tokens/call"}
@@ -35,7 +37,7 @@ def _value(point: dict[str, Any], col: str) -> str:
   x = point.get(col)
   if col == "repeated_draft_rate" and x is not None:
     return fmt(100 * x, 1)
-  return fmt(x, 2 if col in ("bleu", "ms_per_token", "speedup") else 3)
+  return fmt(x, 2 if col in ("bleu", "ms_per_token", "speedup", "exact_cost") else 3)
 
 
 def points_markdown(points: Sequence[dict[str, Any]]) -> str:
@@ -80,7 +82,10 @@ def markdown_report(results: dict[str, Any], kind: str, image: str | None) -> st
   c = results["config"]
   head = [f"# {kind} sweep", "", created_line(results), "",
           f"{c['pairs']} pairs of {c.get('data', 'the split')} [{c.get('split', 'test')}], "
-          f"batch size {c['batch_size']}, median of {c['repeats']} alternating rounds; "
+          f"batch size {c['batch_size']}, median of {c['repeats']} alternating rounds, "
+          "compilation excluded; speedup over the target alone at its natural call width "
+          "(exact=False, the fastest plain decode); `exact baseline / plain` is what exact "
+          "mode costs the target alone; "
           f"command: `{c.get('command', '')}`", ""]
   if kind == "bild":
     head += ["## Table 1 layout (best point per group)", "", table1_markdown(results), ""]

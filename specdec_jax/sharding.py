@@ -1,0 +1,208 @@
+"""Models on a device mesh: T5X's logical-axis rules, placed by `jax.sharding`.
+
+    mesh = sd.make_mesh(data=2, model=4)            # axes ("data", "model") over 8 devices
+    target = sd.shard(target, mesh)                 # params by their logical axes (RULES_1D)
+    drafter = sd.sharding.replicate(drafter, mesh)  # a small model: a full copy per device
+    enc = sd.sharding.shard_batch(enc, mesh)        # [B, L] split by batch over "data"
+    out = sd.speculative_generate(target, drafter, enc, gamma=4)
+
+Every parameter carries T5X's logical axis names (`sd.logical_axes`, e.g. ('embed', 'mlp')
+for an MLP's wi kernel). A rule maps a logical name to a mesh axis or to None
+(replicated); `partition_spec` turns a parameter's names into a `PartitionSpec` the way
+flax's `logical_to_mesh_axes` does: per dimension, the first rule for its name whose mesh
+axis is not used by an earlier dimension. Placement is all this module does: `jit`
+propagates the parameters' and inputs' shardings through the decode (encoder output,
+caches, logits), and XLA inserts the collectives. The CPU decode kernels run on one
+device only, so a model placed on several devices decodes on XLA's ops
+(`kernels.dispatch.policy`: "params are not on one CPU device").
+
+A dimension whose size the mesh axis does not divide is replicated instead (e.g. the 4
+relative-position heads of t5_1_1_tiny on an 8-wide "model" axis): the rules describe a
+layout, and the model still runs when one small tensor cannot follow it.
+`shard(..., strict=True)` raises a `ConfigError` naming the parameter, axis and sizes
+instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from flax.traverse_util import flatten_dict, unflatten_dict
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from specdec_jax.errors import ConfigError, InputError
+from specdec_jax.models.model import Model, logical_axes
+
+Array = jax.Array
+Rules = tuple[tuple[str, str | None], ...]
+
+MESH_AXES = ("data", "model")
+
+# Names T5X's T5 modules give their parameter and activation dimensions.
+LOGICAL_AXES = frozenset({
+    "batch", "vocab", "embed", "mlp", "heads", "kv", "joined_kv", "relpos_buckets",
+    "abspos_buckets", "length", "layers", "stack", "mlp_activations"})
+
+# Always replicated (t5x.partitioning.standard_logical_axis_rules appends these).
+_REPLICATED: Rules = (("relpos_buckets", None), ("abspos_buckets", None), ("length", None),
+                      ("layers", None), ("stack", None), ("mlp_activations", None))
+
+# T5X's default: 1-D parameter partitioning. Weights split over "model" along their
+# vocab / mlp / heads dimension; "embed" replicated; batch over "data".
+RULES_1D: Rules = (("batch", "data"), ("vocab", "model"), ("embed", None), ("mlp", "model"),
+                   ("heads", "model"), ("kv", None), ("joined_kv", "model")) + _REPLICATED
+
+# 2-D parameter partitioning (parameter_partitioning_dims=2): "embed" over "data" too,
+# so each weight matrix is split both ways (ZeRO-3-like; the data axis gathers weights).
+RULES_2D: Rules = (("batch", "data"), ("vocab", "model"), ("mlp", "model"), ("heads", "model"),
+                   ("kv", None), ("joined_kv", "model"), ("embed", "data")) + _REPLICATED
+
+
+def make_mesh(data: int = 1, model: int = 1, devices: Sequence[Any] | None = None) -> Mesh:
+  """A `Mesh` of shape [data, model] with axes ("data", "model").
+
+  devices: the devices to lay out (default `jax.devices()`); their number must be
+    `data * model` exactly. Consecutive devices share a "model" row.
+  """
+  for name, size in (("data", data), ("model", model)):
+    if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size < 1:
+      raise ConfigError(f"make_mesh: {name} must be a positive integer, got {size!r}")
+  devices = list(jax.devices() if devices is None else devices)
+  if data * model != len(devices):
+    raise ConfigError(f"make_mesh(data={data}, model={model}) needs data * model = "
+                      f"{data * model} devices, but {len(devices)} are given "
+                      f"({'jax.devices()' if devices is None else 'devices='}); choose "
+                      f"data * model = {len(devices)}")
+  return Mesh(np.asarray(devices, dtype=object).reshape(data, model), MESH_AXES)
+
+
+def check_rules(rules: Sequence[tuple[str, str | None]], mesh: Mesh) -> Rules:
+  """`rules` as a tuple of (logical name, mesh axis or None) pairs, checked against `mesh`.
+
+  ConfigError: an entry that is not a pair, a logical name T5 does not use (a typo would
+  otherwise silently leave a dimension unsplit), or a mesh axis `mesh` does not have.
+  """
+  out = []
+  for entry in rules:
+    if not (isinstance(entry, (tuple, list)) and len(entry) == 2):
+      raise ConfigError(f"a sharding rule is a (logical axis, mesh axis or None) pair, "
+                        f"got {entry!r}")
+    logical, axis = entry
+    if logical not in LOGICAL_AXES:
+      raise ConfigError(f"sharding rule {tuple(entry)!r}: unknown logical axis {logical!r}; "
+                        f"T5's logical axes are {', '.join(sorted(LOGICAL_AXES))}")
+    if axis is not None and axis not in mesh.axis_names:
+      raise ConfigError(f"sharding rule {tuple(entry)!r}: the mesh has no axis {axis!r} "
+                        f"(its axes: {', '.join(mesh.axis_names)})")
+    out.append((logical, axis))
+  return tuple(out)
+
+
+def partition_spec(axes: Sequence[str | None], mesh: Mesh, rules: Rules = RULES_1D,
+                   shape: Sequence[int] | None = None, name: str = "",
+                   strict: bool = False) -> PartitionSpec:
+  """Logical axis names, one per dimension, -> the `PartitionSpec` `rules` give them on `mesh`.
+
+  Per dimension: the first rule for its name whose mesh axis no earlier dimension uses
+  (None: replicated; a dimension named None is replicated). With `shape`, a dimension
+  the mesh axis does not divide is replicated, or with `strict` a ConfigError.
+  ConfigError: a name no rule maps (`name` labels the tensor in the message).
+
+  >>> mesh = sd.make_mesh()                                  # 1 x 1: any size divides
+  >>> sd.sharding.partition_spec(("embed", "mlp"), mesh)     # an MLP's wi kernel
+  P(None, 'model')
+  >>> sd.sharding.partition_spec(("embed", "mlp"), mesh, sd.sharding.RULES_2D)
+  P('data', 'model')
+  >>> sd.sharding.partition_spec(("batch", "length", "embed"), mesh, sd.sharding.RULES_2D)
+  P('data', None, None)
+  """
+  rules = check_rules(rules, mesh)
+  label = f" of {name}" if name else ""
+  used: set[str] = set()
+  spec = []
+  for dim, logical in enumerate(axes):
+    if logical is None:
+      spec.append(None)
+      continue
+    candidates = [axis for rule, axis in rules if rule == logical]
+    if not candidates:
+      raise ConfigError(f"no sharding rule for logical axis {logical!r} (dimension {dim}"
+                        f"{label}); add ({logical!r}, mesh axis or None) to the rules")
+    axis = next((a for a in candidates if a is None or a not in used), None)
+    if axis is not None and shape is not None and shape[dim] % mesh.shape[axis]:
+      if strict:
+        raise ConfigError(f"dimension {dim} ({logical!r}){label} has size {shape[dim]}, "
+                          f"not divisible by mesh axis {axis!r} of size {mesh.shape[axis]}")
+      axis = None        # replicated: the layout cannot split it evenly
+    if axis is not None:
+      used.add(axis)
+    spec.append(axis)
+  return PartitionSpec(*spec)
+
+
+def param_shardings(model: Model, mesh: Mesh, rules: Rules | None = None,
+                    strict: bool = False) -> Any:
+  """The `NamedSharding` of every parameter of `model` (a tree like `model.params`)."""
+  rules = RULES_1D if rules is None else rules
+  axes = flatten_dict(logical_axes(model.config), sep="/")
+  params = flatten_dict(model.params, sep="/")
+  if set(axes) != set(params):
+    raise ConfigError(f"model.params does not match its config's parameter tree "
+                      f"(differ at {sorted(set(axes) ^ set(params))[:3]})")
+  return unflatten_dict({
+      tuple(path.split("/")): NamedSharding(
+          mesh, partition_spec(tuple(axes[path]), mesh, rules, params[path].shape, path, strict))
+      for path in params})
+
+
+def shard(model: Model, mesh: Mesh, rules: Rules | None = None, strict: bool = False) -> Model:
+  """`model` with every parameter placed with the `NamedSharding` its logical axes map to.
+
+  rules: (logical axis, mesh axis or None) pairs; default `RULES_1D` (T5X's default);
+    `RULES_2D` also splits "embed" over "data".
+  strict: a dimension the mesh axis does not divide is a ConfigError (default: that
+    dimension is replicated).
+  The result decodes with every `sd` method unchanged, on XLA's ops (the CPU kernels run
+  on one device); packed kernel weights (`decode_weights`) are dropped.
+  """
+  if not isinstance(model, Model):
+    raise InputError(f"shard takes an sd.Model, got {type(model).__name__} (a drafter or "
+                     f"heads: sd.sharding.replicate)")
+  shardings = param_shardings(model, mesh, rules, strict)
+  return model.replace(params=jax.device_put(model.params, shardings))
+
+
+def replicate(tree: Any, mesh: Mesh) -> Any:
+  """Every array in `tree` (a Model, `ModelDrafter`, `Heads`, ...) copied whole to every
+  device of `mesh`: how a drafter runs beside a sharded target. A small model's weights
+  fit every device, and a full copy needs no collective inside the draft loop.
+  Models in `tree` lose their packed kernel weights (they decode on XLA's ops).
+  """
+  replicated = NamedSharding(mesh, PartitionSpec())
+
+  def place(x):
+    if isinstance(x, Model):
+      return x.replace(params=jax.device_put(x.params, replicated))
+    if isinstance(x, (jax.Array, np.ndarray)):
+      return jax.device_put(x, replicated)
+    return x
+
+  return jax.tree_util.tree_map(place, tree, is_leaf=lambda x: isinstance(x, Model))
+
+
+def shard_batch(x: Array, mesh: Mesh) -> Array:
+  """x [B, ...] (encoder tokens [B, L]) placed split by batch over "data", whole over "model".
+
+  InputError: B not divisible by the size of "data" (pad the batch, or choose another mesh).
+  """
+  x = x if isinstance(x, jax.Array) else np.asarray(x)
+  if x.ndim < 1:
+    raise InputError(f"shard_batch needs an array [B, ...], got shape {x.shape}")
+  data = mesh.shape["data"]
+  if x.shape[0] % data:
+    raise InputError(f"batch {x.shape[0]} is not divisible by mesh axis 'data' of size "
+                     f"{data}: pad the batch to a multiple of {data} or use a smaller "
+                     f"'data' axis")
+  return jax.device_put(x, NamedSharding(mesh, PartitionSpec("data")))

@@ -1,0 +1,241 @@
+"""sd.sharding: meshes, T5X's logical-axis rules, sharded models decoding as on one device.
+
+The mesh checks need 8 devices, which jax fixes at start-up: they run in ONE subprocess
+(tests/mesh_checks.py, 8 forced CPU devices) that reports JSON; the tests below assert
+on its report. The rule and error checks run in-process on the suite's one device.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import pytest
+from flax.traverse_util import flatten_dict
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import specdec_jax as sd
+from specdec_jax import sharding
+
+HERE = pathlib.Path(__file__).resolve().parent
+METHODS = ("generate", "speculative", "sample", "sample_again", "speculative_sample", "bild",
+           "blockwise")
+
+
+# ----------------------------------------------------------------------------- one device
+
+def one_device():
+  """A 1 x 1 mesh (whatever the process's device count)."""
+  return sd.make_mesh(devices=jax.devices()[:1])
+
+
+def test_make_mesh_axes_and_shape():
+  n = jax.device_count()
+  mesh = sd.make_mesh(data=n)
+  assert mesh.axis_names == ("data", "model")
+  assert dict(mesh.shape) == {"data": n, "model": 1}
+  assert list(sd.make_mesh(model=n).devices.ravel()) == jax.devices()
+
+
+@pytest.mark.parametrize("data,model", [(2, 1), (1, 3), (2, 2)])
+def test_make_mesh_shape_not_matching_devices(data, model):
+  n = jax.device_count()
+  data *= n
+  with pytest.raises(sd.ConfigError, match=rf"data \* model = {data * model} devices, but {n}"):
+    sd.make_mesh(data=data, model=model)
+  with pytest.raises(sd.ConfigError, match=rf"= {data * model} devices, but 1 are given"):
+    sd.make_mesh(data=data, model=model, devices=jax.devices()[:1])
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_make_mesh_bad_size(bad):
+  with pytest.raises(sd.ConfigError, match="model must be a positive integer"):
+    sd.make_mesh(model=bad)
+
+
+def test_rules_unknown_logical_axis():
+  mesh = one_device()
+  rules = sharding.RULES_1D + (("mpl", "model"),)
+  with pytest.raises(sd.ConfigError, match="unknown logical axis 'mpl'"):
+    sharding.partition_spec(("embed", "mlp"), mesh, rules)
+  with pytest.raises(sd.ConfigError, match="unknown logical axis 'mpl'"):
+    sd.shard(sd.load("config:t5_1_1_tiny"), mesh, rules=rules)
+
+
+def test_rules_unknown_mesh_axis_and_malformed():
+  mesh = one_device()
+  with pytest.raises(sd.ConfigError, match="the mesh has no axis 'tensor'"):
+    sharding.partition_spec(("mlp",), mesh, (("mlp", "tensor"),))
+  with pytest.raises(sd.ConfigError, match="pair"):
+    sharding.partition_spec(("mlp",), mesh, (("mlp",),))
+
+
+def test_axis_without_rule():
+  rules = tuple(r for r in sharding.RULES_1D if r[0] != "vocab")
+  with pytest.raises(sd.ConfigError, match="no sharding rule for logical axis 'vocab'"):
+    sharding.partition_spec(("vocab", "embed"), one_device(), rules, name="embedding")
+
+
+@pytest.mark.parametrize("rules", ["RULES_1D", "RULES_2D"])
+def test_partition_spec_is_flax_logical_to_mesh_axes(rules):
+  """Every parameter's spec is what flax (T5X's partitioner) derives from the same rules."""
+  rules = getattr(sharding, rules)
+  mesh = one_device()
+  axes = flatten_dict(sd.logical_axes(sd.get_config("t5_1_1_tiny")), sep="/")
+  for path, names in axes.items():
+    ours = sharding.partition_spec(tuple(names), mesh, rules)
+    assert tuple(ours) == tuple(nn.logical_to_mesh_axes(tuple(names), rules)), path
+
+
+def test_default_rules_are_t5x():
+  """T5X's 1-D parameter layout of the XXL notes: q/k/v and wi (None, 'model'), out and wo
+  ('model', None), the embedding ('model', None); 2-D adds 'embed' over 'data'."""
+  mesh = one_device()
+  spec = lambda axes, rules=sharding.RULES_1D: sharding.partition_spec(axes, mesh, rules)
+  assert spec(("embed", "joined_kv")) == P(None, "model")
+  assert spec(("embed", "mlp")) == P(None, "model")
+  assert spec(("joined_kv", "embed")) == P("model", None)
+  assert spec(("mlp", "embed")) == P("model", None)
+  assert spec(("vocab", "embed")) == P("model", None)
+  assert spec(("heads", "relpos_buckets")) == P("model", None)
+  assert spec(("embed",)) == P(None)
+  assert spec(("batch", "length")) == P("data", None)
+  assert spec(("embed", "mlp"), sharding.RULES_2D) == P("data", "model")
+  # one mesh axis per spec: 'batch' takes "data", so 'embed' stays whole
+  assert spec(("batch", "length", "embed"), sharding.RULES_2D) == P("data", None, None)
+
+
+def test_shard_places_params_on_a_one_device_mesh():
+  model = sd.load("config:t5_1_1_tiny")
+  sharded = sd.shard(model, one_device())
+  params = flatten_dict(sharded.params, sep="/")
+  emb = params["token_embedder/embedding"]
+  assert isinstance(emb.sharding, NamedSharding) and emb.sharding.spec == P("model", None)
+  assert params["decoder/layers_0/mlp/wi_0/kernel"].sharding.spec == P(None, "model")
+  assert jax.tree_util.tree_all(jax.tree_util.tree_map(
+      lambda a, b: bool((a == b).all()), model.params, sharded.params))
+
+
+def test_bad_inputs():
+  mesh = one_device()
+  with pytest.raises(sd.InputError, match="sd.sharding.replicate"):
+    sd.shard(sd.load("config:t5_1_1_tiny").params, mesh)
+  with pytest.raises(sd.InputError, match=r"\[B, \.\.\.\]"):
+    sharding.shard_batch(jax.numpy.int32(3), mesh)
+
+
+# ----------------------------------------------------------------------------- 8 devices
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+  out = tmp_path_factory.mktemp("mesh") / "report.json"
+  env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
+                                     " --xla_force_host_platform_device_count=8").strip(),
+             PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+  if not env.get("JAX_COMPILATION_CACHE_DIR") and jax.config.jax_compilation_cache_dir:
+    env["JAX_COMPILATION_CACHE_DIR"] = jax.config.jax_compilation_cache_dir   # conftest's
+  run = subprocess.run([sys.executable, str(HERE / "mesh_checks.py"), str(out)], env=env,
+                       capture_output=True, text=True, timeout=900)
+  assert run.returncode == 0, run.stderr[-4000:]
+  return json.loads(out.read_text())
+
+
+MESHES = ("8x1/RULES_1D", "2x4/RULES_1D", "2x4/RULES_2D", "1x8/RULES_1D")
+
+
+def test_mesh_fixture(report):
+  assert report["device_count"] == 8
+  assert set(report["meshes"]) == set(MESHES)
+  # greedy tokens are comparable across reduction orders only where margins are large
+  assert report["margin"] > 1e-3, report["margin"]
+  assert report["single_speculative_is_generate"]
+
+
+def _shards(report, mesh, path):
+  return report["meshes"][mesh]["params"][path]
+
+
+@pytest.mark.parametrize("mesh,path,spec,shard", [
+    ("8x1/RULES_1D", "decoder/layers_0/mlp/wi_0/kernel", [None, "model"], [64, 128]),
+    ("2x4/RULES_1D", "decoder/layers_0/mlp/wi_0/kernel", [None, "model"], [64, 32]),
+    ("1x8/RULES_1D", "decoder/layers_0/mlp/wi_0/kernel", [None, "model"], [64, 16]),
+    ("1x8/RULES_1D", "decoder/layers_1/mlp/wo/kernel", ["model", None], [16, 64]),
+    ("1x8/RULES_1D", "encoder/layers_0/attention/query/kernel", [None, "model"], [64, 8]),
+    ("1x8/RULES_1D", "decoder/layers_0/self_attention/out/kernel", ["model", None], [8, 64]),
+    ("1x8/RULES_1D", "token_embedder/embedding", ["model", None], [64, 64]),
+    ("1x8/RULES_1D", "decoder/logits_dense/kernel", [None, "model"], [64, 64]),
+    ("1x8/RULES_1D", "decoder/decoder_norm/scale", [None], [64]),
+    # 4 relative-position heads on an 8-wide "model" axis: not divisible, replicated
+    ("1x8/RULES_1D", "decoder/relpos_bias/rel_embedding", [None, None], [4, 32]),
+    ("2x4/RULES_1D", "decoder/relpos_bias/rel_embedding", ["model", None], [1, 32]),
+    ("2x4/RULES_2D", "decoder/layers_0/mlp/wi_0/kernel", ["data", "model"], [32, 32]),
+    ("2x4/RULES_2D", "token_embedder/embedding", ["model", "data"], [128, 32]),
+    ("2x4/RULES_2D", "decoder/decoder_norm/scale", ["data"], [32]),
+])
+def test_params_really_sharded(report, mesh, path, spec, shard):
+  placed = _shards(report, mesh, path)
+  assert placed["spec"] == spec
+  assert placed["shard_shapes"] == [shard]      # every device holds a shard of this shape
+  assert placed["devices"] == 8
+
+
+def test_every_param_follows_its_spec(report):
+  """Per-device shard shape = full shape / mesh axis size, for every parameter and mesh."""
+  for mesh, entry in report["meshes"].items():
+    sizes = dict(zip(("data", "model"), map(int, mesh.split("/")[0].split("x"))))
+    for path, placed in entry["params"].items():
+      want = [n // (sizes[a] if a else 1) for n, a in zip(placed["shape"], placed["spec"])]
+      assert placed["shard_shapes"] == [want], (mesh, path)
+
+
+@pytest.mark.parametrize("mesh", MESHES)
+def test_drafter_replicated_inputs_by_batch(report, mesh):
+  entry = report["meshes"][mesh]
+  assert entry["drafter_devices"] == [8] and entry["drafter_replicated"]
+  data = int(mesh.split("x")[0])
+  assert entry["enc_shard_shapes"] == [[8 // data, 7]]
+  assert not entry["packed"]                 # several devices: XLA's ops, not the kernels
+  assert entry["output_devices"] == 8
+
+
+@pytest.mark.parametrize("mesh,methods", [
+    ("8x1/RULES_1D", ("generate", "speculative", "sample", "sample_again")),
+    ("2x4/RULES_1D", METHODS),
+    ("2x4/RULES_2D", ("generate", "speculative")),
+    ("1x8/RULES_1D", ("generate", "speculative", "sample", "sample_again", "bild", "blockwise")),
+])
+def test_mesh_equals_single_device(report, mesh, methods):
+  """Greedy (generate, speculative, BiLD at threshold 1, blockwise) and sampling with a
+  fixed rng: the tokens of the single-device run, and greedy methods equal `generate`."""
+  entry = report["meshes"][mesh]
+  assert sorted(entry["equal_single"]) == sorted(methods)
+  assert all(entry["equal_single"].values()), entry["equal_single"]
+  for m in set(methods) & {"speculative", "bild", "blockwise"}:
+    assert entry["equal_generate"][m], m
+  if "sample" in methods:
+    assert entry["sample_repeat"]
+    assert not entry["equal_generate"]["sample"]   # the sampling run is not greedy's
+  assert all(min(n) >= 1 for n in entry["lengths"].values())
+
+
+@pytest.mark.parametrize("mesh", MESHES)
+def test_mesh_logits_within_float_tolerance(report, mesh):
+  """Teacher-forced logits on the mesh: one device's to float32 rounding (the partial sums
+  of products split over "model" add in another order), far below the top-2 margins."""
+  diff = report["meshes"][mesh]["logits_max_abs_diff"]
+  assert diff < 1e-4 * max(1.0, report["logits_scale"]), (diff, report["logits_scale"])
+  assert diff < report["margin"] / 10
+
+
+def test_mesh_errors(report):
+  errors = report["errors"]
+  kind, message = errors["strict"]
+  assert kind == "ConfigError"
+  assert "relpos_bias/rel_embedding" in message and "size 4" in message
+  assert "'model' of size 8" in message
+  assert errors["batch"] == ["InputError", errors["batch"][1]]
+  assert "batch 6 is not divisible by mesh axis 'data' of size 4" in errors["batch"][1]
+  assert errors["mesh"][0] == "ConfigError" and "6 devices, but 8" in errors["mesh"][1]
