@@ -152,7 +152,3 @@ def top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
   values, indices = jax.lax.top_k(x.reshape(-1, x.shape[-1]), k)
   return values.reshape(lead + (k,)), indices.reshape(lead + (k,))
 
-
-# The names tools.options and tools.evaluation import.
-SamplingMethod = SamplingSettings
-as_method = as_sampling

@@ -50,7 +50,7 @@ from specdec_jax.config import get_config
 from specdec_jax.decoding import autoregressive
 from specdec_jax.decoding import speculative as spec
 from specdec_jax.decoding import stats as stats_lib
-from specdec_jax.decoding.acceptance import Speculative
+from specdec_jax.decoding.acceptance import SpeculativeSampling
 from specdec_jax.models.model import init_model
 
 V = 8
@@ -331,11 +331,11 @@ def test_eos_inside_drafts_preserves_distribution():
 
 
 @dataclasses.dataclass(frozen=True)
-class WrongResidual(Speculative):
+class WrongResidual(SpeculativeSampling):
   """WRONG: the usual acceptance test, but after a rejection t ~ p_{m+1}, not the residual."""
 
   def __call__(self, logits, proposal, sampling, key):
-    right = Speculative()(logits, proposal, sampling, key)
+    right = SpeculativeSampling()(logits, proposal, sampling, key)
     p_next = jnp.take_along_axis(sampling_lib.probs(logits, sampling),
                                  right.m[:, None, None], axis=1)[:, 0]
     next_token = jax.random.categorical(jax.random.split(key)[1], jnp.log(p_next), axis=-1)
@@ -343,11 +343,11 @@ class WrongResidual(Speculative):
 
 
 @dataclasses.dataclass(frozen=True)
-class AcceptAll(Speculative):
+class AcceptAll(SpeculativeSampling):
   """WRONG: every draft accepted (the output is the drafter's samples), bonus t ~ p."""
 
   def __call__(self, logits, proposal, sampling, key):
-    right = Speculative()(logits, proposal, sampling, key)
+    right = SpeculativeSampling()(logits, proposal, sampling, key)
     m = proposal.count
     p_next = jnp.take_along_axis(sampling_lib.probs(logits, sampling), m[:, None, None],
                                  axis=1)[:, 0]
@@ -393,7 +393,7 @@ def test_lenient_sampling_is_lossy_and_labelled():
 def test_rule_passed_as_argument_is_the_one_used():
   """Passing the exact rule explicitly reproduces the default: same keys, same samples."""
   a, _ = speculative_samples(T1, 3, 3, seed=11, n=ROWS_PER_CALL)
-  b, _ = speculative_samples(T1, 3, 3, seed=11, n=ROWS_PER_CALL, accept=Speculative())
+  b, _ = speculative_samples(T1, 3, 3, seed=11, n=ROWS_PER_CALL, accept=SpeculativeSampling())
   np.testing.assert_array_equal(a, b)
 
 

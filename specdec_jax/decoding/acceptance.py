@@ -134,8 +134,6 @@ class SpeculativeSampling:
     return Acceptance(m=m, next_token=next_token, beta=beta, scored=scored)
 
 
-#: The name this rule had before `decoding.methods.Speculative` (the method) existed.
-Speculative = SpeculativeSampling
 
 
 @dataclasses.dataclass(frozen=True)

@@ -160,7 +160,7 @@ def as_rng(rng, sampling=None) -> Array:
   without a key would silently reuse seed 0, so every call would draw the same samples.
   """
   if rng is None:
-    if not sampling_lib.as_method(sampling).is_greedy:
+    if not sampling_lib.as_sampling(sampling).is_greedy:
       raise InputError(
           f"sampling={sampling!r} needs rng: a seed (rng=0) or a key (rng=jax.random.key(0)); "
           "without it every call would draw the same samples")

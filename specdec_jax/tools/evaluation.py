@@ -79,7 +79,7 @@ def resolve_sampling(method: str = "greedy", sampling=None):
   default = make_sampling(method)
   if sampling is None:
     return default
-  sampling = sampling_lib.as_method(sampling)
+  sampling = sampling_lib.as_sampling(sampling)
   if default.is_greedy and not sampling.is_greedy:
     raise EvaluationError(f"method 'greedy' conflicts with sampling={sampling!r}")
   return sampling

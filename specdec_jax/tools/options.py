@@ -21,7 +21,7 @@ MODES = ("greedy", "sample")
 
 def make_sampling(mode: str | None = None, temperature: float | None = None,
                   top_k: int | None = None, top_p: float | None = None
-                  ) -> sampling_lib.SamplingMethod:
+                  ) -> sampling_lib.SamplingSettings:
   """greedy | sample (+ temperature / top_k / top_p) -> sd.Greedy() or sd.Sampling(...).
 
   `mode` None means sample when any sampling option is given, else greedy. Options

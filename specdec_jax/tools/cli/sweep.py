@@ -26,7 +26,7 @@ import sys
 from typing import Any
 
 import specdec_jax as sd
-from specdec_jax.decoding.lattice import NGramLM
+from specdec_jax.drafters.lattice import NGramLM
 from specdec_jax.tools import evaluation
 from specdec_jax.tools.cli.method_args import early_exit_layer, fit_ngram
 from specdec_jax.tools.data import prepare
