@@ -26,7 +26,7 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "specdec_jax"
-NOT_COPIED = (".git", ".venv", "build", "dist", "runs", "*.egg-info", "__pycache__",
+NOT_COPIED = (".git", ".venv", ".jax_cache", "build", "dist", "runs", "*.egg-info", "__pycache__",
               ".pytest_cache")
 
 
