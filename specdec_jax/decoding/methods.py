@@ -37,7 +37,6 @@ from specdec_jax.drafters import as_drafter
 from specdec_jax.drafters.blockwise import RESCORING, HeadDrafter
 from specdec_jax.drafters.heads import Heads
 from specdec_jax.drafters.loop import NoProposals
-from specdec_jax.drafters.model import ModelDrafter
 from specdec_jax.errors import InputError
 from specdec_jax.models.model import Model
 
@@ -191,12 +190,17 @@ class Speculative(Method):
                                     self.lenience, self.accept, self.exact)
 
   def proposer_inputs(self, proposer, encoder_tokens, max_new_tokens):
-    tokens = (encoder_tokens if self.drafter_encoder_tokens is None
-              else self.drafter_encoder_tokens)
-    model_drafter = speculative.model_drafter(proposer)
-    if model_drafter is not None:
-      return inputs.check_request(tokens, model_drafter.model.config, max_new_tokens)
-    return tokens
+    return _drafter_inputs(proposer, self.drafter_encoder_tokens, encoder_tokens, max_new_tokens)
+
+
+def _drafter_inputs(proposer, own_tokens, encoder_tokens, max_new_tokens):
+  """The drafting model's input [B, Le']: its own tokens if given, else the target's;
+  checked against its config when the proposer wraps a `ModelDrafter`."""
+  tokens = encoder_tokens if own_tokens is None else own_tokens
+  model_drafter = speculative.model_drafter(proposer)
+  if model_drafter is not None:
+    return inputs.check_request(tokens, model_drafter.model.config, max_new_tokens)
+  return tokens
 
 
 @struct.dataclass
@@ -253,10 +257,7 @@ class BiLD(Method):
                              self.batch_policy, as_drafter(self.small, target).kind, self.exact)
 
   def proposer_inputs(self, proposer, encoder_tokens, max_new_tokens):
-    tokens = encoder_tokens if self.small_encoder_tokens is None else self.small_encoder_tokens
-    if isinstance(proposer.drafter, ModelDrafter):
-      return inputs.check_request(tokens, proposer.drafter.model.config, max_new_tokens)
-    return tokens
+    return _drafter_inputs(proposer, self.small_encoder_tokens, encoder_tokens, max_new_tokens)
 
 
 @struct.dataclass
