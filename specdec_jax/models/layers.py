@@ -2,7 +2,8 @@
 
 Dense (no bias in T5), fused products for decode steps, RMSNorm, the shared embedding,
 relative position buckets and bias, multi-head attention (heads-major, no 1/sqrt(d)
-scaling: it lives in the query init), and the (gated) MLP.
+scaling: it lives in the query init), and the (gated) MLP. The decoder-only LMs
+(`models.lm`) reuse them with biases, grouped-query attention and `LayerNorm`.
 
 Every product of a decode request (a Dense, a fused Q/K/V / K/V / wi_*, the tied
 output layer, an RMSNorm's sum of squares, an attention) goes through
@@ -339,7 +340,9 @@ class MultiHeadAttention(nn.Module):
     """q [B, H, T, Dh], k/v [B, Hkv, S, Dh], bias [B|1, H|1, T|1, S] -> [B, T, E].
 
     With Hkv < H each key/value head serves H / Hkv consecutive query heads (Hugging
-    Face's `repeat_kv` order). On the CPU kernel (`dispatch.attention`) every query row is computed alike whatever
+    Face's `repeat_kv` order).
+
+    On the CPU kernel (`dispatch.attention`) every query row is computed alike whatever
     T, B and the number of masked keys are. XLA computes T >= 2 rows with other kernels
     than T = 1: the rows of a k-token call would round differently from 1-token calls,
     and a sentence's encoding would depend on the padded length of its batch.

@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 
 import flax.linen as nn
+import flax.traverse_util
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -324,3 +325,12 @@ def check_prompt(tokens, lengths, capacity: int, config: LMConfig) -> np.ndarray
                      f"{arr.tolist()[:8]}")
   return arr.astype(np.int32)
 
+
+
+def param_shapes(config: LMConfig) -> dict[str, tuple[int, ...]]:
+  """Flat "/"-joined parameter name -> shape of every parameter `config` implies."""
+  module = DecoderOnly(config)
+  one = jnp.ones((1, 1), jnp.int32)
+  abstract = nn.unbox(jax.eval_shape(module.init, jax.random.PRNGKey(0), one)["params"])
+  return {"/".join(path): tuple(leaf.shape)
+          for path, leaf in flax.traverse_util.flatten_dict(abstract).items()}
