@@ -284,3 +284,21 @@ def test_rope_matches_the_rotate_half_formula():
       want[0, 0, t, i + dh // 2] = x2 * np.cos(a) + x1 * np.sin(a)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
   np.testing.assert_array_equal(got[..., 0, :], x[..., 0, :])     # position 0: unrotated
+
+
+def test_sharding_rules_place_the_lm(model):
+  """T5X's rules apply to the LM tree: projections split over "model" along heads / mlp /
+  vocab, and a sharded model (here a 1x1 mesh) decodes as before."""
+  mesh = sd.make_mesh(1, 1)
+  specs = flatten_dict(sharding.param_shardings(model, mesh, strict=True))
+  attn = ("decoder", "layers_0", "self_attention")
+  assert tuple(specs[attn + ("query", "kernel")].spec) == (None, "model")
+  assert tuple(specs[attn + ("out", "kernel")].spec) == ("model", None)
+  assert tuple(specs[("token_embedder", "embedding")].spec) == ("model", None)
+  seq = tokens((2, 6), model.vocab_size, seed=9)
+  sharded = sd.shard(model, mesh)
+  np.testing.assert_allclose(np.asarray(sharded.forward(seq)), np.asarray(model.forward(seq)),
+                             **TOL)
+  a, _ = sharded.decode(seq[:, 2:], sharded.start(seq[:, :3], capacity=8))
+  b, _ = model.decode(seq[:, 2:], model.start(seq[:, :3], capacity=8))
+  np.testing.assert_allclose(np.asarray(a), np.asarray(b), **TOL)

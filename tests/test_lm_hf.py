@@ -194,3 +194,23 @@ def test_export_refuses_configs_without_a_hf_equivalent(tmp_path):
   model = sd.init_model(cfg)
   with pytest.raises(sd.CheckpointError, match="no Hugging Face GPT-2 or Llama equivalent"):
     checkpoints.export_hf(tmp_path / "x", cfg, model.params)
+
+
+def test_bfloat16_checkpoint_loads_as_stored_and_exports_bitwise(tmp_path):
+  hf_model = _hf_model("llama", seed=4).to(torch.bfloat16)
+  hf_model.save_pretrained(tmp_path / "bf16", safe_serialization=True)
+  model = sd.load(str(tmp_path / "bf16"), dtype=None)
+  assert {str(x.dtype) for x in checkpoints.flatten(model.params).values()} == {"bfloat16"}
+  out = checkpoints.export_hf(tmp_path / "back", model.config, model.params)
+  back = transformers.LlamaForCausalLM.from_pretrained(out, dtype=torch.bfloat16)
+  want = hf_model.state_dict()
+  for name, value in back.state_dict().items():
+    assert value.dtype == torch.bfloat16
+    assert torch.equal(value, want[name]), name
+  tokens = np.random.default_rng(5).integers(3, 96, (1, 10))
+  got = np.asarray(sd.load(str(tmp_path / "bf16")).forward(jnp.asarray(tokens, jnp.int32)))
+  # The same bfloat16 weights in float32 (loaded afresh: a model cast with .to() keeps its
+  # rotary frequencies rounded to bfloat16).
+  want32 = _hf_logits(transformers.LlamaForCausalLM.from_pretrained(
+      tmp_path / "bf16", dtype=torch.float32), tokens)
+  assert np.max(np.abs(got - want32)) < TOL
