@@ -347,12 +347,27 @@ class MultiHeadAttention(nn.Module):
     than T = 1: the rows of a k-token call would round differently from 1-token calls,
     and a sentence's encoding would depend on the padded length of its batch.
     """
-    if k.shape[1] != self.num_heads:
-      k, v = (jnp.repeat(a, self.num_heads // k.shape[1], axis=1) for a in (k, v))
+    if k.shape[1] == self.num_heads:
+      xla = lambda: self._weighted_values(q, k, v, bias)
+      kk, vv = k, v
+    else:   # the kernel reads every query head's keys; XLA's ops group the query heads
+      xla = lambda: self._grouped_weighted_values(q, k, v, bias)
+      kk, vv = (jnp.repeat(a, self.num_heads // k.shape[1], axis=1) for a in (k, v))
     # [B, T, H, Dh]: the transposes around it cancel with `_split`'s.
-    y = dispatch.attention(self, q, k, v, bias, self.dtype,
-                           lambda: jnp.swapaxes(self._weighted_values(q, k, v, bias), 1, 2))
+    y = dispatch.attention(self, q, kk, vv, bias, self.dtype, lambda: jnp.swapaxes(xla(), 1, 2))
     return self.out(y.reshape(y.shape[:2] + (self.num_heads * self.head_dim,)))
+
+  def _grouped_weighted_values(self, q: Array, k: Array, v: Array, bias: Array) -> Array:
+    """`_weighted_values` with k/v [B, Hkv, S, Dh] shared by groups of G = H / Hkv query
+    heads, without copying them G times: -> [B, H, T, Dh]."""
+    b, h, t, d = q.shape
+    hkv = k.shape[1]
+    qg = q.reshape(b, hkv, h // hkv, t, d)
+    bias = (bias[:, :, None] if bias.shape[1] == 1
+            else bias.reshape(bias.shape[0], hkv, h // hkv, *bias.shape[2:]))
+    logits = jnp.einsum("bkgtd,bksd->bkgts", qg, k, preferred_element_type=jnp.float32) + bias
+    weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
+    return jnp.einsum("bkgts,bksd->bkgtd", weights, v).reshape(b, h, t, d)
 
 
 class MlpBlock(nn.Module):
