@@ -302,3 +302,31 @@ def test_sharding_rules_place_the_lm(model):
   a, _ = sharded.decode(seq[:, 2:], sharded.start(seq[:, :3], capacity=8))
   b, _ = model.decode(seq[:, 2:], model.start(seq[:, :3], capacity=8))
   np.testing.assert_allclose(np.asarray(a), np.asarray(b), **TOL)
+
+
+def test_prefill_and_greedy_loop_inside_jit(model):
+  """The engine's use: start and decode traced in one jitted function (lengths given), the
+  same tokens as the eager calls; without lengths, a traced prompt is a clear error."""
+  seq = np.array(tokens((2, 5), model.vocab_size, seed=10))
+  seq[1, 3:] = model.config.pad_id
+  lengths = jnp.asarray([5, 3], jnp.int32)
+  packed = sd.pack(model)
+
+  @jax.jit
+  def run(m, prompt, lengths):
+    cache = m.start(prompt, 10, lengths)
+    tok = m.first_tokens(prompt, lengths)[:, None]
+
+    def step(carry, _):
+      tok, cache = carry
+      logits, cache = m.decode(tok, cache)
+      tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+      return (tok, cache), tok[:, 0]
+
+    _, out = jax.lax.scan(step, (tok, cache), None, length=4)
+    return out.T
+
+  eager, _ = greedy(model, model.start(jnp.asarray(seq), 10), model.first_tokens(seq)[:, None], 4)
+  np.testing.assert_array_equal(np.asarray(run(packed, jnp.asarray(seq), lengths)), eager)
+  with pytest.raises(sd.InputError, match="pass lengths="):
+    jax.jit(lambda m, p: m.start(p, 10).length)(packed, jnp.asarray(seq))

@@ -59,6 +59,9 @@ def prompt_lengths(tokens, pad_id: int) -> np.ndarray:
   A row that is all `pad_id` is an error (a prompt needs at least one token). Pass the
   lengths explicitly when a prompt may end in the pad id (GPT-2 pads with its EOS).
   """
+  if isinstance(tokens, jax.core.Tracer):
+    raise InputError("prompt lengths cannot be computed from traced tokens (inside jit): "
+                     "pass lengths=")
   arr = np.asarray(tokens)
   real = arr != pad_id
   lengths = np.where(real.any(axis=1), arr.shape[1] - np.argmax(real[:, ::-1], axis=1), 0)
@@ -311,8 +314,6 @@ def check_prompt(tokens, lengths, capacity: int, config: LMConfig) -> np.ndarray
     raise InputError(f"cache capacity {capacity} exceeds the model's {config.max_positions} "
                      "learned positions (max_positions)")
   if lengths is None:
-    if isinstance(tokens, jax.core.Tracer):
-      raise InputError("prompt lengths cannot be computed from traced tokens: pass lengths=")
     return prompt_lengths(tokens, config.pad_id)
   if isinstance(lengths, jax.core.Tracer):
     return lengths
