@@ -91,10 +91,9 @@ def rope_tables(positions: Array, head_dim: int, theta: float,
   """positions [B, T] in [0, num_positions) -> cos, sin [B, 1, T, Dh] float32 (the angles
   repeated over both halves).
 
-  cos and sin are computed for every slot 0..num_positions-1 (the cache capacity) and
-  gathered: their shape never depends on T, so a k-token call rotates each token by the
-  bits a 1-token call does (XLA's cos/sin, fused into a [B, T] computation, differ in the
-  last bit between T = 1 and T > 1).
+  cos and sin are computed for every slot 0..num_positions-1 (the cache capacity), fenced
+  off from XLA's fusions, and gathered: their computation never depends on T, so a k-token
+  call rotates each token by the bits a 1-token call does, whatever XLA fuses around them.
   """
   slots = jnp.arange(num_positions, dtype=jnp.float32)[:, None]
   angles = slots * rope_inverse_frequencies(head_dim, theta)              # [N, Dh/2]
@@ -111,8 +110,9 @@ def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
   """Rotate x [B, H, T, Dh] by its positions' angles (cos, sin [B, 1, T, Dh]): Hugging Face's
   x cos + rotate_half(x) sin, where dimension i pairs with i + Dh/2.
 
-  Written per half: the concatenated form (x cos + [-x2, x1] sin) rounds differently in
-  k-token and 1-token calls under XLA's CPU fusions; this form does not.
+  Written per half: the concatenated form (x cos + [-x2, x1] sin) rounded differently in
+  k-token and 1-token decode calls under XLA's CPU fusions (last bit); this form does not
+  (`tests/test_lm.py` checks the packed decode bitwise).
   """
   half = x.shape[-1] // 2
   xf = x.astype(jnp.float32)
@@ -159,11 +159,13 @@ class LMLayer(nn.Module):
   def setup(self):
     cfg, dt = self.config, self.config.activation_dtype
     self.pre_self_attention_layer_norm = _norm(cfg)
-    self.self_attention = MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.emb_dim, dt,
-                                             cfg.num_kv_heads, cfg.attention_bias, 1.0)
+    self.self_attention = MultiHeadAttention(
+        cfg.num_heads, cfg.head_dim, cfg.emb_dim, dt, num_kv_heads=cfg.num_kv_heads,
+        use_bias=cfg.attention_bias, query_init_scale=1.0)   # queries scaled in __call__
     self.pre_mlp_layer_norm = _norm(cfg)
-    acts = ("gelu",) if cfg.mlp == "gelu_tanh" else ("silu", "linear")
-    self.mlp = MlpBlock(cfg.mlp_dim, acts, True, dt, True, cfg.mlp_bias)
+    acts = ("gelu",) if cfg.mlp == "gelu_tanh" else ("silu", "linear")   # tanh gelu; gate, up
+    self.mlp = MlpBlock(cfg.mlp_dim, acts, gelu_approximate=True, dtype=dt,
+                        use_bias=cfg.mlp_bias)
 
   def __call__(self, x, bias, rope, dropout, kv_cache=None, write_pos=None):
     """x [B, T, E], bias [B, 1, T, S], rope (cos, sin) or None -> (x, (k, v))."""
