@@ -3,7 +3,6 @@ ragged prompts, grouped-query attention, tied output, trees of drafts, configs."
 
 import json
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
