@@ -32,6 +32,7 @@ import numpy as np
 from flax.traverse_util import flatten_dict, unflatten_dict
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from specdec_jax.config import T5Config
 from specdec_jax.errors import ConfigError, InputError
 from specdec_jax.models.model import Model, logical_axes
 
@@ -142,6 +143,18 @@ def partition_spec(axes: Sequence[str | None], mesh: Mesh, rules: Rules = RULES_
   return PartitionSpec(*spec)
 
 
+def config_shardings(config: T5Config, mesh: Mesh, rules: Rules | None = None,
+                     strict: bool = False) -> dict[str, NamedSharding]:
+  """{flat "/" key: NamedSharding} of every parameter `config` implies: where `load`
+  puts each parameter before any is read."""
+  from specdec_jax.io.checkpoints import tree
+  rules = RULES_1D if rules is None else rules
+  axes = flatten_dict(logical_axes(config), sep="/")
+  shapes = tree.expected_shapes(config)
+  return {path: NamedSharding(mesh, partition_spec(tuple(axes[path]), mesh, rules, shapes[path],
+                                                   path, strict)) for path in shapes}
+
+
 def param_shardings(model: Model, mesh: Mesh, rules: Rules | None = None,
                     strict: bool = False) -> Any:
   """The `NamedSharding` of every parameter of `model` (a tree like `model.params`)."""
@@ -155,6 +168,34 @@ def param_shardings(model: Model, mesh: Mesh, rules: Rules | None = None,
       tuple(path.split("/")): NamedSharding(
           mesh, partition_spec(tuple(axes[path]), mesh, rules, params[path].shape, path, strict))
       for path in params})
+
+
+def load(path_or_name: str, mesh: Mesh, dtype: Any = "float32", config: T5Config | None = None,
+         rules: Rules | None = None, strict: bool = False) -> Model:
+  """`sd.load(path_or_name, dtype, config, mesh=mesh, rules=rules)`: a model loaded straight
+  into the shardings `rules` give its parameters on `mesh`, leaf by leaf.
+
+  No parameter tree is ever whole on one host or device: each leaf's device blocks are
+  read alone (safetensors slices, T5X zarr index ranges, Orbax restore shardings), cast
+  to `dtype` on the host, and placed; a `config:` model is initialised into its shards.
+  The values are `sd.shard(sd.load(path_or_name, dtype, config), mesh, rules)`'s.
+  """
+  from specdec_jax.config import get_config
+  from specdec_jax.io import checkpoints
+  from specdec_jax.models.model import init_model
+  if not isinstance(mesh, Mesh):
+    raise InputError(f"mesh= takes a jax.sharding.Mesh (sd.make_mesh), got "
+                     f"{type(mesh).__name__}")
+  if isinstance(path_or_name, str) and path_or_name.startswith("config:"):
+    cfg = get_config(path_or_name[len("config:"):])
+    where = unflatten_dict({tuple(k.split("/")): v for k, v in
+                            config_shardings(cfg, mesh, rules, strict).items()})
+    return init_model(cfg, 0, dtype, shardings=where)
+  cfg, params = checkpoints.load_checkpoint_sharded(
+      path_or_name, lambda c: config_shardings(c, mesh, rules, strict), dtype, config)
+  if dtype is not None:
+    cfg = cfg.replace(dtype=jax.numpy.dtype(dtype).name)
+  return Model(config=cfg, params=params)
 
 
 def shard(model: Model, mesh: Mesh, rules: Rules | None = None, strict: bool = False) -> Model:
