@@ -247,3 +247,65 @@ def shard_batch(x: Array, mesh: Mesh) -> Array:
                      f"{data}: pad the batch to a multiple of {data} or use a smaller "
                      f"'data' axis")
   return jax.device_put(x, NamedSharding(mesh, PartitionSpec("data")))
+
+
+# ----------------------------------------------------------------------------- decode state
+
+def decode_layout(target: Model, encoder_tokens: Any) -> tuple[Mesh, str | None] | None:
+  """(mesh, mesh axis of the target's heads or None) when `encoder_tokens` [B, L] are
+  placed on a mesh with a "data" axis (`shard_batch`), else None: the one-device program
+  is then left exactly as it was.
+
+  The heads axis is the mesh axis the target's first query kernel splits its
+  heads*head_dim columns over, when it splits whole heads (H divisible by its size).
+  """
+  where = getattr(encoder_tokens, "sharding", None)
+  if not isinstance(where, NamedSharding) or "data" not in where.mesh.axis_names:
+    return None
+  mesh = where.mesh
+  if mesh.size == 1:
+    return None
+  try:
+    query = target.params["encoder"]["layers_0"]["attention"]["query"]["kernel"]
+  except (KeyError, TypeError):
+    query = None
+  spec = getattr(getattr(query, "sharding", None), "spec", ())
+  axis = spec[1] if len(spec) > 1 and isinstance(spec[1], str) else None
+  if axis is not None and target.config.num_heads % mesh.shape[axis]:
+    axis = None
+  return mesh, axis
+
+
+def constrain_state(state: Any, layout: tuple[Mesh, str | None]) -> Any:
+  """A decode loop's initial state (`engine.RoundState`) constrained to T5X's layout:
+  the token buffer, counters and every cache by batch over "data", the target's cache
+  [B, H, C, Dh] also by heads over the heads axis of `layout` (`decode_layout`); the
+  proposer's caches (a drafter replicated over "model") by batch only.
+
+  Why: jit's propagation alone gives the parameters' layout to whatever they touch; with
+  "embed" split over "data" (RULES_2D) it leaves the caches whole in batch on every row
+  of "data", so each row would hold, and compute, the whole batch.
+  """
+  from specdec_jax.cache import DecoderCache
+  mesh, heads = layout
+  data = mesh.shape["data"]
+  batch = state.seq.shape[0]
+  if batch % data:
+    return state
+
+  def by_batch(x, axis=None):
+    spec = PartitionSpec("data", axis) if axis is not None else PartitionSpec("data")
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+  def cache(c: DecoderCache, axis):
+    kv = lambda xs: tuple(by_batch(x, axis) for x in xs)
+    cross = None if c.cross is None else c.cross.replace(
+        key=kv(c.cross.key), value=kv(c.cross.value), mask=by_batch(c.cross.mask))
+    return c.replace(self_key=kv(c.self_key), self_value=kv(c.self_value),
+                     length=by_batch(c.length), cross=cross)
+
+  proposer = jax.tree_util.tree_map(
+      lambda x: cache(x, None) if isinstance(x, DecoderCache) else x, state.proposer,
+      is_leaf=lambda x: isinstance(x, DecoderCache))
+  return state.replace(seq=by_batch(state.seq), n=by_batch(state.n), done=by_batch(state.done),
+                       cache=cache(state.cache, heads), proposer=proposer)
