@@ -1,7 +1,8 @@
 """Models on a device mesh: T5X's logical-axis rules, placed by `jax.sharding`.
 
     mesh = sd.make_mesh(data=2, model=4)            # axes ("data", "model") over 8 devices
-    target = sd.shard(target, mesh)                 # params by their logical axes (RULES_1D)
+    target = sd.load(path, mesh=mesh)               # read straight into shards (RULES_1D)
+    target = sd.shard(target, mesh)                 # or place a loaded model
     drafter = sd.sharding.replicate(drafter, mesh)  # a small model: a full copy per device
     enc = sd.sharding.shard_batch(enc, mesh)        # [B, L] split by batch over "data"
     out = sd.speculative_generate(target, drafter, enc, gamma=4)
@@ -10,9 +11,11 @@ Every parameter carries T5X's logical axis names (`sd.logical_axes`, e.g. ('embe
 for an MLP's wi kernel). A rule maps a logical name to a mesh axis or to None
 (replicated); `partition_spec` turns a parameter's names into a `PartitionSpec` the way
 flax's `logical_to_mesh_axes` does: per dimension, the first rule for its name whose mesh
-axis is not used by an earlier dimension. Placement is all this module does: `jit`
-propagates the parameters' and inputs' shardings through the decode (encoder output,
-caches, logits), and XLA inserts the collectives. The CPU decode kernels run on one
+axis is not used by an earlier dimension. `jit` propagates the parameters' and inputs'
+shardings through the decode (encoder output, caches, logits), and XLA inserts the
+collectives; the decode engine only pins its loop state (`constrain_state`: caches and
+token buffer by batch, the target's caches by heads), which propagation alone leaves
+whole in batch under RULES_2D. The CPU decode kernels run on one
 device only, so a model placed on several devices decodes on XLA's ops
 (`kernels.dispatch.policy`: "params are not on one CPU device").
 

@@ -305,14 +305,14 @@ def test_load_reads_only_each_devices_block(report, load):
 
 def test_load_peak_host_memory(report):
   """Loading a t5_1_1_base-shaped bfloat16 checkpoint (495 MB) into shards on 2x4 holds at
-  most 2 x its largest leaf (49 MB) beyond the placed model (the CPU devices' buffers,
+  most 3 x its largest leaf (49 MB) beyond the placed model (the CPU devices' buffers,
   twice the model: replicated over "data", are host memory too)."""
   memory = report["memory"]
   sharded = memory["sharded"]
   assert memory["params_bytes"] == 495_155_712 and memory["largest_leaf"] == 49_348_608
   assert sharded["device_bytes"] >= 2 * memory["params_bytes"]
   extra = sharded["peak"] - sharded["before"] - sharded["device_bytes"]
-  assert extra < 2 * memory["largest_leaf"], (extra, memory)
+  assert extra < 3 * memory["largest_leaf"], (extra, memory)     # measured: 0.5 to 1.1
 
 
 @pytest.mark.parametrize("mesh", ["8x1/RULES_1D", "2x4/RULES_1D", "2x4/RULES_2D"])
