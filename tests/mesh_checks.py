@@ -182,6 +182,18 @@ def load_checks(tmp: pathlib.Path) -> dict:
     return block
 
   leaves.read_block = spy
+  # Orbax reads each distinct device block of an array in `_read_shard` (orbax-checkpoint
+  # 0.12): the same count of bytes per call, through Orbax's own reader.
+  from orbax.checkpoint._src.serialization import serialization as orbax_reader
+  orbax_read_shard = orbax_reader._read_shard
+  orbax_reads: list[int] = []
+
+  async def orbax_spy(*args, **kwargs):
+    block = await orbax_read_shard(*args, **kwargs)
+    orbax_reads.append(int(block.nbytes))
+    return block
+
+  orbax_reader._read_shard = orbax_spy
   single = {(name, dtype): sd.load(src, dtype=dtype) for name, src in sources.items()
             for dtype in ("float32", "bfloat16")}
   reads.clear()
@@ -192,6 +204,7 @@ def load_checks(tmp: pathlib.Path) -> dict:
       if dtype == "bfloat16" and (data, width) != (2, 4):
         continue
       reads.clear()
+      orbax_reads.clear()
       got = sd.load(sources[name], dtype=dtype, mesh=mesh)
       rules = sd.sharding.config_shardings(got.config, mesh)
       flat, ref = flatten_dict(got.params, sep="/"), flatten_dict(want.params, sep="/")
@@ -206,10 +219,15 @@ def load_checks(tmp: pathlib.Path) -> dict:
           "reads": {k: {"nbytes": _stored_nbytes(sources[name], k),
                         "blocks": len({_at(s.index) for s in flat[k].addressable_shards}),
                         "calls": list(reads[k])} for k in reads},
+          # bytes of every distinct device block of every leaf, and what Orbax read
+          "blocks": sorted(int(s.data.nbytes) for x in flat.values() for s in
+                           {_at(s.index): s for s in x.addressable_shards}.values()),
+          "orbax_calls": sorted(orbax_reads),
           "spec": {k: [a for a in flat[k].sharding.spec] for k in
                    ("decoder/layers_0/mlp/wi_0/kernel", "token_embedder/embedding")},
       }
   leaves.read_block = original
+  orbax_reader._read_shard = orbax_read_shard
   return out
 
 

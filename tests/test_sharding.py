@@ -303,6 +303,16 @@ def test_load_reads_only_each_devices_block(report, load):
     assert wi["calls"] == [wi["nbytes"] // 8] * 8
 
 
+@pytest.mark.parametrize("load", [k for k in LOADS if "/orbax/" in k])
+def test_orbax_restores_only_each_devices_block(report, load):
+  """Orbax's reader (a spy on it) reads every distinct device block of every leaf once:
+  the bytes of its calls are exactly the blocks' (in the requested dtype)."""
+  entry = report["load"][load]
+  assert entry["orbax_calls"] == entry["blocks"], entry
+  if not load.startswith("8x1"):
+    assert len(entry["blocks"]) > 52            # split leaves: several blocks each
+
+
 def test_load_peak_host_memory(report):
   """Loading a t5_1_1_base-shaped bfloat16 checkpoint (495 MB) into shards on 2x4 holds at
   most 3 x its largest leaf (49 MB) beyond the placed model (the CPU devices' buffers,
