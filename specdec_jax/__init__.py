@@ -50,7 +50,8 @@ __all__ += ["make_mesh", "shard", "sharding"]
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
 
 
-def load(path_or_name: str, dtype="float32", config: T5Config | None = None) -> Model:
+def load(path_or_name: str, dtype="float32", config: T5Config | None = None, *,
+         mesh=None, rules=None) -> Model:
   """Load a model: T5X checkpoint (legacy or Orbax), HF T5 dir, our saved dir, a bundled
   name such as "demo-de-en/target", or a named config ("config:t5_1_1_tiny", random weights).
 
@@ -60,11 +61,18 @@ def load(path_or_name: str, dtype="float32", config: T5Config | None = None) -> 
   memory and bandwidth; a `config:` model is then initialised directly in bfloat16,
   one parameter at a time on the device. None keeps what is stored (params as
   stored, activations as the config says). Params come back as device arrays.
+  mesh: a `jax.sharding.Mesh` (`sd.make_mesh`): every parameter loaded straight into
+  the shards `rules` (default `sd.sharding.RULES_1D`) give it, leaf by leaf, never
+  whole on one host or device (`sd.sharding.load`).
   """
   from specdec_jax.io import checkpoints
   if dtype is not None and str(dtype) not in COMPUTE_DTYPES:
     raise InputError(f"dtype must be one of {', '.join(COMPUTE_DTYPES)} or None (as stored), "
                      f"got {dtype!r}")
+  if mesh is not None:
+    return sharding.load(path_or_name, mesh, dtype, config, rules)
+  if rules is not None:
+    raise InputError("sd.load: rules= places parameters on a mesh; pass mesh= too")
   if isinstance(path_or_name, str) and path_or_name.startswith("config:"):
     return init_model(get_config(path_or_name[len("config:"):]), 0, dtype)
   cfg, params = checkpoints.load_checkpoint(path_or_name, config=config)

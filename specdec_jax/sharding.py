@@ -1,7 +1,8 @@
 """Models on a device mesh: T5X's logical-axis rules, placed by `jax.sharding`.
 
     mesh = sd.make_mesh(data=2, model=4)            # axes ("data", "model") over 8 devices
-    target = sd.shard(target, mesh)                 # params by their logical axes (RULES_1D)
+    target = sd.load(path, mesh=mesh)               # read straight into shards (RULES_1D)
+    target = sd.shard(target, mesh)                 # or place a loaded model
     drafter = sd.sharding.replicate(drafter, mesh)  # a small model: a full copy per device
     enc = sd.sharding.shard_batch(enc, mesh)        # [B, L] split by batch over "data"
     out = sd.speculative_generate(target, drafter, enc, gamma=4)
@@ -10,9 +11,11 @@ Every parameter carries T5X's logical axis names (`sd.logical_axes`, e.g. ('embe
 for an MLP's wi kernel). A rule maps a logical name to a mesh axis or to None
 (replicated); `partition_spec` turns a parameter's names into a `PartitionSpec` the way
 flax's `logical_to_mesh_axes` does: per dimension, the first rule for its name whose mesh
-axis is not used by an earlier dimension. Placement is all this module does: `jit`
-propagates the parameters' and inputs' shardings through the decode (encoder output,
-caches, logits), and XLA inserts the collectives. The CPU decode kernels run on one
+axis is not used by an earlier dimension. `jit` propagates the parameters' and inputs'
+shardings through the decode (encoder output, caches, logits), and XLA inserts the
+collectives; the decode engine only pins its loop state (`constrain_state`: caches and
+token buffer by batch, the target's caches by heads), which propagation alone leaves
+whole in batch under RULES_2D. The CPU decode kernels run on one
 device only, so a model placed on several devices decodes on XLA's ops
 (`kernels.dispatch.policy`: "params are not on one CPU device").
 
@@ -32,6 +35,7 @@ import numpy as np
 from flax.traverse_util import flatten_dict, unflatten_dict
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from specdec_jax.config import T5Config
 from specdec_jax.errors import ConfigError, InputError
 from specdec_jax.models.model import Model, logical_axes
 
@@ -142,6 +146,18 @@ def partition_spec(axes: Sequence[str | None], mesh: Mesh, rules: Rules = RULES_
   return PartitionSpec(*spec)
 
 
+def config_shardings(config: T5Config, mesh: Mesh, rules: Rules | None = None,
+                     strict: bool = False) -> dict[str, NamedSharding]:
+  """{flat "/" key: NamedSharding} of every parameter `config` implies: where `load`
+  puts each parameter before any is read."""
+  from specdec_jax.io.checkpoints import tree
+  rules = RULES_1D if rules is None else rules
+  axes = flatten_dict(logical_axes(config), sep="/")
+  shapes = tree.expected_shapes(config)
+  return {path: NamedSharding(mesh, partition_spec(tuple(axes[path]), mesh, rules, shapes[path],
+                                                   path, strict)) for path in shapes}
+
+
 def param_shardings(model: Model, mesh: Mesh, rules: Rules | None = None,
                     strict: bool = False) -> Any:
   """The `NamedSharding` of every parameter of `model` (a tree like `model.params`)."""
@@ -155,6 +171,34 @@ def param_shardings(model: Model, mesh: Mesh, rules: Rules | None = None,
       tuple(path.split("/")): NamedSharding(
           mesh, partition_spec(tuple(axes[path]), mesh, rules, params[path].shape, path, strict))
       for path in params})
+
+
+def load(path_or_name: str, mesh: Mesh, dtype: Any = "float32", config: T5Config | None = None,
+         rules: Rules | None = None, strict: bool = False) -> Model:
+  """`sd.load(path_or_name, dtype, config, mesh=mesh, rules=rules)`: a model loaded straight
+  into the shardings `rules` give its parameters on `mesh`, leaf by leaf.
+
+  No parameter tree is ever whole on one host or device: each leaf's device blocks are
+  read alone (safetensors slices, T5X zarr index ranges, Orbax restore shardings), cast
+  to `dtype` on the host, and placed; a `config:` model is initialised into its shards.
+  The values are `sd.shard(sd.load(path_or_name, dtype, config), mesh, rules)`'s.
+  """
+  from specdec_jax.config import get_config
+  from specdec_jax.io import checkpoints
+  from specdec_jax.models.model import init_model
+  if not isinstance(mesh, Mesh):
+    raise InputError(f"mesh= takes a jax.sharding.Mesh (sd.make_mesh), got "
+                     f"{type(mesh).__name__}")
+  if isinstance(path_or_name, str) and path_or_name.startswith("config:"):
+    cfg = get_config(path_or_name[len("config:"):])
+    where = unflatten_dict({tuple(k.split("/")): v for k, v in
+                            config_shardings(cfg, mesh, rules, strict).items()})
+    return init_model(cfg, 0, dtype, shardings=where)
+  cfg, params = checkpoints.load_checkpoint_sharded(
+      path_or_name, lambda c: config_shardings(c, mesh, rules, strict), dtype, config)
+  if dtype is not None:
+    cfg = cfg.replace(dtype=jax.numpy.dtype(dtype).name)
+  return Model(config=cfg, params=params)
 
 
 def shard(model: Model, mesh: Mesh, rules: Rules | None = None, strict: bool = False) -> Model:
@@ -206,3 +250,65 @@ def shard_batch(x: Array, mesh: Mesh) -> Array:
                      f"{data}: pad the batch to a multiple of {data} or use a smaller "
                      f"'data' axis")
   return jax.device_put(x, NamedSharding(mesh, PartitionSpec("data")))
+
+
+# ----------------------------------------------------------------------------- decode state
+
+def decode_layout(target: Model, encoder_tokens: Any) -> tuple[Mesh, str | None] | None:
+  """(mesh, mesh axis of the target's heads or None) when `encoder_tokens` [B, L] are
+  placed on a mesh with a "data" axis (`shard_batch`), else None: the one-device program
+  is then left exactly as it was.
+
+  The heads axis is the mesh axis the target's first query kernel splits its
+  heads*head_dim columns over, when it splits whole heads (H divisible by its size).
+  """
+  where = getattr(encoder_tokens, "sharding", None)
+  if not isinstance(where, NamedSharding) or "data" not in where.mesh.axis_names:
+    return None
+  mesh = where.mesh
+  if mesh.size == 1:
+    return None
+  try:
+    query = target.params["encoder"]["layers_0"]["attention"]["query"]["kernel"]
+  except (KeyError, TypeError):
+    query = None
+  spec = getattr(getattr(query, "sharding", None), "spec", ())
+  axis = spec[1] if len(spec) > 1 and isinstance(spec[1], str) else None
+  if axis is not None and target.config.num_heads % mesh.shape[axis]:
+    axis = None
+  return mesh, axis
+
+
+def constrain_state(state: Any, layout: tuple[Mesh, str | None]) -> Any:
+  """A decode loop's initial state (`engine.RoundState`) constrained to T5X's layout:
+  the token buffer, counters and every cache by batch over "data", the target's cache
+  [B, H, C, Dh] also by heads over the heads axis of `layout` (`decode_layout`); the
+  proposer's caches (a drafter replicated over "model") by batch only.
+
+  Why: jit's propagation alone gives the parameters' layout to whatever they touch; with
+  "embed" split over "data" (RULES_2D) it leaves the caches whole in batch on every row
+  of "data", so each row would hold, and compute, the whole batch.
+  """
+  from specdec_jax.cache import DecoderCache
+  mesh, heads = layout
+  data = mesh.shape["data"]
+  batch = state.seq.shape[0]
+  if batch % data:
+    return state
+
+  def by_batch(x, axis=None):
+    spec = PartitionSpec("data", axis) if axis is not None else PartitionSpec("data")
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+  def cache(c: DecoderCache, axis):
+    kv = lambda xs: tuple(by_batch(x, axis) for x in xs)
+    cross = None if c.cross is None else c.cross.replace(
+        key=kv(c.cross.key), value=kv(c.cross.value), mask=by_batch(c.cross.mask))
+    return c.replace(self_key=kv(c.self_key), self_value=kv(c.self_value),
+                     length=by_batch(c.length), cross=cross)
+
+  proposer = jax.tree_util.tree_map(
+      lambda x: cache(x, None) if isinstance(x, DecoderCache) else x, state.proposer,
+      is_leaf=lambda x: isinstance(x, DecoderCache))
+  return state.replace(seq=by_batch(state.seq), n=by_batch(state.n), done=by_batch(state.done),
+                       cache=cache(state.cache, heads), proposer=proposer)

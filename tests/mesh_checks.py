@@ -1,21 +1,37 @@
 """The mesh checks of tests/test_sharding.py, run in ONE subprocess with 8 CPU devices.
 
-    XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/mesh_checks.py OUT.json
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/mesh_checks.py OUT.json \
+        [MEMORY_CHECKPOINT]
 
 (jax reads the device count once, at start-up, so the forced 8 devices need their own
 process.) Writes a JSON report: per mesh, each parameter's spec and per-device shard
 shapes, and per method whether its tokens equal the single-device run's and the mesh's
-`generate`. The assertions live in the test; this script only measures.
+`generate`; `sd.load(..., mesh=)` of every checkpoint format against a single-device load,
+with the bytes of every block read; the caches' per-device shapes in the compiled decode
+program; compilations when only the prompt's contents change; and, first of all (a fresh
+process), the host memory of loading MEMORY_CHECKPOINT into shards. The assertions live
+in the test; this script only measures.
 """
 
+import collections
+import gc
 import json
+import pathlib
+import re
 import sys
+import tempfile
 
 import jax
 import numpy as np
 from flax.traverse_util import flatten_dict
 
 import specdec_jax as sd
+from specdec_jax.decoding import engine
+from specdec_jax.io import checkpoints
+from specdec_jax.io.checkpoints import leaves
+
+FIXTURE = pathlib.Path(__file__).resolve().parent / "fixtures" / "t5x_tiny_v1_1"
+LOAD_MESHES = ((8, 1), (2, 4), (1, 8))
 
 # Mesh "DxM/RULES" -> the methods run on it: each method on some model-parallel mesh, all
 # of them on 2x4 (every placement is a program of its own to compile: CI time).
@@ -102,13 +118,191 @@ def placement(model, param_paths):
               "devices": len(flat[p].sharding.device_set)} for p in param_paths}
 
 
-def main(path):
+# ----------------------------------------------------------------------------- loading
+
+def _status(field: str) -> int:
+  """/proc/self/status `field` (VmRSS, VmHWM) in bytes."""
+  for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+    if line.startswith(field + ":"):
+      return int(line.split()[1]) * 1024
+  raise KeyError(field)
+
+
+def _peak_of(load) -> dict:
+  """Host RSS before, at its peak during, and after `load()` (the peak reset first)."""
+  gc.collect()
+  pathlib.Path("/proc/self/clear_refs").write_text("5")     # VmHWM := VmRSS
+  before = _status("VmRSS")
+  model = load()
+  jax.block_until_ready(model.params)
+  out = {"before": before, "peak": _status("VmHWM"), "after": _status("VmRSS")}
+  device = sum(s.data.nbytes for x in jax.tree_util.tree_leaves(model.params)
+               for s in x.addressable_shards)
+  del model
+  return out | {"device_bytes": device}
+
+
+def memory(path: str) -> dict:
+  """Host memory of loading the bfloat16 checkpoint at `path` into shards on a 2x4 mesh.
+  The CPU devices' buffers are host memory too: "peak - before - device_bytes" is what
+  loading held beyond the placed model."""
+  mesh = sd.make_mesh(data=2, model=4)
+  config = checkpoints.native.read_config(path)
+  sizes = [int(np.prod(s)) * 2 for s in checkpoints.expected_shapes(config).values()]
+  sharded = _peak_of(lambda: sd.load(path, dtype="bfloat16", mesh=mesh))
+  return {"largest_leaf": max(sizes), "params_bytes": sum(sizes), "sharded": sharded}
+
+
+def load_sources(tmp: pathlib.Path) -> dict[str, str]:
+  """The fixture in every format: T5X legacy and Orbax, ours (bfloat16), Hugging Face
+  (untied output layer), and HF's tie trap (untied but scaled: a scaled transpose)."""
+  model = sd.load(str(FIXTURE / "legacy"))
+  sd.save(tmp / "own", model, dtype="bfloat16")
+  checkpoints.export_hf(tmp / "hf", model.config, model.params)
+  trap = checkpoints.export_hf(tmp / "hf_trap", model.config, model.params)
+  hf_config = json.loads((tmp / "hf_trap" / "config.json").read_text())
+  (tmp / "hf_trap" / "config.json").write_text(json.dumps(hf_config | {
+      "tie_word_embeddings": True}))
+  return {"legacy": str(FIXTURE / "legacy"), "orbax": str(FIXTURE / "orbax"),
+          "own": str(tmp / "own"), "hf": str(tmp / "hf"), "hf_trap": trap,
+          "config": "config:t5_1_1_tiny"}
+
+
+def load_checks(tmp: pathlib.Path) -> dict:
+  """Per "DxM" mesh and source: `sd.load(src, mesh=)` against `sd.load(src)` leaf for leaf,
+  each leaf's sharding against the rules', and the bytes of every block read (a spy on
+  `leaves.read_block`, through which every sliced read passes)."""
+  sources = load_sources(tmp)
+  reads: dict[str, list[int]] = collections.defaultdict(list)
+  original = leaves.read_block
+
+  def spy(leaf, index, key=""):
+    block = original(leaf, index, key)
+    reads[key].append(int(block.nbytes))
+    return block
+
+  leaves.read_block = spy
+  # Orbax reads each distinct device block of an array in `_read_shard` (orbax-checkpoint
+  # 0.12): the same count of bytes per call, through Orbax's own reader.
+  from orbax.checkpoint._src.serialization import serialization as orbax_reader
+  orbax_read_shard = orbax_reader._read_shard
+  orbax_reads: list[int] = []
+
+  async def orbax_spy(*args, **kwargs):
+    block = await orbax_read_shard(*args, **kwargs)
+    orbax_reads.append(int(block.nbytes))
+    return block
+
+  orbax_reader._read_shard = orbax_spy
+  single = {(name, dtype): sd.load(src, dtype=dtype) for name, src in sources.items()
+            for dtype in ("float32", "bfloat16")}
+  reads.clear()
+  out = {}
+  for data, width in LOAD_MESHES:
+    mesh = sd.make_mesh(data=data, model=width)
+    for (name, dtype), want in single.items():
+      if dtype == "bfloat16" and (data, width) != (2, 4):
+        continue
+      reads.clear()
+      orbax_reads.clear()
+      got = sd.load(sources[name], dtype=dtype, mesh=mesh)
+      rules = sd.sharding.config_shardings(got.config, mesh)
+      flat, ref = flatten_dict(got.params, sep="/"), flatten_dict(want.params, sep="/")
+      out[f"{data}x{width}/{name}/{dtype}"] = {
+          "config_equal": got.config == want.config,
+          "equal": sorted(flat) == sorted(ref) and all(
+              flat[k].dtype == ref[k].dtype and np.array_equal(np.asarray(flat[k]),
+                                                               np.asarray(ref[k]))
+              for k in ref),
+          "shardings": all(flat[k].sharding.is_equivalent_to(rules[k], flat[k].ndim)
+                           for k in flat),
+          "reads": {k: {"nbytes": _stored_nbytes(sources[name], k),
+                        "blocks": len({_at(s.index) for s in flat[k].addressable_shards}),
+                        "calls": list(reads[k])} for k in reads},
+          # bytes of every distinct device block of every leaf, and what Orbax read
+          "blocks": sorted(int(s.data.nbytes) for x in flat.values() for s in
+                           {_at(s.index): s for s in x.addressable_shards}.values()),
+          "orbax_calls": sorted(orbax_reads),
+          "spec": {k: [a for a in flat[k].sharding.spec] for k in
+                   ("decoder/layers_0/mlp/wi_0/kernel", "token_embedder/embedding")},
+      }
+  leaves.read_block = original
+  orbax_reader._read_shard = orbax_read_shard
+  return out
+
+
+def _at(index) -> tuple:
+  return tuple((s.start, s.stop) for s in index)
+
+
+_STORED: dict = {}
+
+
+def _stored_nbytes(src: str, key: str) -> int:
+  """Bytes of parameter `key` as stored in `src` (its dtype there)."""
+  if src not in _STORED:
+    _, flat = checkpoints.load_checkpoint(src)
+    _STORED[src] = {k: int(v.nbytes) for k, v in checkpoints.flatten(flat).items()}
+  return _STORED[src][key]
+
+
+# ----------------------------------------------------------------------------- the program
+
+def compile_events(call) -> list[str]:
+  """The jax compilation events (tracing, lowering, compiling) that `call()` causes."""
+  events: list[str] = []
+  recording = [True]
+
+  def listener(event, duration, **kwargs):
+    if recording[0] and event.startswith("/jax/core/compile"):
+      events.append(event)
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    jax.block_until_ready(call())
+  finally:
+    recording[0] = False
+  return events
+
+
+def cache_layout(call, configs: dict) -> dict:
+  """Per model ("target", "drafter": (config, data, model) of its cache): how often the
+  compiled decode program (`engine._run` as `call()` runs it) holds a cache buffer of its
+  per-device shape [B/data, H/model, C, Dh] and of the whole [B, H, C, Dh]."""
+  captured = {}
+  original = engine._run
+
+  def spy(*args, **kwargs):
+    captured["args"] = (args, kwargs)
+    return original(*args, **kwargs)
+
+  engine._run = spy
+  try:
+    call()
+  finally:
+    engine._run = original
+  args, kwargs = captured["args"]
+  text = original.lower(*args, **kwargs).compile().as_text()
+  capacity = kwargs["config"].capacity
+  shapes = collections.Counter(re.findall(r"f32\[[\d,]+\]", text))
+  out = {}
+  for name, (config, data, model) in configs.items():
+    h, dh = config.num_heads, config.head_dim
+    out[name] = {"per_device": shapes[f"f32[{B // data},{h // model},{capacity},{dh}]"],
+                 "whole": shapes[f"f32[{B},{h},{capacity},{dh}]"]}
+  return out
+
+
+def main(path, memory_checkpoint=None):
   assert jax.device_count() == 8, jax.devices()
+  report = {"memory": memory(memory_checkpoint) if memory_checkpoint else None}
+  with tempfile.TemporaryDirectory() as tmp:
+    report["load"] = load_checks(pathlib.Path(tmp))
   target, drafter, heads, enc = fixture()
   single = runs(target, drafter, heads, enc)
   dec_in = teacher_forced(single["generate"][0])
   single_logits = np.asarray(target.forward(enc, dec_in))
-  report = {
+  report |= {
       "device_count": jax.device_count(),
       "margin": min_margin(single_logits, *single["generate"]),
       "single_speculative_is_generate": same(single["speculative"], single["generate"]),
@@ -143,7 +337,26 @@ def main(path):
         "sample_repeat": same(on_mesh["sample"], on_mesh["sample_again"])
                          if "sample" in on_mesh else None,
         "lengths": {k: v[1].tolist() for k, v in on_mesh.items()},
+        "tokens_spec": [a for a in out.tokens.sharding.spec],
     }
+    if model < 8:     # t5_1_1_tiny's 4 heads do not split 8 ways
+      caches = {"target": (t.config, data, model), "drafter": (d.config, data, 1)}
+      report["meshes"][name]["cache"] = {
+          "generate": cache_layout(lambda: sd.generate(t, e, T), {"target": caches["target"]}),
+          "speculative": cache_layout(lambda: sd.speculative_generate(
+              t, d, e, gamma=GAMMA, max_new_tokens=T), caches)}
+    if name == "2x4/RULES_1D":     # new prompt contents, same shapes: no new program
+      other = sd.sharding.shard_batch(np.roll(enc, 1, axis=1)[::-1].copy(), mesh)
+      report["recompiles"] = {
+          "generate": compile_events(lambda: sd.generate(t, other, T)),
+          # a new shape is a new program: the listener does see compilations
+          "generate_longer": compile_events(lambda: sd.generate(t, other, T + 1)),
+          "speculative": compile_events(lambda: sd.speculative_generate(
+              t, d, other, gamma=GAMMA, max_new_tokens=T)),
+          "bild": compile_events(lambda: sd.bild_generate(
+              t, d, other, fallback_threshold=1.0, max_new_tokens=T)),
+          "blockwise": compile_events(lambda: sd.blockwise_generate(t, h, other,
+                                                                    max_new_tokens=T))}
   report["errors"] = {
       "strict": error(lambda: sd.shard(target, sd.make_mesh(model=8), strict=True)),
       "batch": error(lambda: sd.sharding.shard_batch(enc[:6], sd.make_mesh(data=4, model=2))),
@@ -154,4 +367,4 @@ def main(path):
 
 
 if __name__ == "__main__":
-  main(sys.argv[1])
+  main(*sys.argv[1:])

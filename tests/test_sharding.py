@@ -13,6 +13,8 @@ import sys
 
 import flax.linen as nn
 import jax
+import ml_dtypes
+import numpy as np
 import pytest
 from flax.traverse_util import flatten_dict
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -129,15 +131,29 @@ def test_bad_inputs():
 
 # ----------------------------------------------------------------------------- 8 devices
 
+MEMORY_CONFIG = "t5_1_1_base"     # 495 MB in bfloat16; largest leaf (embedding) 49 MB
+
+
+def memory_checkpoint(path: pathlib.Path) -> str:
+  """Our format, `MEMORY_CONFIG`'s shapes in bfloat16 (constant leaves: only sizes matter)."""
+  from specdec_jax.io import checkpoints
+  config = sd.get_config(MEMORY_CONFIG)
+  flat = {k: np.full(shape, 1.0 + i / 64, ml_dtypes.bfloat16)
+          for i, (k, shape) in enumerate(checkpoints.expected_shapes(config).items())}
+  return checkpoints.save_checkpoint(path, config, flat)
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
   out = tmp_path_factory.mktemp("mesh") / "report.json"
+  checkpoint = memory_checkpoint(tmp_path_factory.mktemp("memory") / "base")
   env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
                                      " --xla_force_host_platform_device_count=8").strip(),
              PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
   if not env.get("JAX_COMPILATION_CACHE_DIR") and jax.config.jax_compilation_cache_dir:
     env["JAX_COMPILATION_CACHE_DIR"] = jax.config.jax_compilation_cache_dir   # conftest's
-  run = subprocess.run([sys.executable, str(HERE / "mesh_checks.py"), str(out)], env=env,
+  run = subprocess.run([sys.executable, str(HERE / "mesh_checks.py"), str(out), checkpoint],
+                       env=env,
                        capture_output=True, text=True, timeout=900)
   assert run.returncode == 0, run.stderr[-4000:]
   return json.loads(out.read_text())
@@ -239,3 +255,116 @@ def test_mesh_errors(report):
   assert errors["batch"] == ["InputError", errors["batch"][1]]
   assert "batch 6 is not divisible by mesh axis 'data' of size 4" in errors["batch"][1]
   assert errors["mesh"][0] == "ConfigError" and "6 devices, but 8" in errors["mesh"][1]
+
+
+# ----------------------------------------------------------------------------- sd.load(mesh=)
+
+FIXTURE = HERE / "fixtures" / "t5x_tiny_v1_1"
+SOURCES = ("legacy", "orbax", "own", "hf", "hf_trap", "config")
+LOADS = ([f"{m}/{src}/float32" for m in ("8x1", "2x4", "1x8") for src in SOURCES]
+         + [f"2x4/{src}/bfloat16" for src in SOURCES])
+
+
+def test_load_checks_cover_every_format_and_mesh(report):
+  assert sorted(report["load"]) == sorted(LOADS)
+
+
+@pytest.mark.parametrize("load", LOADS)
+def test_load_into_shards_equals_single_device(report, load):
+  """T5X legacy and Orbax, ours, Hugging Face (and its tie trap), `config:`: the tree of
+  `sd.load(..., mesh=)` is `sd.load(...)`'s leaf for leaf (values and dtype), every leaf
+  placed with the sharding its logical axes map to."""
+  entry = report["load"][load]
+  assert entry["config_equal"] and entry["equal"] and entry["shardings"], entry
+  assert entry["spec"]["decoder/layers_0/mlp/wi_0/kernel"] == [None, "model"]
+
+
+@pytest.mark.parametrize("load", [k for k in LOADS if k.split("/")[1] in
+                                  ("legacy", "own", "hf", "hf_trap")])
+def test_load_reads_only_each_devices_block(report, load):
+  """The spy on the one block reader: every leaf read as its distinct device blocks, each
+  once (the bytes read sum to the leaf's), so a leaf split over k devices is read in k
+  calls of 1/k of it, never whole."""
+  reads = report["load"][load]["reads"]
+  assert len(reads) == 52                       # every parameter of t5_1_1_tiny
+  split = 0
+  for key, r in reads.items():
+    assert len(r["calls"]) == r["blocks"], (key, r)
+    assert sum(r["calls"]) == r["nbytes"], (key, r)
+    assert max(r["calls"]) == r["nbytes"] // r["blocks"], (key, r)
+    split += r["blocks"] > 1
+  mesh = load.split("/")[0]
+  sizes = dict(zip(("data", "model"), map(int, mesh.split("x"))))
+  placed = report["meshes"][f"{mesh}/RULES_1D"]["params"]
+  assert split == sum(any(a and sizes[a] > 1 for a in p["spec"]) for p in placed.values())
+  assert split >= (38 if sizes["model"] > 1 else 0)  # all but the norms (and relpos on 8)
+  if sizes["model"] == 8:
+    wi = reads["decoder/layers_0/mlp/wi_0/kernel"]
+    assert wi["calls"] == [wi["nbytes"] // 8] * 8
+
+
+@pytest.mark.parametrize("load", [k for k in LOADS if "/orbax/" in k])
+def test_orbax_restores_only_each_devices_block(report, load):
+  """Orbax's reader (a spy on it) reads every distinct device block of every leaf once:
+  the bytes of its calls are exactly the blocks' (in the requested dtype)."""
+  entry = report["load"][load]
+  assert entry["orbax_calls"] == entry["blocks"], entry
+  if not load.startswith("8x1"):
+    assert len(entry["blocks"]) > 52            # split leaves: several blocks each
+
+
+def test_load_peak_host_memory(report):
+  """Loading a t5_1_1_base-shaped bfloat16 checkpoint (495 MB) into shards on 2x4 holds at
+  most 3 x its largest leaf (49 MB) beyond the placed model (the CPU devices' buffers,
+  twice the model: replicated over "data", are host memory too)."""
+  memory = report["memory"]
+  sharded = memory["sharded"]
+  assert memory["params_bytes"] == 495_155_712 and memory["largest_leaf"] == 49_348_608
+  assert sharded["device_bytes"] >= 2 * memory["params_bytes"]
+  extra = sharded["peak"] - sharded["before"] - sharded["device_bytes"]
+  assert extra < 3 * memory["largest_leaf"], (extra, memory)     # measured: 0.5 to 1.1
+
+
+@pytest.mark.parametrize("mesh", ["8x1/RULES_1D", "2x4/RULES_1D", "2x4/RULES_2D"])
+def test_caches_sharded_by_batch_and_heads(report, mesh):
+  """In the compiled decode program the target's self-attention buffers are per device
+  [B/data, H/model, C, Dh], never whole [B, H, C, Dh]; the replicated drafter's are split
+  by batch only. RULES_2D is where the engine's constraint matters: propagation from
+  the parameters alone leaves the caches whole in batch."""
+  cache = report["meshes"][mesh]["cache"]
+  for method, models in cache.items():
+    for name, counts in models.items():
+      assert counts["per_device"] > 0 and counts["whole"] == 0, (method, name, counts)
+  assert set(cache["speculative"]) == {"target", "drafter"}
+
+
+@pytest.mark.parametrize("mesh", MESHES)
+def test_output_tokens_split_by_batch(report, mesh):
+  data = int(mesh.split("x")[0])
+  assert report["meshes"][mesh]["tokens_spec"] == (["data"] if data > 1 else [])
+
+
+def test_no_recompilation_when_only_prompt_contents_change(report):
+  events = report["recompiles"]
+  assert events["generate_longer"], events           # the listener sees compilations
+  for method in ("generate", "speculative", "bild", "blockwise"):
+    assert events[method] == [], (method, events[method])
+
+
+def test_load_on_one_device_mesh_in_process():
+  model = sd.load(str(FIXTURE / "legacy"), dtype="bfloat16")
+  sharded = sd.load(str(FIXTURE / "legacy"), dtype="bfloat16", mesh=one_device())
+  assert sharded.config == model.config
+  for (path, a), b in zip(flatten_dict(model.params, sep="/").items(),
+                          jax.tree_util.tree_leaves(sharded.params)):
+    assert a.dtype == b.dtype and bool((a == b).all()), path
+    assert isinstance(b.sharding, NamedSharding)
+
+
+def test_load_mesh_errors():
+  with pytest.raises(sd.InputError, match="pass mesh= too"):
+    sd.load("config:t5_1_1_tiny", rules=sharding.RULES_2D)
+  with pytest.raises(sd.InputError, match="jax.sharding.Mesh"):
+    sd.load("config:t5_1_1_tiny", mesh=(2, 4))
+  with pytest.raises(sd.ConfigError, match="unknown logical axis 'mpl'"):
+    sd.load(str(FIXTURE / "legacy"), mesh=one_device(), rules=(("mpl", "model"),))

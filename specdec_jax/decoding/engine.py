@@ -35,6 +35,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specdec_jax import sampling as sampling_lib
+from specdec_jax import sharding
 from specdec_jax.cache import DecoderCache
 from specdec_jax.rounds import buffer
 from specdec_jax.decoding.acceptance import SpeculativeSampling
@@ -281,13 +282,16 @@ def run(target: Model, proposer: Any, encoder_tokens: Array, proposer_inputs: Ar
   """The whole decode as ONE jitted `lax.while_loop` of `round_step`, on the models
   packed for the CPU kernels (`sd.pack`: once per Model object)."""
   target, proposer = packing.pack((target, proposer))
-  return _run(target, proposer, encoder_tokens, proposer_inputs, rng, config=config)
+  return _run(target, proposer, encoder_tokens, proposer_inputs, rng, config=config,
+              layout=sharding.decode_layout(target, encoder_tokens))
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
+@functools.partial(jax.jit, static_argnames=("config", "layout"))
 def _run(target: Model, proposer: Any, encoder_tokens: Array, proposer_inputs: Array | None,
-         rng: Array, *, config: RoundConfig) -> buffer.DecodeOutput:
+         rng: Array, *, config: RoundConfig, layout=None) -> buffer.DecodeOutput:
   state = init_state(target, proposer, encoder_tokens, config, rng, proposer_inputs)
+  if layout is not None:     # on a mesh: caches by batch and heads (`sd.sharding`)
+    state = sharding.constrain_state(state, layout)
   state = jax.lax.while_loop(
       cond, functools.partial(round_step, target, proposer, config=config), state)
   return finish(state, config)
@@ -295,5 +299,6 @@ def _run(target: Model, proposer: Any, encoder_tokens: Array, proposer_inputs: A
 
 # `run` as a jitted function: `lower` (AOT, HLO) and `_cache_size` are `_run`'s on packed models.
 run.lower = lambda target, proposer, *args, **kwargs: _run.lower(
-    *packing.pack((target, proposer)), *args, **kwargs)
+    *packing.pack((target, proposer)), *args, **kwargs,
+    layout=sharding.decode_layout(target, args[0] if args else kwargs.get("encoder_tokens")))
 run._cache_size = _run._cache_size

@@ -291,7 +291,7 @@ def _dummy_tokens(config: Config) -> tuple[Array, ...]:
   return (dummy,) if isinstance(config, LMConfig) else (dummy, dummy)
 
 
-def init_model(config: Config, rng: Array | int = 0, dtype=None) -> Model:
+def init_model(config: Config, rng: Array | int = 0, dtype=None, shardings: Any = None) -> Model:
   """Randomly initialised model (T5X-style initialisers).
 
   dtype None or float32: one flax init, float32 params (the reproducible default).
@@ -300,27 +300,36 @@ def init_model(config: Config, rng: Array | int = 0, dtype=None) -> Model:
   model in `dtype` plus one float32 parameter, where one jitted init holds several
   float32 copies of the whole model (2.7x its float32 size for T5 1.1 large on CPU).
   The values differ from the float32 init's (other keys), the distributions do not.
+  shardings: a tree like the params of `jax.sharding.Sharding`s (`sd.sharding`): each
+  parameter is computed straight into its shards (the init jitted with those output
+  shardings); the values are the unsharded init's.
   """
   if isinstance(rng, int):
     rng = jax.random.PRNGKey(rng)
   module = module_for(config)
   dummy = _dummy_tokens(config)
   if dtype is None or jnp.dtype(dtype) == jnp.float32:
-    variables = jax.jit(module.init)(rng, *dummy)
-    return Model(config=config, params=nn.unbox(variables["params"]))
+    if shardings is None:
+      variables = jax.jit(module.init)(rng, *dummy)
+      return Model(config=config, params=nn.unbox(variables["params"]))
+    init = jax.jit(lambda r: nn.unbox(module.init(r, *dummy)["params"]),
+                   out_shardings=shardings)
+    return Model(config=config, params=init(rng))
   abstract = flatten_dict(nn.unbox(jax.eval_shape(module.init, rng, *dummy)["params"]))
   # LMs scale queries in the attention (query init scale 1), T5 in the query init.
   query_dim = 1 if isinstance(config, LMConfig) else config.head_dim
+  where = flatten_dict(shardings) if shardings is not None else {}
   params = {}
   for key, (path, leaf) in zip(jax.random.split(rng, len(abstract)), sorted(abstract.items())):
     params[path] = _init_leaf(layers.initializer_for(path, query_dim), key, leaf.shape,
-                              jnp.dtype(dtype))
+                              jnp.dtype(dtype), where.get(path))
   return Model(config=config.replace(dtype=jnp.dtype(dtype).name), params=unflatten_dict(params))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 2, 3))
-def _init_leaf(init, key: Array, shape: tuple[int, ...], dtype) -> Array:
-  return init(key, shape, jnp.float32).astype(dtype)
+@functools.partial(jax.jit, static_argnums=(0, 2, 3, 4))
+def _init_leaf(init, key: Array, shape: tuple[int, ...], dtype, sharding=None) -> Array:
+  x = init(key, shape, jnp.float32).astype(dtype)
+  return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)
 
 
 def logical_axes(config: Config) -> Any:

@@ -19,12 +19,13 @@ Nothing is ever unpickled.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from specdec_jax.io.checkpoints import hf, hf_lm, native, resolve, t5x_legacy, t5x_orbax, tree
+from specdec_jax.io.checkpoints import (hf, hf_lm, leaves, native, resolve, t5x_legacy, t5x_orbax,
+                                        tree)
 from specdec_jax.io.checkpoints.errors import CheckpointError
 from specdec_jax.io.checkpoints.hf import (config_from_hf_dict, config_to_hf_dict,
                                         hf_to_t5x_params, t5x_to_hf_state_dict)
@@ -37,7 +38,7 @@ __all__ = [
     "CheckpointError", "FORMATS", "load_checkpoint", "save_checkpoint", "export_hf",
     "detect_format", "bundled_names", "t5x_to_hf_state_dict", "hf_to_t5x_params",
     "config_to_hf_dict", "config_from_hf_dict", "expected_shapes", "validate_params",
-    "infer_config", "flatten", "unflatten",
+    "infer_config", "flatten", "unflatten", "load_checkpoint_sharded",
 ]
 
 
@@ -98,6 +99,48 @@ def load_checkpoint(path_or_name: str | os.PathLike,
   stored, origin, flat = _read(fmt, directory, need_config=config is None)
   final = config if config is not None else stored
   tree.validate(flat, final, f"{directory} ({fmt}, {origin})")
+  return final, tree.unflatten(flat)
+
+
+def load_checkpoint_sharded(path_or_name: str | os.PathLike,
+                            shardings_for: Callable[[T5Config], Mapping[str, Any]],
+                            dtype: Any = None, config: T5Config | None = None
+                            ) -> tuple[T5Config, dict[str, Any]]:
+  """`load_checkpoint` straight into device shards -> (config, nested params of jax.Array).
+
+  shardings_for(config) -> {flat key: jax.sharding.Sharding}, called once the config is
+    known. Each parameter is read leaf by leaf, and of each leaf only the blocks its
+    devices hold: safetensors by slices (ours and Hugging Face), T5X legacy zarr arrays by
+    index ranges (tensorstore), T5X Orbax restored with the target shardings.
+  dtype: floating params cast to it on the host, block by block (None: as stored).
+  """
+  location = resolve.resolve(path_or_name)
+  fmt, directory = resolve.locate(location)
+  if fmt == resolve.T5X_ORBAX:
+    stored = t5x_orbax.param_shapes(directory)
+  elif fmt == resolve.T5X_LEGACY:
+    stored = t5x_legacy.open_leaves(directory)
+  elif fmt == resolve.HF:
+    hf_config, stored = hf.open_leaves(directory)
+  elif fmt == resolve.SPECDEC:
+    own_config, stored = native.open_leaves(directory)
+  else:
+    raise CheckpointError(f"{directory}: format {fmt!r} cannot be loaded into shards; load it "
+                          f"whole (sd.load without mesh=) and place it with sd.shard")
+  if config is not None:
+    final, origin = config, "given config"
+  elif fmt in (resolve.T5X_LEGACY, resolve.T5X_ORBAX):
+    final, origin = _t5x_config(directory, stored)
+  elif fmt == resolve.HF:
+    final, origin = hf_config, "config from config.json"
+  else:
+    final, origin = own_config, f"config from {resolve.SPECDEC_CONFIG}"
+  tree.validate(stored, final, f"{directory} ({fmt}, {origin})")
+  shardings = dict(shardings_for(final))
+  if fmt == resolve.T5X_ORBAX:
+    flat = t5x_orbax.load_sharded(directory, shardings, dtype)
+  else:
+    flat = leaves.place(stored, shardings, dtype)
   return final, tree.unflatten(flat)
 
 

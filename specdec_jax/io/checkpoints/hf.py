@@ -21,11 +21,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import safetensors
 import safetensors.numpy
 
-from specdec_jax.io.checkpoints import resolve, tree
+from specdec_jax.io.checkpoints import leaves, resolve, tree
 from specdec_jax.io.checkpoints.errors import CheckpointError
 from specdec_jax.config import ConfigError, T5Config
 
@@ -251,18 +252,26 @@ def output_kernel(state_dict: Mapping[str, np.ndarray], hf_config: Mapping[str, 
   return np.ascontiguousarray((weight.astype(np.float32).T * scale).astype(weight.dtype))
 
 
-def hf_to_t5x_params(state_dict: Mapping[str, np.ndarray], hf_config: Mapping[str, Any],
-                     source: str = "state dict") -> dict[str, Any]:
-  """HF T5 state dict (numpy, HF names) -> nested T5X params (kernels transposed to [in, out])."""
+def checked_names(tensors: Mapping[str, Any], hf_config: Mapping[str, Any],
+                  source: str) -> list[tuple[str, str, bool]]:
+  """`name_map` for this config; CheckpointError unless `tensors` (HF names) hold exactly
+  its tensors (plus lm_head, ignored keys and embedding aliases)."""
   names = name_map(*_layer_counts(hf_config), _is_gated(hf_config, source))
-  missing = [hf for hf, _, _ in names if hf not in state_dict]
+  missing = [hf for hf, _, _ in names if hf not in tensors]
   known = {hf for hf, _, _ in names} | {"lm_head.weight", *_IGNORED_HF_KEYS, *_EMBED_ALIASES}
-  unexpected = sorted(set(state_dict) - known)
+  unexpected = sorted(set(tensors) - known)
   if missing or unexpected:
     raise CheckpointError(
         f"{source}: tensors do not match the HF config (layers {_layer_counts(hf_config)}, "
         f"feed_forward_proj {_get(hf_config, 'feed_forward_proj')!r}): missing {missing[:8]}"
         f"{' ...' if len(missing) > 8 else ''}; unexpected {unexpected[:8]}")
+  return names
+
+
+def hf_to_t5x_params(state_dict: Mapping[str, np.ndarray], hf_config: Mapping[str, Any],
+                     source: str = "state dict") -> dict[str, Any]:
+  """HF T5 state dict (numpy, HF names) -> nested T5X params (kernels transposed to [in, out])."""
+  names = checked_names(state_dict, hf_config, source)
   for alias in _EMBED_ALIASES:
     if alias in state_dict and not np.array_equal(state_dict[alias], state_dict["shared.weight"]):
       raise CheckpointError(f"{source}: {alias} differs from shared.weight; untied input "
@@ -366,6 +375,84 @@ def load(directory: str) -> tuple[T5Config, dict[str, np.ndarray]]:
   config = config_from_hf_dict(hf_config, state, source)
   params = hf_to_t5x_params(state, hf_config, directory)
   return config, tree.flatten(params)
+
+
+def safetensors_leaves(path: str, names: list[str] | None = None) -> dict[str, leaves.Leaf]:
+  """The tensors of one safetensors file as leaves read by slices (`safe_open().get_slice`):
+  a block is read from the file's memory map without the rest of its tensor."""
+  if not os.path.isfile(path):
+    raise CheckpointError(f"{path}: safetensors file not found")
+  try:
+    with safetensors.safe_open(path, framework="numpy") as f:
+      keys = list(f.keys())
+      absent = sorted(set(names or ()) - set(keys))
+      if absent:
+        raise CheckpointError(f"{path}: missing tensors listed in the index: {absent[:8]}")
+      heads = {k: f.get_slice(k) for k in (names if names is not None else keys)}
+      meta = {k: (tuple(h.get_shape()), _SAFETENSORS_DTYPES.get(h.get_dtype()))
+              for k, h in heads.items()}
+  except CheckpointError:
+    raise
+  except Exception as e:  # SafetensorError: truncated header/data, bad JSON, ...
+    raise CheckpointError(f"{path}: corrupt or truncated safetensors file: {e}") from e
+  unknown = sorted(k for k, (_, dtype) in meta.items() if dtype is None)
+  if unknown:
+    raise CheckpointError(f"{path}: tensors {unknown[:5]} have a dtype this loader does not "
+                          f"read (supported: {', '.join(_SAFETENSORS_DTYPES)})")
+
+  def reader(name: str):
+    def read(index: leaves.Index) -> np.ndarray:
+      try:
+        with safetensors.safe_open(path, framework="numpy") as f:
+          return f.get_slice(name)[index]
+      except Exception as e:
+        raise CheckpointError(f"{path}: cannot read {name}{list(index)}: {e}") from e
+    return read
+
+  return {k: leaves.Leaf(shape, dtype, reader(k)) for k, (shape, dtype) in meta.items()}
+
+
+# safetensors dtype names -> numpy dtypes (bfloat16 through ml_dtypes).
+_SAFETENSORS_DTYPES = {"F64": np.dtype("float64"), "F32": np.dtype("float32"),
+                       "F16": np.dtype("float16"), "BF16": np.dtype(ml_dtypes.bfloat16),
+                       "I64": np.dtype("int64"), "I32": np.dtype("int32")}
+
+
+def open_leaves(directory: str) -> tuple[T5Config, dict[str, leaves.Leaf]]:
+  """(config, flat T5X leaves) of a local HF T5/mT5 dir, nothing read but headers and
+  config (and the output layer compared with the embedding, block by block, when both
+  are stored): `load` by slices, for `leaves.to_device`."""
+  if resolve.is_gcs(directory):
+    raise CheckpointError(f"{directory}: Hugging Face dirs are read from local disk only")
+  files = weight_files(directory)
+  source = os.path.join(directory, CONFIG_NAME)
+  hf_config = resolve.read_json(directory, CONFIG_NAME)
+  if hf_config is None:
+    raise CheckpointError(f"{source}: not found; a Hugging Face T5 dir needs its config.json")
+  _model_type(hf_config, source)
+  state: dict[str, leaves.Leaf] = {}
+  for file, names in files.items():
+    state.update(safetensors_leaves(os.path.join(directory, file), names))
+  names = checked_names(state, hf_config, directory)
+  if "shared.weight" not in state:
+    raise CheckpointError(f"{directory}: shared.weight (the token embedding) is missing")
+  shared = state["shared.weight"]
+  for alias in _EMBED_ALIASES:
+    if alias in state and not leaves.equal(state[alias], shared):
+      raise CheckpointError(f"{directory}: {alias} differs from shared.weight; untied input "
+                            "embeddings have no T5X equivalent")
+  flat = {t5x: leaves.transposed(state[hf]) if transpose else state[hf]
+          for hf, t5x, transpose in names}
+  # The output layer, as `output_kernel` derives it.
+  lm_head = state.get("lm_head.weight")
+  scaled = hf_scales_logits(hf_config)
+  tied = scaled and (lm_head is None or leaves.equal(lm_head, shared))
+  if not tied:
+    weight = shared if lm_head is None else lm_head
+    scale = float(np.float32(_get(hf_config, "d_model")) ** np.float32(-0.5)) if scaled else None
+    flat["decoder/logits_dense/kernel"] = leaves.transposed(weight, scale)
+  config = config_from_hf_dict(hf_config, None, source).replace(logits_via_embedding=tied)
+  return config, flat
 
 
 def _common_dtype(state: Mapping[str, np.ndarray]) -> str | None:

@@ -118,3 +118,11 @@ def load(directory: str) -> tuple[T5Config, dict[str, np.ndarray]]:
     raise CheckpointError(f"{directory}: specdec-jax dirs are read from local disk only")
   config = read_config(directory)
   return config, hf.read_safetensors(os.path.join(directory, PARAMS_NAME))
+
+
+def open_leaves(directory: str) -> tuple[T5Config, dict[str, Any]]:
+  """(config, flat leaves read by slices) of a dir written by ``save`` (`leaves.Leaf`)."""
+  if resolve.is_gcs(directory):
+    raise CheckpointError(f"{directory}: specdec-jax dirs are read from local disk only")
+  config = read_config(directory)
+  return config, hf.safetensors_leaves(os.path.join(directory, PARAMS_NAME))

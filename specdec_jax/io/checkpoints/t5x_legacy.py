@@ -18,7 +18,7 @@ import numpy as np
 import tensorstore as ts
 from flax import serialization
 
-from specdec_jax.io.checkpoints import resolve, tree
+from specdec_jax.io.checkpoints import leaves, resolve, tree
 from specdec_jax.io.checkpoints.errors import CheckpointError
 
 MSGPACK_NAME = "checkpoint"
@@ -97,8 +97,8 @@ def read_zarr_arrays(specs: Mapping[str, dict]) -> dict[str, np.ndarray]:
   return {k: np.asarray(_result(f, k, specs[k], "read")) for k, f in reads.items()}
 
 
-def load_params(step_dir: str) -> dict[str, np.ndarray]:
-  """Flat {"encoder/layers_0/...": array} of the params in a legacy step dir."""
+def _split_target(step_dir: str) -> tuple[dict[str, dict], dict[str, np.ndarray]]:
+  """(zarr specs, inline arrays) of the params in a legacy step dir, by flat key."""
   source = resolve.join(step_dir, MSGPACK_NAME)
   raw = resolve.read_bytes(step_dir, MSGPACK_NAME)
   if raw is None:
@@ -110,6 +110,30 @@ def load_params(step_dir: str) -> dict[str, np.ndarray]:
   bad = [k for k, v in inline.items() if not isinstance(v, (np.ndarray, np.generic))]
   if bad:
     raise CheckpointError(f"{source}: params {bad[:5]} are neither arrays nor tensorstore specs")
-  arrays = {k: np.asarray(v) for k, v in inline.items()}
+  return specs, {k: np.asarray(v) for k, v in inline.items()}
+
+
+def load_params(step_dir: str) -> dict[str, np.ndarray]:
+  """Flat {"encoder/layers_0/...": array} of the params in a legacy step dir."""
+  specs, arrays = _split_target(step_dir)
   arrays.update(read_zarr_arrays(specs))
   return arrays
+
+
+def open_leaves(step_dir: str) -> dict[str, leaves.Leaf]:
+  """Flat leaves of the params in a legacy step dir: each zarr array opened (metadata
+  only) and read by index ranges through tensorstore, which fetches only the chunks a
+  block overlaps; inline arrays are in the msgpack file already."""
+  specs, arrays = _split_target(step_dir)
+  opened = {k: ts.open(spec, read=True) for k, spec in specs.items()}
+  stores = {k: _result(f, k, specs[k], "open") for k, f in opened.items()}
+
+  def reader(key: str, store: Any):
+    def read(index: leaves.Index) -> np.ndarray:
+      return np.asarray(_result(store[index].read(), key, specs[key], "read"))
+    return read
+
+  out = {k: leaves.of_array(v) for k, v in arrays.items()}
+  out.update({k: leaves.Leaf(tuple(store.shape), np.dtype(store.dtype.numpy_dtype),
+                             reader(k, store)) for k, store in stores.items()})
+  return out
