@@ -3,6 +3,7 @@
     specdec decode --model config:t5_1_1_tiny "5 17 42 1"                 # token ids in, ids out
     specdec decode --model DIR --drafter DRAFT_DIR --tokenizer spiece.model "Hello." --stats
     specdec decode --model DIR --drafter prompt-lookup --input-file prompts.txt --json
+    specdec decode --model DIR --drafter DRAFT_DIR --sampling sample --temperature 0.7 ...
     specdec convert t5x/checkpoint_1000000 out_dir --dtype bfloat16 [--to hf]
     specdec bench --target config:t5_1_1_small --drafter config:t5_1_1_tiny_drafter --out bench/
     specdec train --recipe configs/demo/train.json --workdir runs/demo --stages data,target
