@@ -107,10 +107,100 @@ def decode_checks(tmp: str) -> dict:
   return report
 
 
+# (mesh, target config overrides, dtype): heads split over "model" (2x4, 1x8 with 8 heads),
+# not divisible (4 heads on 1x8: whole), batch only (8x1).
+PLAN_CASES = [((2, 4), {}, "float32"), ((1, 8), {}, "bfloat16"),
+              ((1, 8), {"num_heads": 8, "head_dim": 8}, "float32"), ((8, 1), {}, "float32")]
+PLAN_SHAPE = {"batch": 8, "max_input_len": 6, "max_new_tokens": 10, "gamma": 3}
+
+
+def per_device_bytes(tree) -> int:
+  """Bytes device 0 holds of every array in `tree` (all devices hold equal shards here)."""
+  return sum(x.addressable_shards[0].data.nbytes for x in jax.tree_util.tree_leaves(tree)
+             if isinstance(x, jax.Array))
+
+
+def plan_checks() -> list:
+  """`tools.plan`'s arithmetic beside the per-device bytes of really sharded parameters
+  (`sd.shard`, `sharding.replicate`) and caches (`model.start`'s, placed in the plan's
+  `cache_layout`)."""
+  from jax.sharding import NamedSharding, PartitionSpec
+  from specdec_jax.tools import plan as plan_lib
+  rows = []
+
+  def start(model, enc, capacity, layout, mesh):
+    """model.start's cache placed in the planned layout (real arrays on the mesh)."""
+    out = jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), layout,
+                                 is_leaf=lambda x: isinstance(x, PartitionSpec))
+    return jax.jit(lambda m, e: m.start(e, capacity), out_shardings=out)(model, enc)
+
+  for (data, model), overrides, dtype in PLAN_CASES:
+    mesh = sd.make_mesh(data=data, model=model)
+    target_config = sd.get_config("t5_1_1_tiny", **overrides)
+    drafter_config = sd.get_config("t5_1_1_tiny_drafter")
+    plan = plan_lib.memory_plan(target_config, drafter_config, dtype=dtype,
+                                mesh={"data": data, "model": model}, **PLAN_SHAPE)
+    target = sd.shard(sd.init_model(target_config, 0, dtype), mesh)
+    drafter = sd.sharding.replicate(sd.init_model(drafter_config, 1, dtype), mesh)
+    b, le, g = PLAN_SHAPE["batch"], PLAN_SHAPE["max_input_len"], PLAN_SHAPE["gamma"]
+    enc = sd.sharding.shard_batch(np.full((b, le), 5, np.int32), mesh)
+    sizes = plan_lib.abstract_mesh(data, model)
+    target_cache = start(target, enc, plan.capacity,
+                         plan_lib.cache_layout(target_config, b, sizes), mesh)
+    drafter_cache = start(drafter, enc, plan.capacity,
+                          plan_lib.cache_layout(drafter_config, b, sizes, split_heads=False),
+                          mesh)
+    rows.append({
+        "case": f"{data}x{model}/{dtype}/heads={target_config.num_heads}",
+        "plan": {"target_params": plan.target_params, "drafter_params": plan.drafter_params,
+                 "target_cache": sum(plan.target_cache.values()),
+                 "drafter_cache": sum(plan.drafter_cache.values())},
+        "measured": {"target_params": per_device_bytes(target.params),
+                     "drafter_params": per_device_bytes(drafter.params),
+                     "target_cache": per_device_bytes(target_cache),
+                     "drafter_cache": per_device_bytes(drafter_cache)},
+        "single_device": {"target_params": per_device_bytes(
+            sd.init_model(target_config, 0, dtype).params)},
+        "self_key_spec": [str(a) for a in target_cache.self_key[-1].sharding.spec]})
+  return rows
+
+
+def program_checks() -> list:
+  """The plan's total beside XLA's own per-device memory of the whole compiled speculative
+  decode (arguments + outputs + temporaries of `engine.run`), on a shape whose caches
+  dominate: the caches' layout inside the program is XLA's propagation, not pinned."""
+  from specdec_jax.decoding import engine, methods as core
+  from specdec_jax.tools import plan as plan_lib
+  config = sd.get_config("t5_1_1_tiny", num_heads=8, head_dim=64)
+  drafter_config = sd.get_config("t5_1_1_tiny_drafter")
+  b, le, t, g = 8, 6, 1000, 3
+  method = core.Speculative(None, gamma=g, exact=False)
+  rows = []
+  for data, model in ((2, 4), (1, 8)):
+    mesh = sd.make_mesh(data=data, model=model)
+    target = sd.shard(sd.init_model(config, 0), mesh)
+    drafter = sd.sharding.replicate(sd.init_model(drafter_config, 1), mesh)
+    enc = sd.sharding.shard_batch(np.full((b, le), 5, np.int32), mesh)
+    method = method.replace(drafter=drafter)
+    proposer = method.proposer(target, sd.Greedy())
+    config_ = method.round_config(target, t, sd.Greedy(), 1)
+    compiled = engine.run.lower(target, proposer, enc, method.proposer_inputs(proposer, enc, t),
+                                jax.random.PRNGKey(0), config=config_).compile()
+    memory = compiled.memory_analysis()
+    plan = plan_lib.memory_plan(config, drafter_config, batch=b, max_input_len=le,
+                                max_new_tokens=t, gamma=g, mesh={"data": data, "model": model})
+    rows.append({"mesh": f"{data}x{model}", "plan_total": plan.total_bytes,
+                 "plan_cache": plan.cache_bytes,
+                 "compiled": int(memory.argument_size_in_bytes + memory.output_size_in_bytes
+                                 + memory.temp_size_in_bytes)})
+  return rows
+
+
 def main(path: str) -> None:
   assert jax.device_count() == 8, jax.devices()
   with tempfile.TemporaryDirectory() as tmp:
-    report = {"device_count": jax.device_count(), "decode": decode_checks(tmp)}
+    report = {"device_count": jax.device_count(), "decode": decode_checks(tmp),
+              "plan": plan_checks(), "program": program_checks()}
   with open(path, "w") as f:
     json.dump(report, f, indent=1)
 

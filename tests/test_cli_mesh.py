@@ -1,5 +1,6 @@
-"""`specdec decode --mesh` on 8 forced CPU devices (tests/cli_mesh_checks.py, one
-subprocess: jax fixes the device count at start-up), and the parsing of --mesh."""
+"""`specdec decode --mesh` and `specdec plan` against real arrays on 8 forced CPU devices
+(tests/cli_mesh_checks.py, one subprocess: jax fixes the device count at start-up), and
+the parsing of --mesh."""
 
 import json
 import os
@@ -83,3 +84,26 @@ def test_bad_meshes_exit_2_with_one_line(report):
     assert run["code"] == 2 and run["out"] == "", (name, run)
     assert run["err"].startswith("specdec decode: error: ") and message in run["err"], run
     assert len(run["err"].strip().splitlines()) == 1
+
+
+def test_plan_equals_the_bytes_of_sharded_params_and_caches(report):
+  """Per-device bytes of sd.shard-ed / replicated parameters and of caches in the planned
+  layout, measured on the devices, against tools.plan's arithmetic (within 1%)."""
+  assert {r["case"] for r in report["plan"]} == {
+      "2x4/float32/heads=4", "1x8/bfloat16/heads=4", "1x8/float32/heads=8",
+      "8x1/float32/heads=4"}
+  for row in report["plan"]:
+    for key, planned in row["plan"].items():
+      measured = row["measured"][key]
+      assert abs(planned - measured) <= 0.01 * measured, (row["case"], key, planned, measured)
+    split = not row["case"].startswith("8x1")
+    params, whole = row["measured"]["target_params"], row["single_device"]["target_params"]
+    assert (params < whole / 3) if split else params == whole, row["case"]
+
+
+def test_plan_is_close_to_the_compiled_decode(report):
+  """The whole compiled speculative decode's per-device memory (XLA's memory analysis,
+  caches laid out by propagation) is within 15% of the plan's total."""
+  for row in report["program"]:
+    assert row["plan_cache"] > 0.5 * row["plan_total"]        # a cache-dominated shape
+    assert abs(row["plan_total"] - row["compiled"]) <= 0.15 * row["compiled"], row
