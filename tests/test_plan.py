@@ -137,8 +137,12 @@ def test_plan_command(capsys):
   code, out, err = run(capsys, *common, "--mesh", "model=1", "--mesh", "model=4",
                        "--device-memory", "tpu-v4,16GiB")
   assert code == 0
+  assert "| largest batch, tpu-v4 | largest batch, 16GiB |" in out
   table = [line for line in out.splitlines() if line.startswith("| data=")]
-  assert len(table) == 4 and table[2].startswith("| data=1,model=4 | tpu-v4 |")
+  assert len(table) == 2 and table[1].startswith("| data=1,model=4 |")
+  best = plan_lib.largest_batch(16 << 30, target=TINY, drafter=DRAFTER, max_input_len=16,
+                                max_new_tokens=8, gamma=3, mesh={"data": 1, "model": 4})
+  assert table[1].endswith(f" | {best} |")
   for argv, message in [(["--mesh", "rows=2"], "unknown axis 'rows'"),
                         (["--device-memory", "16XB"], "device memory '16XB'"),
                         (["--batch", 0], "--batch must be"),

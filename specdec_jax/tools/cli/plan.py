@@ -5,8 +5,9 @@
         --device-memory tpu-v5e
 
 Shapes only (`tools.plan`): no weight is read or made, and no device is needed, so any
-mesh can be planned from any machine. Several --mesh and a comma list of
---device-memory print one Markdown table row per (mesh, device).
+mesh can be planned from any machine. Several --mesh or a comma list of
+--device-memory print a Markdown table: one row per mesh, one "largest batch" column
+per device.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ def _text(args, rows) -> str:
                                         if args.drafter else "") +
           f", {args.dtype}, batch {args.batch}, input {args.max_input_len} tokens, "
           f"{args.max_new_tokens} new tokens, rules {args.rules}"
-          + (", exact mode" if args.exact else ""))
+          + (", exact mode" if args.exact else "")
+          + (f", {args.headroom:.0%} of each device kept free" if args.headroom else ""))
   if len(rows) == 1:
     row = rows[0]
     p = row["plan"]
@@ -78,16 +80,17 @@ def _text(args, rows) -> str:
                    f"{row['largest_batch'] or 'none (the parameters alone do not fit)'}"
                    + (f" (headroom {row['headroom']:.0%})" if row["headroom"] else ""))
     return "\n".join(lines)
-  head = ["mesh", "device", "params", "caches", "transients", f"total (batch {args.batch})",
-          "fits", "largest batch"]
+  devices = list(dict.fromkeys(row["device"] for row in rows if "device" in row))
+  head = ["mesh", "params", "caches", "transients", f"total (batch {args.batch})"]
+  head += [f"largest batch, {d}" for d in devices]
   lines = [f"specdec plan: {what} (bytes per device)", "",
            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-  for row in rows:
-    p = row["plan"]
-    cells = [row["mesh"], row.get("device") or "-", gib(p["params_bytes"]),
-             gib(p["cache_bytes"]), gib(p["transient_bytes"]), gib(p["total_bytes"]),
-             ("yes" if row["fits"] else "no") if "device" in row else "-",
-             str(row["largest_batch"]) if "device" in row else "-"]
+  for mesh in dict.fromkeys(row["mesh"] for row in rows):
+    group = [row for row in rows if row["mesh"] == mesh]
+    p = group[0]["plan"]
+    cells = [mesh, gib(p["params_bytes"]), gib(p["cache_bytes"]), gib(p["transient_bytes"]),
+             gib(p["total_bytes"])]
+    cells += [str(row["largest_batch"] or "does not fit") for row in group if "device" in row]
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
 
