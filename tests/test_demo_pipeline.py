@@ -149,6 +149,7 @@ def test_all_is_the_recipes_stages_and_bundle_ships_what_it_names(base, tmp_path
   assert "stages data, target, aligned_small, heads, bundle done" in err
   assert not (workdir / "aligned").exists() and not (workdir / "distilled").exists()
   assert sorted(p.name for p in assets.iterdir()) == ["drafter", "spiece.model", "target"]
+  assert {p.stat().st_mode & 0o777 for p in assets.rglob("*") if p.is_file()} == {0o644}
   target = sd.load(str(assets / "target"), dtype=None)
   import jax
   assert {str(x.dtype) for x in jax.tree_util.tree_leaves(target.params)} == {"bfloat16"}

@@ -354,6 +354,8 @@ def bundle(workdir: str | pathlib.Path, assets: pathlib.Path = ASSETS,
     if name == heads:
       save_heads(dest, load_heads(workdir / "heads" / "final", model), dtype="bfloat16")
   shutil.copy(workdir / "data" / "spiece.model", assets / "spiece.model")
+  for path in assets.rglob("*"):     # checkpoint files are written private (a temp file)
+    path.chmod(0o755 if path.is_dir() else 0o644)
   if max_wheel_mb is not None:
     size = compressed_mb(assets)
     if size >= max_wheel_mb:
