@@ -68,7 +68,7 @@ def test_aligned_from_init_on_a_prefix(base, tmp_path, capsys):
   log = json.loads((workdir / "aligned_small" / "final" / "train_log.json").read_text())
   start = sd.load(str(init))
   assert log["upstream"] == {"target": TRAIN["steps"], "init": str(init),
-                             "init_fingerprint": fingerprint(start)}
+                             "init_fingerprint": fingerprint(start), "examples": 20}
   cache = np.load(workdir / "aligned_targets.npz")
   assert cache["targets"].shape[0] == 20
   target = sd.load(str(workdir / "target" / "final"))
@@ -93,9 +93,18 @@ def test_aligned_from_init_on_a_prefix(base, tmp_path, capsys):
   assert grown.shape[0] == 36
   np.testing.assert_array_equal(grown[:20], first)
   log = json.loads((workdir / "aligned_mid" / "final" / "train_log.json").read_text())
-  assert log["upstream"] == {"target": TRAIN["steps"]}   # a workdir stage, by its steps
+  assert log["upstream"] == {"target": TRAIN["steps"], "examples": 36}   # a stage: its steps
   # aligned_small was current (its 20 examples' outputs unchanged): not retrained
   assert (workdir / "aligned_small" / "final").stat().st_mtime_ns == finished
+  # other training pairs: the stage starts over on them
+  path = with_sections(tmp_path, recipe, aligned_small={"init": str(init), "examples": 24,
+                                                         **ALIGN})
+  code, out, err = run(capsys, "train", "--recipe", path, "--workdir", workdir,
+                       "--stages", "aligned_small")
+  assert code == 0, err
+  log = json.loads((workdir / "aligned_small" / "final" / "train_log.json").read_text())
+  assert log["upstream"]["examples"] == 24
+  assert (workdir / "aligned_small" / "final").stat().st_mtime_ns != finished
   assert out.splitlines()[0].startswith(f"aligned_small: {workdir / 'aligned_small' / 'final'}")
 
 

@@ -199,7 +199,7 @@ def _run_stage(name, workdir, recipe, make_init, train, save, load, upstream=())
   return result
 
 
-def _stage_heads(workdir, recipe, data, target, targets):
+def _stage_heads(workdir, recipe, data, target, targets, upstream=("target",)):
   """Prediction heads for the target (frozen), fitted to its own greedy outputs."""
   from specdec_jax.drafters.heads import init_heads, load_heads, save_heads
   section = recipe["heads"]
@@ -225,7 +225,7 @@ def _stage_heads(workdir, recipe, data, target, targets):
   return _run_stage("heads", workdir, recipe,
                     lambda: init_heads(target, num_heads, rng=section.get("seed", 0),
                                        hidden_dim=hidden_dim),
-                    train, save, lambda final: load_heads(final, target), upstream=("target",))
+                    train, save, lambda final: load_heads(final, target), upstream=upstream)
 
 
 def recipe_stages(recipe: dict) -> tuple[str, ...]:
@@ -257,6 +257,10 @@ def run_pipeline(recipe_path: str | pathlib.Path, workdir: str | pathlib.Path,
     part = _examples(data, section)
     return part, _target_outputs(workdir, target, part["inputs"], max_len)
 
+  def with_examples(upstream, section):   # other training pairs: the stage starts over
+    upstream = _upstream(workdir, upstream)
+    return {**upstream, "examples": section["examples"]} if "examples" in section else upstream
+
   for name, seed in (("target", 0), ("drafter", 1)):
     if name in stages:
       results[name] = _stage_train(
@@ -281,7 +285,7 @@ def run_pipeline(recipe_path: str | pathlib.Path, workdir: str | pathlib.Path,
       upstream = {**_upstream(workdir, ["target"]), **upstream}
     part, targets = greedy(recipe[name])
     results[name] = _stage_train(name, workdir, recipe, part, lambda start=start: start,
-                                 targets=targets, upstream=upstream)
+                                 targets=targets, upstream=with_examples(upstream, recipe[name]))
   if "distilled" in stages:
     drafter = results.get("drafter") or sd.load(str(workdir / "drafter" / "final"))
     trainable = drafter.replace(config=drafter.config.replace(
@@ -291,7 +295,8 @@ def run_pipeline(recipe_path: str | pathlib.Path, workdir: str | pathlib.Path,
                                         upstream=("target", "drafter"))
   if "heads" in stages:
     part, targets = greedy(recipe["heads"])
-    results["heads"] = _stage_heads(workdir, recipe, part, target, targets)
+    results["heads"] = _stage_heads(workdir, recipe, part, target, targets,
+                                    with_examples(("target",), recipe["heads"]))
   if "early_exit" in stages:
     exit_layer = int(recipe["early_exit"].get("exit_layer", 1))
     results["early_exit"] = _stage_train(
