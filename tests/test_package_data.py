@@ -108,3 +108,15 @@ def test_demo_package_wheel_ships_its_assets(tmp_path, monkeypatch):
   assert same_params(sd.load("demo-de-en-large/target", dtype=None),
                      model.with_dtype("bfloat16"))
   assert package_data.separate_groups() == ["demo-de-en-large"]
+
+
+@pytest.mark.parametrize("assets", [REPO / "specdec_jax" / "assets",
+                                    DEMO_PACKAGE / "specdec_jax_demo" / "assets"],
+                         ids=["specdec-jax", "specdec-jax-demo"])
+def test_each_wheels_assets_stay_under_the_index_limit(assets):
+  """The models a wheel ships, deflate-compressed as a wheel stores them, stay under the
+  package index's 100 MB file limit (with 5 MB for the code and metadata)."""
+  from specdec_jax.tools.demo import compressed_mb
+  if not assets.is_dir():
+    pytest.skip(f"{assets.relative_to(REPO)} holds no models yet (the bundle stage writes them)")
+  assert compressed_mb(assets) < 95.0
