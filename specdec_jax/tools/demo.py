@@ -1,4 +1,4 @@
-"""The bundled De→En demo pairs: data, target, drafters (references / aligned / distilled), bundle.
+"""The De→En demo pairs: data, target, drafters (references / aligned / distilled), bundle.
 
 Each stage writes its result under `workdir` and is skipped when that result
 exists and is current, so `run_pipeline` can be rerun or resumed after an
