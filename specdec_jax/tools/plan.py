@@ -67,6 +67,9 @@ def parse_memory(text: str) -> tuple[str, int]:
   """"16GiB" / "80GB" / "1e9" / a preset name -> (label, bytes).
 
   ConfigError: an unknown unit or preset.
+
+  >>> parse_memory("16GiB"), parse_memory("tpu-v4")
+  (('16GiB', 17179869184), ('tpu-v4', 34359738368))
   """
   key = text.strip().lower()
   if key in DEVICES:
@@ -126,7 +129,11 @@ def param_bytes(config: T5Config, dtype: str, mesh, rules=None, replicated: bool
 
 
 def capacity(max_new_tokens: int, gamma: int, exact: bool = False) -> int:
-  """Cache positions of a decode (`engine.RoundConfig.capacity`)."""
+  """Cache positions of a decode (`engine.RoundConfig.capacity`).
+
+  >>> capacity(64, 5), capacity(64, 5, exact=True), capacity(64, 0)
+  (70, 80, 64)
+  """
   if exact:
     return max_new_tokens + EXACT_WIDTH
   return max_new_tokens + gamma + 1 if gamma else max_new_tokens
