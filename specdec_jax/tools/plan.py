@@ -4,13 +4,13 @@
                        batch=8, max_input_len=512, max_new_tokens=64, gamma=5,
                        dtype="bfloat16", mesh={"data": 1, "model": 8})
     plan.total_bytes                    # per device: parameters + caches + transients
-    largest_batch(..., device_bytes=DEVICES["tpu-v5e"])
+    largest_batch(DEVICES["tpu-v5e"], headroom=0.1, target=..., drafter=..., ...)
 
 Parameters: every leaf's abstract shape and logical axes (`jax.eval_shape` of the
-model's init, as `sd.logical_axes` reads them), split by `sd.sharding.partition_spec` under the rules
-(`RULES_1D` by default) on an abstract mesh of the requested shape, in `dtype`. The
-target is split by the rules; the drafter is replicated (`sd.sharding.replicate`: a
-full copy per device), as `specdec decode --mesh` places them.
+model's init, as `sd.logical_axes` reads them), split by `sd.sharding.partition_spec`
+under the rules (`RULES_1D` by default) on an abstract mesh of the requested shape, in
+`dtype`. The target is split by the rules; the drafter is replicated
+(`sd.sharding.replicate`: a full copy per device), as `specdec decode --mesh` places them.
 
 Decoder caches (`cache.DecoderCache`), per model and decoder layer: self-attention K and
 V [B, H, C, Dh] at capacity C = max_new_tokens + gamma + 1 (exact mode: max_new_tokens +
