@@ -36,12 +36,12 @@ ENV = {"coordinator": "JAX_COORDINATOR_ADDRESS", "num_processes": "JAX_NUM_PROCE
 def add_distributed_flags(p: argparse.ArgumentParser) -> None:
   group = p.add_argument_group(
       "several processes (jax.distributed; each decodes a block of the input rows)")
-  group.add_argument("--coordinator", metavar="HOST:PORT", default=os.environ.get(ENV[
-      "coordinator"]), help="address of process 0's coordinator service (env "
+  group.add_argument("--coordinator", metavar="HOST:PORT",
+                     help="address of process 0's coordinator service (env "
                      "JAX_COORDINATOR_ADDRESS)")
-  group.add_argument("--num-processes", type=int, default=_env_int("num_processes"),
+  group.add_argument("--num-processes", type=int,
                      help="number of processes (env JAX_NUM_PROCESSES)")
-  group.add_argument("--process-id", type=int, default=_env_int("process_id"),
+  group.add_argument("--process-id", type=int,
                      help="this process's index in [0, N) (env JAX_PROCESS_ID)")
   group.add_argument("--distributed", action="store_true",
                      help="initialise jax.distributed, detecting the cluster (TPU pod slices, "
@@ -61,8 +61,12 @@ def initialize_from_args(args) -> bool:
   """`jax.distributed.initialize` from the flags (before any JAX computation); whether it
   was called. A partial set of --coordinator / --num-processes / --process-id is an
   error naming the missing ones."""
-  given = {"--coordinator": args.coordinator, "--num-processes": args.num_processes,
-           "--process-id": args.process_id}
+  coordinator = args.coordinator or os.environ.get(ENV["coordinator"])
+  processes = args.num_processes if args.num_processes is not None else _env_int(
+      "num_processes")
+  process = args.process_id if args.process_id is not None else _env_int("process_id")
+  given = {"--coordinator": coordinator, "--num-processes": processes,
+           "--process-id": process}
   if not args.distributed and all(v is None for v in given.values()):
     return False
   if any(v is not None for v in given.values()):
@@ -70,10 +74,9 @@ def initialize_from_args(args) -> bool:
     if missing:
       raise CLIError(f"{', '.join(missing)} missing: --coordinator, --num-processes and "
                      "--process-id go together (or --distributed alone to detect the cluster)")
-    if args.num_processes < 1 or not 0 <= args.process_id < args.num_processes:
-      raise CLIError(f"--process-id {args.process_id} must be in [0, --num-processes "
-                     f"{args.num_processes})")
-  jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+    if processes < 1 or not 0 <= process < processes:
+      raise CLIError(f"--process-id {process} must be in [0, --num-processes {processes})")
+  jax.distributed.initialize(coordinator, processes, process)
   return True
 
 
