@@ -60,6 +60,7 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+@pytest.mark.slow     # two processes; the fast tier keeps the row split's unit tests
 def test_two_processes_decode_a_file_as_one(tmp_path, capsys):
   target = sd.load("config:t5_1_1_tiny")
   params = jax.tree_util.tree_map(lambda x: x, target.params)
