@@ -12,6 +12,7 @@ of actually sharded parameters and decoder caches. The assertions live in the te
 import contextlib
 import io
 import json
+import pathlib
 import sys
 import tempfile
 
@@ -99,10 +100,22 @@ def decode_checks(tmp: str) -> dict:
     with Placements() as spy:
       mesh = run_cli(*common, *extra, "--mesh", MESH)
     report[name] = {"single": single, "mesh": mesh, "placements": spy.seen}
+  pairs = str(pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl")
+  evaluate = ["eval", "--model", "demo-de-en/target", "--drafter", "demo-de-en/drafter",
+              "--gamma", 3, "--data", pairs, "--limit", 4, "--batch-size", 4, "--json"]
+  report["eval"] = {"single": run_cli(*evaluate), "mesh": run_cli(*evaluate, "--mesh", MESH)}
+  report["bench"] = run_cli("bench", "--target", TARGET_CONFIG, "--drafter", DRAFTER,
+                            "--batch-sizes", 2, "--gammas", 2, "--modes", "greedy",
+                            "--max-new-tokens", 4, "--prompt-len", 5, "--repeats", 1,
+                            "--timing-steps", 2, "--no-progress", "--mesh", MESH,
+                            "--out", f"{tmp}/bench")
+  report["bench"]["json"] = json.loads(pathlib.Path(f"{tmp}/bench/bench.json").read_text())
   report["errors"] = {
       "not_dividing": run_cli(*common, "--mesh", "data=3,model=2"),
       "unknown_axis": run_cli(*common, "--mesh", "rows=8"),
       "batch": run_cli(*common, "--mesh", MESH, "--batch-size", 3),
+      "bench_batch": run_cli("bench", "--target", TARGET_CONFIG, "--batch-sizes", 1,
+                             "--baseline-only", "--mesh", MESH, "--out", f"{tmp}/b1"),
   }
   return report
 

@@ -74,15 +74,32 @@ def test_decode_on_a_mesh_prints_the_single_device_translations(report, method):
                                        for r in placed["replicate"])
 
 
+def test_eval_and_bench_on_a_mesh(report):
+  """`specdec eval --mesh` scores the same hypotheses as one device; `specdec bench
+  --mesh` times baseline and speculative decoding on it."""
+  single, mesh = report["decode"]["eval"]["single"], report["decode"]["eval"]["mesh"]
+  assert single["code"] == 0 and mesh["code"] == 0, (single["err"], mesh["err"])
+  single, mesh = json.loads(single["out"]), json.loads(mesh["out"])
+  assert mesh["hypotheses"] == single["hypotheses"] and mesh["pairs"] == 4
+  assert mesh["settings"]["mesh"] == "data=2,model=4"
+  bench = report["decode"]["bench"]
+  assert bench["code"] == 0, bench["err"]
+  assert bench["json"]["config"]["mesh"] == "data=2,model=4"
+  entries = {e["gamma"]: e for e in bench["json"]["results"]}
+  assert set(entries) == {None, 2} and entries[2]["ms_per_token"] > 0
+
+
 def test_bad_meshes_exit_2_with_one_line(report):
   errors = report["decode"]["errors"]
   for name, message in [("not_dividing", "needs data * model = 6 devices, but 8"),
                         ("unknown_axis", "unknown axis 'rows'"),
                         ("batch", "--batch-size 3 is not divisible by the mesh's 'data' axis "
-                                  "of size 2")]:
+                                  "of size 2"),
+                        ("bench_batch", "--batch-sizes entry 1 is not divisible")]:
     run = errors[name]
+    command = "bench" if name.startswith("bench") else "decode"
     assert run["code"] == 2 and run["out"] == "", (name, run)
-    assert run["err"].startswith("specdec decode: error: ") and message in run["err"], run
+    assert run["err"].startswith(f"specdec {command}: error: ") and message in run["err"], run
     assert len(run["err"].strip().splitlines()) == 1
 
 

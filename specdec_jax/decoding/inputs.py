@@ -84,7 +84,7 @@ def check_nonempty_rows(tokens: np.ndarray, config: T5Config, name: str) -> None
 
 def device_memory_bytes() -> int | None:
   """The default device's memory (accelerators: XLA's limit; CPU: the host's RAM)."""
-  device = jax.devices()[0]
+  device = jax.local_devices()[0]    # this process's (several processes: jax.distributed)
   stats = device.memory_stats() if hasattr(device, "memory_stats") else None
   if stats and stats.get("bytes_limit"):
     return int(stats["bytes_limit"])

@@ -4,13 +4,13 @@
                        batch=8, max_input_len=512, max_new_tokens=64, gamma=5,
                        dtype="bfloat16", mesh={"data": 1, "model": 8})
     plan.total_bytes                    # per device: parameters + caches + transients
-    largest_batch(..., device_bytes=DEVICES["tpu-v5e"])
+    largest_batch(DEVICES["tpu-v5e"], headroom=0.1, target=..., drafter=..., ...)
 
 Parameters: every leaf's abstract shape and logical axes (`jax.eval_shape` of the
-model's init, as `sd.logical_axes` reads them), split by `sd.sharding.partition_spec` under the rules
-(`RULES_1D` by default) on an abstract mesh of the requested shape, in `dtype`. The
-target is split by the rules; the drafter is replicated (`sd.sharding.replicate`: a
-full copy per device), as `specdec decode --mesh` places them.
+model's init, as `sd.logical_axes` reads them), split by `sd.sharding.partition_spec`
+under the rules (`RULES_1D` by default) on an abstract mesh of the requested shape, in
+`dtype`. The target is split by the rules; the drafter is replicated
+(`sd.sharding.replicate`: a full copy per device), as `specdec decode --mesh` places them.
 
 Decoder caches (`cache.DecoderCache`), per model and decoder layer: self-attention K and
 V [B, H, C, Dh] at capacity C = max_new_tokens + gamma + 1 (exact mode: max_new_tokens +
@@ -67,6 +67,9 @@ def parse_memory(text: str) -> tuple[str, int]:
   """"16GiB" / "80GB" / "1e9" / a preset name -> (label, bytes).
 
   ConfigError: an unknown unit or preset.
+
+  >>> parse_memory("16GiB"), parse_memory("tpu-v4")
+  (('16GiB', 17179869184), ('tpu-v4', 34359738368))
   """
   key = text.strip().lower()
   if key in DEVICES:
@@ -126,7 +129,11 @@ def param_bytes(config: T5Config, dtype: str, mesh, rules=None, replicated: bool
 
 
 def capacity(max_new_tokens: int, gamma: int, exact: bool = False) -> int:
-  """Cache positions of a decode (`engine.RoundConfig.capacity`)."""
+  """Cache positions of a decode (`engine.RoundConfig.capacity`).
+
+  >>> capacity(64, 5), capacity(64, 5, exact=True), capacity(64, 0)
+  (70, 80, 64)
+  """
   if exact:
     return max_new_tokens + EXACT_WIDTH
   return max_new_tokens + gamma + 1 if gamma else max_new_tokens

@@ -15,11 +15,15 @@ import numpy as np
 import specdec_jax as sd
 from specdec_jax.tools.batching import Batch, padded_batches, trim_padding
 from specdec_jax.tools.cli.args import DefaultsHelpFormatter, add_drafter_flag, add_dtype_flag
+from specdec_jax.tools.cli.distributed import (add_distributed_flags, gather_corpus,
+                                               gather_max, initialize_from_args,
+                                               local_batches, process_rows)
 from specdec_jax.tools.cli.mesh_args import (add_mesh_flag, check_batch, mesh_batch,
                                              mesh_from_args, place_method, place_target)
 from specdec_jax.tools.cli.method_args import (EARLY_EXIT, add_method_flags, build_method,
                                                check_method_flags, sampling_from_method_args)
-from specdec_jax.tools.methods import EXTRA_STATS, Baseline, decode_corpus
+from specdec_jax.tools.errors import CLIError
+from specdec_jax.tools.methods import EXTRA_STATS, Baseline, Corpus, batch_key, decode_corpus
 from specdec_jax.tools.models import drafter_loader, load_model, resolve_drafter
 from specdec_jax.tools.options import check_at_least_one
 from specdec_jax.tools.prompts import encode_prompts, read_prompt_lines
@@ -73,16 +77,40 @@ def _format_output(row: list[int], tokenizer) -> str | list[int]:
   return tokenizer.decode_one(row)
 
 
+def _process_corpus(method, target, batches, max_new_tokens: int, rng, offset: int) -> Corpus:
+  """This process's batches decoded, batch i with `batch_key(rng, offset + i)`."""
+  outputs = [jax.device_get(method.decode(target, b.tokens, max_new_tokens=max_new_tokens,
+                                          rng=batch_key(rng, offset + i)))
+             for i, b in enumerate(batches)]
+  return Corpus(tuple(outputs), tuple(int(b.real) for b in batches))
+
+
 def _decode(args, method, target, tokens: np.ndarray, mesh):
-  """(corpus, wall seconds, batch size) of decoding `tokens` in padded batches."""
+  """(corpus, wall seconds, batch size) of decoding `tokens` in padded batches; with
+  several processes, each decodes its block of rows and all rows are gathered (the wall
+  time is the slowest process's)."""
   rng = jax.random.PRNGKey(args.seed)
-  batch = args.batch_size or mesh_batch(len(tokens), mesh)
-  batches = [Batch(trim_padding(b.tokens), b.real) for b in padded_batches(tokens, batch)]
+  processes, process = jax.process_count(), jax.process_index()
+  if processes == 1:
+    batch = args.batch_size or mesh_batch(len(tokens), mesh)
+    batches = [Batch(trim_padding(b.tokens), b.real) for b in padded_batches(tokens, batch)]
+    call = functools.partial(decode_corpus, method, target, batches,
+                             max_new_tokens=args.max_new_tokens, rng=rng)
+  else:
+    batch = args.batch_size or mesh_batch(process_rows(len(tokens), process, processes)[2],
+                                          mesh)
+    batches = [Batch(trim_padding(b.tokens), b.real)
+               for b in local_batches(tokens, batch, process, processes)]
+    call = functools.partial(_process_corpus, method, target, batches, args.max_new_tokens,
+                             rng, process * len(batches))
   if args.warmup:   # every batch once: trimmed batches may differ in shape
-    decode_corpus(method, target, batches, max_new_tokens=args.max_new_tokens, rng=rng)
+    call()
   t0 = time.perf_counter()
-  corpus = decode_corpus(method, target, batches, max_new_tokens=args.max_new_tokens, rng=rng)
-  return corpus, time.perf_counter() - t0, batch
+  corpus = call()
+  wall = time.perf_counter() - t0
+  if processes > 1:
+    corpus, wall = gather_corpus(corpus), gather_max(wall)
+  return corpus, wall, batch
 
 
 def _compare(args, method, target, tokens: np.ndarray, mesh,
@@ -125,6 +153,8 @@ def _payload(args, outputs, corpus, timing, method) -> dict[str, Any]:
 
 def run(args) -> int:
   _check(args)
+  if initialize_from_args(args) and args.compare:
+    raise CLIError("--compare times one process: drop it with several processes")
   mesh = mesh_from_args(args)
   if args.batch_size is not None:
     check_batch(args.batch_size, mesh)
@@ -152,6 +182,8 @@ def run(args) -> int:
   compare = None
   if args.compare and method.kind != "baseline":
     compare = timing["compare"] = _compare(args, method, target, tokens, mesh)
+  if jax.process_index() != 0:   # process 0 prints every process's rows
+    return 0
   outputs = [_format_output(row, tokenizer) for row in corpus.token_rows()]
   if args.json:
     print(json.dumps(to_jsonable(_payload(args, outputs, corpus, timing, method))))
@@ -204,4 +236,5 @@ def add(subparsers) -> None:
                  "alternating rounds) and print the speedup")
   p.add_argument("--json", action="store_true",
                  help='print one JSON object {"outputs", "stats", "timing", ...} instead of lines')
+  add_distributed_flags(p)
   p.set_defaults(func=run)

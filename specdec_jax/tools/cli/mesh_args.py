@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 from typing import Any
 
+import jax
 from jax.sharding import Mesh
 
 import specdec_jax as sd
@@ -59,12 +60,14 @@ def add_mesh_flag(p: argparse.ArgumentParser) -> None:
 
 
 def mesh_from_args(args) -> Mesh | None:
-  """The `Mesh` of --mesh over `jax.devices()` (None without it). The sizes are checked
-  before any model is loaded (`sd.make_mesh`: a ConfigError when D * M is not the
-  device count)."""
+  """The `Mesh` of --mesh over `jax.devices()`, or with several processes over this
+  process's `jax.local_devices()` (None without --mesh). The sizes are checked before
+  any model is loaded (`sd.make_mesh`: a ConfigError when D * M is not the device count)."""
   if getattr(args, "mesh", None) is None:
     return None
-  return sd.make_mesh(**parse_mesh(args.mesh))
+  # several processes: each lays out its own devices (see `distributed`)
+  devices = jax.local_devices() if jax.process_count() > 1 else None
+  return sd.make_mesh(**parse_mesh(args.mesh), devices=devices)
 
 
 def check_batch(batch: int, mesh: Mesh | None, flag: str = "--batch-size") -> None:

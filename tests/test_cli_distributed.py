@@ -1,0 +1,110 @@
+"""`specdec decode --input-file` by two processes on loopback (jax.distributed on
+127.0.0.1, 4 CPU devices each, a 2x2 mesh of local devices per process): the outputs of
+the whole file, gathered to process 0, equal one process's, in input order."""
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import specdec_jax as sd
+from specdec_jax.tools import cli
+from specdec_jax.tools.cli import distributed
+
+HERE = pathlib.Path(__file__).parent
+DRAFTER = "config:t5_1_1_tiny_drafter"
+LOGITS_SCALE = 6.0    # top-2 margins far above float noise: a mesh changes reduction order
+# 5 rows of different lengths: process 0 decodes 3, process 1 decodes 2 (+ 1 padding row)
+PROMPTS = ["5 17 42 9 1", "7 8 9 11 1", "30 31 32 33 34 35 1", "100 3 1", "64 65 66 67 1"]
+
+
+def test_process_rows_cover_the_input_in_order():
+  for n in (1, 2, 5, 8, 9):
+    for processes in (1, 2, 3, 4):
+      blocks = [distributed.process_rows(n, p, processes) for p in range(processes)]
+      rows = [r for start, stop, _ in blocks for r in range(start, stop)]
+      assert rows == list(range(n)), (n, processes)
+      assert len({block for _, _, block in blocks}) == 1
+      tokens = np.arange(n)[:, None] + 1
+      batches = [distributed.local_batches(tokens, 2, p, processes) for p in range(processes)]
+      assert len({len(b) for b in batches}) == 1                   # equal shapes everywhere
+      real = [int(t) for bs in batches for b in bs for t in b.tokens[:b.real, 0]]
+      assert real == list(range(1, n + 1))
+
+
+def test_partial_process_flags_are_an_error(capsys, monkeypatch):
+  code = cli.main(["decode", "--model", "config:t5_1_1_tiny", "--coordinator", "127.0.0.1:1",
+                   "5 1"])
+  _, err = capsys.readouterr()
+  assert code == 2 and "--num-processes, --process-id missing" in err
+  monkeypatch.setenv("JAX_NUM_PROCESSES", "two")
+  code = cli.main(["decode", "--model", "config:t5_1_1_tiny", "--distributed", "5 1"])
+  _, err = capsys.readouterr()
+  assert code == 2 and "JAX_NUM_PROCESSES='two' is not a non-negative integer" in err
+  monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
+  code = cli.main(["decode", "--model", "config:t5_1_1_tiny", "--process-id", "2",
+                   "--coordinator", "127.0.0.1:1", "5 1"])
+  _, err = capsys.readouterr()
+  assert code == 2 and "--process-id 2 must be in [0, --num-processes 2)" in err
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.mark.slow     # two processes; the fast tier keeps the row split's unit tests
+def test_two_processes_decode_a_file_as_one(tmp_path, capsys):
+  target = sd.load("config:t5_1_1_tiny")
+  params = jax.tree_util.tree_map(lambda x: x, target.params)
+  params["decoder"]["logits_dense"]["kernel"] = (params["decoder"]["logits_dense"]["kernel"]
+                                                 * LOGITS_SCALE)
+  model = tmp_path / "target"
+  sd.save(model, target.replace(params=params))
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("\n".join(PROMPTS) + "\n")
+  argv = ["decode", "--model", str(model), "--drafter", DRAFTER, "--gamma", "3",
+          "--max-new-tokens", "8", "--input-file", str(prompts), "--json"]
+  assert cli.main(argv) == 0
+  one = json.loads(capsys.readouterr().out)
+
+  port = free_port()
+  env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
+                                     " --xla_force_host_platform_device_count=4").strip(),
+             PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+  if not env.get("JAX_COMPILATION_CACHE_DIR") and jax.config.jax_compilation_cache_dir:
+    env["JAX_COMPILATION_CACHE_DIR"] = jax.config.jax_compilation_cache_dir   # conftest's
+  procs = [subprocess.Popen(
+      [sys.executable, "-m", "specdec_jax.tools.cli", *argv, "--mesh", "data=2,model=2",
+       "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)],
+      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+  try:
+    results = [p.communicate(timeout=600) for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
+  for p, (_, err) in zip(procs, results):
+    assert p.returncode == 0, err[-4000:]
+  # gloo (the CPU collectives) writes its own "[Gloo] ..." lines to stdout, from several
+  # threads (lines may interleave): keep the JSON object
+  printed = [[line for line in out.splitlines() if line.startswith('{"outputs"')]
+             for out, _ in results]
+  assert printed[1] == [] and len(printed[0]) == 1    # only process 0 prints
+  two = json.loads(printed[0][0])
+  assert two["outputs"] == one["outputs"] and two["lengths"] == one["lengths"]
+  assert two["timing"]["prompts"] == len(PROMPTS) == len(two["outputs"])
+  # statistics merged over both processes' real rows, as one process counts them
+  for key in ("tokens", "target_calls", "drafted", "accepted"):
+    assert two["stats"][key] == one["stats"][key], key
+  assert two["settings"]["mesh"] == "data=2,model=2"
+
+
+if __name__ == "__main__":
+  sys.exit(pytest.main([__file__, "-q"]))
