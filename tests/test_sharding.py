@@ -368,3 +368,25 @@ def test_load_mesh_errors():
     sd.load("config:t5_1_1_tiny", mesh=(2, 4))
   with pytest.raises(sd.ConfigError, match="unknown logical axis 'mpl'"):
     sd.load(str(FIXTURE / "legacy"), mesh=one_device(), rules=(("mpl", "model"),))
+
+
+def test_leaves_equal_compares_every_block():
+  from specdec_jax.io.checkpoints import leaves
+  a = np.arange(40 * 3, dtype=np.float32).reshape(40, 3)
+  b = a.copy()
+  b[-1, -1] += 1                       # in the last block of rows only
+  assert leaves.equal(leaves.of_array(a), leaves.of_array(a.copy()), block_bytes=24)
+  assert not leaves.equal(leaves.of_array(a), leaves.of_array(b), block_bytes=24)
+  assert not leaves.equal(leaves.of_array(a), leaves.of_array(a[:, :2]))
+
+
+def test_leaf_blocks_transposed_scaled_and_checked():
+  from specdec_jax.io.checkpoints import leaves
+  weight = np.arange(12, dtype=np.float32).reshape(3, 4)      # HF [out, in]
+  kernel = leaves.transposed(leaves.of_array(weight), scale=0.5)
+  index = leaves.normalize((slice(1, 3), slice(None)), kernel.shape)
+  assert index == (slice(1, 3), slice(0, 3))
+  np.testing.assert_array_equal(leaves.read_block(kernel, index), weight.T[1:3] * 0.5)
+  short = leaves.Leaf((4, 3), np.dtype("float32"), lambda index: np.zeros((1, 3)))
+  with pytest.raises(sd.CheckpointError, match=r"block \[0:4, 0:3\] gave shape \(1, 3\)"):
+    leaves.read_whole(short, "decoder/x")
