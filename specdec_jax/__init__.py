@@ -28,6 +28,7 @@ from specdec_jax.drafters import ModelDrafter, NGramDrafter, PromptLookupDrafter
 from specdec_jax.drafters.heads import Heads, init_heads, load_heads, save_heads
 from specdec_jax.errors import (CheckpointError, ConfigError, InputError, SamplingError,
                                 SpecdecError, TokenizerError)
+from specdec_jax.models.lm_config import LMConfig
 from specdec_jax.models.model import Model, init_model, logical_axes
 from specdec_jax.models.packing import pack
 from specdec_jax.sampling import Greedy, Sampling
@@ -36,8 +37,8 @@ from specdec_jax.sharding import make_mesh, shard
 
 __all__ = [
     "AdaptiveGamma", "Autoregressive", "BiLD", "Blockwise", "CheckpointError", "ConfigError",
-    "DecodeOutput", "DecodeStats", "DecoderCache", "Greedy", "Heads", "InputError", "Model",
-    "ModelDrafter", "NGramDrafter", "PromptLookupDrafter", "Sampling", "SamplingError",
+    "DecodeOutput", "DecodeStats", "DecoderCache", "Greedy", "Heads", "InputError", "LMConfig",
+    "Model", "ModelDrafter", "NGramDrafter", "PromptLookupDrafter", "Sampling", "SamplingError",
     "SpecdecError", "Speculative", "T5Config", "TokenizerError", "available_configs",
     "bild_generate", "blockwise_generate", "decode", "early_exit", "generate", "get_config",
     "init_heads", "init_model", "load", "load_heads", "load_tokenizer", "logical_axes", "pack",

@@ -145,8 +145,9 @@ def available_configs() -> list[str]:
                 if f.name.endswith(".json") and f.is_file())
 
 
-def get_config(name_or_path: str | pathlib.Path, **overrides) -> T5Config:
-  """A named config (``"t5_1_1_small"``) or a path to a JSON config file."""
+def get_config(name_or_path: str | pathlib.Path, **overrides):
+  """A named config (``"t5_1_1_small"``) or a path to a JSON config file: a `T5Config`, or an
+  `LMConfig` (decoder-only) for a file with a "family" key (``"gpt2_tiny"``)."""
   path = pathlib.Path(name_or_path)
   if path.suffix == ".json" and path.is_file():
     source, text = str(path), _read_text(path)
@@ -165,6 +166,9 @@ def get_config(name_or_path: str | pathlib.Path, **overrides) -> T5Config:
   if not isinstance(d, dict):
     raise ConfigError(f"config file {source} must hold a JSON object, got {type(d).__name__}")
   d.update(overrides)
+  if "family" in d:   # a decoder-only language model (models.lm_config)
+    from specdec_jax.models.lm_config import LMConfig
+    return LMConfig.from_dict(d)
   return T5Config.from_dict(d)
 
 

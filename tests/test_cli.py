@@ -159,6 +159,81 @@ def test_bild_and_blockwise_methods_are_the_library_calls(capsys, tmp_path):
   assert out["settings"]["num_drafts"] == 2 and "repeated_draft_rate" in err
 
 
+def test_speculative_flags_reach_the_method(capsys):
+  """--adaptive-gamma / --lenience / --gamma (derived from sd.Speculative's fields) build
+  the same method as the library call; --sampling sample is the sampling mode."""
+  enc = prompts.parse_token_ids(PROMPTS, 512)
+  out, _ = decode_json(capsys, "--drafter", DRAFTER, "--gamma", "3", "--adaptive-gamma",
+                       "--lenience", "0.5", "--sampling", "sample", "--temperature", "0.7",
+                       *PROMPTS)
+  assert out["settings"]["method"] == "speculative"
+  assert (out["settings"]["gamma"], out["settings"]["adaptive"],
+          out["settings"]["lenience"]) == (3, True, 0.5)
+  direct = sd.decode(models.load_model(TARGET),
+                     sd.Speculative(models.load_model(DRAFTER, what="drafter"), gamma=3,
+                                    adaptive=True, lenience=0.5),
+                     enc, max_new_tokens=6, sampling=sd.Sampling(temperature=0.7),
+                     rng=jax.random.PRNGKey(0))
+  assert out["outputs"] == [row[:n].tolist() for row, n in zip(np.asarray(direct.tokens),
+                                                                np.asarray(direct.lengths))]
+  explicit, _ = decode_json(capsys, "--method", "speculative", "--drafter", DRAFTER, "--gamma",
+                            "3", "--adaptive-gamma", "--lenience", "0.5", "--sampling",
+                            "sample", "--temperature", "0.7", *PROMPTS)
+  assert explicit["outputs"] == out["outputs"]
+
+
+def test_speculative_flags_are_derived_from_the_fields():
+  """Every setting of sd.Speculative is a flag of decode and eval (a field added to the
+  class is a flag with no other change); each needs --drafter."""
+  import argparse
+
+  from flax import struct
+
+  from specdec_jax.decoding import methods as core
+  from specdec_jax.tools.cli import method_args
+
+  @struct.dataclass
+  class Eager(core.Speculative):
+    """Speculative decoding that drafts early.
+
+    Attributes:
+      head_start: tokens drafted before the first verification.
+      warm: draft from the previous round's cache.
+    """
+
+    head_start: int = core._setting(2)
+    warm: bool | None = core._setting(None)
+
+  parser = argparse.ArgumentParser()
+  method_args.add_setting_flags(parser, Eager)
+  args = parser.parse_args(["--head-start", "4", "--warm", "--adaptive-gamma", "--gamma", "2"])
+  assert method_args.settings_from_args(args, Eager) == {
+      "head_start": 4, "warm": True, "adaptive": True, "gamma": 2}
+  assert "tokens drafted before the first verification (default 2)" in " ".join(
+      parser.format_help().split())
+
+  flags = {flag for flag, _ in method_args.setting_flags(core.Speculative)}
+  assert flags == {"--gamma", "--adaptive-gamma", "--lenience"}
+  for command in ("decode", "eval"):
+    sub = cli.build_parser()._subparsers._group_actions[0].choices[command]
+    text = " ".join(sub.format_help().split())
+    assert all(flag in text for flag in flags), command
+    assert "drafts per round" in text               # help from the class's Attributes
+
+
+@pytest.mark.parametrize("flag", ["--gamma", "--adaptive-gamma", "--lenience"])
+def test_drafter_only_flags_need_a_drafter(capsys, flag):
+  from specdec_jax.decoding import methods as core
+  from specdec_jax.tools.cli import method_args
+  field = dict(method_args.setting_flags(core.Speculative))[flag]
+  value = [] if isinstance(field.default, bool) or field.default is None else [
+      str(field.default)]
+  code, out, err = run(capsys, "decode", "--model", TARGET, flag, *value, PROMPTS[0])
+  assert code == 2 and out == ""
+  assert (f"specdec decode: error: {flag} only applies to --method speculative, not --method "
+          "autoregressive: add --drafter") in err
+
+
 def test_batches_merge_into_one_run(capsys):
   """--batch-size 1 decodes two calls; their statistics merge to the one-call statistics."""
   one, _ = decode_json(capsys, "--drafter", DRAFTER, "--gamma", "2", *PROMPTS)
@@ -245,7 +320,8 @@ def other_vocab_drafter(tmp_path_factory):
     (["--temperature", "-1"], "temperature"),
     (["--top-p", "1.5"], "top_p"),
     (["--top-p", "0"], "top_p"),
-    (["--method", "greedy", "--temperature", "0.5"], "only apply with --method sample"),
+    (["--sampling", "greedy", "--temperature", "0.5"], "only apply with --sampling sample"),
+    (["--method", "sample"], "'sample' is a sampling mode: use --sampling sample"),
     (["--gamma", "3"], "add --drafter"),
     (["--lenience", "0", "--drafter", DRAFTER], "lenience"),
     (["--max-new-tokens", "0"], "max-new-tokens"),

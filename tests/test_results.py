@@ -147,3 +147,45 @@ def test_readme_block_links_plot_relative_to_readme(tmp_path):
                          str(tmp_path / "README.md"))
   assert "![speedup vs gamma](results/demo/speedup.png)" in block
   assert "| batch | decoding |" in block
+
+
+def test_larger_pair_tables_by_name_in_bfloat16(workdir, tmp_path):
+  """The larger target's table (`--name demo-large`): its aligned drafter variants, every
+  model in bfloat16, the headline with c and verify cost from results/<name>, and README
+  spliced from it; greedy output still the target's."""
+  import shutil
+  from specdec_jax.tools.results import __main__ as main, headline
+  work = shutil.copytree(workdir, tmp_path / "work")
+  shutil.copytree(work / "drafter", work / "aligned_small")
+  readme = tmp_path / "README.md"
+  readme.write_text(f"intro\n{R.START_MARKER}\nold\n{R.END_MARKER}\n")
+  argv = ["--only", "demo", "--name", "demo-large", "--workdir", str(work), "--results-dir",
+          str(tmp_path / "results"), "--readme", str(readme), "--limit", "4",
+          "--batch-sizes", "1,2", "--gammas", "2", "--variants", "aligned_small",
+          "--table-drafters", "", "--no-sampling", "--repeats", "1", "--timing-steps", "2",
+          "--max-new-tokens", "6", "--dtype", "bfloat16", "--no-progress",
+          "--compile-workers", "2"]
+  assert main.main(argv) == 0
+  out = tmp_path / "results" / "demo-large"
+  res = json.loads((out / "results.json").read_text())
+  assert res["config"]["dtype"] == "bfloat16" and res["skipped"] == []
+  rows = {r["key"]: r for r in res["rows"]}
+  assert set(rows) == {"B1/target/greedy", "B1/aligned_small/g2", "B2/target/greedy",
+                       "B2/aligned_small/g2"}
+  for b in (1, 2):
+    r = rows[f"B{b}/aligned_small/g2"]
+    assert r["mismatching_rows"] == 0 and r["c"] > 0 and r["verify_cost"] > 0
+    assert r["verify_cost"] == pytest.approx(res["costs"][str(b)]["verify_cost"]["2"])
+  quality = json.loads((out / "quality.json").read_text())
+  assert quality["dtype"] == "bfloat16"
+  assert [r["model"] for r in quality["rows"]] == ["target", "target", "aligned_small"]
+  block = headline.headline(str(tmp_path / "results"), "demo-large")
+  assert "| c | verify cost |" in block and "`aligned_small` the bundled 2M drafter" in block
+  r = rows["B1/aligned_small/g2"]
+  assert f"| {r['verify_cost']:.2f} |" in block
+  assert block in readme.read_text() and "old" not in readme.read_text()
+  assert not (tmp_path / "results" / "demo").exists()
+  with pytest.raises(R.ResultsError, match="other settings .*dtype"):
+    R.run_results(work, existing=res, batch_sizes=(1,), variants=("aligned_small",),
+                  gammas=(2,), table_drafters=(), limit=4, max_new_tokens=6, repeats=1,
+                  timing_steps=2, progress=False)

@@ -320,7 +320,7 @@ def _model_in_dir(directory: pathlib.Path) -> pathlib.Path:
 
 
 def _load_bundled(name: str) -> Tokenizer:
-  resource = package_data.assets() / name / "spiece.model"
+  resource = package_data.assets(name) / name / "spiece.model"
   if not resource.is_file():
     available = ", ".join(bundled_tokenizers()) or "none"
     raise TokenizerError(

@@ -1,8 +1,9 @@
 """T5's layers in flax.linen, with T5X's parameter names and logical axis names.
 
-Dense (no bias), fused products for decode steps, RMSNorm, the shared embedding,
+Dense (no bias in T5), fused products for decode steps, RMSNorm, the shared embedding,
 relative position buckets and bias, multi-head attention (heads-major, no 1/sqrt(d)
-scaling: it lives in the query init), and the (gated) MLP.
+scaling: it lives in the query init), and the (gated) MLP. The decoder-only LMs
+(`models.lm`) reuse them with biases, grouped-query attention and `LayerNorm`.
 
 Every product of a decode request (a Dense, a fused Q/K/V / K/V / wi_*, the tied
 output layer, an RMSNorm's sum of squares, an attention) goes through
@@ -69,8 +70,8 @@ class Init:
   """A parameter initializer as a hashable value (equal inits share compiled code).
 
   kind: "fan_in_normal" (T5X's dense kernels; queries scaled by head_dim ** -0.5),
-  "normal" (the embedding, stddev 1), "ones" (norm scales), "fan_avg_uniform"
-  (relative position tables).
+  "normal" (the embedding, stddev `scale`), "ones" (norm scales), "zeros" (biases),
+  "fan_avg_uniform" (relative position tables).
   """
 
   kind: str
@@ -79,6 +80,8 @@ class Init:
   def __call__(self, key: Array, shape, dtype=jnp.float32) -> Array:
     if self.kind == "ones":
       return jnp.ones(shape, dtype)
+    if self.kind == "zeros":
+      return jnp.zeros(shape, dtype)
     if self.kind == "normal":
       return jax.random.normal(key, shape, dtype) * self.scale
     mode, distribution = {"fan_in_normal": ("fan_in", "normal"),
@@ -94,6 +97,7 @@ def kernel_init(scale: float = 1.0) -> Init:
 
 EMBEDDING_INIT = Init("normal")
 NORM_SCALE_INIT = Init("ones")
+BIAS_INIT = Init("zeros")
 REL_EMBEDDING_INIT = Init("fan_avg_uniform")
 
 
@@ -104,31 +108,37 @@ def initializer_for(path: tuple[str, ...], head_dim: int) -> Callable:
   if name == "kernel":
     return kernel_init(head_dim ** -0.5 if path[-2] == "query" else 1.0)
   table = {"embedding": EMBEDDING_INIT, "scale": NORM_SCALE_INIT,
-           "rel_embedding": REL_EMBEDDING_INIT}
+           "rel_embedding": REL_EMBEDDING_INIT, "bias": BIAS_INIT}
   if name not in table:
     raise KeyError(f"no initializer known for parameter {'/'.join(path)}")
   return table[name]
 
 
 class Dense(nn.Module):
-  """y = x @ kernel, no bias; kernel [in, out] stored 2-D as in T5X checkpoints."""
+  """y = x @ kernel (+ bias with `use_bias`; T5 has none); kernel [in, out] stored 2-D as in
+  T5X checkpoints, bias [out]."""
 
   in_features: int
   features: int
   axes: tuple[str, str]
   dtype: jnp.dtype = jnp.float32
   init_scale: float = 1.0
+  use_bias: bool = False
 
   def setup(self):
     self.kernel = self.param("kernel",
                              nn.with_logical_partitioning(kernel_init(self.init_scale), self.axes),
                              (self.in_features, self.features), jnp.float32)
+    if self.use_bias:
+      self.bias = self.param("bias", nn.with_logical_partitioning(BIAS_INIT, self.axes[1:]),
+                             (self.features,), jnp.float32)
 
   def __call__(self, x: Array) -> Array:
     """[..., in] -> [..., features] in `dtype`."""
     dt = self.dtype
-    return dispatch.dot(self, "kernel", x, (dispatch.param_path(self, "kernel"),), self.features,
-                        dt, lambda: jnp.dot(x.astype(dt), jnp.asarray(self.kernel, dt)))
+    y = dispatch.dot(self, "kernel", x, (dispatch.param_path(self, "kernel"),), self.features,
+                     dt, lambda: jnp.dot(x.astype(dt), jnp.asarray(self.kernel, dt)))
+    return y + jnp.asarray(self.bias, dt) if self.use_bias else y
 
 
 def fused_dense(module: nn.Module, name: str, x: Array, denses: list[Dense], dtype,
@@ -155,6 +165,9 @@ def fused_dense(module: nn.Module, name: str, x: Array, denses: list[Dense], dty
 
   sources = tuple(dispatch.param_path(d, "kernel") for d in denses)
   y = dispatch.dot(module, name, x, sources, int(sizes[-1]), dtype, xla)
+  if any(d.use_bias for d in denses):   # an elementwise add after the product
+    y = y + jnp.concatenate([jnp.asarray(d.bias, dtype) if d.use_bias
+                             else jnp.zeros((d.features,), dtype) for d in denses])
   return jnp.split(y, sizes[:-1].tolist(), axis=-1)
 
 
@@ -171,6 +184,27 @@ class RMSNorm(nn.Module):
     x = x.astype(jnp.float32)
     y = x * jax.lax.rsqrt(dispatch.mean_square(self, x) + self.epsilon)
     return y.astype(self.dtype) * jnp.asarray(scale, self.dtype)
+
+
+class LayerNorm(nn.Module):
+  """GPT-2's layer norm: (x - mean) * rsqrt(var + eps) * scale + bias, in float32.
+
+  The variance is `dispatch.mean_square` of the centred x, as RMSNorm's sum of squares.
+  """
+
+  epsilon: float = 1e-5
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    scale = self.param("scale", nn.with_logical_partitioning(NORM_SCALE_INIT, ("embed",)),
+                       (x.shape[-1],), jnp.float32)
+    bias = self.param("bias", nn.with_logical_partitioning(BIAS_INIT, ("embed",)),
+                      (x.shape[-1],), jnp.float32)
+    x = x.astype(jnp.float32)
+    x = x - jnp.mean(x, axis=-1, keepdims=True)
+    y = x * jax.lax.rsqrt(dispatch.mean_square(self, x) + self.epsilon)
+    return (y * scale + bias).astype(self.dtype)
 
 
 class Embed(nn.Module):
@@ -248,39 +282,53 @@ class MultiHeadAttention(nn.Module):
 
   Heads-major layout: queries, keys and values are [B, H, T|S, Dh], the layout
   of the decoder caches, so attending over a cache needs no transposed copy.
+  Decoder-only LMs set `num_kv_heads` < num_heads (grouped-query attention: keys and
+  values [B, Hkv, S, Dh], each shared by num_heads / Hkv query heads), `use_bias`, and
+  `query_init_scale` 1 (they scale the queries in the attention instead).
   """
 
   num_heads: int
   head_dim: int
   in_features: int
   dtype: jnp.dtype = jnp.float32
+  num_kv_heads: int | None = None      # None: num_heads
+  use_bias: bool = False
+  query_init_scale: float | None = None  # None: head_dim ** -0.5 (T5)
+
+  @property
+  def kv_heads(self) -> int:
+    return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
 
   def setup(self):
-    joined = self.num_heads * self.head_dim
-    dense = functools.partial(Dense, self.in_features, joined, ("embed", "joined_kv"),
-                              self.dtype)
-    self.query = dense(init_scale=self.head_dim ** -0.5)
-    self.key = dense()
-    self.value = dense()
-    self.out = Dense(joined, self.in_features, ("joined_kv", "embed"), self.dtype)
+    joined, kv = self.num_heads * self.head_dim, self.kv_heads * self.head_dim
+    dense = functools.partial(Dense, self.in_features, axes=("embed", "joined_kv"),
+                              dtype=self.dtype, use_bias=self.use_bias)
+    scale = self.head_dim ** -0.5 if self.query_init_scale is None else self.query_init_scale
+    self.query = dense(joined, init_scale=scale)
+    self.key = dense(kv)
+    self.value = dense(kv)
+    self.out = Dense(joined, self.in_features, ("joined_kv", "embed"), self.dtype,
+                     use_bias=self.use_bias)
 
-  def _split(self, x: Array) -> Array:
-    """[B, T, H * Dh] -> [B, H, T, Dh]."""
-    return jnp.swapaxes(x.reshape(x.shape[:-1] + (self.num_heads, self.head_dim)), 1, 2)
+  def _split(self, x: Array, heads: int | None = None) -> Array:
+    """[B, T, H * Dh] -> [B, H, T, Dh] (H: `heads`, default num_heads)."""
+    heads = self.num_heads if heads is None else heads
+    return jnp.swapaxes(x.reshape(x.shape[:-1] + (heads, self.head_dim)), 1, 2)
 
   def project_q(self, x: Array) -> Array:
     """[B, T, E] -> [B, H, T, Dh]."""
     return self._split(self.query(x))
 
   def project_kv(self, x: Array, fuse: bool = True) -> tuple[Array, Array]:
-    """[B, S, E] -> two [B, H, S, Dh] (`fuse`: see `fused_dense`)."""
+    """[B, S, E] -> two [B, Hkv, S, Dh] (`fuse`: see `fused_dense`)."""
     k, v = fused_dense(self, "kv", x, [self.key, self.value], self.dtype, fuse)
-    return self._split(k), self._split(v)
+    return self._split(k, self.kv_heads), self._split(v, self.kv_heads)
 
   def project_qkv(self, x: Array, fuse: bool = True) -> tuple[Array, Array, Array]:
-    """Self-attention projections: [B, T, E] -> three [B, H, T, Dh] (`fuse`: one dot)."""
-    return tuple(map(self._split, fused_dense(self, "qkv", x, [self.query, self.key, self.value],
-                                               self.dtype, fuse)))
+    """Self-attention projections: [B, T, E] -> q [B, H, T, Dh], k/v [B, Hkv, T, Dh]
+    (`fuse`: one dot)."""
+    q, k, v = fused_dense(self, "qkv", x, [self.query, self.key, self.value], self.dtype, fuse)
+    return self._split(q), self._split(k, self.kv_heads), self._split(v, self.kv_heads)
 
   def _weighted_values(self, q: Array, k: Array, v: Array, bias: Array) -> Array:
     """q [B, H, T, Dh], k/v [B, H, S, Dh], bias [B|1, H|1, T|1, S] -> [B, H, T, Dh]."""
@@ -289,17 +337,37 @@ class MultiHeadAttention(nn.Module):
     return jnp.einsum("bhts,bhsd->bhtd", weights, v)
 
   def attend(self, q: Array, k: Array, v: Array, bias: Array) -> Array:
-    """q [B, H, T, Dh], k/v [B, H, S, Dh], bias [B|1, H|1, T|1, S] -> [B, T, E].
+    """q [B, H, T, Dh], k/v [B, Hkv, S, Dh], bias [B|1, H|1, T|1, S] -> [B, T, E].
+
+    With Hkv < H each key/value head serves H / Hkv consecutive query heads (Hugging
+    Face's `repeat_kv` order).
 
     On the CPU kernel (`dispatch.attention`) every query row is computed alike whatever
     T, B and the number of masked keys are. XLA computes T >= 2 rows with other kernels
     than T = 1: the rows of a k-token call would round differently from 1-token calls,
     and a sentence's encoding would depend on the padded length of its batch.
     """
+    if k.shape[1] == self.num_heads:
+      xla = lambda: self._weighted_values(q, k, v, bias)
+      kk, vv = k, v
+    else:   # the kernel reads every query head's keys; XLA's ops group the query heads
+      xla = lambda: self._grouped_weighted_values(q, k, v, bias)
+      kk, vv = (jnp.repeat(a, self.num_heads // k.shape[1], axis=1) for a in (k, v))
     # [B, T, H, Dh]: the transposes around it cancel with `_split`'s.
-    y = dispatch.attention(self, q, k, v, bias, self.dtype,
-                           lambda: jnp.swapaxes(self._weighted_values(q, k, v, bias), 1, 2))
+    y = dispatch.attention(self, q, kk, vv, bias, self.dtype, lambda: jnp.swapaxes(xla(), 1, 2))
     return self.out(y.reshape(y.shape[:2] + (self.num_heads * self.head_dim,)))
+
+  def _grouped_weighted_values(self, q: Array, k: Array, v: Array, bias: Array) -> Array:
+    """`_weighted_values` with k/v [B, Hkv, S, Dh] shared by groups of G = H / Hkv query
+    heads, without copying them G times: -> [B, H, T, Dh]."""
+    b, h, t, d = q.shape
+    hkv = k.shape[1]
+    qg = q.reshape(b, hkv, h // hkv, t, d)
+    bias = (bias[:, :, None] if bias.shape[1] == 1
+            else bias.reshape(bias.shape[0], hkv, h // hkv, *bias.shape[2:]))
+    logits = jnp.einsum("bkgtd,bksd->bkgts", qg, k, preferred_element_type=jnp.float32) + bias
+    weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
+    return jnp.einsum("bkgts,bksd->bkgtd", weights, v).reshape(b, h, t, d)
 
 
 class MlpBlock(nn.Module):
@@ -310,14 +378,16 @@ class MlpBlock(nn.Module):
   gelu_approximate: bool = True
   dtype: jnp.dtype = jnp.float32
   fuse: bool = True      # wi_* as one dot (see `fused_dense`)
+  use_bias: bool = False
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
     acts = {"relu": nn.relu, "linear": lambda h: h, "silu": nn.silu,
             "gelu": functools.partial(nn.gelu, approximate=self.gelu_approximate),
             "gelu_exact": functools.partial(nn.gelu, approximate=False)}
-    wi = [Dense(x.shape[-1], self.mlp_dim, ("embed", "mlp"), self.dtype, name=n)
-          for n in mlp_kernel_names(self.activations)]
+    wi = [Dense(x.shape[-1], self.mlp_dim, ("embed", "mlp"), self.dtype, use_bias=self.use_bias,
+                name=n) for n in mlp_kernel_names(self.activations)]
     branches = fused_dense(self, "wi", x, wi, self.dtype, self.fuse)
     h = functools.reduce(jnp.multiply, [acts[a](y) for a, y in zip(self.activations, branches)])
-    return Dense(self.mlp_dim, x.shape[-1], ("mlp", "embed"), self.dtype, name="wo")(h)
+    return Dense(self.mlp_dim, x.shape[-1], ("mlp", "embed"), self.dtype, use_bias=self.use_bias,
+                 name="wo")(h)

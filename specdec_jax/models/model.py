@@ -1,4 +1,4 @@
-"""`Model`: a T5 config plus its parameter pytree, with pure jitted entry points.
+"""`Model`: a config plus its parameter pytree, with pure jitted entry points.
 
 `Model` is a pytree (params are leaves, config is static), so it can be passed
 through `jax.jit`, `vmap` or `lax.while_loop` like any array container:
@@ -7,6 +7,15 @@ through `jax.jit`, `vmap` or `lax.while_loop` like any array container:
     logits = model.forward(enc, dec_in)           # [B, Ld, V] float32
     cache = model.start(enc, capacity=32)         # encoder once, cross K/V cached
     logits, cache = model.decode(tok, cache)      # tok [B, k]; writes at cache.length
+
+The same class holds a decoder-only LM (an `LMConfig`: GPT-2, Llama; `models.lm`), whose
+calls take the prompt where T5's take the encoder input:
+
+    lm = sd.init_model(sd.get_config("llama_tiny"))
+    logits = lm.forward(tokens)                   # [B, L] -> [B, L, V] float32
+    cache = lm.start(prompt, capacity=64)         # prefill; right-padded prompt [B, P]
+    tok = lm.first_tokens(prompt)[:, None]        # [B, 1]: each row's last prompt token
+    logits, cache = lm.decode(tok, cache)
 
 Decode requests (`start`, cached `decode`) run each product on a CPU kernel or on
 XLA's ops as `specdec_jax.kernels.dispatch` decides; the kernels read weights packed
@@ -31,31 +40,36 @@ from specdec_jax import cache as cache_lib
 from specdec_jax.config import T5Config
 from specdec_jax.errors import InputError
 from specdec_jax.kernels import dispatch
-from specdec_jax.models import layers
+from specdec_jax.models import layers, lm
+from specdec_jax.models.lm_config import LMConfig
 from specdec_jax.models.t5 import Transformer
 
 Array = jax.Array
+Config = T5Config | LMConfig
 
 
 @functools.lru_cache(maxsize=None)
-def module_for(config: T5Config) -> Transformer:
+def module_for(config: Config) -> Transformer | lm.DecoderOnly:
+  """The flax module of `config`: T5's `Transformer`, or `lm.DecoderOnly` for an LMConfig."""
+  if isinstance(config, LMConfig):
+    return lm.DecoderOnly(config)
   return Transformer(config)
 
 
 def _apply(model: "Model", *args, method: str, packed: bool = False, **kwargs):
-  """`Transformer.<method>` on `model`'s params; `packed`: with its decode weights too."""
+  """`<module>.<method>` on `model`'s params; `packed`: with its decode weights too."""
   variables = {"params": model.params}
   if packed and model.decode_weights is not None:
     variables[dispatch.COLLECTION] = model.decode_weights.weights
-  return module_for(model.config).apply(variables, *args, method=getattr(Transformer, method),
-                                        **kwargs)
+  module = module_for(model.config)
+  return module.apply(variables, *args, method=getattr(type(module), method), **kwargs)
 
 
 @functools.partial(jax.jit, static_argnames=("deterministic",))
-def _forward(model, encoder_tokens, decoder_input_tokens, deterministic=True, rngs=None):
+def _forward(model, tokens: tuple, deterministic=True, rngs=None):
+  """tokens: (encoder_tokens, decoder_input_tokens) for T5, (tokens,) for an LM."""
   module = module_for(model.config)
-  return module.apply({"params": model.params}, encoder_tokens, decoder_input_tokens,
-                      deterministic, rngs=rngs)
+  return module.apply({"params": model.params}, *tokens, deterministic, rngs=rngs)
 
 
 @jax.jit
@@ -69,6 +83,11 @@ def _start(model, encoder_tokens, capacity):
                 method="init_cache", packed=True)
 
 
+@functools.partial(jax.jit, static_argnames=("capacity",))
+def _prefill(model, tokens, lengths, capacity):
+  return _apply(model, tokens, lengths, capacity, method="init_cache", packed=True)
+
+
 @functools.partial(jax.jit, static_argnames=("num_layers",))
 def _decode(model, tokens, cache, num_layers=None, positions=None, visible=None):
   return _apply(model, tokens, cache, num_layers, positions, visible, method="decode",
@@ -77,13 +96,14 @@ def _decode(model, tokens, cache, num_layers=None, positions=None, visible=None)
 
 @dataclasses.dataclass(frozen=True)
 class Model:
-  """A T5 encoder-decoder: `config` (static), `params` (T5X tree names) and, once
-  packed (`pack`), `decode_weights` (`dispatch.DecodeWeights`; None when unpacked).
+  """A T5 encoder-decoder or a decoder-only LM: `config` (static; `T5Config` or `LMConfig`),
+  `params` (T5X tree names) and, once packed (`pack`), `decode_weights`
+  (`dispatch.DecodeWeights`; None when unpacked).
 
   A pytree whose leaves are `params`, then the packed weights' (none when unpacked).
   """
 
-  config: T5Config = struct.field(pytree_node=False)
+  config: Config = struct.field(pytree_node=False)
   params: Any
   decode_weights: Any = None
 
@@ -113,20 +133,76 @@ class Model:
   def vocab_size(self) -> int:
     return self.config.vocab_size
 
-  def forward(self, encoder_tokens: Array, decoder_input_tokens: Array) -> Array:
-    """Full non-cached pass: [B, Le], [B, Ld] int32 -> logits float32 [B, Ld, V]."""
+  @property
+  def is_decoder_only(self) -> bool:
+    """True for a decoder-only LM (`LMConfig`), False for a T5 encoder-decoder."""
+    return isinstance(self.config, LMConfig)
+
+  def _tokens(self, encoder_tokens, decoder_input_tokens) -> tuple[Array, ...]:
+    """The token arrays of a full pass, checked: (enc, dec) for T5, (tokens,) for an LM."""
+    if self.is_decoder_only:
+      if decoder_input_tokens is not None:
+        raise InputError("a decoder-only model's forward takes one token array [B, L], "
+                         "got two")
+      check_tokens(encoder_tokens, self.config, "tokens")
+      return (jnp.asarray(encoder_tokens, jnp.int32),)
+    if decoder_input_tokens is None:
+      raise InputError("a T5 model's forward takes encoder_tokens and decoder_input_tokens")
     check_tokens(encoder_tokens, self.config, "encoder_tokens")
     check_tokens(decoder_input_tokens, self.config, "decoder_input_tokens")
-    return _forward(self, jnp.asarray(encoder_tokens, jnp.int32),
-                    jnp.asarray(decoder_input_tokens, jnp.int32))
+    return (jnp.asarray(encoder_tokens, jnp.int32), jnp.asarray(decoder_input_tokens, jnp.int32))
+
+  def forward(self, encoder_tokens: Array, decoder_input_tokens: Array | None = None) -> Array:
+    """Full non-cached pass: [B, Le], [B, Ld] int32 -> logits float32 [B, Ld, V].
+
+    A decoder-only model takes one array: `forward(tokens [B, L])` -> [B, L, V] (causal).
+    """
+    return _forward(self, self._tokens(encoder_tokens, decoder_input_tokens))
 
   def encode(self, encoder_tokens: Array) -> Array:
     """[B, Le] int32 -> encoder output [B, Le, E]."""
+    if self.is_decoder_only:
+      raise InputError("a decoder-only model has no encoder: use start(prompt, capacity)")
     return _encode(self.pack(), encoder_tokens)
 
-  def start(self, encoder_tokens: Array, capacity: int) -> cache_lib.DecoderCache:
-    """Run the encoder once and build an empty decoder cache of `capacity` positions."""
-    return _start(self.pack(), encoder_tokens, capacity)
+  def start(self, encoder_tokens: Array, capacity: int,
+            lengths: Array | None = None) -> cache_lib.DecoderCache:
+    """The cache a request decodes from, of `capacity` self-attention positions.
+
+    T5: run the encoder once over `encoder_tokens` [B, Le] (cross K/V cached; the decoder
+    part empty). A decoder-only model: prefill the right-padded prompt [B, P] (`lengths`
+    [B]: default `lm.prompt_lengths`, one past each row's last non-pad token); the cache
+    then holds each row's prompt but its last token, which `first_tokens` gives.
+    """
+    if not self.is_decoder_only:
+      if lengths is not None:
+        raise InputError("lengths= is for decoder-only prompts; a T5 encoder input is masked "
+                         "by its pad tokens")
+      return _start(self.pack(), encoder_tokens, capacity)
+    check_tokens(encoder_tokens, self.config, "prompt tokens")
+    lengths = lm.check_prompt(encoder_tokens, lengths, capacity, self.config)
+    return _prefill(self.pack(), jnp.asarray(encoder_tokens, jnp.int32),
+                    jnp.asarray(lengths, jnp.int32), capacity)
+
+  def prompt_lengths(self, tokens: Array) -> Array:
+    """[B] int32 lengths of right-padded prompts (one past the last non-pad token); for T5,
+    the number of non-pad encoder tokens."""
+    if self.is_decoder_only:
+      return jnp.asarray(lm.prompt_lengths(tokens, self.config.pad_id))
+    return jnp.sum(jnp.asarray(tokens) != self.config.pad_id, axis=1).astype(jnp.int32)
+
+  def first_tokens(self, inputs: Array, lengths: Array | None = None) -> Array:
+    """[B] int32: the token each row feeds to its first `decode` after `start`.
+
+    T5: `decoder_start_id` everywhere. A decoder-only model: the prompt's last token,
+    inputs[b, lengths[b] - 1] (`lengths` as in `start`).
+    """
+    inputs = jnp.asarray(inputs, jnp.int32)
+    if not self.is_decoder_only:
+      return jnp.full((inputs.shape[0],), self.config.decoder_start_id, jnp.int32)
+    if lengths is None:
+      lengths = lm.prompt_lengths(inputs, self.config.pad_id)
+    return lm.first_tokens(inputs, jnp.asarray(lengths, jnp.int32))
 
   def decode(self, tokens: Array, cache: cache_lib.DecoderCache, *,
              exit_layer: int | None = None) -> tuple[Array, cache_lib.DecoderCache]:
@@ -150,23 +226,27 @@ class Model:
     """
     return _decode(self.pack(), tokens, cache, None, positions, visible)
 
-  def exit_logits(self, encoder_tokens: Array, decoder_input_tokens: Array,
-                  exits: tuple[int, ...], deterministic: bool = True, rngs=None):
-    """Teacher-forced logits read after each of `exits` decoder layers: a tuple of [B, Ld, V]."""
-    return module_for(self.config).apply({"params": self.params}, encoder_tokens,
-                                         decoder_input_tokens, tuple(exits), deterministic,
-                                         method=Transformer.exit_logits, rngs=rngs)
+  def exit_logits(self, encoder_tokens: Array, decoder_input_tokens: Array | None = None,
+                  exits: tuple[int, ...] = (), deterministic: bool = True, rngs=None):
+    """Teacher-forced logits read after each of `exits` decoder layers: a tuple of [B, Ld, V].
+
+    A decoder-only model: `exit_logits(tokens, exits=...)`.
+    """
+    tokens = self._tokens(encoder_tokens, decoder_input_tokens)
+    return _apply(self, *tokens, tuple(exits), deterministic, method="exit_logits", rngs=rngs)
 
   def output_logits(self, hidden: Array) -> Array:
     """The output layer alone: final-norm decoder states [..., E] -> logits float32 [..., V]."""
     return _apply(self, hidden, method="output_logits")
 
-  def hidden_states(self, encoder_tokens: Array, decoder_input_tokens: Array,
+  def hidden_states(self, encoder_tokens: Array, decoder_input_tokens: Array | None = None,
                     deterministic: bool = True, rngs=None) -> Array:
-    """Teacher-forced final-norm decoder states [B, Ld, E] (prediction heads read them)."""
-    return module_for(self.config).apply({"params": self.params}, encoder_tokens,
-                                         decoder_input_tokens, deterministic,
-                                         method=Transformer.hidden_states, rngs=rngs)
+    """Teacher-forced final-norm decoder states [B, Ld, E] (prediction heads read them).
+
+    A decoder-only model: `hidden_states(tokens)` -> [B, L, E].
+    """
+    tokens = self._tokens(encoder_tokens, decoder_input_tokens)
+    return _apply(self, *tokens, deterministic, method="hidden_states", rngs=rngs)
 
   def num_params(self) -> int:
     return sum(x.size for x in jax.tree_util.tree_leaves(self.params))
@@ -205,7 +285,13 @@ def _unflatten(config, children) -> Model:
 jax.tree_util.register_pytree_with_keys(Model, _flatten_with_keys, _unflatten, _flatten)
 
 
-def init_model(config: T5Config, rng: Array | int = 0, dtype=None, shardings: Any = None) -> Model:
+def _dummy_tokens(config: Config) -> tuple[Array, ...]:
+  """Token arrays to trace a module's full pass with (one for an LM, two for T5)."""
+  dummy = jnp.ones((1, 2), jnp.int32)
+  return (dummy,) if isinstance(config, LMConfig) else (dummy, dummy)
+
+
+def init_model(config: Config, rng: Array | int = 0, dtype=None, shardings: Any = None) -> Model:
   """Randomly initialised model (T5X-style initialisers).
 
   dtype None or float32: one flax init, float32 params (the reproducible default).
@@ -221,19 +307,21 @@ def init_model(config: T5Config, rng: Array | int = 0, dtype=None, shardings: An
   if isinstance(rng, int):
     rng = jax.random.PRNGKey(rng)
   module = module_for(config)
-  dummy = jnp.ones((1, 2), jnp.int32)
+  dummy = _dummy_tokens(config)
   if dtype is None or jnp.dtype(dtype) == jnp.float32:
     if shardings is None:
-      variables = jax.jit(module.init)(rng, dummy, dummy)
+      variables = jax.jit(module.init)(rng, *dummy)
       return Model(config=config, params=nn.unbox(variables["params"]))
-    init = jax.jit(lambda r: nn.unbox(module.init(r, dummy, dummy)["params"]),
+    init = jax.jit(lambda r: nn.unbox(module.init(r, *dummy)["params"]),
                    out_shardings=shardings)
     return Model(config=config, params=init(rng))
-  abstract = flatten_dict(nn.unbox(jax.eval_shape(module.init, rng, dummy, dummy)["params"]))
+  abstract = flatten_dict(nn.unbox(jax.eval_shape(module.init, rng, *dummy)["params"]))
+  # LMs scale queries in the attention (query init scale 1), T5 in the query init.
+  query_dim = 1 if isinstance(config, LMConfig) else config.head_dim
   where = flatten_dict(shardings) if shardings is not None else {}
   params = {}
   for key, (path, leaf) in zip(jax.random.split(rng, len(abstract)), sorted(abstract.items())):
-    params[path] = _init_leaf(layers.initializer_for(path, config.head_dim), key, leaf.shape,
+    params[path] = _init_leaf(layers.initializer_for(path, query_dim), key, leaf.shape,
                               jnp.dtype(dtype), where.get(path))
   return Model(config=config.replace(dtype=jnp.dtype(dtype).name), params=unflatten_dict(params))
 
@@ -244,17 +332,14 @@ def _init_leaf(init, key: Array, shape: tuple[int, ...], dtype, sharding=None) -
   return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)
 
 
-
-
-def logical_axes(config: T5Config) -> Any:
+def logical_axes(config: Config) -> Any:
   """Pytree of logical axis-name tuples, matching the params tree (T5X names)."""
   module = module_for(config)
-  dummy = jnp.ones((1, 2), jnp.int32)
-  abstract = jax.eval_shape(module.init, jax.random.PRNGKey(0), dummy, dummy)
+  abstract = jax.eval_shape(module.init, jax.random.PRNGKey(0), *_dummy_tokens(config))
   return nn.get_partition_spec(abstract["params"])
 
 
-def check_tokens(tokens, config: T5Config, name: str) -> None:
+def check_tokens(tokens, config: Config, name: str) -> None:
   """Clear errors for the malformed token arrays users most often pass."""
   shape = getattr(tokens, "shape", None)
   if shape is None or len(shape) != 2:

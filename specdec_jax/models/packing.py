@@ -32,17 +32,16 @@ import numpy as np
 from flax.traverse_util import unflatten_dict
 
 from specdec_jax import kernels
-from specdec_jax.config import T5Config
 from specdec_jax.errors import InputError
 from specdec_jax.kernels import dispatch
-from specdec_jax.models.model import Model, module_for
-from specdec_jax.models.t5 import Transformer
+from specdec_jax.models.lm_config import LMConfig
+from specdec_jax.models.model import Config, Model, module_for
 
 Array = jax.Array
 
 
 @functools.lru_cache(maxsize=None)
-def products(config: T5Config) -> tuple[dispatch.Product, ...]:
+def products(config: Config) -> tuple[dispatch.Product, ...]:
   """Every product of a decode request (`Model.start`, then a cached `decode`), in call order.
 
   Found by tracing both abstractly (`jax.eval_shape`) while `dispatch` records the
@@ -50,15 +49,21 @@ def products(config: T5Config) -> tuple[dispatch.Product, ...]:
   with no change here.
   """
   module = module_for(config)
+  cls = type(module)
   one = jnp.ones((1, 1), jnp.int32)
+  lm = isinstance(config, LMConfig)
 
   def request(params):
     variables = {"params": params}
-    encoded = module.apply(variables, one, method=Transformer.encode)
-    cache = module.apply(variables, encoded, one, 1, method=Transformer.init_cache)
-    return module.apply(variables, one, cache, method=Transformer.decode)
+    if lm:   # the prefill, then a decode
+      cache = module.apply(variables, one, jnp.ones((1,), jnp.int32), 1, method=cls.init_cache)
+    else:
+      encoded = module.apply(variables, one, method=cls.encode)
+      cache = module.apply(variables, encoded, one, 1, method=cls.init_cache)
+    return module.apply(variables, one, cache, method=cls.decode)
 
-  abstract = nn.unbox(jax.eval_shape(module.init, jax.random.PRNGKey(0), one, one)["params"])
+  dummy = (one,) if lm else (one, one)
+  abstract = nn.unbox(jax.eval_shape(module.init, jax.random.PRNGKey(0), *dummy)["params"])
   with dispatch.discovering() as found:
     jax.eval_shape(request, abstract)
   return tuple({p.key: p for p in found}.values())

@@ -7,7 +7,8 @@ The tree is a nested dict of arrays with exactly T5X's names and 2-D kernels, e.
 - T5X legacy: ``checkpoint_<step>/checkpoint`` (flax msgpack) + zarr arrays (``t5x_legacy``),
   local or gs:// (tensorstore file/gcs kvstore);
 - T5X Orbax: ``checkpoint_<step>/state/`` (``t5x_orbax``);
-- Hugging Face T5/mT5 dirs with safetensors weights, or hub ids "org/name" (``hf``);
+- Hugging Face T5/mT5 dirs with safetensors weights, or hub ids "org/name" (``hf``), and
+  decoder-only GPT-2 / Llama dirs (``hf_lm``, an `LMConfig` and the LM tree);
 - this package's own format written by ``save_checkpoint`` (``native``);
 - bundled names under ``specdec_jax/assets/`` such as "demo-de-en/target".
 
@@ -23,13 +24,15 @@ from typing import Any
 
 import numpy as np
 
-from specdec_jax.io.checkpoints import hf, leaves, native, resolve, t5x_legacy, t5x_orbax, tree
+from specdec_jax.io.checkpoints import (hf, hf_lm, leaves, native, resolve, t5x_legacy, t5x_orbax,
+                                        tree)
 from specdec_jax.io.checkpoints.errors import CheckpointError
-from specdec_jax.io.checkpoints.hf import (config_from_hf_dict, config_to_hf_dict, export_hf,
+from specdec_jax.io.checkpoints.hf import (config_from_hf_dict, config_to_hf_dict,
                                         hf_to_t5x_params, t5x_to_hf_state_dict)
 from specdec_jax.io.checkpoints.resolve import FORMATS, bundled_names, detect_format
 from specdec_jax.io.checkpoints.tree import expected_shapes, flatten, infer_config, unflatten
 from specdec_jax.config import ConfigError, T5Config
+from specdec_jax.models.lm_config import LMConfig
 
 __all__ = [
     "CheckpointError", "FORMATS", "load_checkpoint", "save_checkpoint", "export_hf",
@@ -71,7 +74,8 @@ def _read(fmt: str, directory: str, need_config: bool) -> tuple[T5Config | None,
     config, origin = _t5x_config(directory, flat)
     return config, origin, flat
   if fmt == resolve.HF:
-    config, flat = hf.load(directory)
+    hf_config = resolve.read_json(directory, hf.CONFIG_NAME) or {}
+    config, flat = (hf_lm if hf_lm.handles(hf_config) and hf_config else hf).load(directory)
     return config, "config from config.json", flat
   config, flat = native.load(directory)
   return config, f"config from {resolve.SPECDEC_CONFIG}", flat
@@ -143,6 +147,15 @@ def load_checkpoint_sharded(path_or_name: str | os.PathLike,
 def validate_params(params: Mapping[str, Any], config: T5Config, source: str = "params") -> None:
   """CheckpointError unless nested or flat ``params`` have exactly the config's names/shapes."""
   tree.validate(tree.flatten(params), config, source)
+
+
+def export_hf(path: str | os.PathLike, config: T5Config | LMConfig,
+              params: Mapping[str, Any]) -> str:
+  """Write a transformers dir (config.json + model.safetensors): T5 for a T5Config
+  (`hf.export_hf`), GPT-2 or Llama for an LMConfig (`hf_lm.export_hf`). Returns its path."""
+  if isinstance(config, LMConfig):
+    return hf_lm.export_hf(path, config, params)
+  return hf.export_hf(path, config, params)
 
 
 def save_checkpoint(path: str | os.PathLike, config: T5Config, params: Mapping[str, Any],

@@ -104,6 +104,9 @@ def read_config(directory: str) -> T5Config:
   if not isinstance(meta.get("config"), dict):
     raise CheckpointError(f"{source}: no 'config' object")
   try:
+    if "family" in meta["config"]:   # a decoder-only LM (models.lm_config)
+      from specdec_jax.models.lm_config import LMConfig
+      return LMConfig.from_dict(meta["config"])
     return T5Config.from_dict(meta["config"])
   except (ConfigError, TypeError) as e:
     raise CheckpointError(f"{source}: invalid config: {e}") from e

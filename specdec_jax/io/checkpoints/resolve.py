@@ -30,13 +30,15 @@ HF_WEIGHTS_RE = re.compile(
     r"(model.*\.safetensors(\.index\.json)?|pytorch_model.*\.bin(\.index\.json)?)")
 
 
-def default_assets_dir() -> pathlib.Path:
-  """``specdec_jax/assets/`` of the installed package (package data, via importlib.resources)."""
-  root = package_data.assets_path()
+def default_assets_dir(name: str | None = None) -> pathlib.Path:
+  """``specdec_jax/assets/`` of the installed package (package data, via importlib.resources),
+  or the separate package's that ships `name`'s group (`package_data.SEPARATE`)."""
+  root = package_data.assets_path(name)
   if root is None:
     raise CheckpointError(
         f"bundled checkpoints are read from disk, but specdec_jax is imported from "
-        f"{package_data.assets()} (not a directory); install the package as files (pip install)")
+        f"{package_data.assets(name)} (not a directory); install the package as files "
+        "(pip install)")
   return root
 
 
@@ -267,7 +269,7 @@ def resolve(path_or_name: str | os.PathLike, assets_dir: pathlib.Path | None = N
   local = pathlib.Path(name).expanduser()
   if local.exists():
     return os.path.abspath(local)
-  root = pathlib.Path(assets_dir) if assets_dir is not None else default_assets_dir()
+  root = pathlib.Path(assets_dir) if assets_dir is not None else default_assets_dir(name)
   relative = pathlib.PurePosixPath(name)
   safe = bool(name) and not relative.is_absolute() and ".." not in relative.parts
   if safe and (root / relative).is_dir():

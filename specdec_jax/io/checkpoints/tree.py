@@ -58,6 +58,9 @@ def _mlp_shapes(prefix: str, config: T5Config) -> dict[str, tuple[int, ...]]:
 
 def expected_shapes(config: T5Config) -> dict[str, tuple[int, ...]]:
   """Flat key -> shape of every parameter the config implies (T5X names, 2-D kernels)."""
+  if getattr(config, "is_decoder_only", False):   # an LMConfig: its module's tree
+    from specdec_jax.models import lm
+    return lm.param_shapes(config)
   e, hkv = config.emb_dim, config.joined_kv
   rel = (config.num_heads, config.relative_attention_num_buckets)
   shapes: dict[str, tuple[int, ...]] = {
@@ -104,11 +107,20 @@ def validate(flat: Mapping[str, Any], config: T5Config, source: str) -> None:
               if items]
   if problems:
     raise CheckpointError(
-        f"{source}: parameters do not match the config (vocab {config.vocab_size}, emb "
-        f"{config.emb_dim}, heads {config.num_heads}x{config.head_dim}, mlp {config.mlp_dim}, "
-        f"layers {config.num_encoder_layers}/{config.num_decoder_layers}, activations "
-        f"{list(config.mlp_activations)}, logits_via_embedding {config.logits_via_embedding}); "
+        f"{source}: parameters do not match the config ({_describe(config)}); "
         + "; ".join(problems))
+
+
+def _describe(config) -> str:
+  if getattr(config, "is_decoder_only", False):
+    return (f"{config.family} LM: vocab {config.vocab_size}, emb {config.emb_dim}, heads "
+            f"{config.num_heads}x{config.head_dim} (kv {config.num_kv_heads}), mlp "
+            f"{config.mlp_dim}, layers {config.num_layers}, tie_embeddings "
+            f"{config.tie_embeddings}")
+  return (f"vocab {config.vocab_size}, emb {config.emb_dim}, heads "
+          f"{config.num_heads}x{config.head_dim}, mlp {config.mlp_dim}, layers "
+          f"{config.num_encoder_layers}/{config.num_decoder_layers}, activations "
+          f"{list(config.mlp_activations)}, logits_via_embedding {config.logits_via_embedding}")
 
 
 def _count_layers(flat: Mapping[str, Any], stack: str) -> int:

@@ -57,7 +57,7 @@ DEFINITIONS = {
 # Settings that must match for --resume to reuse entries of an existing bench.json.
 RESUME_KEYS = ("target", "drafter", "target_overrides", "drafter_overrides", "dtype", "exact",
                "prompt_len", "max_new_tokens", "seed", "ignore_eos", "prompts_file",
-               "tokenizer", "temperature_sample")
+               "tokenizer", "temperature_sample", "mesh")
 
 
 def _noop() -> None:
@@ -191,8 +191,9 @@ class _Run:
   """One benchmark run: the models, its settings, and the compiled pieces."""
 
   def __init__(self, target, drafter, prompts, gammas, max_new_tokens, timing_steps, seed,
-               ignore_eos, extras=None, exact=None):
+               ignore_eos, extras=None, exact=None, place_inputs=None):
     self.target, self.drafter, self.prompts = target, drafter, prompts
+    self.place_inputs = place_inputs
     self.exact = exact
     self.extras = dict(extras or {})
     self.gammas, self.max_new_tokens, self.timing_steps = gammas, max_new_tokens, timing_steps
@@ -201,7 +202,8 @@ class _Run:
     self.capacity = max_new_tokens + (max(gammas) if gammas else 0) + 1
 
   def encoder(self, batch: int):
-    return jnp.asarray(cycled_rows(self.prompts, batch))
+    enc = jnp.asarray(cycled_rows(self.prompts, batch))
+    return enc if self.place_inputs is None else self.place_inputs(enc)
 
   def method(self, item, sampling) -> DecodeMethod:
     """The baseline (None), speculative decoding (a gamma) or an extra (its label)."""
@@ -282,7 +284,8 @@ def run_bench(target, drafter=None, *, batch_sizes: Sequence[int] = (1, 8),
               progress: bool = True, compile_workers: int | None = None,
               on_update: Callable[[dict[str, Any]], None] | None = None,
               extras: dict[str, Callable[[Any], DecodeMethod]] | None = None,
-              exact: bool | None = None) -> dict[str, Any]:
+              exact: bool | None = None,
+              place_inputs: Callable[[jax.Array], jax.Array] | None = None) -> dict[str, Any]:
   """Benchmark baseline vs speculative decoding (and `extras`); returns the bench.json dict.
 
   Args:
@@ -299,6 +302,8 @@ def run_bench(target, drafter=None, *, batch_sizes: Sequence[int] = (1, 8),
       group beside the baseline (BiLD, blockwise decoding, ...); entries carry the label.
     exact: every method's `exact` (None: the library default, exact greedy calls; False:
       natural call widths, faster on CPU).
+    place_inputs: encoder tokens [B, L] -> placed (e.g. `sd.sharding.shard_batch` on a
+      mesh); None: as they are.
   """
   extras = dict(extras or {})
   batch_sizes = [int(b) for b in batch_sizes]
@@ -318,7 +323,7 @@ def run_bench(target, drafter=None, *, batch_sizes: Sequence[int] = (1, 8),
   results, kept_costs = _start_results(config, existing)
   plan = _plan(batch_sizes, modes, [*gammas, *extras], {_key(e) for e in results["results"]})
   run = _Run(target, drafter, prompts, gammas, max_new_tokens, timing_steps, seed, ignore_eos,
-             extras, exact)
+             extras, exact, place_inputs)
   _execute(run, plan, results, kept_costs, repeats, workers, progress, on_update)
   results["results"].sort(key=_sort_key(results["config"]["modes"], list(extras)))
   results["projections"] = [p for c in results["costs"] for p in costs_lib.projections(c)]

@@ -1,8 +1,10 @@
-"""The `specdec` command line: decode, convert, bench, train, eval, sweep-bild, sweep-blockwise.
+"""The `specdec` command line: decode, convert, bench, train, eval, sweep-bild, sweep-blockwise,
+plan.
 
     specdec decode --model config:t5_1_1_tiny "5 17 42 1"                 # token ids in, ids out
     specdec decode --model DIR --drafter DRAFT_DIR --tokenizer spiece.model "Hello." --stats
     specdec decode --model DIR --drafter prompt-lookup --input-file prompts.txt --json
+    specdec decode --model DIR --drafter DRAFT_DIR --sampling sample --temperature 0.7 ...
     specdec convert t5x/checkpoint_1000000 out_dir --dtype bfloat16 [--to hf]
     specdec bench --target config:t5_1_1_small --drafter config:t5_1_1_tiny_drafter --out bench/
     specdec train --recipe configs/demo/train.json --workdir runs/demo --stages data,target
@@ -11,6 +13,9 @@
     specdec decode --model demo-de-en/target --method blockwise --lattice-k 4 --num-drafts 4 ...
     specdec sweep-bild --data runs/demo/data --small aligned=demo-de-en/drafter --out DIR
     specdec sweep-blockwise --data runs/demo/data --out DIR
+    specdec decode --model DIR --drafter DRAFT_DIR --mesh data=2,model=4 ...   # on 8 devices
+    specdec plan --target config:t5_1_1_xxl --drafter config:t5_1_1_small --dtype bfloat16 \
+        --batch 8 --mesh model=8 --device-memory tpu-v5e
 
 Each subcommand is a module of this package whose `add(subparsers)` adds its parser and
 sets `func(args) -> int`; `COMMANDS` lists them.
@@ -31,12 +36,12 @@ import sys
 from typing import Sequence
 
 from specdec_jax.errors import SpecdecError
-from specdec_jax.tools.cli import bench, convert, decode, evaluate, sweep, train
+from specdec_jax.tools.cli import bench, convert, decode, evaluate, plan, sweep, train
 
 EXIT_OK, EXIT_USAGE, EXIT_INTERRUPTED = 0, 2, 130
 
 #: One module per subcommand, in the order `specdec --help` lists them.
-COMMANDS = (decode, convert, bench, train, evaluate, sweep)
+COMMANDS = (decode, convert, bench, train, evaluate, sweep, plan)
 
 
 def build_parser() -> argparse.ArgumentParser:

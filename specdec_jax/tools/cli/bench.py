@@ -12,6 +12,8 @@ import specdec_jax as sd
 from specdec_jax.tools import bench
 from specdec_jax.tools.errors import BenchError
 from specdec_jax.tools.bench.methods import extra_methods
+from specdec_jax.tools.cli.mesh_args import (add_mesh_flag, check_batch, mesh_from_args,
+                                             place_target)
 from specdec_jax.tools.models import DRAFTER_KINDS, DTYPES, load_model, note
 from specdec_jax.tools.options import (MODES, check_at_least_one, int_list, mode_list,
                                        parse_overrides)
@@ -61,7 +63,7 @@ def _settings(args, target_over: dict[str, Any]) -> dict[str, Any]:
   return {"target": args.target, "drafter": None if args.baseline_only else args.drafter,
           "target_overrides": target_over or None, "dtype": args.dtype,
           "prompts_file": args.prompts_file, "tokenizer": args.tokenizer,
-          "preset": args.preset, "exact": EXACT[args.exact],
+          "preset": args.preset, "exact": EXACT[args.exact], "mesh": args.mesh,
           "prompts": (f"lines of {args.prompts_file}" if args.prompts_file else
                       "uniform random ids in [3, vocab), last token EOS"),
           "command": "specdec " + " ".join(shlex.quote(a) for a in
@@ -94,9 +96,11 @@ def _existing(args, settings: dict[str, Any]) -> dict[str, Any] | None:
   return existing
 
 
-def _extras(args, target, drafter) -> dict[str, Any]:
+def _extras(args, target, drafter, mesh) -> dict[str, Any]:
   """{label: sampling -> method} for --bild (small model: --drafter) and --heads."""
   heads = sd.load_heads(args.heads, target) if args.heads else None
+  if heads is not None and mesh is not None:
+    heads = sd.sharding.replicate(heads, mesh)
   return extra_methods(args.bild, args.heads_lattice, small=drafter, small_name=args.drafter,
                        heads=heads, heads_name=args.heads)
 
@@ -104,12 +108,18 @@ def _extras(args, target, drafter) -> dict[str, Any]:
 def run(args) -> int:
   apply_preset(args)
   _check(args)
+  mesh = mesh_from_args(args)
+  for b in args.batch_sizes:
+    check_batch(b, mesh, "--batch-sizes entry")
   target_over = parse_overrides(args.target_overrides)
   drafter_over = parse_overrides(args.drafter_overrides)
   settings = _settings(args, target_over)
   tokenizer = sd.load_tokenizer(args.tokenizer) if args.tokenizer else None
-  target = load_model(args.target, args.dtype, what="target", overrides=target_over)
+  target = place_target(load_model(args.target, args.dtype, what="target",
+                                   overrides=target_over), mesh)
   drafter = None if args.baseline_only else _load_drafter(args, target, drafter_over)
+  if drafter is not None and mesh is not None:
+    drafter = sd.sharding.replicate(drafter, mesh)
   settings["drafter_overrides"] = drafter_over or None
   existing = _existing(args, settings)
   prompts = None
@@ -122,8 +132,9 @@ def run(args) -> int:
       seed=args.seed, prompts=prompts, baseline_only=args.baseline_only,
       ignore_eos=args.ignore_eos, timing_steps=args.timing_steps, settings=settings,
       existing=existing, progress=not args.no_progress, compile_workers=args.compile_workers,
-      on_update=lambda r: bench.write_report(r, args.out), extras=_extras(args, target, drafter),
-      exact=EXACT[args.exact])
+      on_update=lambda r: bench.write_report(r, args.out),
+      extras=_extras(args, target, drafter, mesh), exact=EXACT[args.exact],
+      place_inputs=None if mesh is None else lambda x: sd.sharding.shard_batch(x, mesh))
   paths = bench.write_report(results, args.out)
   print(bench.markdown_table(results))
   print(f"wrote {paths['json']}, {paths['md']}, {paths['png']}", file=sys.stderr)
@@ -157,6 +168,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--dtype", choices=DTYPES, default="float32",
                  help="both models' compute dtype, parameters AND activations (default "
                  "float32; logits stay float32)")
+  add_mesh_flag(p)
   p.add_argument("--ignore-eos", action="store_true",
                  help="always decode max_new_tokens per row (eos_id=-1)")
   p.add_argument("--prompts-file", metavar="FILE",

@@ -14,10 +14,11 @@ import numpy as np
 
 import specdec_jax as sd
 from specdec_jax.tools.batching import Batch, padded_batches, trim_padding
-from specdec_jax.tools.cli.args import add_drafter_flag, add_dtype_flag
+from specdec_jax.tools.cli.args import DefaultsHelpFormatter, add_drafter_flag, add_dtype_flag
+from specdec_jax.tools.cli.mesh_args import (add_mesh_flag, check_batch, mesh_batch,
+                                             mesh_from_args, place_method, place_target)
 from specdec_jax.tools.cli.method_args import (EARLY_EXIT, add_method_flags, build_method,
                                                check_method_flags, sampling_from_method_args)
-from specdec_jax.tools.errors import CLIError
 from specdec_jax.tools.methods import EXTRA_STATS, Baseline, decode_corpus
 from specdec_jax.tools.models import drafter_loader, load_model, resolve_drafter
 from specdec_jax.tools.options import check_at_least_one
@@ -29,18 +30,7 @@ from specdec_jax.tools.timing import is_exact, ms_per_token, time_rounds
 def _check(args) -> None:
   """Cheap checks first: no model is loaded for an invalid request. Fills the defaults."""
   check_method_flags(args)
-  check_at_least_one(gamma=args.gamma, max_new_tokens=args.max_new_tokens,
-                     batch_size=args.batch_size)
-  if args.drafter is None and args.method != "blockwise":
-    used = [flag for flag, on in (("--gamma", args.gamma is not None),
-                                  ("--adaptive-gamma", args.adaptive_gamma),
-                                  ("--lenience", args.lenience is not None)) if on]
-    if used:
-      raise CLIError(f"{', '.join(used)} only apply to speculative decoding: add --drafter")
-  args.gamma = 5 if args.gamma is None else args.gamma
-  args.lenience = 1.0 if args.lenience is None else args.lenience
-  if not 0.0 < args.lenience <= 1.0:
-    raise CLIError(f"--lenience must be in (0, 1] (1 = exact), got {args.lenience}")
+  check_at_least_one(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
 
 
 def _stats_block(stats: dict[str, Any], timing: dict[str, Any], method) -> str:
@@ -83,10 +73,10 @@ def _format_output(row: list[int], tokenizer) -> str | list[int]:
   return tokenizer.decode_one(row)
 
 
-def _decode(args, method, target, tokens: np.ndarray):
+def _decode(args, method, target, tokens: np.ndarray, mesh):
   """(corpus, wall seconds, batch size) of decoding `tokens` in padded batches."""
   rng = jax.random.PRNGKey(args.seed)
-  batch = args.batch_size or len(tokens)
+  batch = args.batch_size or mesh_batch(len(tokens), mesh)
   batches = [Batch(trim_padding(b.tokens), b.real) for b in padded_batches(tokens, batch)]
   if args.warmup:   # every batch once: trimmed batches may differ in shape
     decode_corpus(method, target, batches, max_new_tokens=args.max_new_tokens, rng=rng)
@@ -95,17 +85,20 @@ def _decode(args, method, target, tokens: np.ndarray):
   return corpus, time.perf_counter() - t0, batch
 
 
-def _compare(args, method, target, tokens: np.ndarray, repeats: int = 3) -> dict[str, Any]:
+def _compare(args, method, target, tokens: np.ndarray, mesh,
+             repeats: int = 3) -> dict[str, Any]:
   """The method vs the target alone on the same inputs: all compiled first, then timed in
   `repeats` alternating rounds; speedup of the medians over the FASTEST plain baseline
   (`Baseline(exact=False)`: natural call width). An exact method's padding cost shows in
   its own figure (`exact_cost`: the exact baseline over the plain one), not in the speedup."""
   rng = jax.random.PRNGKey(args.seed)
-  batch = args.batch_size or len(tokens)
+  batch = args.batch_size or mesh_batch(len(tokens), mesh)
   batches = [Batch(trim_padding(b.tokens), b.real) for b in padded_batches(tokens, batch)]
-  methods = {"method": method, "baseline": Baseline(sampling=method.sampling, exact=False)}
+  methods = {"method": method,
+             "baseline": place_method(Baseline(sampling=method.sampling, exact=False), mesh)}
   if is_exact(method):
-    methods["exact baseline"] = Baseline(sampling=method.sampling, exact=True)
+    methods["exact baseline"] = place_method(Baseline(sampling=method.sampling, exact=True),
+                                             mesh)
   calls = {name: functools.partial(decode_corpus, m, target, batches,
                                    max_new_tokens=args.max_new_tokens, rng=rng)
            for name, m in methods.items()}
@@ -127,24 +120,29 @@ def _payload(args, outputs, corpus, timing, method) -> dict[str, Any]:
           "timing": timing,
           "settings": {**method.settings(), "model": args.model, "drafter": args.drafter,
                        "tokenizer": args.tokenizer, "max_new_tokens": args.max_new_tokens,
-                       "seed": args.seed, "dtype": args.dtype}}
+                       "seed": args.seed, "dtype": args.dtype, "mesh": args.mesh}}
 
 
 def run(args) -> int:
   _check(args)
+  mesh = mesh_from_args(args)
+  if args.batch_size is not None:
+    check_batch(args.batch_size, mesh)
   sampling = sampling_from_method_args(args)
   prompts = read_prompt_lines(args.prompts, args.input_file)
   tokenizer = sd.load_tokenizer(args.tokenizer) if args.tokenizer else None
   t_load = time.perf_counter()
-  target = load_model(args.model, args.dtype, what="model")
+  target = place_target(load_model(args.model, args.dtype, what="model"), mesh)
   tokens = encode_prompts(prompts, tokenizer, target.config.vocab_size)
   load = drafter_loader(args.dtype)
   drafter = None
   if args.drafter is not None and not args.drafter.startswith(EARLY_EXIT):
     drafter = resolve_drafter(args.drafter, target, ngram_rows=tokens, load=load)
-  method = build_method(args, target, sampling, drafter, load)
+  early_exit = args.drafter is not None and args.drafter.startswith(EARLY_EXIT)
+  method = place_method(build_method(args, target, sampling, drafter, load), mesh,
+                        keep=("small",) if early_exit else ())
   load_s = time.perf_counter() - t_load
-  corpus, wall, batch = _decode(args, method, target, tokens)
+  corpus, wall, batch = _decode(args, method, target, tokens, mesh)
   generated = corpus.generated
   timing = {"method": method.describe(), "prompts": len(prompts), "batch_size": batch,
             "generated_tokens": generated, "wall_s": wall, "load_s": load_s,
@@ -153,7 +151,7 @@ def run(args) -> int:
             "ms_per_token": 1e3 * wall / generated if generated else None}
   compare = None
   if args.compare and method.kind != "baseline":
-    compare = timing["compare"] = _compare(args, method, target, tokens)
+    compare = timing["compare"] = _compare(args, method, target, tokens, mesh)
   outputs = [_format_output(row, tokenizer) for row in corpus.token_rows()]
   if args.json:
     print(json.dumps(to_jsonable(_payload(args, outputs, corpus, timing, method))))
@@ -180,7 +178,7 @@ def add(subparsers) -> None:
       description="Decode prompts with a T5 model, optionally speculatively with a drafter. "
       "Without --tokenizer, prompts are space-separated token ids used verbatim (no EOS is "
       "added) and outputs are token ids (EOS included); with one, prompts are text.",
-      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+      formatter_class=DefaultsHelpFormatter)
   p.add_argument("prompts", nargs="*", metavar="PROMPT",
                  help='prompts; "-" or none (with stdin not a terminal) reads stdin, one per line')
   p.add_argument("--model", required=True, metavar="PATH_OR_NAME",
@@ -191,16 +189,12 @@ def add(subparsers) -> None:
                  help="SentencePiece model file/dir or bundled name; prompts become text")
   p.add_argument("--input-file", metavar="FILE", help='one prompt per line ("-" = stdin)')
   add_method_flags(p)
-  p.add_argument("--gamma", type=int, help="drafts per round (default 5)")
-  p.add_argument("--adaptive-gamma", action="store_true",
-                 help="per-row gamma in 1..GAMMA chosen on device each round")
-  p.add_argument("--lenience", type=float,
-                 help="(0, 1]; below 1 is LOSSY (Leviathan et al. A.5); default 1")
   p.add_argument("--max-new-tokens", type=int, default=64)
   p.add_argument("--batch-size", type=int,
                  help="prompts per decode call (default: all; the last call is padded)")
   p.add_argument("--seed", type=int, default=0)
   add_dtype_flag(p)
+  add_mesh_flag(p)
   p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
                  help="decode once untimed before timing, so timing excludes compilation; "
                  "--no-warmup times the compiling call too")

@@ -5,14 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 from typing import Any
 
 import specdec_jax as sd
 from specdec_jax.tools import evaluation
 from specdec_jax.tools.cli.args import add_drafter_flag, add_dtype_flag
-from specdec_jax.tools.cli.method_args import (ALGORITHMS, EARLY_EXIT, add_method_flags,
-                                               build_method, check_method_flags,
-                                               sampling_from_method_args)
+from specdec_jax.tools.cli.mesh_args import (add_mesh_flag, check_batch, mesh_from_args,
+                                             place_method, place_target)
+from specdec_jax.tools.cli.method_args import (EARLY_EXIT, add_method_flags, build_method,
+                                               check_method_flags, sampling_from_method_args)
 from specdec_jax.tools.errors import CLIError
 from specdec_jax.tools.methods import EXTRA_STATS
 from specdec_jax.tools.models import DRAFTER_KINDS, drafter_loader, load_model
@@ -45,26 +47,29 @@ def _report(result: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
-def _method(args, model, data_dir: str):
-  """A BiLD / blockwise method from the flags (None: baseline or speculative)."""
-  if args.method not in ALGORITHMS:
-    return None
+def _method(args, model, data: str, mesh):
+  """The method of the flags; an "ngram" drafter is fitted on the data's train split."""
   load = drafter_loader(args.dtype)
-  small = None
-  if args.method == "bild" and not args.drafter.startswith(EARLY_EXIT):
-    small = load(args.drafter)
+  drafter = None
+  if args.method == "speculative":
+    drafter = args.drafter if args.drafter in DRAFTER_KINDS else load(args.drafter)
+    data_dir = None if evaluation.is_jsonl(data) else pathlib.Path(data)
+    drafter = evaluation.resolve_drafter(drafter, model, data_dir)
+  elif args.method == "bild" and not args.drafter.startswith(EARLY_EXIT):
+    drafter = load(args.drafter)
   if args.rescoring == "ngram" and args.rescorer == "data":
-    args.rescorer = data_dir
-  return build_method(args, model, sampling_from_method_args(args), small, load)
+    args.rescorer = data
+  method = build_method(args, model, sampling_from_method_args(args), drafter, load)
+  early_exit = args.method == "bild" and args.drafter.startswith(EARLY_EXIT)
+  return place_method(method, mesh, keep=("small",) if early_exit else ())
 
 
 def run(args) -> int:
   check_method_flags(args)
-  if args.gamma is not None and args.drafter is None:
-    raise CLIError("--gamma only applies to speculative decoding: add --drafter")
-  gamma = 5 if args.gamma is None else args.gamma
-  check_at_least_one(gamma=gamma, batch_size=args.batch_size, limit=args.limit,
+  check_at_least_one(batch_size=args.batch_size, limit=args.limit,
                      max_new_tokens=args.max_new_tokens)
+  mesh = mesh_from_args(args)
+  check_batch(args.batch_size, mesh)
   sampling = sampling_from_method_args(args)
   if evaluation.is_jsonl(args.data):
     if not os.path.isfile(args.data):
@@ -76,27 +81,21 @@ def run(args) -> int:
     raise CLIError(f"--data {args.data!r} is neither a .jsonl file of pairs nor a directory "
                    "(prepare one with `specdec train --stages data`)")
   tokenizer = sd.load_tokenizer(args.tokenizer) if args.tokenizer else None
-  model = load_model(args.model, args.dtype, what="model")
-  method = _method(args, model, args.data)
-  drafter = args.drafter   # "ngram" is fitted on the data's train split by `evaluate`
-  if method is None and drafter is not None and drafter not in DRAFTER_KINDS:
-    drafter = load_model(drafter, args.dtype, what="drafter")
+  model = place_target(load_model(args.model, args.dtype, what="model"), mesh)
+  method = _method(args, model, args.data, mesh)
   result = evaluation.evaluate(
       model, args.data, split=args.split, method="greedy" if sampling.is_greedy else "sample",
-      sampling=sampling, drafter=drafter, gamma=gamma,
-      batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, limit=args.limit,
-      tokenizer=tokenizer, seed=args.seed, warmup=args.warmup,
-      decode_method=None if method is None else method)
+      sampling=sampling, gamma=getattr(method, "gamma", 5), batch_size=args.batch_size,
+      max_new_tokens=args.max_new_tokens, limit=args.limit, tokenizer=tokenizer,
+      seed=args.seed, warmup=args.warmup, decode_method=method)
   result.pop("references")
   if args.json:
     settings = {**result.pop("settings"), "model": args.model, "data": args.data,
                 "split": args.split, "drafter": args.drafter, "dtype": args.dtype,
-                "seed": args.seed}
+                "seed": args.seed, "mesh": args.mesh}
     print(json.dumps(to_jsonable({**result, "settings": settings})))
   else:
-    kind = (method.describe().rsplit(",", 1)[0] if method is not None else
-            "baseline" if args.drafter is None else
-            f"speculative (drafter {args.drafter}, gamma {gamma})")
+    kind = method.describe().rsplit(",", 1)[0]
     print(f"{args.model} on {args.data} [{args.split}]: {kind}, {result['sampling']}")
     print(_report(result))
   return 0
@@ -116,7 +115,6 @@ def add(subparsers) -> None:
                  "(tokenised with --tokenizer, default the bundled demo-de-en one)")
   p.add_argument("--split", default="test", help="train, validation or test (default: test)")
   add_drafter_flag(p, "bigram tables fitted on the data's train targets")
-  p.add_argument("--gamma", type=int, help="drafts per round (default 5)")
   add_method_flags(p)
   p.add_argument("--limit", type=int, help="evaluate only the first N pairs")
   p.add_argument("--batch-size", type=int, default=32,
@@ -126,6 +124,7 @@ def add(subparsers) -> None:
                  help="SentencePiece model (default: the data dir's spiece.model)")
   p.add_argument("--seed", type=int, default=0, help="PRNG seed for sampling (default: 0)")
   add_dtype_flag(p)
+  add_mesh_flag(p)
   p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
                  help="decode the first batch once untimed, so timing excludes compilation "
                  "(default); --no-warmup times the compiling first call too")

@@ -1,66 +1,108 @@
 """The decoding method of `specdec decode` / `specdec eval`, from flags, built once.
 
-    --method greedy|sample         baseline, or speculative decoding with --drafter
+    --method autoregressive        the target alone (default without --drafter)
+    --method speculative           --drafter proposes, the target verifies (default with
+                                   --drafter): --gamma, --adaptive-gamma, --lenience
     --method bild                  BiLD: --drafter is the small model, or early-exit:K
                                    (the target read after K decoder layers)
     --method blockwise             prediction heads (--heads, default: those saved with
                                    --model), --lattice-k, --num-drafts, --rescoring
+    --sampling greedy|sample       how every method picks tokens (default: greedy, or
+                                   sample if --temperature / --top-k / --top-p is given)
 
-The flags of BiLD's and blockwise decoding's settings are derived from the core method
-values (`sd.BiLD`, `sd.Blockwise`): one flag per setting, named after the field
-(`--fallback-threshold`), typed and defaulted by it, its help taken from the class's
-"Attributes:" docs. `FLAG_NAMES` renames the one that would clash (`--lattice-k`: the
-lattice's top_k, beside sampling's `--top-k`). The models (`--drafter`, `--heads`,
-`--rescorer`) are paths, read here.
+The algorithm (`--method`) and the sampling mode (`--sampling`) are separate choices: any
+method greedy or sampled.
 
-BiLD and blockwise decoding sample when a sampling option (--temperature, --top-k,
---top-p) is given, else decode greedily.
+The flags of every method's settings are derived from the core method values
+(`sd.Speculative`, `sd.BiLD`, `sd.Blockwise`; `CORE`): one flag per setting, named after
+the field (`--fallback-threshold`), typed and defaulted by it, its help taken from the
+class's "Attributes:" docs, its value checked by the class itself before any model is
+loaded. `FLAG_NAMES` renames those that would clash or read badly (`--lattice-k`: the
+lattice's top_k, beside sampling's `--top-k`; `--adaptive-gamma`). A flag of another
+method than the chosen one is an error naming the method it belongs to. The models
+(`--drafter`, `--heads`, `--rescorer`) are paths, read here.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from typing import Any, Callable
 
 import specdec_jax as sd
 from specdec_jax.decoding import methods as core
 from specdec_jax.drafters.lattice import NGramLM
+from specdec_jax.errors import InputError
 from specdec_jax.tools.errors import CLIError
 from specdec_jax.tools.methods import Baseline, Bild, Blockwise, DecodeMethod, Speculative
 from specdec_jax.tools.models import DRAFTER_KINDS
 from specdec_jax.tools.options import MODES, make_sampling
 
-ALGORITHMS = ("bild", "blockwise")
+#: --method: the core method type of each algorithm, in `--help` order.
+CORE = {"autoregressive": core.Autoregressive, "speculative": core.Speculative,
+        "bild": core.BiLD, "blockwise": core.Blockwise}
+METHOD_NAMES = tuple(CORE)
+#: Algorithms whose drafting model is --drafter.
+DRAFTING = ("speculative", "bild")
 EARLY_EXIT = "early-exit:"
 
 #: Flag names that differ from their field's: (core method type, field) -> flag.
 FLAG_NAMES = {(core.Blockwise, "top_k"): "--lattice-k",
               (core.Speculative, "adaptive"): "--adaptive-gamma"}
+#: Flags of a method's models beside its settings (paths, read by `build_method`).
+MODEL_FLAGS = {"blockwise": ("heads", "rescorer")}
+
+_SCALARS = {"bool": bool, "int": int, "float": float, "str": str}
+
+
+def _flag(core_type: type, name: str) -> str:
+  """--name, or its `FLAG_NAMES` entry (a subclass's fields keep their base's flags)."""
+  renamed = [FLAG_NAMES[(cls, name)] for cls in core_type.__mro__ if (cls, name) in FLAG_NAMES]
+  return renamed[0] if renamed else "--" + name.replace("_", "-")
 
 
 def setting_flags(core_type: type) -> list[tuple[str, dataclasses.Field]]:
   """(flag, field) of every setting of a core method type (`exact` is the tools' own)."""
-  return [(FLAG_NAMES.get((core_type, f.name), "--" + f.name.replace("_", "-")), f)
-          for f in core.settings_fields(core_type) if f.name != "exact"]
+  return [(_flag(core_type, f.name), f) for f in core.settings_fields(core_type)
+          if f.name != "exact"]
 
 
 def _dest(flag: str) -> str:
   return flag[2:].replace("-", "_")
 
 
-def add_setting_flags(group, core_type: type) -> None:
-  """One flag per setting of `core_type`: type, choices and help from the field."""
+def _value_type(f: dataclasses.Field) -> type:
+  """The command-line type of a setting: its default's, or (default None) the first
+  scalar of its annotation ("AdaptiveGamma | bool | None" -> bool)."""
+  if f.default is not None:
+    return type(f.default)
+  annotation = f.type if isinstance(f.type, str) else str(f.type)
+  for name in re.findall(r"[A-Za-z_]+", annotation):
+    if name in _SCALARS:
+      return _SCALARS[name]
+  raise TypeError(f"setting {f.name}: no command-line type in its annotation {f.type!r}")
+
+
+def add_setting_flags(group, core_type: type, skip: frozenset[str] = frozenset()) -> None:
+  """One flag per setting of `core_type`: type, choices and help from the field; a
+  bool setting is a switch. Flags whose dest is in `skip` are left out (already added)."""
   docs = core.field_docs(core_type)
   for flag, f in setting_flags(core_type):
-    help = f"{docs.get(f.name, f.name).rstrip('.')} (default {f.default})".replace("%", "%%")
+    if _dest(flag) in skip:
+      continue
+    kind = _value_type(f)
+    help = docs.get(f.name, f.name).rstrip(".")
+    if kind is not bool:
+      help += f" (default {f.default})"
+    help = help.replace("%", "%%")
     choices = f.metadata.get("choices")
-    if isinstance(f.default, bool):
+    if kind is bool:
       group.add_argument(flag, action="store_true", help=help)
     elif choices:
       group.add_argument(flag, choices=[c for c in choices if c is not None], help=help)
     else:
-      group.add_argument(flag, type=type(f.default), help=help)
+      group.add_argument(flag, type=kind, help=help)
 
 
 def settings_from_args(args, core_type: type) -> dict[str, Any]:
@@ -74,31 +116,52 @@ def settings_from_args(args, core_type: type) -> dict[str, Any]:
   return out
 
 
-_BILD_FLAGS = tuple(_dest(flag) for flag, _ in setting_flags(core.BiLD))
-_BLOCKWISE_FLAGS = ("heads", "rescorer") + tuple(_dest(flag)
-                                                  for flag, _ in setting_flags(core.Blockwise))
-# Speculative decoding's flags are the commands' own (`specdec decode`, `specdec eval`).
-_SPECULATIVE_FLAGS = tuple(_dest(flag) for flag, _ in setting_flags(core.Speculative))
+def method_flags(method: str) -> tuple[str, ...]:
+  """The dests of the flags that belong to `method` (its models' and its settings')."""
+  return MODEL_FLAGS.get(method, ()) + tuple(_dest(flag) for flag, _ in
+                                             setting_flags(CORE[method]))
+
+
+def _method_name(text: str) -> str:
+  """argparse type of --method: a sampling mode there gets a pointer to --sampling."""
+  if text in MODES:
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is a sampling mode: use --sampling {text} (--method is the algorithm: "
+        f"{', '.join(METHOD_NAMES)})")
+  return text
+
+
+_GROUPS = {
+    "speculative": "speculative decoding (--method speculative, the default with --drafter)",
+    "bild": "BiLD (--method bild; the small model: --drafter)",
+    "blockwise": "blockwise parallel decoding (--method blockwise)",
+}
 
 
 def add_method_flags(p: argparse.ArgumentParser) -> None:
-  """--method and the sampling flags, then the flags of BiLD and blockwise decoding."""
-  p.add_argument("--method", choices=MODES + ALGORITHMS,
-                 help="greedy / sample: baseline, or speculative with --drafter; bild: BiLD "
-                 "with --drafter as the small model; blockwise: prediction heads (default: "
-                 "greedy, or sample if a sampling option is given)")
+  """--method, --sampling and the sampling options, then each method's flags."""
+  p.add_argument("--method", type=_method_name, choices=METHOD_NAMES,
+                 help="the algorithm (default: speculative with --drafter, else "
+                 "autoregressive); bild: --drafter is the small model; blockwise: prediction "
+                 "heads")
+  p.add_argument("--sampling", choices=MODES,
+                 help="greedy (argmax) or sample (default: greedy, or sample if --temperature, "
+                 "--top-k or --top-p is given)")
   p.add_argument("--temperature", type=float, help="sampling temperature (>= 0; default 1)")
   p.add_argument("--top-k", type=int, help="keep the k most likely tokens (0 = off)")
   p.add_argument("--top-p", type=float, help="nucleus mass in (0, 1] (1 = off)")
-  bild = p.add_argument_group("BiLD (--method bild; the small model: --drafter)")
-  add_setting_flags(bild, core.BiLD)
-  heads = p.add_argument_group("blockwise parallel decoding (--method blockwise)")
-  heads.add_argument("--heads", metavar="PATH",
-                     help="heads file or model dir (default: the heads saved with --model)")
-  add_setting_flags(heads, core.Blockwise)
-  heads.add_argument("--rescorer", metavar="PATH",
-                     help="neural: a small model path/name; ngram: a prepared data dir whose "
-                     "train targets fit the bigram LM ('data' in specdec eval: --data)")
+  added: set[str] = set()
+  for name, title in _GROUPS.items():
+    group = p.add_argument_group(title)
+    if name == "blockwise":
+      group.add_argument("--heads", metavar="PATH",
+                         help="heads file or model dir (default: the heads saved with --model)")
+      group.add_argument("--rescorer", metavar="PATH",
+                         help="neural: a small model path/name; ngram: a prepared data dir "
+                         "whose train targets fit the bigram LM ('data' in specdec eval: "
+                         "--data)")
+    add_setting_flags(group, CORE[name], skip=frozenset(added))
+    added.update(method_flags(name))
 
 
 def _given(args, names) -> list[str]:
@@ -106,31 +169,74 @@ def _given(args, names) -> list[str]:
           if getattr(args, n, None) not in (None, False)]
 
 
+def _owner(dest: str) -> str:
+  return next(m for m in METHOD_NAMES if dest in method_flags(m))
+
+
+def resolve_method(args) -> str:
+  """The --method value, or its default: speculative with --drafter, else autoregressive."""
+  if args.method is not None:
+    return args.method
+  return "autoregressive" if args.drafter is None else "speculative"
+
+
+def _check_settings(args, method: str) -> None:
+  """The core class's own checks of the given settings (no model needed); its message
+  names the flag instead of the field."""
+  core_type = CORE[method]
+  settings = settings_from_args(args, core_type)
+  models = {f.name: None for f in core.model_fields(core_type)}
+  if method == "blockwise" and args.rescoring is not None:
+    models["rescorer"] = object()     # checked against --rescorer below
+  try:
+    core_type(**models, **settings)
+  except InputError as e:
+    message = str(e)
+    for flag, f in setting_flags(core_type):
+      message = re.sub(rf"^{f.name}\b", flag, message)
+    raise CLIError(message) from None
+
+
 def check_method_flags(args) -> None:
-  """Flags that do not apply to the chosen method are an error (no model is loaded yet)."""
-  algorithm = args.method if args.method in ALGORITHMS else None
-  wrong = {"bild": _BLOCKWISE_FLAGS + _SPECULATIVE_FLAGS,
-           "blockwise": _BILD_FLAGS + _SPECULATIVE_FLAGS, None: _BILD_FLAGS + _BLOCKWISE_FLAGS}
-  bad = _given(args, wrong[algorithm])
+  """Resolve `args.method`, and reject flags that do not apply to it and settings the
+  core would reject (before any model is loaded)."""
+  method = args.method = resolve_method(args)
+  own = set(method_flags(method))
+  others = [d for m in METHOD_NAMES if m != method for d in method_flags(m) if d not in own]
+  bad = _given(args, others)
   if bad:
-    raise CLIError(f"{', '.join(bad)} do not apply to --method {args.method or 'greedy'}")
-  if algorithm == "bild" and args.drafter is None:
+    owners = sorted({_owner(_dest(flag)) for flag in bad}, key=METHOD_NAMES.index)
+    verb = "applies" if len(bad) == 1 else "apply"
+    hint = ": add --drafter" if owners == ["speculative"] and method == "autoregressive" else ""
+    raise CLIError(f"{', '.join(bad)} only {verb} to --method {' / '.join(owners)}, not "
+                   f"--method {method}{hint}")
+  drafter = args.drafter
+  if drafter is not None and drafter.startswith(EARLY_EXIT) and method != "bild":
+    raise CLIError(f"--drafter {drafter} is BiLD's early-exit small model: add --method bild")
+  if method == "speculative" and drafter is None:
+    raise CLIError("--method speculative needs a drafter: --drafter PATH_OR_NAME, ngram or "
+                   "prompt-lookup")
+  if method == "bild" and drafter is None:
     raise CLIError("--method bild needs the small model: --drafter PATH or early-exit:K")
-  if algorithm == "blockwise" and args.drafter is not None:
+  if method == "blockwise" and drafter is not None:
     raise CLIError("--method blockwise drafts with prediction heads: drop --drafter")
-  if args.drafter is not None and args.drafter.startswith(EARLY_EXIT) and algorithm != "bild":
-    raise CLIError(f"--drafter {args.drafter} is BiLD's early-exit small model: add "
-                   "--method bild")
-  if args.rescoring is None and args.rescorer is not None:
-    raise CLIError("--rescorer needs --rescoring ngram|neural")
-  if args.rescoring is not None and args.rescorer is None:
-    raise CLIError(f"--rescoring {args.rescoring} needs --rescorer")
+  if method == "autoregressive" and drafter is not None:
+    raise CLIError("--method autoregressive decodes with the target alone: drop --drafter")
+  if method == "blockwise":
+    if args.rescoring is None and args.rescorer is not None:
+      raise CLIError("--rescorer needs --rescoring ngram|neural")
+    if args.rescoring is not None and args.rescorer is None:
+      raise CLIError(f"--rescoring {args.rescoring} needs --rescorer")
+  _check_settings(args, method)
 
 
 def sampling_from_method_args(args):
-  """sd.Greedy() / sd.Sampling(...); for bild / blockwise the sampling options decide."""
-  mode = None if args.method in ALGORITHMS else args.method
-  return make_sampling(mode, args.temperature, args.top_k, args.top_p)
+  """sd.Greedy() / sd.Sampling(...) from --sampling and the sampling options."""
+  if args.sampling == "greedy":
+    given = _given(args, ("temperature", "top_k", "top_p"))
+    if given:
+      raise CLIError(f"{', '.join(given)} only apply with --sampling sample")
+  return make_sampling(args.sampling, args.temperature, args.top_k, args.top_p)
 
 
 def fit_ngram(data_dir: str, vocab_size: int) -> NGramLM:
@@ -155,13 +261,15 @@ def early_exit_layer(spec: str, target: sd.Model) -> int:
 
 def build_method(args, target: sd.Model, sampling, drafter: Any,
                  load: Callable[[str], sd.Model]) -> DecodeMethod:
-  """The method the flags ask for; `drafter` is the resolved --drafter (None for
-  early-exit:K and blockwise), `load` reads a model path/name (neural rescorer)."""
-  name = args.drafter if args.drafter in DRAFTER_KINDS else "model"
+  """The method the flags ask for (`check_method_flags` first); `drafter` is the resolved
+  --drafter (None for early-exit:K and blockwise), `load` reads a model path/name (neural
+  rescorer)."""
+  if args.method == "autoregressive":
+    return Baseline(sampling=sampling)
   if args.method == "bild":
     small = drafter
     if args.drafter.startswith(EARLY_EXIT):
-      small, name = sd.early_exit(target, early_exit_layer(args.drafter, target)), args.drafter
+      small = sd.early_exit(target, early_exit_layer(args.drafter, target))
     return Bild(sampling=sampling, small=small, small_name=args.drafter,
                 **settings_from_args(args, core.BiLD))
   if args.method == "blockwise":
@@ -173,7 +281,6 @@ def build_method(args, target: sd.Model, sampling, drafter: Any,
       rescorer = fit_ngram(args.rescorer, target.config.vocab_size)
     return Blockwise(sampling=sampling, heads=heads, heads_name=args.heads or args.model,
                      rescorer=rescorer, **settings_from_args(args, core.Blockwise))
-  if drafter is None:
-    return Baseline(sampling=sampling)
+  name = args.drafter if args.drafter in DRAFTER_KINDS else "model"
   return Speculative(sampling=sampling, drafter=drafter, drafter_name=name,
                      **settings_from_args(args, core.Speculative))

@@ -15,10 +15,11 @@ from specdec_jax.tools.errors import CLIError, TrainingError
 from specdec_jax.tools.report import read_json
 
 
-def parse_stages(text: str | None) -> tuple[str, ...]:
-  """--stages: "all" or a comma-separated subset of demo.STAGES, kept in pipeline order."""
+def parse_stages(text: str | None) -> tuple[str, ...] | None:
+  """--stages: "all" (None: the recipe's stages, `demo.recipe_stages`) or a comma-separated
+  subset of demo.STAGES, kept in pipeline order."""
   if text is None or text.strip() == "all":
-    return tuple(demo.STAGES)
+    return None
   names = [t.strip() for t in text.split(",") if t.strip()]
   unknown = [n for n in names if n not in demo.STAGES]
   if unknown or not names:
@@ -33,11 +34,23 @@ def read_recipe(path: str, stages: Sequence[str]) -> dict[str, Any]:
   if not isinstance(recipe, dict):
     raise CLIError(f"recipe {path!r} must hold a JSON object")
   needed = [s for s in stages if s != "bundle"]
-  if {"aligned", "distilled"} & set(stages):
+  if "distilled" in stages or ("aligned" in stages
+                               and "init" not in (recipe.get("aligned") or {})):
     needed += ["drafter"]   # their starting point and its architecture
   missing = sorted({s for s in needed if not isinstance(recipe.get(s), dict)})
   if missing:
     raise CLIError(f"recipe {path!r} has no section for stage(s) {', '.join(missing)}")
+  for name in demo.NEEDS_INIT:
+    if name in needed and not isinstance(recipe[name].get("init"), str):
+      raise CLIError(f"recipe {path!r}: section {name!r} needs an \"init\" (the model it "
+                     "starts from, e.g. \"demo-de-en/drafter\")")
+  bundle = recipe.get("bundle", {})
+  if "bundle" in stages and not isinstance(bundle, dict):
+    raise CLIError(f"recipe {path!r}: section 'bundle' must be a JSON object")
+  if "bundle" in stages and set(bundle) - demo.BUNDLE_KEYS:
+    raise CLIError(f"recipe {path!r}, section 'bundle': unknown key(s) "
+                   f"{', '.join(sorted(set(bundle) - demo.BUNDLE_KEYS))}; "
+                   f"known: {', '.join(sorted(demo.BUNDLE_KEYS))}")
   for name in ("target", "drafter"):
     if name in needed and "config" not in recipe[name]:
       raise CLIError(f"recipe {path!r}: section {name!r} needs a \"config\" (model config JSON)")
@@ -69,6 +82,11 @@ def _check_recipe_arguments(path: str, recipe: dict[str, Any], sections: Sequenc
 
 def run(args) -> int:
   stages = parse_stages("heads" if args.heads and args.stages is None else args.stages)
+  if stages is None:
+    raw = read_json(args.recipe, "recipe")
+    if not isinstance(raw, dict):
+      raise CLIError(f"recipe {args.recipe!r} must hold a JSON object")
+    stages = demo.recipe_stages(raw)
   recipe = read_recipe(args.recipe, stages)
   if args.heads is not None:
     if args.heads < 2:
@@ -88,7 +106,8 @@ def run(args) -> int:
             else f"{result.num_heads} heads")
     print(f"{name}: {os.path.join(args.workdir, name, 'final')} ({size})")
   if "bundle" in stages:
-    print(f"bundle: {demo.ASSETS}")
+    section = recipe.get("bundle") or {}
+    print(f"bundle: {demo.REPO / section['assets'] if 'assets' in section else demo.ASSETS}")
   print(f"specdec train: stages {', '.join(stages)} done in {time.perf_counter() - start:.1f} s",
         file=sys.stderr)
   return 0
@@ -108,8 +127,11 @@ def add(subparsers) -> None:
       description="Run the De->En demo pipeline of a recipe JSON: 'data' prepares the "
       "dictionary (the recipe's \"data\" section is passed to prepare_de_en), 'target' and "
       "'drafter' train from scratch, 'aligned' / 'distilled' fine-tune the drafter on the "
-      "target's greedy outputs / softmax, 'bundle' ships target + aligned drafter into the "
-      "package assets. Finished stages are skipped and interrupted ones resume from their "
+      "target's greedy outputs / softmax ('aligned', 'aligned_small', 'aligned_mid' start "
+      "from their section's \"init\" model when it names one, e.g. demo-de-en/target), "
+      "'bundle' ships target + aligned drafter into the package assets (or what the "
+      "recipe's \"bundle\" section names). Finished stages are skipped and interrupted ones "
+      "resume from their "
       "Orbax checkpoints; raising a stage's steps continues it from its last checkpoint, and "
       "a retrained target or drafter makes aligned / distilled start over.")
   p.add_argument("--recipe", required=True, metavar="JSON",
@@ -118,7 +140,8 @@ def add(subparsers) -> None:
   p.add_argument("--workdir", required=True, metavar="DIR", help="where every stage writes")
   p.add_argument("--stages", default=None, metavar="LIST",
                  help="comma-separated subset of " + ",".join(demo.STAGES) + ", or all "
-                 "(default: all; only heads with --heads)")
+                 "(default: all = data, every stage the recipe has a section for, bundle; "
+                 "only heads with --heads)")
   p.add_argument("--heads", type=int, default=None, metavar="H",
                  help="train H prediction heads (head 1 is the target itself) for the "
                  "pipeline's target, frozen, on its own greedy outputs; progress bar, resumes "

@@ -46,11 +46,12 @@ from specdec_jax.tools.results.report import (END_MARKER, LEGEND, START_MARKER, 
                                               markdown_report, markdown_table, plot,
                                               readme_block, splice_readme, write_outputs)
 from specdec_jax.tools.results.run import (DEFAULT_GAMMAS, DEFAULT_TABLE_GAMMAS, DEFINITIONS,
-                                           RESUME_KEYS, SCHEMA_VERSION, TABLE_DRAFTERS,
-                                           VARIANTS, find_variants, load_existing,
-                                           measure_costs, row_key, run_results)
+                                           KNOWN_VARIANTS, RESUME_KEYS, SCHEMA_VERSION,
+                                           TABLE_DRAFTERS, VARIANTS, find_variants,
+                                           load_existing, measure_costs, row_key, run_results)
 
-__all__ = ["DEFAULT_GAMMAS", "DEFAULT_TABLE_GAMMAS", "DEFINITIONS", "END_MARKER", "LEGEND",
+__all__ = ["DEFAULT_GAMMAS", "DEFAULT_TABLE_GAMMAS", "DEFINITIONS", "END_MARKER",
+           "KNOWN_VARIANTS", "LEGEND",
            "RESUME_KEYS", "ResultsError", "SCHEMA_VERSION", "START_MARKER", "TABLE_COLUMNS",
            "TABLE_DRAFTERS", "VARIANTS", "find_variants", "load_existing", "markdown_report",
            "markdown_table", "measure_costs", "plot", "quality_markdown", "readme_block",

@@ -2,6 +2,8 @@
 
     python -m specdec_jax.tools.results                          # all tables
     python -m specdec_jax.tools.results --only theory,kernels    # those that need no training
+    python -m specdec_jax.tools.results --only demo --name demo-large \\
+        --workdir runs/demo-large --variants aligned_small,aligned_mid --dtype bfloat16
 
 Tables:
   theory   results/theory/table1.md: Leviathan et al.'s Table 1 from `sd.theory` (instant).
@@ -12,9 +14,11 @@ Tables:
            and speculative decoding with every drafter, measured vs predicted (needs the
            trained workdir of `specdec train --recipe configs/demo/train.json --workdir
            runs/demo`; about 12 minutes with --limit 100 --batch-sizes 1,8 --gammas 1-4).
+           `--name demo-large` writes results/demo-large/ instead (the larger target of
+           configs/demo-large/train.json and its drafters).
 
 Then README.md's headline tables (between `<!-- results:start -->` and
-`<!-- results:end -->`) are rebuilt from results/demo (`--no-readme` leaves README alone).
+`<!-- results:end -->`) are rebuilt from results/<name> (`--no-readme` leaves README alone).
 Each table records its command, date and machine; `--only demo --resume` continues an
 interrupted demo run. See the modules of `specdec_jax.tools.results` for the definitions.
 """
@@ -59,6 +63,11 @@ def parser() -> argparse.ArgumentParser:
   g.add_argument("--kernel-max-new-tokens", type=int, default=32)
   g = p.add_argument_group("demo")
   g.add_argument("--workdir", default="runs/demo", help="the trained demo workdir")
+  g.add_argument("--name", default="demo", help="the tables' directory under --results-dir, "
+                 "which README's headline is built from (e.g. demo-large)")
+  g.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                 help="compute dtype of every model (bfloat16: as the bundled weights are "
+                 "stored, half the bytes per decode step)")
   g.add_argument("--split", default="test")
   g.add_argument("--limit", type=int, default=100, help="sentences timed (quality: all)")
   g.add_argument("--batch-sizes", type=int_list, default=[1, 8], metavar="1,8")
@@ -66,8 +75,9 @@ def parser() -> argparse.ArgumentParser:
                  help="gammas for the model drafters")
   g.add_argument("--table-gammas", type=int_list, default=list(R.DEFAULT_TABLE_GAMMAS),
                  metavar="2,4", help="gammas for the n-gram and prompt-lookup drafters")
-  g.add_argument("--variants", type=_names(R.VARIANTS), default=list(R.VARIANTS),
-                 metavar=",".join(R.VARIANTS))
+  g.add_argument("--variants", type=_names(R.KNOWN_VARIANTS), default=list(R.VARIANTS),
+                 metavar=",".join(R.VARIANTS),
+                 help="drafter variants under --workdir (also: aligned_small, aligned_mid)")
   g.add_argument("--table-drafters", type=_names(R.TABLE_DRAFTERS),
                  default=list(R.TABLE_DRAFTERS), metavar=",".join(R.TABLE_DRAFTERS))
   g.add_argument("--no-sampling", action="store_true", help="skip the target sampling row")
@@ -103,11 +113,12 @@ def theory_table(out_dir: str, command: str) -> str:
 
 def demo_tables(args, out_dir: str, command: str) -> list[str]:
   from specdec_jax.tools import results as R
-  out = os.path.join(out_dir, "demo")
+  out = os.path.join(out_dir, args.name)
   if not os.path.isdir(os.path.join(args.workdir, "target")):
+    recipe = "demo-large" if args.name == "demo-large" else "demo"
     raise R.ResultsError(
         f"no trained demo workdir at {args.workdir!r} (it needs target/, the drafters and "
-        "data/): run `specdec train --recipe configs/demo/train.json --workdir "
+        f"data/): run `specdec train --recipe configs/{recipe}/train.json --workdir "
         f"{args.workdir}` first, or leave the demo tables out with --only theory,kernels")
   existing = R.load_existing(out) if args.resume else None
   results = R.run_results(
@@ -116,13 +127,14 @@ def demo_tables(args, out_dir: str, command: str) -> list[str]:
       limit=args.limit, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
       timing_steps=args.timing_steps, seed=args.seed, include_sampling=not args.no_sampling,
       existing=existing, settings={"command": command}, progress=not args.no_progress,
-      compile_workers=args.compile_workers, on_update=lambda r: R.write_outputs(r, out))
+      compile_workers=args.compile_workers, on_update=lambda r: R.write_outputs(r, out),
+      dtype=args.dtype)
   paths = R.write_outputs(results, out)
   written = [paths["md"], paths["png"]]
   if not args.no_quality:
     quality = R.run_quality(args.workdir, variants=args.variants, split=args.split,
                             limit=args.quality_limit, seed=args.seed,
-                            progress=not args.no_progress)
+                            progress=not args.no_progress, dtype=args.dtype)
     written.append(R.write_quality(quality, out)["md"])
   return written
 
@@ -145,7 +157,7 @@ def main(argv=None) -> int:
       written += demo_tables(args, args.results_dir, command.strip())
     if not args.no_readme:
       from specdec_jax.tools.results import headline, splice_readme
-      splice_readme(args.readme, headline.headline(args.results_dir))
+      splice_readme(args.readme, headline.headline(args.results_dir, args.name))
       written.append(args.readme)
   except SpecdecError as e:
     print(f"results: error: {e}", file=sys.stderr)

@@ -1,11 +1,13 @@
 """README's headline tables, built from the result files (never typed by hand).
 
-    block = headline("results")                 # Markdown
+    block = headline("results")                 # Markdown, from results/demo
+    block = headline("results", "demo-large")   # from results/demo-large
     splice_readme("README.md", block)           # between <!-- results:start / end -->
 
-From results/demo/quality.json (each model alone on the test split) and
-results/demo/results.json (per batch size and drafter, the gamma with the best measured
-speedup), each table with the command that wrote it, its date and its machine.
+From <name>/quality.json (each model alone on the test split) and <name>/results.json (per
+batch size and drafter, the gamma with the best measured speedup, with the drafter's
+measured cost c and the verify cost behind it), each table with the command that wrote
+it, its date and its machine.
 """
 
 from __future__ import annotations
@@ -28,8 +30,22 @@ def _machine(m: dict[str, Any]) -> str:
   return f"{m['backend'].upper()}, {m['cpu_count']} cores, jax {m['jax_version']}"
 
 
-def quality_table(results_dir: str, command: str | None) -> list[str]:
-  q = _load(results_dir, "demo/quality.json")
+#: What each drafter is, for the line under the speed table.
+DRAFTERS = {
+    "drafter": "`drafter` trained on the references",
+    "aligned": "`aligned` fine-tuned on the target's greedy outputs",
+    "distilled": "`distilled` on the target's soft labels",
+    "aligned_small": "`aligned_small` the bundled 2M drafter, fine-tuned on this target's "
+                     "greedy outputs",
+    "aligned_mid": "`aligned_mid` the bundled 13.5M target, fine-tuned on this target's "
+                   "greedy outputs",
+    "ngram": "`ngram` a bigram table",
+    "prompt-lookup": "`prompt-lookup` copies from the input",
+}
+
+
+def quality_table(results_dir: str, command: str | None, name: str = "demo") -> list[str]:
+  q = _load(results_dir, f"{name}/quality.json")
   rows = q["rows"]
   lines = [f"Quality, each model decoding all {rows[0]['pairs']} sentences of the "
            f"`{q['split']}` split alone ({q['created'][:10]}"
@@ -41,8 +57,8 @@ def quality_table(results_dir: str, command: str | None) -> list[str]:
   return lines
 
 
-def speed_table(results_dir: str) -> list[str]:
-  res = _load(results_dir, "demo/results.json")
+def speed_table(results_dir: str, name: str = "demo") -> list[str]:
+  res = _load(results_dir, f"{name}/results.json")
   cfg = res["config"]
   best: dict[tuple[int, str], dict[str, Any]] = {}
   for r in res["rows"]:
@@ -57,24 +73,27 @@ def speed_table(results_dir: str) -> list[str]:
            f"{cfg['max_new_tokens']} new tokens; per drafter the γ with the best measured "
            f"speedup over the target alone timed in the same rounds ({res['created'][:10]}, "
            f"{_machine(res['machine'])}, CPU decode kernels; `{res['command']}`):", "",
-           "| batch | drafter | γ | α | tokens / target call | ms / token | speedup | "
-           "predicted |", "|--:|---|--:|--:|--:|--:|--:|--:|"]
+           "| batch | drafter | γ | α | tokens / target call | c | verify cost | ms / token | "
+           "speedup | predicted |", "|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
   for b in sorted(base):
-    lines.append(f"| {b} | none (target alone) | — | — | 1.00 | "
+    lines.append(f"| {b} | none (target alone) | — | — | 1.00 | — | — | "
                  f"{fmt(base[b]['ms_per_token'], 3)} | 1.00x | — |")
     for (bb, drafter), r in sorted(best.items()):
       if bb == b:
         lines.append(f"| {b} | {drafter} | {r['gamma']} | {fmt(r.get('alpha'), 2)} | "
-                     f"{fmt(r.get('block_efficiency'))} | {fmt(r['ms_per_token'], 3)} | "
+                     f"{fmt(r.get('block_efficiency'))} | {fmt(r.get('c'), 3)} | "
+                     f"{fmt(r.get('verify_cost'), 2)} | {fmt(r['ms_per_token'], 3)} | "
                      f"{fmt(r['speedup'], 2, 'x')} | {fmt(r.get('predicted_speedup'), 2, 'x')} |")
-  lines += ["", "Drafters: `drafter` trained on the references; `aligned` (the bundled one) "
-            "fine-tuned on the target's greedy outputs; `distilled` on the target's soft "
-            "labels; `ngram` a bigram table; `prompt-lookup` copies from the input. "
-            "Predicted: Theorem 8 with the measured drafter and verify costs."]
+  shown = sorted({d for _, d in best}, key=lambda d: list(DRAFTERS).index(d)
+                 if d in DRAFTERS else len(DRAFTERS))
+  lines += ["", "Drafters: " + "; ".join(DRAFTERS.get(d, f"`{d}`") for d in shown) + ". "
+            "c: drafter step / target step time; verify cost: (γ+1)-token / 1-token target "
+            "call time; predicted: Theorem 8 with these measured costs."]
   return lines
 
 
-def headline(results_dir: str = "results") -> str:
-  """The Markdown block README shows between its results markers."""
-  command = _load(results_dir, "demo/results.json").get("command")
-  return "\n".join([*quality_table(results_dir, command), "", *speed_table(results_dir)]) + "\n"
+def headline(results_dir: str = "results", name: str = "demo") -> str:
+  """The Markdown block README shows between its results markers, from results_dir/name."""
+  command = _load(results_dir, f"{name}/results.json").get("command")
+  return "\n".join([*quality_table(results_dir, command, name), "",
+                    *speed_table(results_dir, name)]) + "\n"

@@ -15,7 +15,8 @@ from specdec_jax.tools.results.run import SCHEMA_VERSION, VARIANTS, find_variant
 
 def run_quality(workdir: str | os.PathLike, *, variants: Sequence[str] = VARIANTS,
                 split: str = "test", limit: int | None = None, batch_size: int = 64,
-                seed: int = 0, progress: bool = True) -> dict[str, Any]:
+                seed: int = 0, progress: bool = True,
+                dtype: str = "float32") -> dict[str, Any]:
   """BLEU / chrF of every demo model decoding ALONE on the whole split (not just the
   timed subset): target greedy, target sampling (T = 1), each drafter variant greedy.
 
@@ -31,7 +32,7 @@ def run_quality(workdir: str | os.PathLike, *, variants: Sequence[str] = VARIANT
   rows, models = [], {}
   for name, path, method in tqdm(jobs, desc="quality", disable=not progress):
     if name not in models:
-      models[name] = sd.load(str(path))
+      models[name] = sd.load(str(path), dtype=dtype)
     r = evaluation.evaluate(models[name], workdir / "data", split=split, method=method,
                             batch_size=batch_size, limit=limit, seed=seed)
     rows.append({"model": name, "params": models[name].num_params(),
@@ -39,7 +40,7 @@ def run_quality(workdir: str | os.PathLike, *, variants: Sequence[str] = VARIANT
                  "bleu": r["bleu"], "chrf": r["chrf"], "pairs": r["pairs"],
                  "generated_tokens": r["generated_tokens"]})
   return {"schema_version": SCHEMA_VERSION, "split": split, "limit": limit,
-          "created": utc_now(),
+          "created": utc_now(), "dtype": dtype,
           "rows": rows}
 
 

@@ -14,7 +14,8 @@ START_MARKER = "<!-- results:start -->"
 END_MARKER = "<!-- results:end -->"
 
 TABLE_COLUMNS = ("batch", "decoding", "drafter", "γ", "α", "acceptance", "tokens/call",
-                 "ms/token", "speedup", "c", "predicted", "measured/predicted", "BLEU", "chrF")
+                 "ms/token", "speedup", "c", "verify cost", "predicted", "measured/predicted",
+                 "BLEU", "chrF")
 
 
 def markdown_table(results: dict[str, Any]) -> str:
@@ -28,7 +29,8 @@ def markdown_table(results: dict[str, Any]) -> str:
              str(r["gamma"]) if spec else "—",
              fmt(r.get("alpha"), 3), fmt(r.get("acceptance_rate"), 3),
              fmt(r.get("block_efficiency")), fmt(r["ms_per_token"], 3),
-             fmt(r["speedup"], 2, "x"), fmt(r.get("c"), 3), fmt(r.get("predicted_speedup"), 2, "x"),
+             fmt(r["speedup"], 2, "x"), fmt(r.get("c"), 3), fmt(r.get("verify_cost"), 2),
+             fmt(r.get("predicted_speedup"), 2, "x"),
              fmt(r.get("measured_over_predicted")), fmt(r["bleu"], 1), fmt(r["chrf"], 1)]
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
@@ -68,8 +70,8 @@ def _summary_lines(results: dict[str, Any]) -> list[str]:
 LEGEND = ("α: mean acceptance probability Σ min(p, q) over scored drafts; acceptance: accepted / "
           "drafted; tokens/call: tokens per target call, calls counted per row; speedup: "
           "target-greedy ms/token (timed alongside) / this row's; c: drafter step / target step "
-          "time; predicted: E / (γc + verify cost), E = (1 - α^(γ+1)) / (1 - α), verify cost = "
-          "(γ+1)-token / 1-token target call time.")
+          "time; verify cost: (γ+1)-token / 1-token target call time; predicted: "
+          "E / (γc + verify cost), E = (1 - α^(γ+1)) / (1 - α).")
 
 
 def markdown_report(results: dict[str, Any], image: str | None = "speedup.png") -> str:

@@ -24,12 +24,16 @@ from specdec_jax.tools.timing import (default_compile_workers, ms_per_token, run
 SCHEMA_VERSION = 1
 #: The target alone in exact mode, timed in every group for the `exact_cost` column.
 EXACT_BASELINE = "baseline (exact)"
+#: The demo pair's drafter variants, the default set.
 VARIANTS = ("drafter", "aligned", "distilled")
+#: Every variant the pipeline trains: also the larger target's drafters, aligned from the
+#: bundled models (configs/demo-large/train.json).
+KNOWN_VARIANTS = VARIANTS + ("aligned_small", "aligned_mid")
 TABLE_DRAFTERS = ("ngram", "prompt-lookup")
 DEFAULT_GAMMAS = tuple(range(1, 9))
 DEFAULT_TABLE_GAMMAS = (2, 4)
 # Settings that must match for --resume to reuse rows of an existing results.json.
-RESUME_KEYS = ("workdir", "split", "limit", "max_new_tokens", "seed", "pairs")
+RESUME_KEYS = ("workdir", "split", "limit", "max_new_tokens", "seed", "pairs", "dtype")
 
 DEFINITIONS = {
     "ms_per_token": "median wall time of one call (the whole split, batches of batch_size rows) "
@@ -115,10 +119,11 @@ def _check(batch_sizes, gammas, table_gammas, repeats, timing_steps, variants, t
     raise ResultsError(f"batch sizes must be >= 1, got {batch_sizes}")
   if min(gammas + table_gammas, default=1) < 1 or repeats < 1 or timing_steps < 1:
     raise ResultsError("gammas, repeats and timing_steps must be >= 1")
-  bad = [v for v in variants if v not in VARIANTS] + [t for t in table_drafters
-                                                      if t not in TABLE_DRAFTERS]
+  bad = [v for v in variants if v not in KNOWN_VARIANTS] + [t for t in table_drafters
+                                                            if t not in TABLE_DRAFTERS]
   if bad:
-    raise ResultsError(f"unknown drafters {bad}; variants: {VARIANTS}, tables: {TABLE_DRAFTERS}")
+    raise ResultsError(f"unknown drafters {bad}; variants: {KNOWN_VARIANTS}, tables: "
+                       f"{TABLE_DRAFTERS}")
   if limit is not None and limit < 1:
     raise ResultsError(f"limit must be >= 1, got {limit}")
 
@@ -127,16 +132,19 @@ def _split(workdir: pathlib.Path, split: str, limit: int | None):
   """(inputs, references, the split's target width) of the first `limit` pairs."""
   if not (workdir / "target" / "final").is_dir():
     raise ResultsError(f"no target at {workdir / 'target' / 'final'} (train it: `specdec "
-                       f"train --recipe configs/demo/train.json --workdir {workdir}`)")
+                       f"train --recipe configs/demo/train.json --workdir {workdir}`, or "
+                       "configs/demo-large/train.json)")
   split_data, _ = evaluation.resolve_split(workdir / "data", split)
   inputs = np.asarray(split_data["inputs"], np.int32)[:limit]
   references = [p.en for p in split_data["pairs"]][:limit]
   return inputs, references, int(split_data["targets"].shape[1])
 
 
-def _drafters(workdir: pathlib.Path, target, variants, table_drafters) -> dict[str, Any]:
+def _drafters(workdir: pathlib.Path, target, variants, table_drafters,
+              dtype: str | None = "float32") -> dict[str, Any]:
   """{name: drafter}: the variants found under `workdir`, then the table drafters."""
-  out: dict[str, Any] = {v: sd.load(str(p)) for v, p in find_variants(workdir, variants).items()}
+  out: dict[str, Any] = {v: sd.load(str(p), dtype=dtype)
+                         for v, p in find_variants(workdir, variants).items()}
   for t in table_drafters:
     out[t] = evaluation.resolve_drafter(t, target, workdir / "data")
   return out
@@ -144,7 +152,7 @@ def _drafters(workdir: pathlib.Path, target, variants, table_drafters) -> dict[s
 
 def _start(config: dict[str, Any], existing, skipped) -> dict[str, Any]:
   if existing:
-    old = existing.get("config", {})
+    old = {"dtype": "float32", **existing.get("config", {})}   # written before dtype was
     diff = [k for k in RESUME_KEYS if old.get(k) != config.get(k)]
     if diff:
       raise ResultsError(f"--resume: the existing results were made with other settings "
@@ -280,7 +288,8 @@ def run_results(workdir: str | os.PathLike, *, batch_sizes: Sequence[int] = (8,)
                 timing_steps: int = 16, seed: int = 0, include_sampling: bool = True,
                 existing: dict[str, Any] | None = None, settings: dict[str, Any] | None = None,
                 progress: bool = True, compile_workers: int | None = None,
-                on_update: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+                on_update: Callable[[dict[str, Any]], None] | None = None,
+                dtype: str = "float32") -> dict[str, Any]:
   """Run every missing row; returns the results dict (see the package docstring).
 
   Args:
@@ -291,6 +300,8 @@ def run_results(workdir: str | os.PathLike, *, batch_sizes: Sequence[int] = (8,)
     max_new_tokens: decode budget (default: the split's target width).
     existing: a previous results dict (same settings): its rows are kept, not re-run.
     on_update: called with the results after each group (to write them out).
+    dtype: the compute dtype every model is loaded in ("bfloat16": half the weight bytes
+      each decode step reads, what the bundled checkpoints store).
   """
   from specdec_jax.io.tokenizer import load_tokenizer
   workdir = pathlib.Path(workdir)
@@ -300,13 +311,14 @@ def run_results(workdir: str | os.PathLike, *, batch_sizes: Sequence[int] = (8,)
          limit)
   inputs, references, width = _split(workdir, split, limit)
   max_new_tokens = width if max_new_tokens is None else max_new_tokens
-  target = sd.load(str(workdir / "target" / "final"))
-  drafters = _drafters(workdir, target, variants, table_drafters)
+  target = sd.load(str(workdir / "target" / "final"), dtype=dtype)
+  drafters = _drafters(workdir, target, variants, table_drafters, dtype)
   config = {**(settings or {}), "workdir": str(workdir), "split": split, "limit": limit,
+            "dtype": dtype,
             "pairs": len(references), "max_new_tokens": max_new_tokens, "seed": seed,
             "repeats": repeats, "timing_steps": timing_steps, "batch_sizes": batch_sizes,
             "gammas": gammas, "table_gammas": table_gammas,
-            "variants": [v for v in drafters if v in VARIANTS],
+            "variants": [v for v in drafters if v in KNOWN_VARIANTS],
             "table_drafters": list(table_drafters), "include_sampling": include_sampling,
             "temperature_sample": 1.0, "target_params": int(target.num_params()),
             "drafter_params": {v: int(m.num_params()) for v, m in drafters.items()

@@ -1,0 +1,124 @@
+"""--mesh data=D,model=M: the device mesh of `specdec decode`, `bench` and `eval`.
+
+    specdec decode --model DIR --drafter DRAFT_DIR --mesh data=2,model=4 ...
+
+On a mesh the target is split by T5X's logical-axis rules (`sd.shard`, `RULES_1D`), every
+other model a method carries (drafter, BiLD's small model, prediction heads, rescorer) is
+copied whole to every device (`sd.sharding.replicate`), and each batch of encoder tokens
+is split by rows over "data" (`sd.sharding.shard_batch`). `jit` propagates these
+placements through the decode. Without --mesh everything stays on one device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+from jax.sharding import Mesh
+
+import specdec_jax as sd
+from specdec_jax.decoding import methods as core
+from specdec_jax.sharding import MESH_AXES
+from specdec_jax.tools.errors import CLIError
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+  """"data=2,model=4" -> {"data": 2, "model": 4}; an axis left out has size 1.
+
+  CLIError: an axis other than "data" / "model", one given twice, a size that is not a
+  positive integer.
+  """
+  sizes: dict[str, int] = {}
+  for item in (part.strip() for part in text.split(",")):
+    if not item:
+      continue
+    axis, sep, value = item.partition("=")
+    axis = axis.strip()
+    if not sep:
+      raise CLIError(f"--mesh {text!r}: {item!r} is not AXIS=SIZE (e.g. data=2,model=4)")
+    if axis not in MESH_AXES:
+      raise CLIError(f"--mesh {text!r}: unknown axis {axis!r}; the axes are "
+                     f"{', '.join(MESH_AXES)}")
+    if axis in sizes:
+      raise CLIError(f"--mesh {text!r}: axis {axis!r} given twice")
+    if not value.strip().isdigit() or int(value) < 1:
+      raise CLIError(f"--mesh {text!r}: the size of {axis!r} must be a positive integer, "
+                     f"got {value!r}")
+    sizes[axis] = int(value)
+  if not sizes:
+    raise CLIError(f"--mesh {text!r}: expected AXIS=SIZE pairs, e.g. data=2,model=4")
+  return {axis: sizes.get(axis, 1) for axis in MESH_AXES}
+
+
+def add_mesh_flag(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--mesh", metavar="data=D,model=M",
+                 help="decode on a D x M device mesh (D * M = the device count): the target "
+                 "split by T5X's rules over 'model', other models copied to every device, "
+                 "batches split over 'data' (default: one device)")
+
+
+def mesh_from_args(args) -> Mesh | None:
+  """The `Mesh` of --mesh over `jax.devices()` (None without it). The sizes are checked
+  before any model is loaded (`sd.make_mesh`: a ConfigError when D * M is not the
+  device count)."""
+  if getattr(args, "mesh", None) is None:
+    return None
+  return sd.make_mesh(**parse_mesh(args.mesh))
+
+
+def check_batch(batch: int, mesh: Mesh | None, flag: str = "--batch-size") -> None:
+  """CLIError when `batch` rows cannot be split evenly over the mesh's "data" axis."""
+  if mesh is not None and batch % mesh.shape["data"]:
+    raise CLIError(f"{flag} {batch} is not divisible by the mesh's 'data' axis of size "
+                   f"{mesh.shape['data']}: choose a multiple of {mesh.shape['data']}")
+
+
+def mesh_batch(n: int, mesh: Mesh | None) -> int:
+  """Rows per decode call for `n` inputs when no batch size is given: all of them,
+  rounded up to a multiple of "data" (the last rows repeat, as `padded_batches` pads)."""
+  data = 1 if mesh is None else mesh.shape["data"]
+  return -(-n // data) * data
+
+
+def place_target(target: sd.Model, mesh: Mesh | None) -> sd.Model:
+  return target if mesh is None else sd.shard(target, mesh)
+
+
+def place_method(method: Any, mesh: Mesh | None, keep: tuple[str, ...] = ()) -> Any:
+  """A tools method with its models replicated over `mesh` and its inputs split by batch
+  (`OnMesh`); the method itself without a mesh. `keep`: model fields left as they are
+  (BiLD's early-exit small model is the sharded target itself)."""
+  if mesh is None:
+    return method
+  core_type = getattr(method, "core", None)
+  if core_type is not None:
+    models = {f.name: sd.sharding.replicate(getattr(method, f.name), mesh)
+              for f in core.model_fields(core_type)
+              if getattr(method, f.name) is not None and f.name not in keep}
+    method = dataclasses.replace(method, **models)
+  return OnMesh(method, mesh)
+
+
+class OnMesh:
+  """A tools method (`tools.methods.DecodeMethod`) whose encoder tokens [B, L] are split
+  by batch over the mesh's "data" axis before it decodes; every other attribute is the
+  method's own."""
+
+  def __init__(self, method: Any, mesh: Mesh):
+    self.method, self.mesh = method, mesh
+
+  def __getattr__(self, name: str) -> Any:
+    return getattr(self.method, name)
+
+  def decode(self, target, encoder_tokens, **kwargs):
+    return self.method.decode(target, sd.sharding.shard_batch(encoder_tokens, self.mesh),
+                              **kwargs)
+
+  def __repr__(self) -> str:
+    return f"OnMesh({self.method!r}, {dict(self.mesh.shape)})"
+
+
+def mesh_label(mesh: Mesh | None) -> str | None:
+  """"data=2,model=4" (None: one device), for reports."""
+  return None if mesh is None else ",".join(f"{a}={mesh.shape[a]}" for a in MESH_AXES)

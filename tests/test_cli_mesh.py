@@ -1,0 +1,109 @@
+"""`specdec decode --mesh` and `specdec plan` against real arrays on 8 forced CPU devices
+(tests/cli_mesh_checks.py, one subprocess: jax fixes the device count at start-up), and
+the parsing of --mesh."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from specdec_jax.tools.cli import mesh_args
+from specdec_jax.tools.errors import CLIError
+
+HERE = pathlib.Path(__file__).parent
+
+
+def test_parse_mesh():
+  assert mesh_args.parse_mesh("data=2,model=4") == {"data": 2, "model": 4}
+  assert mesh_args.parse_mesh(" model=8 ") == {"data": 1, "model": 8}
+  for text, message in [("rows=2", "unknown axis 'rows'; the axes are data, model"),
+                        ("data=2,data=4", "given twice"), ("data=0", "positive integer"),
+                        ("model=two", "positive integer"), ("data", "is not AXIS=SIZE"),
+                        ("", "expected AXIS=SIZE")]:
+    with pytest.raises(CLIError, match=message):
+      mesh_args.parse_mesh(text)
+
+
+def test_batch_must_split_over_data():
+  mesh = mesh_args.mesh_from_args(type("Args", (), {"mesh": "data=1,model=1"})())
+  mesh_args.check_batch(3, mesh)
+  assert mesh_args.mesh_batch(3, None) == 3
+  assert mesh_args.mesh_batch(3, mesh) == 3
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+  out = tmp_path_factory.mktemp("cli_mesh") / "report.json"
+  env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
+                                     " --xla_force_host_platform_device_count=8").strip(),
+             PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+  if not env.get("JAX_COMPILATION_CACHE_DIR") and jax.config.jax_compilation_cache_dir:
+    env["JAX_COMPILATION_CACHE_DIR"] = jax.config.jax_compilation_cache_dir   # conftest's
+  run = subprocess.run([sys.executable, str(HERE / "cli_mesh_checks.py"), str(out)], env=env,
+                       capture_output=True, text=True, timeout=900)
+  assert run.returncode == 0, run.stderr[-4000:]
+  return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("method", ["baseline", "speculative"])
+def test_decode_on_a_mesh_prints_the_single_device_translations(report, method):
+  assert report["device_count"] == 8
+  runs = report["decode"][method]
+  single, mesh = runs["single"], runs["mesh"]
+  assert single["code"] == 0 and mesh["code"] == 0, (single["err"], mesh["err"])
+  single_out, mesh_out = json.loads(single["out"]), json.loads(mesh["out"])
+  assert len(mesh_out["outputs"]) == 3 and all(mesh_out["outputs"])
+  assert mesh_out["outputs"] == single_out["outputs"]
+  assert mesh_out["settings"]["mesh"] == "data=2,model=4"
+  assert single_out["settings"]["mesh"] is None
+  # where the CLI placed things: the target split over "model", every other model whole on
+  # each of the 8 devices, each batch split by rows over "data" (3 prompts padded to 4)
+  placed = runs["placements"]
+  assert [p["mesh"] for p in placed["shard"]] == [{"data": 2, "model": 4}]
+  assert placed["shard"][0]["logits_spec"] == ["None", "model"]
+  assert placed["shard"][0]["split_leaves"] > placed["shard"][0]["leaves"] // 2
+  assert placed["shard_batch"] and all(b["shape"][0] == 4 and
+                                       [s[0] for s in b["shard_shapes"]] == [2]
+                                       for b in placed["shard_batch"])
+  if method == "speculative":
+    assert placed["replicate"] and all(r["replicated"] and r["leaves"] > 0
+                                       for r in placed["replicate"])
+
+
+def test_bad_meshes_exit_2_with_one_line(report):
+  errors = report["decode"]["errors"]
+  for name, message in [("not_dividing", "needs data * model = 6 devices, but 8"),
+                        ("unknown_axis", "unknown axis 'rows'"),
+                        ("batch", "--batch-size 3 is not divisible by the mesh's 'data' axis "
+                                  "of size 2")]:
+    run = errors[name]
+    assert run["code"] == 2 and run["out"] == "", (name, run)
+    assert run["err"].startswith("specdec decode: error: ") and message in run["err"], run
+    assert len(run["err"].strip().splitlines()) == 1
+
+
+def test_plan_equals_the_bytes_of_sharded_params_and_caches(report):
+  """Per-device bytes of sd.shard-ed / replicated parameters and of caches in the planned
+  layout, measured on the devices, against tools.plan's arithmetic (within 1%)."""
+  assert {r["case"] for r in report["plan"]} == {
+      "2x4/float32/heads=4", "1x8/bfloat16/heads=4", "1x8/float32/heads=8",
+      "8x1/float32/heads=4"}
+  for row in report["plan"]:
+    for key, planned in row["plan"].items():
+      measured = row["measured"][key]
+      assert abs(planned - measured) <= 0.01 * measured, (row["case"], key, planned, measured)
+    split = not row["case"].startswith("8x1")
+    params, whole = row["measured"]["target_params"], row["single_device"]["target_params"]
+    assert (params < whole / 3) if split else params == whole, row["case"]
+
+
+def test_plan_is_close_to_the_compiled_decode(report):
+  """The whole compiled speculative decode's per-device memory (XLA's memory analysis,
+  caches laid out by propagation) is within 15% of the plan's total."""
+  for row in report["program"]:
+    assert row["plan_cache"] > 0.5 * row["plan_total"]        # a cache-dominated shape
+    assert abs(row["plan_total"] - row["compiled"]) <= 0.15 * row["compiled"], row

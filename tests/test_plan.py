@@ -1,0 +1,151 @@
+"""tools.plan and `specdec plan` on one device: bytes against real arrays, capacities
+against the engine's, the largest batch, configs read without weights, the command."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+import specdec_jax as sd
+from specdec_jax.cache import cache_bytes as real_cache_bytes
+from specdec_jax.decoding import methods as core
+from specdec_jax.errors import ConfigError
+from specdec_jax.tools import cli
+from specdec_jax.tools import plan as plan_lib
+
+TINY, DRAFTER = sd.get_config("t5_1_1_tiny"), sd.get_config("t5_1_1_tiny_drafter")
+ONE = plan_lib.abstract_mesh(1, 1)
+
+
+def run(capsys, *argv):
+  code = cli.main([str(a) for a in argv])
+  out, err = capsys.readouterr()
+  return code, out, err
+
+
+def test_parse_memory():
+  assert plan_lib.parse_memory("16GiB") == ("16GiB", 16 << 30)
+  assert plan_lib.parse_memory("80GB") == ("80GB", 80 * 10**9)
+  assert plan_lib.parse_memory("1e9")[1] == 10**9
+  assert plan_lib.parse_memory("TPU-v5e") == ("tpu-v5e", 16 << 30)
+  assert plan_lib.parse_memory("h100-80g")[1] == 80 << 30
+  for bad in ("16XB", "lots", "0GiB"):
+    with pytest.raises(ConfigError, match="device memory"):
+      plan_lib.parse_memory(bad)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_param_bytes_are_the_real_arrays(dtype):
+  model = sd.init_model(TINY, 0, dtype)
+  real = sum(x.nbytes for x in jax.tree_util.tree_leaves(model.params))
+  assert plan_lib.param_bytes(TINY, dtype, ONE) == real
+  assert plan_lib.param_bytes(TINY, dtype, ONE) == TINY.num_params() * np.dtype(
+      model.params["decoder"]["logits_dense"]["kernel"].dtype).itemsize
+
+
+def test_cache_bytes_are_a_real_cache():
+  model = sd.load("config:t5_1_1_tiny")
+  enc = np.full((3, 7), 5, np.int32)
+  cache = model.start(enc, 20)
+  planned = plan_lib.cache_bytes(TINY, 3, 20, 7, "float32", ONE)
+  assert sum(planned.values()) == real_cache_bytes(cache)
+  assert planned["self_kv"] == 2 * TINY.num_decoder_layers * 3 * TINY.num_heads * 20 * \
+      TINY.head_dim * 4
+
+
+def test_capacity_is_the_engines():
+  target = sd.load("config:t5_1_1_tiny")
+  for gamma in (1, 4):
+    for exact in (False, True):
+      config = core.Speculative(None, gamma=gamma, exact=exact).round_config(
+          target, 30, sd.Greedy(), 1)
+      assert plan_lib.capacity(30, gamma, exact) == config.capacity
+  base = core.Autoregressive(exact=False).round_config(target, 30, sd.Greedy(), 1)
+  assert plan_lib.capacity(30, 0) == base.capacity
+
+
+def test_xxl_from_shapes_alone():
+  """T5-XXL in bfloat16 (22.6 GB) planned without making a weight; 8-way "model" split."""
+  xxl = sd.get_config("t5_1_1_xxl")
+  one = plan_lib.param_bytes(xxl, "bfloat16", ONE)
+  assert one == xxl.num_params() * 2
+  eight = plan_lib.param_bytes(xxl, "bfloat16", plan_lib.abstract_mesh(1, 8))
+  assert one / 8 <= eight < one / 7.5
+  plan = plan_lib.memory_plan(xxl, sd.get_config("t5_1_1_small"), batch=8, max_input_len=512,
+                              max_new_tokens=64, gamma=5, dtype="bfloat16",
+                              mesh={"model": 8})
+  assert plan.capacity == 70 and plan.total_bytes == (plan.params_bytes + plan.cache_bytes
+                                                      + plan.transient_bytes)
+  # the drafter is replicated: its bytes do not shrink with the mesh
+  single = plan_lib.memory_plan(xxl, sd.get_config("t5_1_1_small"), batch=8,
+                                max_input_len=512, max_new_tokens=64, dtype="bfloat16")
+  assert plan.drafter_params == single.drafter_params
+
+
+def test_largest_batch():
+  args = dict(target=TINY, drafter=DRAFTER, max_input_len=64, max_new_tokens=32, gamma=4,
+              mesh={"data": 2, "model": 1})
+  budget = 8 << 20
+  best = plan_lib.largest_batch(budget, **args)
+  assert best > 0 and best % 2 == 0
+  assert plan_lib.memory_plan(batch=best, **args).total_bytes <= budget
+  assert plan_lib.memory_plan(batch=best + 2, **args).total_bytes > budget
+  assert plan_lib.largest_batch(budget, headroom=0.5, **args) < best
+  params = plan_lib.memory_plan(batch=2, **args).params_bytes
+  assert plan_lib.largest_batch(params, **args) == 0          # the parameters alone fill it
+
+
+def test_bad_plans():
+  with pytest.raises(ConfigError, match="batch 3 is not divisible by the mesh's 'data' axis"):
+    plan_lib.memory_plan(TINY, None, batch=3, max_input_len=8, max_new_tokens=8,
+                         mesh={"data": 2})
+  with pytest.raises(ConfigError, match="gamma"):
+    plan_lib.memory_plan(TINY, DRAFTER, batch=1, max_input_len=8, max_new_tokens=8, gamma=0)
+  with pytest.raises(ConfigError, match="'model' must be a positive integer"):
+    plan_lib.abstract_mesh(1, 0)
+
+
+def test_config_of(tmp_path):
+  assert plan_lib.config_of("config:t5_1_1_tiny") == TINY
+  assert plan_lib.config_of("t5_1_1_tiny") == TINY
+  sd.save(tmp_path / "m", sd.init_model(DRAFTER, 0))
+  assert plan_lib.config_of(str(tmp_path / "m")).emb_dim == DRAFTER.emb_dim
+  assert plan_lib.config_of("demo-de-en/target").vocab_size > 0
+  with pytest.raises(ConfigError):
+    plan_lib.config_of("config:no_such_config")
+  with pytest.raises(sd.SpecdecError, match="no such file"):
+    plan_lib.config_of(str(tmp_path / "missing"))
+
+
+def test_plan_command(capsys):
+  common = ["plan", "--target", "config:t5_1_1_tiny", "--drafter", "config:t5_1_1_tiny_drafter",
+            "--batch", 4, "--max-input-len", 16, "--max-new-tokens", 8, "--gamma", 3]
+  code, out, err = run(capsys, *common, "--mesh", "data=2,model=2", "--device-memory", "1MiB",
+                       "--json")
+  assert code == 0, err
+  row = json.loads(out)["rows"][0]
+  direct = plan_lib.memory_plan(TINY, DRAFTER, batch=4, max_input_len=16, max_new_tokens=8,
+                                gamma=3, mesh={"data": 2, "model": 2})
+  assert row["plan"]["total_bytes"] == direct.total_bytes and row["mesh"] == "data=2,model=2"
+  assert row["fits"] == (direct.total_bytes <= 1 << 20)
+  assert row["largest_batch"] == plan_lib.largest_batch(
+      1 << 20, target=TINY, drafter=DRAFTER, max_input_len=16, max_new_tokens=8, gamma=3,
+      mesh={"data": 2, "model": 2})
+  code, out, err = run(capsys, *common, "--device-memory", "tpu-v5e")
+  assert code == 0 and "target parameters" in out and "tpu-v5e" in out and "fits" in out
+  code, out, err = run(capsys, *common, "--mesh", "model=1", "--mesh", "model=4",
+                       "--device-memory", "tpu-v4,16GiB")
+  assert code == 0
+  assert "| largest batch, tpu-v4 | largest batch, 16GiB |" in out
+  table = [line for line in out.splitlines() if line.startswith("| data=")]
+  assert len(table) == 2 and table[1].startswith("| data=1,model=4 |")
+  best = plan_lib.largest_batch(16 << 30, target=TINY, drafter=DRAFTER, max_input_len=16,
+                                max_new_tokens=8, gamma=3, mesh={"data": 1, "model": 4})
+  assert table[1].endswith(f" | {best} |")
+  for argv, message in [(["--mesh", "rows=2"], "unknown axis 'rows'"),
+                        (["--device-memory", "16XB"], "device memory '16XB'"),
+                        (["--batch", 0], "--batch must be"),
+                        (["--mesh", "data=3"], "batch 4 is not divisible")]:
+    code, out, err = run(capsys, *common, *argv)
+    assert code == 2 and err.startswith("specdec plan: error: ") and message in err, err
