@@ -390,3 +390,20 @@ def test_leaf_blocks_transposed_scaled_and_checked():
   short = leaves.Leaf((4, 3), np.dtype("float32"), lambda index: np.zeros((1, 3)))
   with pytest.raises(sd.CheckpointError, match=r"block \[0:4, 0:3\] gave shape \(1, 3\)"):
     leaves.read_whole(short, "decoder/x")
+
+
+def test_load_lm_into_shards(tmp_path):
+  """Decoder-only models: `config:` and our format load into shards; a Hugging Face GPT-2
+  dir is refused with the way out."""
+  from specdec_jax.io import checkpoints
+  model = sd.load("config:gpt2_tiny")
+  sd.save(tmp_path / "own", model)
+  checkpoints.export_hf(tmp_path / "hf", model.config, model.params)
+  for source in ("config:gpt2_tiny", str(tmp_path / "own")):
+    sharded = sd.load(source, mesh=one_device())
+    assert sharded.config == model.config
+    for a, b in zip(jax.tree_util.tree_leaves(model.params),
+                    jax.tree_util.tree_leaves(sharded.params)):
+      assert a.dtype == b.dtype and bool((a == b).all())
+  with pytest.raises(sd.CheckpointError, match=r"decoder-only .*\(gpt2\).*sd.shard"):
+    sd.load(str(tmp_path / "hf"), mesh=one_device())
