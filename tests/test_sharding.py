@@ -368,3 +368,42 @@ def test_load_mesh_errors():
     sd.load("config:t5_1_1_tiny", mesh=(2, 4))
   with pytest.raises(sd.ConfigError, match="unknown logical axis 'mpl'"):
     sd.load(str(FIXTURE / "legacy"), mesh=one_device(), rules=(("mpl", "model"),))
+
+
+def test_leaves_equal_compares_every_block():
+  from specdec_jax.io.checkpoints import leaves
+  a = np.arange(40 * 3, dtype=np.float32).reshape(40, 3)
+  b = a.copy()
+  b[-1, -1] += 1                       # in the last block of rows only
+  assert leaves.equal(leaves.of_array(a), leaves.of_array(a.copy()), block_bytes=24)
+  assert not leaves.equal(leaves.of_array(a), leaves.of_array(b), block_bytes=24)
+  assert not leaves.equal(leaves.of_array(a), leaves.of_array(a[:, :2]))
+
+
+def test_leaf_blocks_transposed_scaled_and_checked():
+  from specdec_jax.io.checkpoints import leaves
+  weight = np.arange(12, dtype=np.float32).reshape(3, 4)      # HF [out, in]
+  kernel = leaves.transposed(leaves.of_array(weight), scale=0.5)
+  index = leaves.normalize((slice(1, 3), slice(None)), kernel.shape)
+  assert index == (slice(1, 3), slice(0, 3))
+  np.testing.assert_array_equal(leaves.read_block(kernel, index), weight.T[1:3] * 0.5)
+  short = leaves.Leaf((4, 3), np.dtype("float32"), lambda index: np.zeros((1, 3)))
+  with pytest.raises(sd.CheckpointError, match=r"block \[0:4, 0:3\] gave shape \(1, 3\)"):
+    leaves.read_whole(short, "decoder/x")
+
+
+def test_load_lm_into_shards(tmp_path):
+  """Decoder-only models: `config:` and our format load into shards; a Hugging Face GPT-2
+  dir is refused with the way out."""
+  from specdec_jax.io import checkpoints
+  model = sd.load("config:gpt2_tiny")
+  sd.save(tmp_path / "own", model)
+  checkpoints.export_hf(tmp_path / "hf", model.config, model.params)
+  for source in ("config:gpt2_tiny", str(tmp_path / "own")):
+    sharded = sd.load(source, mesh=one_device())
+    assert sharded.config == model.config
+    for a, b in zip(jax.tree_util.tree_leaves(model.params),
+                    jax.tree_util.tree_leaves(sharded.params)):
+      assert a.dtype == b.dtype and bool((a == b).all())
+  with pytest.raises(sd.CheckpointError, match=r"decoder-only .*\(gpt2\).*sd.shard"):
+    sd.load(str(tmp_path / "hf"), mesh=one_device())
