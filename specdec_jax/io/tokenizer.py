@@ -1,4 +1,6 @@
-"""SentencePiece tokenizer with T5 conventions (pad 0, EOS 1, unk 2, no BOS).
+"""Tokenizers: SentencePiece with T5 conventions, and Hugging Face ``tokenizer.json``.
+
+SentencePiece (pad 0, EOS 1, unk 2, no BOS).
 
 A :class:`Tokenizer` wraps a loaded ``sentencepiece.SentencePieceProcessor``.
 Every tokenizer built here is checked to use T5's special ids, because the
@@ -11,11 +13,26 @@ padding, 1 ends a sequence)::
 
 ``train_sentencepiece`` trains a new model from an in-memory iterable of
 sentences with the same conventions, reproducibly (one thread, no shuffling).
+
+Hugging Face (:class:`HFTokenizer`, through the ``tokenizers`` library): a directory
+holding ``tokenizer.json`` and, when present, ``tokenizer_config.json``,
+``special_tokens_map.json`` and ``config.json``, which name the BOS/EOS/pad tokens and
+whether BOS is prepended (GPT-2: no BOS, EOS ``<|endoftext|>``; Llama: BOS ``<s>``
+prepended, EOS ``</s>``).
+
+Both kinds encode decoder-only prompts the same way, never appending EOS (an EOS would
+end the text the model is asked to continue)::
+
+    tok = load_tokenizer("path/to/hf-gpt2")               # a directory with tokenizer.json
+    prompt, lengths = tok.encode_prompts(["Once upon", "The"])   # int32 [B, P], [B]
+    check_tokenizer(tok, model)                           # vocabulary and EOS agree
+    tok.decode_continuations(new_tokens)                  # texts, each cut at its first EOS
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pathlib
 import re
@@ -32,8 +49,14 @@ PAD_ID = 0
 EOS_ID = 1
 UNK_ID = 2
 
-# File names looked for, in this order, when `load_tokenizer` is given a directory.
+# File names looked for, in this order, when `load_tokenizer` is given a directory. T5's
+# `spiece.model` comes before `tokenizer.json` (T5 directories hold both); a Llama directory's
+# `tokenizer.model` (non-T5 ids) after it.
 MODEL_FILENAMES = ("spiece.model", "tokenizer.model", "sentencepiece.model")
+HF_FILENAME = "tokenizer.json"
+# How far a model's embedding may extend past its tokenizer's vocabulary (padded to a
+# multiple of 64 or 128 for the hardware, as T5's 32100 -> 32128), in `check_tokenizer`.
+MAX_EMBEDDING_PADDING = 1024
 _BUNDLED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -106,6 +129,21 @@ class Tokenizer:
       rows = [_fit_row(r, i, length, add_eos, truncate) for i, r in enumerate(rows)]
     return _pad_rows(rows, length)
 
+  @property
+  def bos_id(self) -> int | None:
+    """None: T5's SentencePiece models have no BOS."""
+    return None
+
+  def encode_prompts(self, texts: Sequence[str], max_length: int | None = None,
+                     truncate: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Decoder-only prompts: (int32 [B, P] right-padded with 0, int32 [B] lengths); no EOS."""
+    rows = [self.encode_one(t, add_eos=False) for t in _check_texts(texts)]
+    return _prompt_matrix(rows, max_length, truncate, PAD_ID)
+
+  def decode_continuations(self, tokens: Any) -> list[str]:
+    """Texts of generated tokens [B, L] (or [L]), each cut at its first EOS."""
+    return self.decode(tokens)
+
   def decode_one(self, tokens: Any) -> str:
     """Text of one id sequence [L]: stops at the first EOS, drops pads (0)."""
     arr = _as_id_array(tokens)
@@ -141,14 +179,16 @@ class Tokenizer:
     return self.processor.decode([int(t) for t in row])
 
 
-def load_tokenizer(path_or_name: str | os.PathLike) -> Tokenizer:
-  """Loads a T5-convention SentencePiece tokenizer.
+def load_tokenizer(path_or_name: str | os.PathLike) -> "Tokenizer | HFTokenizer":
+  """Loads a T5-convention SentencePiece tokenizer or a Hugging Face ``tokenizer.json``.
 
   Args:
     path_or_name: one of
       * a ``.model`` file path (e.g. T5's ``spiece.model``);
-      * a directory holding ``spiece.model``, ``tokenizer.model`` or
-        ``sentencepiece.model`` (first found, in that order);
+      * a ``tokenizer.json`` file, or a directory holding ``spiece.model``, else
+        ``tokenizer.json`` (an :class:`HFTokenizer`, with the special tokens of the
+        directory's ``tokenizer_config.json``, ``special_tokens_map.json`` and
+        ``config.json``), else ``tokenizer.model`` or ``sentencepiece.model``;
       * the name of a bundled tokenizer, resolving to
         ``specdec_jax/assets/<name>/spiece.model`` inside the package.
 
@@ -159,9 +199,11 @@ def load_tokenizer(path_or_name: str | os.PathLike) -> Tokenizer:
   """
   path = pathlib.Path(path_or_name)
   if path.is_dir():
+    if not (path / MODEL_FILENAMES[0]).is_file() and (path / HF_FILENAME).is_file():
+      return load_hf_tokenizer(path)
     return _load_file(_model_in_dir(path))
   if path.is_file():
-    return _load_file(path)
+    return load_hf_tokenizer(path) if path.suffix == ".json" else _load_file(path)
   if isinstance(path_or_name, str) and _BUNDLED_NAME_RE.match(path_or_name) and not path.suffix == ".model":
     return _load_bundled(path_or_name)
   raise TokenizerError(f"tokenizer file or directory not found: {str(path)!r}")
@@ -243,6 +285,216 @@ def train_sentencepiece(
   return _load_file(prefix.with_name(prefix.name + ".model"))
 
 
+# ---------------------------------------------------------------------------- Hugging Face
+
+
+@dataclasses.dataclass(frozen=True)
+class HFTokenizer:
+  """A Hugging Face ``tokenizers.Tokenizer`` with its model's BOS/EOS/pad conventions.
+
+  Text is encoded without the file's post-processor (``add_special_tokens=False``);
+  BOS is prepended when ``add_bos``, as ``transformers`` does for the same files.
+
+  Attributes:
+    processor: the loaded ``tokenizers.Tokenizer``.
+    path: where it came from; informational.
+    eos_id: ends a sequence (GPT-2's ``<|endoftext|>``, Llama's ``</s>``).
+    pad_id: pads right-padded prompts; the EOS id when the files name no pad token.
+    bos_id: None when the tokenizer has none.
+    add_bos: prepend ``bos_id`` to every encoded text.
+  """
+
+  processor: Any = dataclasses.field(repr=False, compare=False)
+  path: str
+  eos_id: int
+  pad_id: int
+  bos_id: int | None = None
+  add_bos: bool = False
+  unk_id: int | None = None
+
+  def __post_init__(self):
+    if self.add_bos and self.bos_id is None:
+      raise TokenizerError(f"tokenizer {self.path!r} adds BOS but names no BOS token")
+    for name in ("eos_id", "pad_id", "bos_id", "unk_id"):
+      value = getattr(self, name)
+      if value is not None and not 0 <= value < self.vocab_size:
+        raise TokenizerError(f"tokenizer {self.path!r}: {name} {value} is outside its "
+                             f"vocabulary [0, {self.vocab_size})")
+
+  @property
+  def vocab_size(self) -> int:
+    """Number of ids, added tokens included."""
+    return int(self.processor.get_vocab_size(with_added_tokens=True))
+
+  def encode_one(self, text: str, add_eos: bool = False) -> list[int]:
+    """Token ids of one string: BOS first if ``add_bos``; EOS last only if ``add_eos``."""
+    if not isinstance(text, str):
+      raise TokenizerError(f"encode_one expects a str, got {type(text).__name__}")
+    ids = self.processor.encode(text, add_special_tokens=False).ids
+    return ([self.bos_id] if self.add_bos else []) + list(ids) + ([self.eos_id] if add_eos else [])
+
+  def encode(self, texts: Sequence[str], max_length: int | None = None, add_eos: bool = False,
+             truncate: bool = False) -> np.ndarray:
+    """int32 [B, L], right-padded with ``pad_id``; see :meth:`Tokenizer.encode`."""
+    rows = [self.encode_one(t, add_eos) for t in _check_texts(texts)]
+    return _prompt_matrix(rows, max_length, truncate, self.pad_id)[0]
+
+  def encode_prompts(self, texts: Sequence[str], max_length: int | None = None,
+                     truncate: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Decoder-only prompts: (int32 [B, P] right-padded with ``pad_id``, int32 [B] lengths).
+
+    No EOS is appended. Pass the lengths to ``model.start``: with ``pad_id == eos_id``
+    (GPT-2) the pads alone cannot tell where a row ends. ``truncate`` keeps the first
+    ``max_length`` tokens of a longer row; without it a longer row is an error.
+    """
+    rows = [self.encode_one(t) for t in _check_texts(texts)]
+    if any(not r for r in rows):
+      raise TokenizerError("encode_prompts: an empty prompt (no tokens and no BOS); a "
+                           "decoder-only model needs at least one token to continue")
+    return _prompt_matrix(rows, max_length, truncate, self.pad_id)
+
+  def decode_one(self, tokens: Any, skip_special_tokens: bool = True) -> str:
+    """Text of one id sequence [L], cut at its first EOS."""
+    arr = _as_id_array(tokens)
+    if arr.ndim != 1:
+      raise TokenizerError(f"decode_one expects a 1-D id sequence [L], got shape {arr.shape}")
+    return self._decode_row(arr, 0, skip_special_tokens)
+
+  def decode(self, tokens: Any, skip_special_tokens: bool = True) -> list[str]:
+    """Texts of ids [B, L] (or [L]), each row cut at its first EOS; ids outside the
+    vocabulary raise :class:`TokenizerError`."""
+    arr = _as_id_array(tokens)
+    if arr.ndim == 1:
+      arr = arr[None, :]
+    if arr.ndim != 2:
+      raise TokenizerError(f"decode expects ids of shape [B, L] or [L], got shape {arr.shape}")
+    return [self._decode_row(row, i, skip_special_tokens) for i, row in enumerate(arr)]
+
+  def decode_continuations(self, tokens: Any) -> list[str]:
+    """Texts of generated tokens [B, L] (or [L]), each cut at its first EOS."""
+    return self.decode(tokens)
+
+  def _decode_row(self, row: np.ndarray, index: int, skip_special_tokens: bool) -> str:
+    eos = np.flatnonzero(row == self.eos_id)
+    if eos.size:
+      row = row[: eos[0]]
+    bad = row[(row < 0) | (row >= self.vocab_size)]
+    if bad.size:
+      raise TokenizerError(f"row {index} holds id {int(bad[0])} outside the tokenizer "
+                           f"vocabulary [0, {self.vocab_size})")
+    return self.processor.decode([int(t) for t in row], skip_special_tokens=skip_special_tokens)
+
+
+def load_hf_tokenizer(path: str | os.PathLike) -> HFTokenizer:
+  """Loads ``tokenizer.json`` (a file, or a directory holding it) with its conventions.
+
+  Special tokens, first found: ``tokenizer_config.json`` (``bos_token``, ``eos_token``,
+  ``pad_token``, ``unk_token``), ``special_tokens_map.json``, then the ids of
+  ``config.json`` (``bos_token_id``, ...). Without an EOS token, ``<|endoftext|>`` or
+  ``</s>`` when the vocabulary has one. BOS is prepended when the file's post-processor
+  puts it first (Llama's template) and not otherwise (GPT-2): what ``transformers`` 5 does
+  with the same files, whatever ``add_bos_token`` says.
+
+  Raises:
+    TokenizerError: missing or malformed files, no EOS token, a named token not in the
+      vocabulary; or the ``tokenizers`` library is not installed.
+  """
+  try:
+    import tokenizers
+  except ImportError as e:
+    raise TokenizerError("a Hugging Face tokenizer.json needs the `tokenizers` library: "
+                         "pip install 'specdec-jax[lm]' (or pip install tokenizers)") from e
+  path = pathlib.Path(path)
+  file = path / HF_FILENAME if path.is_dir() else path
+  try:
+    processor = tokenizers.Tokenizer.from_file(str(file))
+  except Exception as e:  # the library raises its own Exception subclass for bad JSON
+    if not file.is_file():
+      raise TokenizerError(f"tokenizer file not found: {str(file)!r}") from e
+    raise TokenizerError(f"{str(file)!r} is not a valid Hugging Face tokenizer.json: {e}") from e
+  meta = _special_tokens(file.parent)
+
+  def token_id(name: str) -> int | None:
+    token = meta.get(name)
+    if token is None:
+      return meta.get(name + "_id")
+    found = processor.token_to_id(token)
+    if found is None:
+      raise TokenizerError(f"{str(file)!r}: {name} {token!r} is not in the vocabulary")
+    return found
+
+  eos = token_id("eos_token")
+  for fallback in ("<|endoftext|>", "</s>"):
+    eos = processor.token_to_id(fallback) if eos is None else eos
+  if eos is None:
+    raise TokenizerError(f"{str(file)!r}: no EOS token (set eos_token in tokenizer_config.json)")
+  bos = token_id("bos_token")
+  probe = processor.encode("a", add_special_tokens=True).ids
+  add_bos = bos is not None and len(probe) > 0 and probe[0] == bos
+  pad = token_id("pad_token")
+  return HFTokenizer(processor=processor, path=str(file), eos_id=int(eos),
+                     pad_id=int(eos if pad is None else pad),
+                     bos_id=None if bos is None else int(bos), add_bos=bool(add_bos),
+                     unk_id=token_id("unk_token"))
+
+
+def _special_tokens(directory: pathlib.Path) -> dict:
+  """{"bos_token": str, "bos_token_id": int, ...} from the files
+  beside tokenizer.json; earlier files win (tokenizer_config over special_tokens_map over
+  config)."""
+  out: dict = {}
+  names = ("bos_token", "eos_token", "pad_token", "unk_token")
+  for fname in ("tokenizer_config.json", "special_tokens_map.json", "config.json"):
+    f = directory / fname
+    if not f.is_file():
+      continue
+    try:
+      data = json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+      raise TokenizerError(f"cannot read {str(f)!r}: {e}") from e
+    if not isinstance(data, dict):
+      raise TokenizerError(f"{str(f)!r} is not a JSON object")
+    for name in names:
+      value = data.get(name)
+      if isinstance(value, dict):      # {"content": "<s>", "lstrip": false, ...}
+        value = value.get("content")
+      if isinstance(value, str):
+        out.setdefault(name, value)
+      ident = data.get(name + "_id")
+      if isinstance(ident, list):      # config.json may list several EOS ids: the first ends
+        ident = ident[0] if ident else None
+      if isinstance(ident, int) and not isinstance(ident, bool):
+        out.setdefault(name + "_id", ident)
+  return out
+
+
+def check_tokenizer(tok: "Tokenizer | HFTokenizer", model: Any,
+                    max_padding: int = MAX_EMBEDDING_PADDING) -> None:
+  """Refuses a tokenizer whose ids do not mean the model's tokens.
+
+  The model's vocabulary (``model.vocab_size`` or ``model.config.vocab_size``) must hold
+  every tokenizer id and exceed the tokenizer's by less than ``max_padding`` (an embedding
+  padded for the hardware); a decoder-only model's EOS (and BOS, when both name one) must
+  be the tokenizer's.
+
+  Raises:
+    TokenizerError: naming both sizes or both ids.
+  """
+  config = getattr(model, "config", model)
+  v_model, v_tok = int(config.vocab_size), int(tok.vocab_size)
+  if v_tok > v_model or v_model - v_tok >= max_padding:
+    raise TokenizerError(
+        f"tokenizer {tok.path!r} has {v_tok} ids but the model's vocabulary is {v_model}: "
+        "they do not belong together (a model may pad its embedding past the tokenizer's "
+        f"vocabulary by less than {max_padding}, never the other way)")
+  if getattr(config, "is_decoder_only", False):
+    for name in ("eos_id", "bos_id"):
+      ours, theirs = getattr(tok, name), getattr(config, name, None)
+      if ours is not None and theirs is not None and ours != theirs:
+        raise TokenizerError(f"tokenizer {tok.path!r} has {name} {ours}, the model {theirs}: "
+                             "generation would not stop (or start) where the model expects")
+
+
 # ---------------------------------------------------------------------------- helpers
 
 
@@ -316,7 +568,8 @@ def _model_in_dir(directory: pathlib.Path) -> pathlib.Path:
   for name in MODEL_FILENAMES:
     if (directory / name).is_file():
       return directory / name
-  raise TokenizerError(f"directory {str(directory)!r} holds none of {', '.join(MODEL_FILENAMES)}")
+  raise TokenizerError(f"directory {str(directory)!r} holds none of "
+                       f"{', '.join(MODEL_FILENAMES)}, {HF_FILENAME}")
 
 
 def _load_bundled(name: str) -> Tokenizer:
@@ -361,6 +614,20 @@ def _fit_row(row: list[int], index: int, length: int, add_eos: bool, truncate: b
         "pass truncate=True to cut it"
     )
   return row[: length - 1] + [EOS_ID] if add_eos else row[:length]
+
+
+def _prompt_matrix(rows: list[list[int]], max_length: int | None, truncate: bool,
+                   pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+  """(int32 [B, P] right-padded with `pad_id`, int32 [B] lengths) of rows without EOS."""
+  if max_length is None:
+    length = max((len(r) for r in rows), default=0)
+  else:
+    length = _check_max_length(max_length, False)
+    rows = [_fit_row(r, i, length, False, truncate) for i, r in enumerate(rows)]
+  out = np.full((len(rows), length), pad_id, dtype=np.int32)
+  for i, r in enumerate(rows):
+    out[i, : len(r)] = r
+  return out, np.asarray([len(r) for r in rows], np.int32)
 
 
 def _pad_rows(rows: list[list[int]], length: int) -> np.ndarray:
