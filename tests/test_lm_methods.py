@@ -17,6 +17,7 @@ import pytest
 
 import specdec_jax as sd
 from conftest import peaked, perturbed
+from specdec_jax import cache as cache_lib
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.drafters import lattice
 from specdec_jax.drafters.heads import heads_loss
@@ -146,6 +147,31 @@ def test_blockwise_greedy_equals_baseline(name):
   if name == "plain":      # the oracle's calls: at least one per round it could shorten
     oracle = np.asarray(out.counters.oracle_calls)
     assert np.all(oracle >= 1) and np.all(oracle <= np.asarray(out.lengths))
+
+
+def test_anchored_cache_counts_after_the_prompt():
+  """`anchored` moves the prefill's length into the offset; decoding k tokens then equals
+  decoding them unanchored, and `cache.move` copies slots counted after the offset."""
+  target, _ = pair()
+  p, lengths = jnp.asarray(prompts()), jnp.asarray(LENGTHS, jnp.int32)
+  plain = target.start(p, 16, lengths)
+  anchored = plain.anchored()
+  np.testing.assert_array_equal(np.asarray(anchored.offset), np.asarray(lengths) - 1)
+  np.testing.assert_array_equal(np.asarray(anchored.length), 0)
+  tok = jnp.stack([target.first_tokens(p, lengths), jnp.full((4,), 9)], axis=1)
+  a, plain = target.decode(tok, plain)
+  b, anchored = target.decode(tok, anchored)
+  np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  np.testing.assert_array_equal(np.asarray(anchored.length), 2)
+  moved = cache_lib.move(anchored, jnp.full((4, 1), 1), jnp.full((4, 1), 2))
+  rows = np.arange(4)
+  slot = np.asarray(anchored.offset)
+  key, new = np.asarray(anchored.self_key[0]), np.asarray(moved.self_key[0])
+  np.testing.assert_array_equal(new[rows, :, slot + 2], key[rows, :, slot + 1])
+  np.testing.assert_array_equal(new[rows, :, slot + 1], key[rows, :, slot + 1])
+  with pytest.raises(sd.InputError, match="decoder-only caches"):
+    t5 = sd.init_model(sd.get_config("t5_1_1_tiny"), 0)
+    t5.start(jnp.asarray([[5, 6, 1]]), 4).anchored()
 
 
 def test_ragged_batch_equals_each_row_alone():
