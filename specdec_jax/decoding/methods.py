@@ -136,13 +136,14 @@ class Speculative(Method):
   """Speculative decoding (Leviathan et al.): a drafter proposes, the target verifies.
 
   Attributes:
-    drafter: a `Model` with the target's vocabulary, a drafter of `specdec_jax.drafters`
-      (`sd.NGramDrafter`, `sd.PromptLookupDrafter`), or any proposer.
+    drafter: a `Model` of the target's kind (T5 or decoder-only) and vocabulary, a drafter
+      of `specdec_jax.drafters` (`sd.NGramDrafter`, `sd.PromptLookupDrafter`), or any
+      proposer.
     gamma: drafts per round (the maximum, with `adaptive`), >= 1.
     adaptive: True or an `sd.AdaptiveGamma`: per-row gamma in 1..gamma chosen on device.
     lenience: 1 is exact; in (0, 1) is their lossy variant (reported as lossy).
     drafter_encoder_tokens: int [B, Le'] the drafter's input if it differs from the
-      target's (None: the same).
+      target's (None: the same; a decoder-only drafter continues the target's prompt).
     accept: another acceptance rule (see `acceptance`), for research; None: the exact
       rule `acceptance.SpeculativeSampling(lenience)`.
     exact: every target call of `engine.EXACT_WIDTH` tokens: greedy output bitwise the
@@ -218,7 +219,8 @@ class BiLD(Method):
   """BiLD, the Big Little Decoder (Kim et al. 2023); the target is the large model. Lossy.
 
   Attributes:
-    small: a `Model` with the same vocabulary, or `sd.early_exit(large, k)`.
+    small: a `Model` of the large one's kind with the same vocabulary, or
+      `sd.early_exit(large, k)`.
     fallback_threshold: in [0, 1]; the small model hands over when max p_S <= it.
     rollback_threshold: > 0; roll back a small token y when -log p_L(y) > it (inf: never).
     max_small_steps: most consecutive small-model tokens before the large model runs.
