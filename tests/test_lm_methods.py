@@ -77,6 +77,7 @@ DRAFTERS = {
     "model-adaptive": lambda d: sd.Speculative(d, gamma=4, adaptive=True),
     "ngram": lambda d: sd.Speculative(ngram_drafter(), gamma=3),
     "prompt-lookup": lambda d: sd.Speculative(sd.PromptLookupDrafter(512), gamma=2),
+    "early-exit": lambda d: sd.Speculative(sd.early_exit(pair()[0], 1), gamma=3),
 }
 
 
@@ -117,11 +118,14 @@ def test_bild_fallback_threshold_one_equals_baseline(small):
   assert_same(out, baseline())
 
 
-def test_bild_drafts_with_an_lm_small_model():
-  """A decoder-only small model drafts while confident; the large one verifies; rows end
-  exactly at their EOS."""
+@pytest.mark.parametrize("small", ["model", "early-exit"])
+def test_bild_drafts_with_an_lm_small_model(small):
+  """A decoder-only small model (or the target's first layer) drafts while confident; the
+  large one verifies; rows end exactly at their EOS."""
   target, drafter = pair()
-  out = sd.decode(target, sd.BiLD(drafter, fallback_threshold=0.3), prompts(), max_new_tokens=T)
+  small_model = drafter if small == "model" else sd.early_exit(target, 1)
+  out = sd.decode(target, sd.BiLD(small_model, fallback_threshold=0.3), prompts(),
+                  max_new_tokens=T)
   assert out.stats["drafter_tokens"] > 0
   np.testing.assert_array_equal(np.asarray(out.lengths) < T,
                                 np.any(np.asarray(out.tokens) == 1, axis=1))
