@@ -24,6 +24,9 @@ the cache holds every prompt token except the last, and the first token a decode
 for row b is ``prompt[b, P_b - 1]`` (`first_tokens`; the role T5's decoder start token
 plays). A token's position (learned table or rotary) is its slot index, so a row's stale
 pad slots beyond its length are overwritten by later decode calls and never read.
+The round engine anchors the prefilled cache (`DecoderCache.anchored`: offset P_b - 1,
+length 0), so that its length counts tokens after the prompt as a T5 decoder's does;
+`decode` writes at slot offset + length either way.
 
 Entry points:
   `__call__(tokens [B, L])`                 full causal pass -> logits f32 [B, L, V],
