@@ -325,6 +325,41 @@ def test_heads_loss_on_an_lm():
     heads_loss(target, heads, text, text)
 
 
+def test_heads_trained_on_an_lm_draft_accepted_tokens(tmp_path):
+  """Heads fitted (frozen LM, optax adam) to the LM's own greedy continuations of the
+  prompts: saved and loaded for it, their blockwise drafts are accepted (more than one
+  token per call) and the output is still the baseline's."""
+  import optax
+  target, _ = pair()
+  p = prompts()
+  greedy = np.asarray(sd.generate(target, p, T, eos_id=-1).tokens)
+  texts = np.zeros((len(LENGTHS), 8 + T), np.int32)      # each prompt, then its continuation
+  for b, n in enumerate(LENGTHS):
+    texts[b, :n + T] = np.concatenate([p[b, :n], greedy[b]])
+  texts = jnp.asarray(texts)
+  heads = sd.init_heads(target, 3, rng=1)
+  opt = optax.adam(1e-2)
+
+  @jax.jit
+  def step(params, state):
+    loss = lambda q: heads_loss(target, heads.replace(params=q), None, texts)[0]
+    value, grads = jax.value_and_grad(loss)(params)
+    updates, state = opt.update(grads, state)
+    return optax.apply_updates(params, updates), state, value
+
+  params, state = heads.params, opt.init(heads.params)
+  values = []
+  for _ in range(60):
+    params, state, value = step(params, state)
+    values.append(float(value))
+  assert values[-1] < 0.3 * values[0], values[::10]
+  sd.save_heads(tmp_path, heads.replace(params=params))
+  trained = sd.load_heads(tmp_path, target)
+  out = sd.decode(target, sd.Blockwise(trained), p, max_new_tokens=T, eos_id=-1)
+  np.testing.assert_array_equal(np.asarray(out.tokens), greedy)
+  assert out.stats["tokens_per_target_call"] > 1.5, out.stats["tokens_per_target_call"]
+
+
 def test_bad_inputs():
   target, _ = pair()
   t5 = sd.init_model(sd.get_config("t5_1_1_tiny").replace(vocab_size=512), 0)
