@@ -135,6 +135,7 @@ BLOCKWISE = {
     "plain": dict(),
     "parallel": dict(top_k=2, num_drafts=2),
     "ngram-rescored": dict(top_k=2, rescoring="ngram"),
+    "neural-rescored": dict(top_k=2, rescoring="neural"),
 }
 
 
@@ -145,6 +146,8 @@ def test_blockwise_greedy_equals_baseline(name):
   settings = dict(BLOCKWISE[name])
   if settings.get("rescoring") == "ngram":
     settings["rescorer"] = lattice.NGramLM.fit([np.asarray(baseline().tokens)[0]], 512)
+  if settings.get("rescoring") == "neural":       # a decoder-only rescorer on the prompt
+    settings["rescorer"] = pair()[1]
   out = sd.decode(target, sd.Blockwise(heads, oracle=name == "plain", **settings), prompts(),
                   max_new_tokens=T)
   assert_same(out, baseline())
