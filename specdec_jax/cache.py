@@ -5,6 +5,13 @@ capacity C, and as a separate part (`CrossKV`) the cross-attention K/V of the
 encoder output (computed once per request).
 Each row b has its own `length[b]`: positions ``0 .. length[b]-1`` are valid.
 
+A decoder-only model's cache also holds its prompt. An ANCHORED cache (`anchored`) keeps
+the prompt before a per-row `offset[b]` and counts `length[b]` from there: the row's
+valid slots are ``0 .. offset[b] + length[b] - 1`` and a decode call writes at slot
+``offset[b] + length[b]``. So `length` means "positions after the prompt" for every model,
+and code that rolls a cache back by length (the round engine, the drafters) is the same
+for a T5 decoder (no offset: None, i.e. 0) and a decoder-only LM.
+
 A decode call with k tokens per row writes their K/V at positions
 ``length[b] .. length[b]+k-1`` (OVERWRITING whatever was there), attends
 causally among them and to the row's valid prefix, and returns the cache with
@@ -25,6 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+
+from specdec_jax.errors import InputError
 
 
 @struct.dataclass
@@ -48,14 +57,17 @@ class DecoderCache:
   Attributes:
     self_key, self_value: per layer, [B, H, C, Dh] self-attention buffers (heads-major,
       as attention consumes them: reading a buffer needs no transpose).
-    length: [B] int32, number of valid positions per row.
+    length: [B] int32, number of valid positions per row (after `offset`).
     cross: the cross-attention part (an encoder-decoder's), or None for a decoder alone.
+    offset: [B] int32 slots before position 0 of `length` (a decoder-only model's prompt,
+      see `anchored`), or None: 0 (T5).
   """
 
   self_key: tuple[jax.Array, ...]
   self_value: tuple[jax.Array, ...]
   length: jax.Array
   cross: CrossKV | None = None
+  offset: jax.Array | None = None
 
   @property
   def capacity(self) -> int:
@@ -68,6 +80,21 @@ class DecoderCache:
   def with_length(self, length: jax.Array) -> "DecoderCache":
     """Rollback (or set) every row's valid length: nothing is copied."""
     return self.replace(length=jnp.asarray(length, jnp.int32))
+
+  @property
+  def next_slot(self) -> jax.Array:
+    """[B] int32 the slot the next decoded token is written to: offset + length."""
+    return self.length if self.offset is None else self.offset + self.length
+
+  def anchored(self) -> "DecoderCache":
+    """The same buffers with every row's valid prefix moved into `offset` (length 0).
+
+    A decoder-only prefill (`Model.start`) leaves length P_b - 1; anchored, `length`
+    counts the tokens decoded after the prompt, as a T5 decoder's does from its start.
+    """
+    if self.cross is not None:
+      raise InputError("anchored() is for decoder-only caches: a T5 decoder starts empty")
+    return self.replace(offset=self.next_slot, length=jnp.zeros_like(self.length))
 
 
 def write(buffer: jax.Array, new: jax.Array, positions: jax.Array) -> jax.Array:
@@ -115,8 +142,11 @@ def key_positions(slots: jax.Array, positions: jax.Array, num_keys: int) -> jax.
 
 
 def move(cache: DecoderCache, src: jax.Array, dst: jax.Array) -> DecoderCache:
-  """Copy every layer's K/V at slots `src` [B, g] to slots `dst` [B, g] (parallel drafts:
-  the accepted draft's entries move to where a single draft would have written them)."""
+  """Copy every layer's K/V at positions `src` [B, g] to positions `dst` [B, g], both
+  counted after the cache's offset (parallel drafts: the accepted draft's entries move to
+  where a single draft would have written them)."""
+  if cache.offset is not None:
+    src, dst = src + cache.offset[:, None], dst + cache.offset[:, None]
   idx = src[:, None, :, None]
 
   def moved(buffer):

@@ -73,9 +73,12 @@ class Adaptive:
   def kind(self) -> str:
     return self.inner.kind
 
-  def init(self, encoder_tokens: Array, capacity: int) -> AdaptiveState:
+  def init(self, encoder_tokens: Array, capacity: int,
+           lengths: Array | None = None) -> AdaptiveState:
     alpha = jnp.full((encoder_tokens.shape[0],), self.policy.initial_alpha, jnp.float32)
-    return AdaptiveState(inner=self.inner.init(encoder_tokens, capacity), alpha_ema=alpha,
+    inner = (self.inner.init(encoder_tokens, capacity) if lengths is None
+             else self.inner.init(encoder_tokens, capacity, lengths=lengths))
+    return AdaptiveState(inner=inner, alpha_ema=alpha,
                          gamma=self.policy.choose(alpha, self.gamma_max))
 
   def propose(self, state: AdaptiveState, ctx: RoundContext, key: Array) -> Proposal:

@@ -32,8 +32,11 @@ def round_config(max_new_tokens: int, sampling=None, eos_id: int = 1,
 
 def generate(model: Model, encoder_tokens, max_new_tokens: int = 64,
              sampling: sampling_lib.SamplingSettings | None = None, rng=None,
-             eos_id: int | None = None, exact: bool | None = None) -> DecodeOutput:
-  """Decode up to `max_new_tokens` per row from `encoder_tokens` [B, Le] (0-padded).
+             eos_id: int | None = None, exact: bool | None = None,
+             prompt_lengths=None) -> DecodeOutput:
+  """Decode up to `max_new_tokens` per row from `encoder_tokens` [B, Le] (0-padded), or
+  continue a decoder-only model's right-padded prompts [B, P] (`prompt_lengths` [B]: their
+  lengths; None: one past each row's last non-pad token).
 
   exact: compute every step with the call shape every drafter/verifier method uses
   (`engine.EXACT_WIDTH` tokens; unpadded on a `Model.width_invariant_decode` target,
@@ -44,4 +47,4 @@ def generate(model: Model, encoder_tokens, max_new_tokens: int = 64,
   """
   from specdec_jax.decoding import methods   # methods builds on this module
   return methods.decode(model, methods.Autoregressive(exact=exact), encoder_tokens,
-                        max_new_tokens, sampling, rng, eos_id)
+                        max_new_tokens, sampling, rng, eos_id, prompt_lengths)

@@ -113,7 +113,8 @@ def bild_generate(large: Model, small: Any, encoder_tokens, fallback_threshold: 
                   rollback_threshold: float = 5.0, max_small_steps: int = 10,
                   max_new_tokens: int = 64, sampling: sampling_lib.SamplingSettings | None = None,
                   rng=None, eos_id: int | None = None, batch_policy: str = "wait",
-                  small_encoder_tokens=None, exact: bool | None = None) -> DecodeOutput:
+                  small_encoder_tokens=None, exact: bool | None = None,
+                  prompt_lengths=None) -> DecodeOutput:
   """BiLD decoding of `encoder_tokens` [B, Le] (0-padded). Lossy by design.
 
   Args:
@@ -130,6 +131,7 @@ def bild_generate(large: Model, small: Any, encoder_tokens, fallback_threshold: 
     small_encoder_tokens: the small model's input if it differs (default: the large's).
     exact: large-model calls of `engine.EXACT_WIDTH` tokens (as `generate(exact=True)`),
       so fallback_threshold=1.0 is bitwise the large model's greedy output. None: greedy.
+    prompt_lengths: a decoder-only model's prompt lengths [B] (`sd.decode`).
   Returns:
     DecodeOutput(tokens [B, max_new_tokens], lengths [B], counters; `.stats` mapping).
   """
@@ -138,7 +140,8 @@ def bild_generate(large: Model, small: Any, encoder_tokens, fallback_threshold: 
                         rollback_threshold=rollback_threshold, max_small_steps=max_small_steps,
                         batch_policy=batch_policy, small_encoder_tokens=small_encoder_tokens,
                         exact=exact)
-  return methods.decode(large, method, encoder_tokens, max_new_tokens, sampling, rng, eos_id)
+  return methods.decode(large, method, encoder_tokens, max_new_tokens, sampling, rng, eos_id,
+                        prompt_lengths)
 
 
 def early_exit(model: Model, exit_layer: int = 1) -> EarlyExitDrafter:

@@ -149,7 +149,8 @@ def blockwise_generate(model: Model, heads: Heads, encoder_tokens, max_new_token
                        rescoring_weight: float = 1.0, rescorer: Any = None,
                        sampling: sampling_lib.SamplingSettings | None = None, rng=None,
                        eos_id: int | None = None, oracle: bool = False,
-                       accept=None, exact: bool | None = None) -> DecodeOutput:
+                       accept=None, exact: bool | None = None,
+                       prompt_lengths=None) -> DecodeOutput:
   """Blockwise parallel decoding of `encoder_tokens` [B, Le] with `heads` on `model`.
 
   Args:
@@ -164,26 +165,48 @@ def blockwise_generate(model: Model, heads: Heads, encoder_tokens, max_new_token
     accept: another acceptance rule (research; see `acceptance`).
     exact: verifier calls of `engine.EXACT_WIDTH` tokens (as `generate(exact=True)`), so
       greedy output is bitwise the baseline's on any backend. None: greedy, if it fits.
+    prompt_lengths: a decoder-only model's prompt lengths [B] (`sd.decode`).
   """
   from specdec_jax.decoding import methods   # methods builds on this module
   method = methods.Blockwise(heads, top_k=top_k, num_drafts=num_drafts, rescoring=rescoring,
                              rescorer=rescorer, rescoring_weight=rescoring_weight,
                              oracle=oracle, accept=accept, exact=exact)
-  return methods.decode(model, method, encoder_tokens, max_new_tokens, sampling, rng, eos_id)
+  return methods.decode(model, method, encoder_tokens, max_new_tokens, sampling, rng, eos_id,
+                        prompt_lengths)
+
+
+def output_states(model: Model, inputs: Array, tokens: Array,
+                  prompt_lengths: Array | None = None) -> Array:
+  """Teacher-forced final states [B, T, E] that predicted each output token tokens [B, T].
+
+  T5: the decoder over [start, tokens[:-1]] reading the encoder `inputs`. Decoder-only: one
+  causal pass over each row's prompt (`inputs` [B, P], right-padded, `prompt_lengths`)
+  followed by its tokens, read from the prompt's last token on.
+  """
+  if not model.is_decoder_only:
+    dec_in = jnp.concatenate([jnp.zeros_like(tokens[:, :1]), tokens[:, :-1]], axis=1)
+    return model.hidden_states(inputs, dec_in)
+  batch, length = tokens.shape
+  cols = prompt_lengths[:, None] + jnp.arange(length)[None]                   # [B, T]
+  full = jnp.pad(inputs, ((0, 0), (0, length)), constant_values=model.config.pad_id)
+  full = full.at[jnp.arange(batch)[:, None], cols].set(tokens)
+  states = model.hidden_states(full)                                          # [B, P + T, E]
+  return jnp.take_along_axis(states, (cols - 1)[..., None], axis=1)
 
 
 @functools.partial(jax.jit, static_argnames=("top_k",))
 def oracle_calls(model: Model, heads: Heads, encoder_tokens: Array, tokens: Array,
-                 lengths: Array, top_k: int) -> Array:
+                 lengths: Array, top_k: int, prompt_lengths: Array | None = None) -> Array:
   """[B] target calls an oracle drafting from the top-k lattice needs for the same output.
 
   The oracle decodes the same output: the first round has no heads' state (1 token);
   then, with the last emitted token at index i, head j+2 at state i-1 may propose token
   i+j; it accepts the longest prefix inside the heads' top-k sets, plus one target token.
   One teacher-forced pass gives every state; the walk is a loop on device.
+  `prompt_lengths`: a decoder-only model's (`encoder_tokens` are then its prompts).
   """
-  dec_in = jnp.concatenate([jnp.zeros_like(tokens[:, :1]), tokens[:, :-1]], axis=1)
-  logits = head_logits(model, heads, model.hidden_states(encoder_tokens, dec_in))  # [B,T,G,V]
+  states = output_states(model, encoder_tokens, tokens, prompt_lengths)
+  logits = head_logits(model, heads, states)                                   # [B,T,G,V]
   batch, length, g = logits.shape[:3]
   ahead = jnp.arange(length)[:, None] + jnp.arange(g)[None, :] + 1                # [T, G]
   target = jnp.take_along_axis(jnp.pad(tokens, ((0, 0), (0, g + 1))),

@@ -161,16 +161,51 @@ class RoundConfig:
 
 
 def init_state(target: Model, proposer: Any, encoder_tokens: Array, config: RoundConfig,
-               rng: Array, proposer_inputs: Array | None = None) -> RoundState:
-  """Run the target's encoder once, build empty caches, and the proposer's first state."""
+               rng: Array, proposer_inputs: Array | None = None,
+               prompt_lengths: Array | None = None) -> RoundState:
+  """Start a request: the target's encoder (T5) or prompt prefill (decoder-only), the
+  caches, and the proposer's first state.
+
+  A decoder-only target's prompt [B, P] (right-padded, `prompt_lengths` [B]) is prefilled
+  into a cache of `cache_capacity(...)` slots, anchored after each row's prompt but its
+  last token (`DecoderCache.anchored`): from there on its length counts the tokens after
+  the prompt, as a T5 decoder's counts them after its start token, so every phase below
+  is the same for both. The last prompt token is `seq[:, 0]`, where T5 has its start token.
+  """
   batch = encoder_tokens.shape[0]
   inputs = encoder_tokens if proposer_inputs is None else proposer_inputs
+  if not target.is_decoder_only:
+    return RoundState(
+        seq=buffer.init_sequence(batch, config.max_new_tokens, target.config.decoder_start_id),
+        n=jnp.zeros((batch,), jnp.int32), done=jnp.zeros((batch,), jnp.bool_),
+        cache=target.start(encoder_tokens, config.capacity),
+        proposer=proposer.init(inputs, config.capacity), rng=rng,
+        stats=DecodeStats.zeros(batch, config.max_proposals))
+  capacity = cache_capacity(target, config, encoder_tokens.shape[1])
   return RoundState(
-      seq=buffer.init_sequence(batch, config.max_new_tokens, target.config.decoder_start_id),
+      seq=buffer.init_sequence(batch, config.max_new_tokens,
+                               target.first_tokens(encoder_tokens, prompt_lengths)),
       n=jnp.zeros((batch,), jnp.int32), done=jnp.zeros((batch,), jnp.bool_),
-      cache=target.start(encoder_tokens, config.capacity),
-      proposer=proposer.init(inputs, config.capacity), rng=rng,
+      cache=target.start(encoder_tokens, capacity, prompt_lengths).anchored(),
+      proposer=proposer.init(inputs, capacity, lengths=prompt_lengths), rng=rng,
       stats=DecodeStats.zeros(batch, config.max_proposals))
+
+
+def cache_capacity(model: Model, config: RoundConfig, prompt_length: int) -> int:
+  """Cache slots of a decoder-only model decoding after a prompt buffer of `prompt_length`:
+  the prompt, then `config.capacity` (T and the rounds' slack).
+
+  A learned position table caps it at `max_positions`: slots past the cap only ever
+  receive tokens beyond the T-th (a last round's surplus drafts, exact mode's padding),
+  whose writes are dropped and whose logits are never used; every token up to the T-th
+  fits when prompt_length + T <= max_positions (`inputs.check_prompt` checks it). Every
+  method's target cache has the same capacity for the same (prompt, T, call width).
+  """
+  capacity = config.capacity + prompt_length
+  limit = getattr(model.config, "max_positions", None)
+  if getattr(model.config, "positions", None) == "learned" and limit is not None:
+    capacity = min(capacity, limit)
+  return capacity
 
 
 # ----------------------------------------------------------------------------- one round
@@ -278,18 +313,28 @@ def finish(state: RoundState, config: RoundConfig) -> buffer.DecodeOutput:
 
 
 def run(target: Model, proposer: Any, encoder_tokens: Array, proposer_inputs: Array | None,
-        rng: Array, *, config: RoundConfig) -> buffer.DecodeOutput:
+        rng: Array, *, config: RoundConfig,
+        prompt_lengths: Array | None = None) -> buffer.DecodeOutput:
   """The whole decode as ONE jitted `lax.while_loop` of `round_step`, on the models
-  packed for the CPU kernels (`sd.pack`: once per Model object)."""
+  packed for the CPU kernels (`sd.pack`: once per Model object).
+
+  A decoder-only target takes its prompts [B, P] as `encoder_tokens`, with their lengths
+  `prompt_lengths` [B] (required: `inputs.check_prompt` gives them).
+  """
+  if target.is_decoder_only and prompt_lengths is None:
+    raise InputError("a decoder-only target needs prompt_lengths (inputs.check_prompt)")
   target, proposer = packing.pack((target, proposer))
   return _run(target, proposer, encoder_tokens, proposer_inputs, rng, config=config,
+              prompt_lengths=prompt_lengths,
               layout=sharding.decode_layout(target, encoder_tokens))
 
 
 @functools.partial(jax.jit, static_argnames=("config", "layout"))
 def _run(target: Model, proposer: Any, encoder_tokens: Array, proposer_inputs: Array | None,
-         rng: Array, *, config: RoundConfig, layout=None) -> buffer.DecodeOutput:
-  state = init_state(target, proposer, encoder_tokens, config, rng, proposer_inputs)
+         rng: Array, *, config: RoundConfig, prompt_lengths: Array | None = None,
+         layout=None) -> buffer.DecodeOutput:
+  state = init_state(target, proposer, encoder_tokens, config, rng, proposer_inputs,
+                     prompt_lengths)
   if layout is not None:     # on a mesh: caches by batch and heads (`sd.sharding`)
     state = sharding.constrain_state(state, layout)
   state = jax.lax.while_loop(

@@ -4,6 +4,8 @@ Every public decode function runs these on its raw arguments first, so a malform
 request fails with an `InputError` that names the argument, never inside a jit trace:
 
     check_request(encoder_tokens, config, max_new_tokens)   tokens [B, Le] -> int32 array
+    check_prompt(prompt, config, max_new_tokens, lengths)   a decoder-only request -> (prompt,
+                                                             lengths [B])
     resolve_eos(eos_id, config)                              the stop token, in the vocabulary
     as_rng(rng, sampling)                                    one PRNG key (required to sample)
     check_heads_value(heads)                                 prediction heads, not a Model
@@ -36,7 +38,7 @@ def check_request(encoder_tokens, config: T5Config, max_new_tokens: int) -> Arra
   encoder_tokens = as_token_array(encoder_tokens, "encoder_tokens")
   check_tokens(encoder_tokens, config, "encoder_tokens")
   max_new_tokens = check_positive_int(max_new_tokens, "max_new_tokens")
-  limit = config.max_encoder_length
+  limit = getattr(config, "max_encoder_length", None)
   if limit is not None and encoder_tokens.shape[1] > limit:
     raise InputError(f"encoder_tokens has length {encoder_tokens.shape[1]}, longer than the "
                      f"model allows (max_encoder_length={limit})")
@@ -44,6 +46,32 @@ def check_request(encoder_tokens, config: T5Config, max_new_tokens: int) -> Arra
     check_nonempty_rows(np.asarray(encoder_tokens), config, "encoder_tokens")
   check_buffer_fits(config, encoder_tokens.shape[0], max_new_tokens)
   return jnp.asarray(encoder_tokens, jnp.int32)
+
+
+def check_prompt(prompt, config, max_new_tokens: int, lengths=None) -> tuple[Array, Array]:
+  """Validate a decoder-only request: right-padded prompts [B, P] and their lengths.
+
+  Returns (prompt int32 [B, P], lengths int32 [B]); `lengths` None: one past each row's
+  last token that is not the pad id (`lm.prompt_lengths`; pass them when a prompt may end
+  in the pad id, as GPT-2's EOS-padded prompts may). Every row needs P_b >= 1 tokens; an
+  EOS in a prompt is content (GPT-2 opens documents with it). With learned positions,
+  P + max_new_tokens must fit the table (`max_positions`).
+  """
+  from specdec_jax.models import lm
+  prompt = as_token_array(prompt, "prompt tokens")
+  check_tokens(prompt, config, "prompt tokens")
+  max_new_tokens = check_positive_int(max_new_tokens, "max_new_tokens")
+  if isinstance(prompt, jax.core.Tracer):
+    raise InputError("decode a decoder-only model on concrete prompts (its lengths are "
+                     "checked before tracing), not inside jit")
+  limit = config.max_positions if config.positions == "learned" else None
+  if limit is not None and prompt.shape[1] + max_new_tokens > limit:
+    raise InputError(f"a prompt buffer of {prompt.shape[1]} tokens and max_new_tokens="
+                     f"{max_new_tokens} exceed the model's {limit} learned positions "
+                     "(max_positions): shorten the prompt or lower max_new_tokens")
+  lengths = lm.check_prompt(prompt, lengths, prompt.shape[1], config)
+  check_buffer_fits(config, prompt.shape[0], max_new_tokens + prompt.shape[1])
+  return jnp.asarray(prompt, jnp.int32), jnp.asarray(lengths, jnp.int32)
 
 
 def as_token_array(tokens, name: str):
@@ -95,9 +123,11 @@ def device_memory_bytes() -> int | None:
 
 
 def cache_bytes(config: T5Config, batch: int, length: int) -> int:
-  """Bytes of a decoder self-attention cache: K and V [B, H, length, D] in every layer."""
+  """Bytes of a decoder self-attention cache: K and V [B, H_kv, length, D] in every layer
+  (H_kv: a decoder-only model's key/value heads; T5's heads)."""
   itemsize = jnp.dtype(config.dtype).itemsize
-  return (2 * config.num_decoder_layers * batch * config.num_heads * length
+  heads = getattr(config, "num_kv_heads", None) or config.num_heads
+  return (2 * config.num_decoder_layers * batch * heads * length
           * config.head_dim * itemsize)
 
 
@@ -108,10 +138,11 @@ def check_buffer_fits(config: T5Config, batch: int, max_new_tokens: int) -> None
   budget would otherwise surface as an out-of-memory error deep inside XLA.
   """
   need, have = cache_bytes(config, batch, max_new_tokens + 1), device_memory_bytes()
+  heads = getattr(config, "num_kv_heads", None) or config.num_heads
   if have is not None and need > have:
     raise InputError(
         f"max_new_tokens={max_new_tokens} needs a decoder cache of {need / 2**30:.1f} GiB "
-        f"(K and V [B={batch}, heads={config.num_heads}, {max_new_tokens + 1}, "
+        f"(K and V [B={batch}, heads={heads}, {max_new_tokens + 1}, "
         f"head_dim={config.head_dim}] {config.dtype} in {config.num_decoder_layers} layers), "
         f"more than the device's {have / 2**30:.1f} GiB: lower max_new_tokens or the batch")
 

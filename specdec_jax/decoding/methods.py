@@ -27,6 +27,7 @@ import math
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from flax import struct
 
 from specdec_jax import sampling as sampling_lib
@@ -93,7 +94,8 @@ class Method:
     """The proposer's own encoder input [B, Le'] (None: the target's)."""
     return None
 
-  def finish(self, target: Model, encoder_tokens: Array, out: DecodeOutput) -> DecodeOutput:
+  def finish(self, target: Model, encoder_tokens: Array, out: DecodeOutput,
+             prompt_lengths: Array | None = None) -> DecodeOutput:
     """Work after the loop (blockwise decoding's oracle); the output as is by default."""
     return out
 
@@ -134,13 +136,14 @@ class Speculative(Method):
   """Speculative decoding (Leviathan et al.): a drafter proposes, the target verifies.
 
   Attributes:
-    drafter: a `Model` with the target's vocabulary, a drafter of `specdec_jax.drafters`
-      (`sd.NGramDrafter`, `sd.PromptLookupDrafter`), or any proposer.
+    drafter: a `Model` of the target's kind (T5 or decoder-only) and vocabulary, a drafter
+      of `specdec_jax.drafters` (`sd.NGramDrafter`, `sd.PromptLookupDrafter`), or any
+      proposer.
     gamma: drafts per round (the maximum, with `adaptive`), >= 1.
     adaptive: True or an `sd.AdaptiveGamma`: per-row gamma in 1..gamma chosen on device.
     lenience: 1 is exact; in (0, 1) is their lossy variant (reported as lossy).
     drafter_encoder_tokens: int [B, Le'] the drafter's input if it differs from the
-      target's (None: the same).
+      target's (None: the same; a decoder-only drafter continues the target's prompt).
     accept: another acceptance rule (see `acceptance`), for research; None: the exact
       rule `acceptance.SpeculativeSampling(lenience)`.
     exact: every target call of `engine.EXACT_WIDTH` tokens: greedy output bitwise the
@@ -195,9 +198,17 @@ class Speculative(Method):
 
 def _drafter_inputs(proposer, own_tokens, encoder_tokens, max_new_tokens):
   """The drafting model's input [B, Le']: its own tokens if given, else the target's;
-  checked against its config when the proposer wraps a `ModelDrafter`."""
-  tokens = encoder_tokens if own_tokens is None else own_tokens
+  checked against its config when the proposer wraps a `ModelDrafter`. A decoder-only
+  drafter continues the target's own prompt (None: the target's)."""
   model_drafter = speculative.model_drafter(proposer)
+  if model_drafter is not None and model_drafter.model.is_decoder_only:
+    if own_tokens is not None:
+      raise InputError("a decoder-only drafter continues the target's prompt: drop the "
+                       "drafter's own input tokens")
+    inputs.check_prompt(encoder_tokens, model_drafter.model.config, max_new_tokens,
+                        jnp.ones((encoder_tokens.shape[0],), jnp.int32))
+    return None
+  tokens = encoder_tokens if own_tokens is None else own_tokens
   if model_drafter is not None:
     return inputs.check_request(tokens, model_drafter.model.config, max_new_tokens)
   return tokens
@@ -208,7 +219,8 @@ class BiLD(Method):
   """BiLD, the Big Little Decoder (Kim et al. 2023); the target is the large model. Lossy.
 
   Attributes:
-    small: a `Model` with the same vocabulary, or `sd.early_exit(large, k)`.
+    small: a `Model` of the large one's kind with the same vocabulary, or
+      `sd.early_exit(large, k)`.
     fallback_threshold: in [0, 1]; the small model hands over when max p_S <= it.
     rollback_threshold: > 0; roll back a small token y when -log p_L(y) > it (inf: never).
     max_small_steps: most consecutive small-model tokens before the large model runs.
@@ -327,11 +339,11 @@ class Blockwise(Method):
                                   self.num_drafts, self.rescoring, self.oracle, self.accept,
                                   self.exact)
 
-  def finish(self, target, encoder_tokens, out):
+  def finish(self, target, encoder_tokens, out, prompt_lengths=None):
     if not self.oracle:
       return out
     calls = blockwise.oracle_calls(target, self.heads, encoder_tokens, out.tokens, out.lengths,
-                                   self.top_k)
+                                   self.top_k, prompt_lengths)
     return out.replace(counters=out.counters.replace(oracle_calls=calls))
 
 
@@ -372,8 +384,11 @@ def field_docs(method_type: type) -> dict[str, str]:
 
 def decode(target: Model, method: Method, encoder_tokens, max_new_tokens: int = 64,
            sampling: sampling_lib.SamplingSettings | None = None, rng=None,
-           eos_id: int | None = None) -> DecodeOutput:
+           eos_id: int | None = None, prompt_lengths=None) -> DecodeOutput:
   """Decode `encoder_tokens` int [B, Le] (0-padded) with `method`; the target verifies.
+
+  A decoder-only target continues prompts: `encoder_tokens` are right-padded prompts
+  [B, P], row b's first P_b tokens real (docs/decoder-only.md).
 
   Args:
     target: the model whose output (or distribution) the method reproduces.
@@ -384,6 +399,8 @@ def decode(target: Model, method: Method, encoder_tokens, max_new_tokens: int = 
       alike to the target's and the proposer's distributions.
     rng: a PRNG key or an int seed (sampling).
     eos_id: a row stops after it (None: the target's EOS; negative: never).
+    prompt_lengths: int [B] a decoder-only target's prompt lengths P_b (None: one past
+      each row's last token that is not the pad id).
   Returns:
     DecodeOutput(tokens int [B, T] (0 after EOS), lengths int [B], counters; `.stats`).
 
@@ -399,12 +416,19 @@ def decode(target: Model, method: Method, encoder_tokens, max_new_tokens: int = 
   if not isinstance(method, METHODS):
     raise InputError(f"method must be one of sd.{', sd.'.join(m.__name__ for m in METHODS)}, "
                      f"got {type(method).__name__}")
-  encoder_tokens = inputs.check_request(encoder_tokens, target.config, max_new_tokens)
+  if target.is_decoder_only:
+    encoder_tokens, prompt_lengths = inputs.check_prompt(encoder_tokens, target.config,
+                                                         max_new_tokens, prompt_lengths)
+  elif prompt_lengths is not None:
+    raise InputError("prompt_lengths is for decoder-only targets; a T5 encoder input is "
+                     "masked by its pad tokens")
+  else:
+    encoder_tokens = inputs.check_request(encoder_tokens, target.config, max_new_tokens)
   sampling = sampling_lib.as_sampling(sampling)
   proposer = method.proposer(target, sampling)
   config = method.round_config(target, max_new_tokens, sampling,
                                inputs.resolve_eos(eos_id, target.config))
   proposer_inputs = method.proposer_inputs(proposer, encoder_tokens, max_new_tokens)
   out = engine.run(target, proposer, encoder_tokens, proposer_inputs, inputs.as_rng(rng, sampling),
-                   config=config)
-  return method.finish(target, encoder_tokens, out)
+                   config=config, prompt_lengths=prompt_lengths)
+  return method.finish(target, encoder_tokens, out, prompt_lengths)

@@ -62,7 +62,7 @@ def speculative_generate(target: Model, drafter, encoder_tokens, gamma: int = 5,
                          eos_id: int | None = None, lenience: float = 1.0,
                          adaptive: AdaptiveGamma | bool | None = None,
                          drafter_encoder_tokens=None, accept=None,
-                         exact: bool | None = None) -> DecodeOutput:
+                         exact: bool | None = None, prompt_lengths=None) -> DecodeOutput:
   """Speculative decoding of `encoder_tokens` [B, Le] (0-padded) with a drafter.
 
   Args:
@@ -78,6 +78,7 @@ def speculative_generate(target: Model, drafter, encoder_tokens, gamma: int = 5,
     accept: another acceptance rule (a frozen dataclass; see `acceptance`), for research.
     exact: every target call with `engine.EXACT_WIDTH` tokens, as `generate(exact=True)`:
       greedy output bitwise the baseline's on any backend and dtype. None: for greedy.
+    prompt_lengths: a decoder-only target's prompt lengths [B] (`sd.decode`).
   Returns:
     DecodeOutput(tokens [B, max_new_tokens], lengths [B], counters; `.stats` mapping).
   """
@@ -85,7 +86,8 @@ def speculative_generate(target: Model, drafter, encoder_tokens, gamma: int = 5,
   method = methods.Speculative(drafter, gamma=gamma, adaptive=adaptive, lenience=lenience,
                                drafter_encoder_tokens=drafter_encoder_tokens, accept=accept,
                                exact=exact)
-  return methods.decode(target, method, encoder_tokens, max_new_tokens, sampling, rng, eos_id)
+  return methods.decode(target, method, encoder_tokens, max_new_tokens, sampling, rng, eos_id,
+                        prompt_lengths)
 
 
 def model_drafter(p: Any) -> ModelDrafter | None:

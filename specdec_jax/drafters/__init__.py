@@ -1,6 +1,6 @@
 """Proposers: whatever drafts tokens for the target to verify.
 
-    ModelDrafter(model)            a smaller T5 with the same vocabulary
+    ModelDrafter(model)            a smaller model of the target's kind (T5 or decoder-only)
     NGramDrafter.fit(sequences)    unigram / bigram tables (cost c ~ 0)
     PromptLookupDrafter(V)         copies continuations of matching n-grams from the input
 
@@ -33,12 +33,26 @@ def as_drafter(drafter: Any, target: Model) -> Any:
   if not all(hasattr(drafter, a) for a in ("init", "first", "next", "vocab_size")):
     raise InputError(f"not a drafter: {type(drafter).__name__} (need init/first/next)")
   check_same_vocabulary(target.config.vocab_size, drafter.vocab_size)
+  check_same_family(target, getattr(drafter, "model", None))
   return drafter
+
+
+def check_same_family(target: Model, model: Any) -> None:
+  """A drafting model must be of the target's kind: both T5 encoder-decoders (reading the
+  same source sentence) or both decoder-only LMs (continuing the same prompt)."""
+  if not isinstance(model, Model) or model.is_decoder_only == target.is_decoder_only:
+    return
+  kind = lambda m: "a decoder-only LM" if m.is_decoder_only else "a T5 encoder-decoder"
+  raise InputError(f"the drafter is {kind(model)} but the target is {kind(target)}: a "
+                   "drafting model must be of the target's kind (an LM drafts for an LM, "
+                   "a T5 for a T5)")
 
 
 def as_proposer(proposer: Any, target: Model) -> Any:
   """A proposer passes through; a `Model` or token-level drafter is wrapped in a `DraftLoop`."""
   if all(hasattr(proposer, a) for a in ("init", "propose", "update", "vocab_size")):
     check_same_vocabulary(target.config.vocab_size, proposer.vocab_size)
+    inner = getattr(proposer, "drafter", None)
+    check_same_family(target, getattr(inner, "model", None))
     return proposer
   return DraftLoop(as_drafter(proposer, target))

@@ -193,29 +193,42 @@ def load_heads(path: str | pathlib.Path, model: Model) -> Heads:
   return heads
 
 
-def heads_loss(model: Model, heads: Heads, encoder_tokens: Array, targets: Array,
+def heads_loss(model: Model, heads: Heads, encoder_tokens: Array | None, targets: Array,
                weights: Array | None = None, freeze_model: bool = True,
                rngs=None) -> tuple[Array, Array]:
   """sum_h lambda_h L_h: cross-entropy of each head on the tokens it must predict.
 
-  targets: int32 [B, T] decoder targets (0 = padding), the decoder input being them
+  T5: targets int32 [B, T] decoder targets (0 = padding), the decoder input being them
   shifted right after the start token. Head j (2..h) at state t predicts targets[t + j - 1];
   with `freeze_model=False` head 1 (the model's own next-token loss) joins the sum and
   gradients reach the model too.
+  Decoder-only: `encoder_tokens` None and targets the text [B, T] itself (right-padded
+  with `pad_id`); the state at t (after reading targets[t]) predicts targets[t + j] with
+  head j. Pad-id targets are not scored.
   Returns (loss [], per-head mean cross-entropy [h], per-head top-1 accuracy [h])
   (index 0: head 1).
   """
-  dec_in = jnp.concatenate([jnp.zeros_like(targets[:, :1]), targets[:, :-1]], axis=1)
-  states = model.hidden_states(encoder_tokens, dec_in, deterministic=rngs is None, rngs=rngs)
+  deterministic = rngs is None
+  if model.is_decoder_only:
+    if encoder_tokens is not None:
+      raise InputError("a decoder-only model's heads train on one token array: "
+                       "heads_loss(model, heads, None, tokens)")
+    states = model.hidden_states(targets, deterministic=deterministic, rngs=rngs)
+    shift, pad = 1, model.config.pad_id
+  else:
+    dec_in = jnp.concatenate([jnp.zeros_like(targets[:, :1]), targets[:, :-1]], axis=1)
+    states = model.hidden_states(encoder_tokens, dec_in, deterministic=deterministic,
+                                 rngs=rngs)
+    shift, pad = 0, 0
   if freeze_model:
     states = jax.lax.stop_gradient(states)
   logits = jnp.concatenate([model.output_logits(states)[:, :, None],
                             head_logits(model, heads, states)], axis=2)       # [B, T, h, V]
   length, h = targets.shape[1], heads.num_heads
-  ahead = jnp.arange(length)[:, None] + jnp.arange(h)[None, :]                 # [T, h]
-  wanted = jnp.take_along_axis(jnp.pad(targets, ((0, 0), (0, h))),
+  ahead = jnp.arange(length)[:, None] + jnp.arange(h)[None, :] + shift         # [T, h]
+  wanted = jnp.take_along_axis(jnp.pad(targets, ((0, 0), (0, h + shift)), constant_values=pad),
                                ahead.reshape(1, -1), axis=1).reshape(targets.shape + (h,))
-  mask = (wanted > 0).astype(jnp.float32)
+  mask = (wanted != pad).astype(jnp.float32)
   nll = -jnp.take_along_axis(jax.nn.log_softmax(logits, -1), wanted[..., None], -1)[..., 0]
   count = jnp.maximum(jnp.sum(mask, axis=(0, 1)), 1.0)
   per_head = jnp.sum(nll * mask, axis=(0, 1)) / count

@@ -1,4 +1,5 @@
-"""A smaller T5 with the same vocabulary as drafter."""
+"""A smaller model with the target's vocabulary as drafter: a T5 for a T5 target, a
+decoder-only LM for an LM target (continuing the same prompt)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ Array = jax.Array
 
 @struct.dataclass
 class ModelDrafter:
-  """A smaller T5 as drafter. Its cache follows the target's convention (length n).
+  """A smaller model as drafter. Its cache follows the target's convention (length n;
+  a decoder-only drafter's anchored after its prompt, as the target's).
 
   When the previous round accepted all gamma drafts, the drafter never saw the
   last draft; `first` therefore feeds the last TWO emitted tokens at offset
@@ -30,8 +32,16 @@ class ModelDrafter:
   def vocab_size(self) -> int:
     return self.model.config.vocab_size
 
-  def init(self, encoder_tokens: Array, capacity: int) -> DecoderCache:
-    return self.model.start(encoder_tokens, capacity)
+  def init(self, encoder_tokens: Array, capacity: int,
+           lengths: Array | None = None) -> DecoderCache:
+    """T5: run the encoder. Decoder-only: prefill the prompt [B, P] (`lengths` [B]) into
+    `capacity` slots (capped at a learned position table, see `engine.cache_capacity`)."""
+    if not self.model.is_decoder_only:
+      return self.model.start(encoder_tokens, capacity)
+    config = self.model.config
+    if config.positions == "learned":
+      capacity = min(capacity, config.max_positions)
+    return self.model.start(encoder_tokens, capacity, lengths).anchored()
 
   def first(self, cache: DecoderCache, seq: Array, n: Array):
     two = last_tokens(seq, n, 2)                     # [B, 2]: seq[n-1], seq[n]

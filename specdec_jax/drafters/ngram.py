@@ -36,14 +36,15 @@ class NGramDrafter:
   @classmethod
   def fit(cls, sequences: Iterable[Iterable[int]], vocab_size: int, top_k: int = 16,
           lam: float = 0.9, start_id: int = 0, smoothing: float = 0.01) -> "NGramDrafter":
-    """Estimate tables from decoder token sequences (each implicitly preceded by `start_id`)."""
+    """Estimate tables from decoder token sequences (each implicitly preceded by `start_id`;
+    None: by nothing, as a decoder-only LM's texts, whose first token follows no token)."""
     pairs, unigram = [], np.full(vocab_size, smoothing, np.float64)
     for s in sequences:
       s = np.asarray([t for t in s if t != 0] if start_id == 0 else list(s), np.int64)
       if s.size and (s.min() < 0 or s.max() >= vocab_size):
         raise InputError(f"n-gram training data has ids outside [0, {vocab_size})")
       np.add.at(unigram, s, 1.0)
-      full = np.concatenate([[start_id], s])
+      full = s if start_id is None else np.concatenate([[start_id], s])
       pairs.append(np.stack([full[:-1], full[1:]], 1))
     pairs = np.concatenate(pairs) if pairs else np.zeros((0, 2), np.int64)
     ids = np.zeros((vocab_size, top_k), np.int32)
@@ -72,7 +73,7 @@ class NGramDrafter:
     q = lam * dense + (1.0 - lam) * self.unigram[None, :]
     return jnp.log(jnp.maximum(q, 1e-30))
 
-  def init(self, encoder_tokens: Array, capacity: int) -> Array:
+  def init(self, encoder_tokens: Array, capacity: int, lengths: Array | None = None) -> Array:
     return jnp.zeros((encoder_tokens.shape[0],), jnp.int32)
 
   def first(self, state: Array, seq: Array, n: Array):

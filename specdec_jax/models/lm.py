@@ -24,6 +24,9 @@ the cache holds every prompt token except the last, and the first token a decode
 for row b is ``prompt[b, P_b - 1]`` (`first_tokens`; the role T5's decoder start token
 plays). A token's position (learned table or rotary) is its slot index, so a row's stale
 pad slots beyond its length are overwritten by later decode calls and never read.
+The round engine anchors the prefilled cache (`DecoderCache.anchored`: offset P_b - 1,
+length 0), so that its length counts tokens after the prompt as a T5 decoder's does;
+`decode` writes at slot offset + length either way.
 
 Entry points:
   `__call__(tokens [B, L])`                 full causal pass -> logits f32 [B, L, V],
@@ -239,13 +242,19 @@ class Decoder(nn.Module):
 
   def decode(self, tokens, cache: cache_lib.DecoderCache, num_layers=None, positions=None,
              visible=None):
-    """Cached pass of k tokens per row at offsets `cache.length`:
-    tokens [B, k] -> (final-norm states [B, k, E], cache with length + k)."""
-    slots = cache_lib.query_positions(cache.length, tokens.shape[1])
+    """Cached pass of k tokens per row at slots `cache.next_slot` (offset + length):
+    tokens [B, k] -> (final-norm states [B, k, E], cache with length + k).
+
+    Tree `positions` [B, k] count after the cache's offset, as its length does.
+    """
+    start = cache.next_slot
+    slots = cache_lib.query_positions(start, tokens.shape[1])
     if positions is None:
       positions, mask = slots, cache_lib.causal_mask(slots, cache.capacity)
     else:
-      mask = cache_lib.tree_mask(cache.length, slots, visible, cache.capacity)
+      if cache.offset is not None:
+        positions = positions + cache.offset[:, None]
+      mask = cache_lib.tree_mask(start, slots, visible, cache.capacity)
     exits = None if num_layers is None else (num_layers,)
     (hidden,), new = self.run(tokens, positions, attention_bias(mask), lambda y: y,
                               list(zip(cache.self_key, cache.self_value)), slots, exits)

@@ -1,11 +1,14 @@
 """The token buffer every decoding loop shares, and the output of a decode call.
 
-Convention: `seq` is int32 [B, T + 1] with `seq[:, 0]` the decoder start token
-and `seq[:, 1 : n + 1]` the n tokens emitted so far; `n` [B] counts them. A row
+Convention: `seq` is int32 [B, T + 1] with `seq[:, 0]` the decoder start token (a
+decoder-only model: each row's last prompt token) and `seq[:, 1 : n + 1]` the n tokens
+emitted so far; `n` [B] counts them. A row
 is `done` once it emitted a stop token (EOS) or T tokens; done rows never change.
 
 Every model cache holds every emitted token except the last: the K/V of
-`seq[:, :n]`, i.e. cache length n, and a round starts by feeding `seq[:, n]`.
+`seq[:, :n]`, i.e. cache length n, and a round starts by feeding `seq[:, n]`. A decoder-only
+model's cache holds the rest of the prompt before that, below its offset
+(`DecoderCache.anchored`): its length counts from `seq[:, 0]` all the same.
 """
 
 from __future__ import annotations
@@ -47,8 +50,8 @@ class DecodeOutput:
     return summarize(self.counters, dict(self.info))
 
 
-def init_sequence(batch: int, max_new_tokens: int, start_id: int) -> Array:
-  """[B, T + 1] buffer holding only the start token."""
+def init_sequence(batch: int, max_new_tokens: int, start_id) -> Array:
+  """[B, T + 1] buffer holding only the start token (`start_id`: one id, or [B] per row)."""
   seq = jnp.zeros((batch, max_new_tokens + 1), jnp.int32)
   return seq.at[:, 0].set(start_id)
 

@@ -139,8 +139,12 @@ class Proposer(Protocol):
 
   vocab_size: int
 
-  def init(self, encoder_tokens: Array, capacity: int) -> Any:
-    """State before the first round (e.g. a drafter's cache of `capacity` positions)."""
+  def init(self, encoder_tokens: Array, capacity: int, lengths: Array | None = None) -> Any:
+    """State before the first round (e.g. a drafter's cache of `capacity` positions).
+
+    A decoder-only target's request passes its right-padded prompts [B, P] as
+    `encoder_tokens` and their lengths [B] as `lengths` (a T5 request: no `lengths`).
+    """
 
   def propose(self, state: Any, ctx: RoundContext, key: Array) -> Proposal:
     """Up to ctx.limit[b] proposals for each row."""
