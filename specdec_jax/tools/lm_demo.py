@@ -271,3 +271,103 @@ def load_models(workdir: str | pathlib.Path) -> tuple[Model, dict]:
   drafters = {"drafter": sd.load(str(workdir / "drafter" / "final"))}
   drafters.update(load_ngrams(workdir / "ngram" / "tables.npz"))
   return target, drafters
+
+
+# ----------------------------------------------------------------------------- alpha
+
+
+#: Leviathan et al. (2023), Table 3: a GPT-like 97M target on lm1b (8k BERT vocabulary).
+PAPER_ALPHA = {("unigram", 0.0): 0.03, ("bigram", 0.0): 0.05, ("drafter", 0.0): 0.88,
+               ("unigram", 1.0): 0.03, ("bigram", 1.0): 0.05, ("drafter", 1.0): 0.89}
+
+
+def _drafter_logits(drafter, tokens: np.ndarray):
+  """[B, L] -> [B, L, V]: the drafter's logits for the token after each position."""
+  import jax.numpy as jnp
+  if isinstance(drafter, NGramDrafter):
+    b, n = tokens.shape
+    return drafter.logits_after(jnp.asarray(tokens.reshape(-1))).reshape(b, n, -1)
+  return drafter.forward(tokens)
+
+
+def beta(p_logits, q_logits, temperature: float):
+  """Leviathan's beta = sum_x min(p(x), q(x)) per position: [..., V] x 2 -> [...].
+
+  At temperature 0 both distributions are their argmax's one-hot: beta = [argmax p ==
+  argmax q] (ties to the lowest id)."""
+  import jax
+  import jax.numpy as jnp
+  if temperature == 0:
+    return (jnp.argmax(p_logits, -1) == jnp.argmax(q_logits, -1)).astype(jnp.float32)
+  p = jax.nn.softmax(p_logits.astype(jnp.float32) / temperature, axis=-1)
+  q = jax.nn.softmax(q_logits.astype(jnp.float32) / temperature, axis=-1)
+  return jnp.sum(jnp.minimum(p, q), axis=-1)
+
+
+def teacher_forced_alpha(target: Model, drafter, tokens, lengths=None,
+                         temperature: float = 0.0, batch_size: int = 64) -> dict:
+  """alpha = E[beta] over every position of given right-padded sequences.
+
+  Position t of row b (1 <= t < lengths[b]) scores the drafter's and the target's
+  next-token distributions given tokens[b, :t]: the beta the round engine scores when
+  it proposes there. On the target's own outputs this is the engine's alpha; on
+  held-out text, alpha on that text's prefixes.
+
+  Args:
+    target: a decoder-only `Model`.
+    drafter: a decoder-only `Model` or an `NGramDrafter` (same vocabulary).
+    tokens: int [N, L]; lengths: [N] (default: one past the last token != pad).
+    temperature: 0 (greedy: agreement of the argmaxes) or > 0 (both distributions
+      divided by it, as the sampler's adjusted distributions).
+
+  Returns:
+    {"alpha", "positions"}.
+  """
+  import jax.numpy as jnp
+  from specdec_jax.models import lm
+  tokens = np.asarray(tokens, np.int32)
+  lengths = (lm.prompt_lengths(tokens, target.config.pad_id) if lengths is None
+             else np.asarray(lengths))
+  mask = np.arange(1, tokens.shape[1])[None, :] < lengths[:, None]
+  total, count = 0.0, 0
+  for i in range(0, len(tokens), batch_size):
+    x, m = tokens[i:i + batch_size], mask[i:i + batch_size]
+    b = beta(target.forward(x)[:, :-1], _drafter_logits(drafter, x)[:, :-1], temperature)
+    total += float(jnp.sum(b * m))
+    count += int(m.sum())
+  return {"alpha": total / max(count, 1), "positions": count}
+
+
+def alpha_table(workdir: str | pathlib.Path, split: str = "validation",
+                temperatures=(0.0, 1.0), limit: int | None = 1000) -> list[dict]:
+  """alpha of every drafter of a workdir against its target, per temperature, with
+  the best gamma by Leviathan's Theorem 8 (cost ratio c: the drafter's decode MACs per
+  token over the target's for the LM drafter, 0 for the tables; gamma <= 8)."""
+  from specdec_jax import theory
+  target, drafters = load_models(workdir)
+  tokens = load_tokens(pathlib.Path(workdir) / "data", split)[:limit]
+  rows = []
+  for name, drafter in drafters.items():
+    c = (drafter.config.decode_macs_per_token() / target.config.decode_macs_per_token()
+         if isinstance(drafter, Model) else 0.0)
+    for t in temperatures:
+      a = teacher_forced_alpha(target, drafter, tokens, temperature=t)
+      best = theory.optimal_gamma(a["alpha"], c, max_gamma=8)
+      rows.append({"drafter": name, "temperature": t, "alpha": a["alpha"],
+                   "positions": a["positions"], "c": c, "gamma": best.gamma,
+                   "improvement": best.improvement,
+                   "paper_alpha": PAPER_ALPHA.get((name, t))})
+  return rows
+
+
+def alpha_markdown(rows: list[dict], meta: dict) -> str:
+  """The Markdown table of `alpha_table`'s rows beside Leviathan's Table 3."""
+  names = {"unigram": "unigram", "bigram": "bigram", "drafter": "small LM"}
+  lines = ["| drafter | t | alpha (ours) | alpha (Leviathan, lm1b) | c | best gamma | "
+           "expected improvement |", "|---|---|---|---|---|---|---|"]
+  for r in rows:
+    paper = "" if r["paper_alpha"] is None else f"{r['paper_alpha']:.2f}"
+    lines.append(f"| {names.get(r['drafter'], r['drafter'])} | {r['temperature']:g} | "
+                 f"{r['alpha']:.3f} | {paper} | {r['c']:.3f} | {r['gamma']} | "
+                 f"{r['improvement']:.2f}x |")
+  return "\n".join(lines) + "\n"
