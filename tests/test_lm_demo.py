@@ -167,3 +167,55 @@ def test_lm_loss_masks_pads_only():
   other, _ = training.lm_loss_fn(model.params, model.config, {"inputs": x3, "targets": y3},
                                  jax.random.PRNGKey(0))
   assert float(other) != pytest.approx(float(base))
+
+
+def _beta_by_hand(p_logits, q_logits, t):
+  p_logits, q_logits = np.asarray(p_logits, np.float64), np.asarray(q_logits, np.float64)
+  if t == 0:
+    return float(np.argmax(p_logits) == np.argmax(q_logits))
+  p = np.exp(p_logits / t - (p_logits / t).max())
+  q = np.exp(q_logits / t - (q_logits / t).max())
+  return float(np.minimum(p / p.sum(), q / q.sum()).sum())
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0, 0.5])
+def test_teacher_forced_alpha_by_hand(temperature):
+  cfg = sd.get_config("llama_tiny")
+  target, drafter = sd.init_model(cfg, 0), sd.init_model(cfg, 1)
+  ngram = lm_demo.fit_ngrams(np.asarray([[1, 5, 6, 7, 2], [1, 6, 5, 2, 0]]), cfg.vocab_size, 4)
+  rng = np.random.default_rng(1)
+  tokens = rng.integers(3, cfg.vocab_size, size=(2, 6)).astype(np.int32)
+  tokens[1, 4:] = 0
+  lengths = [6, 4]
+  for q_model in (drafter, ngram):
+    want = []
+    for row, n in zip(tokens, lengths):
+      for t in range(1, n):
+        p = np.asarray(target.forward(row[None, :t]))[0, -1]
+        q = (np.asarray(q_model.forward(row[None, :t]))[0, -1] if q_model is drafter
+             else np.asarray(ngram.logits_after(np.asarray([row[t - 1]])))[0])
+        want.append(_beta_by_hand(p, q, temperature))
+    got = lm_demo.teacher_forced_alpha(target, q_model, tokens, temperature=temperature)
+    assert got["positions"] == len(want) == 5 + 3
+    np.testing.assert_allclose(got["alpha"], np.mean(want), rtol=1e-5, atol=1e-6)
+  same = lm_demo.teacher_forced_alpha(target, target, tokens, temperature=temperature)
+  assert same["alpha"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_alpha_table_and_controls(run):
+  """The trained drafters agree with the target more than their shuffled versions do."""
+  _, _, workdir, results = run
+  rows = lm_demo.alpha_table(workdir, temperatures=(0.0, 1.0), limit=20)
+  assert {(r["drafter"], r["temperature"]) for r in rows} == {
+      (d, t) for d in ("drafter", "unigram", "bigram") for t in (0.0, 1.0)}
+  assert all(0.0 <= r["alpha"] <= 1.0 and r["gamma"] >= 1 for r in rows)
+  assert [r["paper_alpha"] for r in rows if r["drafter"] == "drafter"] == [0.88, 0.89]
+  table = lm_demo.alpha_markdown(rows, {})
+  assert table.count("\n") == 2 + len(rows) and "| small LM | 0 |" in table
+  target, drafter = results["target"], results["drafter"]
+  valid = lm_demo.load_tokens(workdir / "data", "validation")
+  rng = np.random.default_rng(0)
+  shuffled = drafter.replace(params=jax.tree_util.tree_map(
+      lambda p: rng.permutation(np.asarray(p).reshape(-1)).reshape(p.shape), drafter.params))
+  a = lm_demo.teacher_forced_alpha(target, drafter, valid, temperature=1.0)["alpha"]
+  assert lm_demo.teacher_forced_alpha(target, shuffled, valid, temperature=1.0)["alpha"] < a
