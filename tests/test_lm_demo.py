@@ -219,3 +219,13 @@ def test_alpha_table_and_controls(run):
       lambda p: rng.permutation(np.asarray(p).reshape(-1)).reshape(p.shape), drafter.params))
   a = lm_demo.teacher_forced_alpha(target, drafter, valid, temperature=1.0)["alpha"]
   assert lm_demo.teacher_forced_alpha(target, shuffled, valid, temperature=1.0)["alpha"] < a
+
+
+def test_main_writes_results(run, tmp_path):
+  _, recipe, workdir, _ = run
+  assert lm_demo.main(["--recipe", str(recipe), "--workdir", str(workdir), "--stages", "ngram",
+                       "--results", str(tmp_path / "res")]) == 0
+  text = (tmp_path / "res" / "alpha.md").read_text()
+  record = json.loads((tmp_path / "res" / "alpha.json").read_text())
+  assert len(record["alpha"]) == 6 and "| small LM | 1 |" in text and "| target |" in text
+  assert f"{record['eval']['perplexity']['target']:.1f}" in text
