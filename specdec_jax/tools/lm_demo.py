@@ -338,14 +338,35 @@ def teacher_forced_alpha(target: Model, drafter, tokens, lengths=None,
   return {"alpha": total / max(count, 1), "positions": count}
 
 
+def decoded_alpha(target: Model, drafter, prompts, prompt_lengths, temperature: float = 0.0,
+                  gamma: int = 4, max_new_tokens: int = 24, rng: int = 0) -> dict:
+  """alpha as the round engine measures it: speculative decoding of the prompts (right-
+  padded [B, P], lengths [B]) with `drafter` and `gamma`, beta scored on the target's own
+  path (`sd.decode(...).stats`). {"alpha", "positions", "tokens_per_target_call"}."""
+  sampling = sd.Greedy() if temperature == 0 else sd.Sampling(temperature=temperature)
+  out = sd.decode(target, sd.Speculative(drafter, gamma=gamma), prompts,
+                  max_new_tokens=max_new_tokens, sampling=sampling, rng=rng,
+                  prompt_lengths=prompt_lengths)
+  stats = out.stats
+  return {"alpha": float(stats["alpha"]), "positions": int(stats["beta_count"]),
+          "tokens_per_target_call": float(stats["tokens_per_target_call"])}
+
+
 def alpha_table(workdir: str | pathlib.Path, split: str = "validation",
-                temperatures=(0.0, 1.0), limit: int | None = 1000) -> list[dict]:
+                temperatures=(0.0, 1.0), limit: int | None = 1000, decoded: bool = False,
+                gamma: int = 4, prompt_tokens: int = 3) -> list[dict]:
   """alpha of every drafter of a workdir against its target, per temperature, with
   the best gamma by Leviathan's Theorem 8 (cost ratio c: the drafter's decode MACs per
-  token over the target's for the LM drafter, 0 for the tables; gamma <= 8)."""
+  token over the target's for the LM drafter, 0 for the tables; gamma <= 8).
+
+  `decoded`: also `decoded_alpha` at `gamma`, the target continuing the first
+  `prompt_tokens` tokens (BOS included) of each text."""
   from specdec_jax import theory
   target, drafters = load_models(workdir)
   tokens = load_tokens(pathlib.Path(workdir) / "data", split)[:limit]
+  lengths = np.minimum((tokens > 0).sum(1), prompt_tokens).astype(np.int32)
+  prompts = np.where(np.arange(prompt_tokens)[None, :] < lengths[:, None],
+                     tokens[:, :prompt_tokens], 0).astype(np.int32)
   rows = []
   for name, drafter in drafters.items():
     c = (drafter.config.decode_macs_per_token() / target.config.decode_macs_per_token()
@@ -353,33 +374,45 @@ def alpha_table(workdir: str | pathlib.Path, split: str = "validation",
     for t in temperatures:
       a = teacher_forced_alpha(target, drafter, tokens, temperature=t)
       best = theory.optimal_gamma(a["alpha"], c, max_gamma=8)
-      rows.append({"drafter": name, "temperature": t, "alpha": a["alpha"],
-                   "positions": a["positions"], "c": c, "gamma": best.gamma,
-                   "improvement": best.improvement,
-                   "paper_alpha": PAPER_ALPHA.get((name, t))})
+      row = {"drafter": name, "temperature": t, "alpha": a["alpha"],
+             "positions": a["positions"], "c": c, "gamma": best.gamma,
+             "improvement": best.improvement, "paper_alpha": PAPER_ALPHA.get((name, t))}
+      if decoded:
+        d = decoded_alpha(target, drafter, prompts, lengths, t, gamma)
+        row.update(decoded_alpha=d["alpha"], decoded_positions=d["positions"],
+                   decoded_gamma=gamma, tokens_per_target_call=d["tokens_per_target_call"])
+      rows.append(row)
   return rows
 
 
 def alpha_markdown(rows: list[dict], meta: dict) -> str:
   """The Markdown table of `alpha_table`'s rows beside Leviathan's Table 3."""
   names = {"unigram": "unigram", "bigram": "bigram", "drafter": "small LM"}
-  lines = ["| drafter | t | alpha (ours) | alpha (Leviathan, lm1b) | c | best gamma | "
-           "expected improvement |", "|---|---|---|---|---|---|---|"]
+  decoded = bool(rows) and "decoded_alpha" in rows[0]
+  head = "| drafter | t | alpha, held-out prefixes | alpha (Leviathan, lm1b) | c | best gamma | " \
+         "expected improvement |"
+  if decoded:
+    head += f" alpha decoding, gamma {rows[0]['decoded_gamma']} | tokens per target call |"
+  lines = [head, "|---" * head.count(" | ") + "|---|"]
   for r in rows:
     paper = "" if r["paper_alpha"] is None else f"{r['paper_alpha']:.2f}"
-    lines.append(f"| {names.get(r['drafter'], r['drafter'])} | {r['temperature']:g} | "
-                 f"{r['alpha']:.3f} | {paper} | {r['c']:.3f} | {r['gamma']} | "
-                 f"{r['improvement']:.2f}x |")
+    line = (f"| {names.get(r['drafter'], r['drafter'])} | {r['temperature']:g} | "
+            f"{r['alpha']:.3f} | {paper} | {r['c']:.3f} | {r['gamma']} | "
+            f"{r['improvement']:.2f}x |")
+    if decoded:
+      line += f" {r['decoded_alpha']:.3f} | {r['tokens_per_target_call']:.2f} |"
+    lines.append(line)
   return "\n".join(lines) + "\n"
 
 
 def write_results(workdir: str | pathlib.Path, out_dir: str | pathlib.Path,
-                  split: str = "validation", limit: int | None = 1000) -> pathlib.Path:
+                  split: str = "validation", limit: int | None = 1000,
+                  decoded: bool = False) -> pathlib.Path:
   """out_dir/alpha.md (perplexities, then alpha beside Table 3) and out_dir/alpha.json."""
   workdir, out_dir = pathlib.Path(workdir), pathlib.Path(out_dir)
   meta = read_json(workdir / "data" / "meta.json", "LM demo data")
   ev = evaluate_all(workdir, split)
-  rows = alpha_table(workdir, split, limit=limit)
+  rows = alpha_table(workdir, split, limit=limit, decoded=decoded)
   out_dir.mkdir(parents=True, exist_ok=True)
   (out_dir / "alpha.json").write_text(json.dumps({"eval": ev, "alpha": rows}, indent=1) + "\n")
   ppl = ["| model | parameters | perplexity |", "|---|---|---|"]
@@ -401,9 +434,13 @@ def write_results(workdir: str | pathlib.Path, out_dir: str | pathlib.Path,
       "agreement of the argmaxes. Leviathan et al. measure a GPT-like 97M target on lm1b "
       "(unigram, bigram and a 6M GPT-like drafter). Best gamma <= 8 and its expected "
       "walltime improvement by their Theorem 8, with c the ratio of decode MACs per token "
-      "(0 for the tables).\n\n" + alpha_markdown(rows, meta)
+      "(0 for the tables)."
+      + (" The decoding columns run `sd.decode` with `sd.Speculative` (beta scored on the "
+         "target's own path, as Leviathan measure it) continuing the first 3 tokens of each "
+         "text for up to 24 tokens." if decoded else "")
+      + "\n\n" + alpha_markdown(rows, meta)
       + "\nRegenerate: `python -m specdec_jax.tools.lm_demo --workdir runs/lm-demo "
-        "--results results/lm-demo`\n")
+        f"--results results/lm-demo{' --decoded' if decoded else ''}`\n")
   (out_dir / "alpha.md").write_text(text)
   return out_dir / "alpha.md"
 
@@ -418,11 +455,13 @@ def main(argv=None) -> int:
   parser.add_argument("--workdir", required=True)
   parser.add_argument("--stages", default="all", help=f"comma-separated of {', '.join(STAGES)}")
   parser.add_argument("--results", help="write alpha.md / alpha.json into this directory")
+  parser.add_argument("--decoded", action="store_true",
+                      help="also measure alpha while speculative decoding (sd.decode)")
   args = parser.parse_args(argv)
   stages = "all" if args.stages == "all" else args.stages.split(",")
   run_pipeline(args.recipe, args.workdir, stages)
   if args.results:
-    print(write_results(args.workdir, args.results))
+    print(write_results(args.workdir, args.results, decoded=args.decoded))
   return 0
 
 
