@@ -229,3 +229,18 @@ def test_main_writes_results(run, tmp_path):
   record = json.loads((tmp_path / "res" / "alpha.json").read_text())
   assert len(record["alpha"]) == 6 and "| small LM | 1 |" in text and "| target |" in text
   assert f"{record['eval']['perplexity']['target']:.1f}" in text
+
+
+def test_refusals(tmp_path):
+  t5 = sd.init_model(sd.get_config("t5_1_1_tiny"), 0)
+  with pytest.raises(EvaluationError, match="decoder-only"):
+    evaluation.perplexity(t5, np.ones((1, 4), np.int32))
+  lm = sd.init_model(sd.get_config("llama_tiny"), 0)
+  with pytest.raises(EvaluationError, match=r"\[N, L >= 2\]"):
+    evaluation.perplexity(lm, np.ones((2, 1), np.int32))
+  x, y = training.next_token_pairs(np.ones((2, 4), np.int32))
+  with pytest.raises(training.TrainingError, match="no teacher"):
+    training.train(lm, x, y, training.TrainConfig(steps=1), tmp_path, teacher=lm,
+                   progress=False)
+  with pytest.raises(training.TrainingError, match=r"\[N, L >= 2\]"):
+    training.next_token_pairs(np.ones((2, 1), np.int32))
