@@ -222,3 +222,62 @@ def evaluate(model: Model, data, *, split: str = "test", method: str = "greedy",
           "gamma": gamma if decode_method.kind == "speculative" else None,
           "settings": decode_method.settings(),
           "stats": to_jsonable(totals(corpus.stats)), "hypotheses": hypotheses, "references": references}
+
+
+# ----------------------------------------------------------------------------- perplexity
+
+
+def _sequence_nll(model: Model):
+  """A jitted (tokens [B, L], mask [B, L-1]) -> (summed NLL, token count) for `model`."""
+  import jax.numpy as jnp
+
+  @jax.jit
+  def fn(params, tokens, mask):
+    logits = model.replace(params=params).forward(tokens)[:, :-1]
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+    return jnp.sum(nll * mask), jnp.sum(mask)
+  return fn
+
+
+def perplexity(model: Model, tokens, lengths=None, batch_size: int = 64) -> dict[str, float]:
+  """Per-token perplexity of a decoder-only model on right-padded sequences (BiLD's LM metric).
+
+  Each row's tokens 1 .. lengths[b]-1 are predicted from their prefix (the first token,
+  BOS, is given): perplexity = exp(sum NLL / number of predicted tokens).
+
+  Args:
+    model: a decoder-only `Model`.
+    tokens: int [N, L], right-padded.
+    lengths: int [N] (default: one past each row's last token that is not the model's pad).
+    batch_size: rows per forward pass; the last batch is padded by repeating a row.
+
+  Returns:
+    {"perplexity", "nll" (mean per token, nats), "tokens" (predicted), "sequences"}.
+  """
+  from specdec_jax.models import lm
+  if not model.is_decoder_only:
+    raise EvaluationError("perplexity is for decoder-only models; a T5 model is scored with "
+                          "BLEU and chrF (evaluate)")
+  tokens = np.asarray(tokens)
+  if tokens.ndim != 2 or tokens.shape[1] < 2 or tokens.dtype.kind not in "iu":
+    raise EvaluationError(f"perplexity needs integer token sequences [N, L >= 2], got "
+                          f"{tokens.dtype} {tokens.shape}")
+  lengths = (lm.prompt_lengths(tokens, model.config.pad_id) if lengths is None
+             else np.asarray(lengths))
+  if lengths.shape != tokens.shape[:1] or (lengths < 1).any() or (lengths > tokens.shape[1]).any():
+    raise EvaluationError(f"lengths must be [N] in [1, {tokens.shape[1]}], got {lengths}")
+  mask = (np.arange(1, tokens.shape[1])[None, :] < lengths[:, None]).astype(np.float32)
+  fn = _sequence_nll(model)
+  total, count = 0.0, 0.0
+  for start in range(0, len(tokens), batch_size):
+    x, m = tokens[start:start + batch_size], mask[start:start + batch_size]
+    if len(x) < batch_size:      # one compiled shape: pad with rows that count nothing
+      x = np.concatenate([x, np.repeat(x[-1:], batch_size - len(x), 0)])
+      m = np.concatenate([m, np.zeros((batch_size - len(m), m.shape[1]), m.dtype)])
+    s, c = fn(model.params, np.asarray(x, np.int32), m)
+    total, count = total + float(s), count + float(c)
+  if count == 0:
+    raise EvaluationError("perplexity: no token to predict (every row has length 1)")
+  return {"perplexity": float(np.exp(total / count)), "nll": total / count,
+          "tokens": int(count), "sequences": int(len(tokens))}

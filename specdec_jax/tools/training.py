@@ -1,4 +1,4 @@
-"""Teacher-forced training of T5 models with optax, with Orbax checkpoints and exact resume.
+"""Training of T5 and decoder-only models with optax, with Orbax checkpoints and exact resume.
 
     state = init_train_state(params, tx)
     state, metrics = train_step(state, batch, rng, objective)   # jitted, pure
@@ -6,11 +6,13 @@
 `train(...)` drives it: a deterministic batch order that depends only on
 (seed, step), periodic Orbax checkpoints of (params, optimizer state, step), and
 resume from the newest checkpoint, so an interrupted run continues exactly as
-an uninterrupted one would. Three kinds of targets:
+an uninterrupted one would. Three kinds of targets for T5:
 
   references   cross-entropy on the data's English side;
   aligned      the same on the verifier's greedy outputs (BiLD prediction alignment);
-  distilled    cross-entropy against a teacher's softmax (soft targets).
+  distilled    cross-entropy against a teacher's softmax (soft targets);
+
+and next-token cross-entropy for a decoder-only model (`LMLoss`).
 """
 
 from __future__ import annotations
@@ -157,6 +159,46 @@ class TokenLoss:
           batch["targets"], self.config.decoder_start_id))
       teacher_probs = jax.nn.softmax(t_logits / self.distill_temperature, axis=-1)
     return loss_fn(params, self.config, batch, rng, self.label_smoothing, teacher_probs)
+
+
+def lm_loss_fn(params, config, batch: dict, rng: Array, pad_id: int | None = None):
+  """Next-token cross-entropy of a decoder-only model on right-padded sequences.
+
+  batch: {"inputs": x [B, L], "targets": y [B, L]} int32, y[b, t] the token after x[b, t]
+  (`next_token_pairs`); targets equal to `pad_id` (default `config.pad_id`) are masked.
+  """
+  pad_id = config.pad_id if pad_id is None else pad_id
+  targets = batch["targets"]
+  logits = module_for(config).apply({"params": params}, batch["inputs"],
+                                    deterministic=config.dropout_rate == 0.0,
+                                    rngs={"dropout": rng})
+  mask = (targets != pad_id).astype(jnp.float32)
+  loss = _masked_mean(optax.softmax_cross_entropy_with_integer_labels(logits, targets), mask)
+  accuracy = _masked_mean((jnp.argmax(logits, -1) == targets).astype(jnp.float32), mask)
+  return loss, {"loss": loss, "accuracy": accuracy}
+
+
+@struct.dataclass
+class LMLoss:
+  """Next-token cross-entropy of a decoder-only model (`lm_loss_fn`)."""
+
+  config: Any = struct.field(pytree_node=False)
+
+  def __call__(self, params, batch: dict, rng: Array):
+    return lm_loss_fn(params, self.config, batch, rng)
+
+
+def next_token_pairs(sequences: np.ndarray, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """Right-padded sequences [N, L] -> (inputs [N, L-1], targets [N, L-1]) for `LMLoss`.
+
+  The last token of each row is only a target, the first only an input. Rows padded with a
+  `pad_id` that no real token uses: an EOS-padded row (GPT-2's pad) would mask its own EOS.
+  """
+  sequences = np.asarray(sequences)
+  if sequences.ndim != 2 or sequences.shape[1] < 2:
+    raise TrainingError(f"next_token_pairs expects sequences [N, L >= 2], got shape "
+                        f"{sequences.shape}")
+  return sequences[:, :-1], sequences[:, 1:]
 
 
 @struct.dataclass
@@ -320,8 +362,14 @@ def train(model: Model, inputs: np.ndarray, targets: np.ndarray, cfg: TrainConfi
   """Train `model` (its current params are the initialisation) and return the trained model.
 
   The objective is the targets' cross-entropy (`TokenLoss`; against `teacher`'s softmax
-  when given), or `objective` (e.g. `EarlyExitLoss`). Checkpoints and resume: `fit`.
+  when given; for a decoder-only model `LMLoss`, with `next_token_pairs` as inputs and
+  targets), or `objective` (e.g. `EarlyExitLoss`). Checkpoints and resume: `fit`.
   """
+  if objective is None and getattr(model.config, "is_decoder_only", False):
+    if teacher is not None or cfg.label_smoothing:
+      raise TrainingError("a decoder-only model trains on next-token cross-entropy "
+                          "(LMLoss): no teacher, no label smoothing")
+    objective = LMLoss(model.config)
   if objective is None:
     objective = TokenLoss(model.config, cfg.label_smoothing, teacher, cfg.distill_temperature)
   params, history = fit(model.params, objective, inputs, targets, cfg, workdir, progress)
