@@ -46,25 +46,43 @@ def sharp_target(tmp: str) -> str:
   return path
 
 
+def _split_summary(mesh, params) -> dict:
+  leaves = jax.tree_util.tree_leaves(params)
+  return {"mesh": dict(mesh.shape),
+          "logits_spec": [str(a) for a in
+                          params["decoder"]["logits_dense"]["kernel"].sharding.spec],
+          "split_leaves": sum(not x.sharding.is_fully_replicated for x in leaves),
+          "leaves": len(leaves)}
+
+
 class Placements:
-  """Records what the CLI hands to sd.shard / sharding.replicate / sharding.shard_batch."""
+  """Records what the CLI hands to sd.shard / sharding.replicate / sharding.shard_batch,
+  and the loads that go straight into shards: `sd.load(..., mesh=)` (`sharding.load`)
+  and `sd.init_model(..., shardings=)` (config: models)."""
 
   def __init__(self):
-    self.seen = {"shard": [], "replicate": [], "shard_batch": []}
-    self._real = (sd.shard, sd.sharding.replicate, sd.sharding.shard_batch)
+    self.seen = {"shard": [], "replicate": [], "shard_batch": [], "load": [], "init": []}
+    self._real = (sd.shard, sd.sharding.replicate, sd.sharding.shard_batch, sd.sharding.load,
+                  sd.init_model)
 
   def __enter__(self):
-    shard, replicate, shard_batch = self._real
+    shard, replicate, shard_batch, load, init_model = self._real
+
+    def spy_load(path, mesh, *a, **k):
+      out = load(path, mesh, *a, **k)
+      self.seen["load"].append({"path": str(path), **_split_summary(mesh, out.params)})
+      return out
+
+    def spy_init(config, *a, shardings=None, **k):
+      out = init_model(config, *a, shardings=shardings, **k)
+      if shardings is not None:
+        mesh = jax.tree_util.tree_leaves(shardings)[0].mesh
+        self.seen["init"].append(_split_summary(mesh, out.params))
+      return out
 
     def spy_shard(model, mesh, *a, **k):
       out = shard(model, mesh, *a, **k)
-      leaves = jax.tree_util.tree_leaves(out.params)
-      self.seen["shard"].append({
-          "mesh": dict(mesh.shape),
-          "logits_spec": [str(a) for a in
-                          out.params["decoder"]["logits_dense"]["kernel"].sharding.spec],
-          "split_leaves": sum(not x.sharding.is_fully_replicated for x in leaves),
-          "leaves": len(leaves)})
+      self.seen["shard"].append(_split_summary(mesh, out.params))
       return out
 
     def spy_replicate(tree, mesh):
@@ -83,12 +101,13 @@ class Placements:
           "shard_shapes": sorted({tuple(s.data.shape) for s in out.addressable_shards})})
       return out
 
-    sd.shard, sd.sharding.replicate, sd.sharding.shard_batch = (spy_shard, spy_replicate,
-                                                                spy_shard_batch)
+    (sd.shard, sd.sharding.replicate, sd.sharding.shard_batch, sd.sharding.load,
+     sd.init_model) = (spy_shard, spy_replicate, spy_shard_batch, spy_load, spy_init)
     return self
 
   def __exit__(self, *exc):
-    sd.shard, sd.sharding.replicate, sd.sharding.shard_batch = self._real
+    (sd.shard, sd.sharding.replicate, sd.sharding.shard_batch, sd.sharding.load,
+     sd.init_model) = self._real
 
 
 def decode_checks(tmp: str) -> dict:
@@ -103,12 +122,16 @@ def decode_checks(tmp: str) -> dict:
   pairs = str(pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl")
   evaluate = ["eval", "--model", "demo-de-en/target", "--drafter", "demo-de-en/drafter",
               "--gamma", 3, "--data", pairs, "--limit", 4, "--batch-size", 4, "--json"]
-  report["eval"] = {"single": run_cli(*evaluate), "mesh": run_cli(*evaluate, "--mesh", MESH)}
-  report["bench"] = run_cli("bench", "--target", TARGET_CONFIG, "--drafter", DRAFTER,
-                            "--batch-sizes", 2, "--gammas", 2, "--modes", "greedy",
-                            "--max-new-tokens", 4, "--prompt-len", 5, "--repeats", 1,
-                            "--timing-steps", 2, "--no-progress", "--mesh", MESH,
-                            "--out", f"{tmp}/bench")
+  with Placements() as spy:
+    report["eval"] = {"single": run_cli(*evaluate), "mesh": run_cli(*evaluate, "--mesh", MESH)}
+  report["eval"]["placements"] = spy.seen
+  with Placements() as spy:
+    report["bench"] = run_cli("bench", "--target", TARGET_CONFIG, "--drafter", DRAFTER,
+                              "--batch-sizes", 2, "--gammas", 2, "--modes", "greedy",
+                              "--max-new-tokens", 4, "--prompt-len", 5, "--repeats", 1,
+                              "--timing-steps", 2, "--no-progress", "--mesh", MESH,
+                              "--out", f"{tmp}/bench")
+  report["bench"]["placements"] = spy.seen
   report["bench"]["json"] = json.loads(pathlib.Path(f"{tmp}/bench/bench.json").read_text())
   report["errors"] = {
       "not_dividing": run_cli(*common, "--mesh", "data=3,model=2"),

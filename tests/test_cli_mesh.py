@@ -49,6 +49,13 @@ def report(tmp_path_factory):
   return json.loads(out.read_text())
 
 
+def assert_split_over_model(loads):
+  """One target, loaded into shards on the 2x4 mesh, most leaves split over "model"."""
+  assert [p["mesh"] for p in loads] == [{"data": 2, "model": 4}]
+  assert loads[0]["logits_spec"] == ["None", "model"]
+  assert loads[0]["split_leaves"] > loads[0]["leaves"] // 2
+
+
 @pytest.mark.parametrize("method", ["baseline", "speculative"])
 def test_decode_on_a_mesh_prints_the_single_device_translations(report, method):
   assert report["device_count"] == 8
@@ -60,12 +67,12 @@ def test_decode_on_a_mesh_prints_the_single_device_translations(report, method):
   assert mesh_out["outputs"] == single_out["outputs"]
   assert mesh_out["settings"]["mesh"] == "data=2,model=4"
   assert single_out["settings"]["mesh"] is None
-  # where the CLI placed things: the target split over "model", every other model whole on
+  # where the CLI placed things: the target loaded straight into its shards over "model"
+  # (sd.load(..., mesh=), never whole and then sd.shard-ed), every other model whole on
   # each of the 8 devices, each batch split by rows over "data" (3 prompts padded to 4)
   placed = runs["placements"]
-  assert [p["mesh"] for p in placed["shard"]] == [{"data": 2, "model": 4}]
-  assert placed["shard"][0]["logits_spec"] == ["None", "model"]
-  assert placed["shard"][0]["split_leaves"] > placed["shard"][0]["leaves"] // 2
+  assert placed["shard"] == []
+  assert_split_over_model(placed["load"])
   assert placed["shard_batch"] and all(b["shape"][0] == 4 and
                                        [s[0] for s in b["shard_shapes"]] == [2]
                                        for b in placed["shard_batch"])
@@ -82,8 +89,14 @@ def test_eval_and_bench_on_a_mesh(report):
   single, mesh = json.loads(single["out"]), json.loads(mesh["out"])
   assert mesh["hypotheses"] == single["hypotheses"] and mesh["pairs"] == 4
   assert mesh["settings"]["mesh"] == "data=2,model=4"
+  placed = report["decode"]["eval"]["placements"]
+  assert placed["shard"] == [] and [p["path"] for p in placed["load"]] == ["demo-de-en/target"]
+  assert_split_over_model(placed["load"])
   bench = report["decode"]["bench"]
   assert bench["code"] == 0, bench["err"]
+  # the config: target initialised into its shards (as `--preset xxl-small --mesh` does)
+  assert bench["placements"]["shard"] == []
+  assert_split_over_model(bench["placements"]["init"])
   assert bench["json"]["config"]["mesh"] == "data=2,model=4"
   entries = {e["gamma"]: e for e in bench["json"]["results"]}
   assert set(entries) == {None, 2} and entries[2]["ms_per_token"] > 0

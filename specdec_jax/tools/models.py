@@ -17,6 +17,7 @@ import sys
 from typing import Any, Callable, Sequence
 
 import numpy as np
+from flax.traverse_util import unflatten_dict
 
 import specdec_jax as sd
 from specdec_jax import drafters as drafters_lib
@@ -39,32 +40,39 @@ _CONFIG_MODELS: dict[tuple, Any] = {}
 _CONFIG_MODELS_MAX = 4
 
 
-def _config_model(name: str, overrides: dict[str, Any], dtype: str | None):
+def _config_model(name: str, overrides: dict[str, Any], dtype: str | None, mesh=None):
   config = sd.get_config(name, **overrides)
-  key = (config, dtype)
+  key = (config, dtype, mesh)
   if key not in _CONFIG_MODELS:
     while len(_CONFIG_MODELS) >= _CONFIG_MODELS_MAX:
       _CONFIG_MODELS.pop(next(iter(_CONFIG_MODELS)))
-    # What sd.load("config:NAME", dtype) does: params AND activations in `dtype`, drawn
-    # straight in it (a T5-XXL in bfloat16 never exists in float32).
-    _CONFIG_MODELS[key] = sd.init_model(config, 0, dtype)
+    # What sd.load("config:NAME", dtype, mesh=) does: params AND activations in `dtype`,
+    # drawn straight in it (a T5-XXL in bfloat16 never exists in float32), and on a mesh
+    # straight into each parameter's shards (never whole on one device).
+    shardings = None
+    if mesh is not None:
+      shardings = unflatten_dict({tuple(k.split("/")): v for k, v in
+                                  sd.sharding.config_shardings(config, mesh).items()})
+    _CONFIG_MODELS[key] = sd.init_model(config, 0, dtype, shardings=shardings)
   return _CONFIG_MODELS[key]
 
 
 def load_model(spec: str, dtype: str | None = "float32", what: str = "model",
-               overrides: dict[str, Any] | None = None) -> sd.Model:
+               overrides: dict[str, Any] | None = None, mesh=None) -> sd.Model:
   """`sd.load` plus a note for random weights; "config:NAME" may take architecture
   `overrides`. dtype: the compute dtype (params and activations), as in `sd.load`; None
-  keeps the stored dtype (config:NAME models: float32)."""
+  keeps the stored dtype (config:NAME models: float32). mesh: a `jax.sharding.Mesh`:
+  every parameter loaded (or initialised) straight into its `RULES_1D` shards
+  (`sd.load(..., mesh=)`), the values those of `sd.shard(load_model(...), mesh)`."""
   if spec.startswith("config:"):
-    model = _config_model(spec[len("config:"):], overrides or {}, dtype)
+    model = _config_model(spec[len("config:"):], overrides or {}, dtype, mesh)
     extra = f" with overrides {overrides}" if overrides else ""
     note(f"{what} {spec}{extra} has RANDOM weights (seed 0): outputs are meaningless "
          "apart from speed")
     return model
   if overrides:
     raise OptionError(f"{what} overrides only apply to config:NAME models, not {spec!r}")
-  return sd.load(spec, dtype=dtype)
+  return sd.load(spec, dtype=dtype, mesh=mesh)
 
 
 def resolve_drafter(spec, target: sd.Model, *,

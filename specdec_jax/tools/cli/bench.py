@@ -13,7 +13,7 @@ from specdec_jax.tools import bench
 from specdec_jax.tools.errors import BenchError
 from specdec_jax.tools.bench.methods import extra_methods
 from specdec_jax.tools.cli.mesh_args import (add_mesh_flag, check_batch, mesh_from_args,
-                                             place_target)
+                                             load_target)
 from specdec_jax.tools.models import DRAFTER_KINDS, DTYPES, load_model, note
 from specdec_jax.tools.options import (MODES, check_at_least_one, int_list, mode_list,
                                        parse_overrides)
@@ -115,8 +115,7 @@ def run(args) -> int:
   drafter_over = parse_overrides(args.drafter_overrides)
   settings = _settings(args, target_over)
   tokenizer = sd.load_tokenizer(args.tokenizer) if args.tokenizer else None
-  target = place_target(load_model(args.target, args.dtype, what="target",
-                                   overrides=target_over), mesh)
+  target = load_target(args.target, args.dtype, mesh, what="target", overrides=target_over)
   drafter = None if args.baseline_only else _load_drafter(args, target, drafter_over)
   if drafter is not None and mesh is not None:
     drafter = sd.sharding.replicate(drafter, mesh)

@@ -19,12 +19,12 @@ from specdec_jax.tools.cli.distributed import (add_distributed_flags, gather_cor
                                                gather_max, initialize_from_args,
                                                local_batches, process_rows)
 from specdec_jax.tools.cli.mesh_args import (add_mesh_flag, check_batch, mesh_batch,
-                                             mesh_from_args, place_method, place_target)
+                                             mesh_from_args, place_method, load_target)
 from specdec_jax.tools.cli.method_args import (EARLY_EXIT, add_method_flags, build_method,
                                                check_method_flags, sampling_from_method_args)
 from specdec_jax.tools.errors import CLIError
 from specdec_jax.tools.methods import EXTRA_STATS, Baseline, Corpus, batch_key, decode_corpus
-from specdec_jax.tools.models import drafter_loader, load_model, resolve_drafter
+from specdec_jax.tools.models import drafter_loader, resolve_drafter
 from specdec_jax.tools.options import check_at_least_one
 from specdec_jax.tools.prompts import encode_prompts, read_prompt_lines
 from specdec_jax.tools.report import fmt, to_jsonable
@@ -162,7 +162,7 @@ def run(args) -> int:
   prompts = read_prompt_lines(args.prompts, args.input_file)
   tokenizer = sd.load_tokenizer(args.tokenizer) if args.tokenizer else None
   t_load = time.perf_counter()
-  target = place_target(load_model(args.model, args.dtype, what="model"), mesh)
+  target = load_target(args.model, args.dtype, mesh, what="model")
   tokens = encode_prompts(prompts, tokenizer, target.config.vocab_size)
   load = drafter_loader(args.dtype)
   drafter = None

@@ -12,12 +12,12 @@ import specdec_jax as sd
 from specdec_jax.tools import evaluation
 from specdec_jax.tools.cli.args import add_drafter_flag, add_dtype_flag
 from specdec_jax.tools.cli.mesh_args import (add_mesh_flag, check_batch, mesh_from_args,
-                                             place_method, place_target)
+                                             place_method, load_target)
 from specdec_jax.tools.cli.method_args import (EARLY_EXIT, add_method_flags, build_method,
                                                check_method_flags, sampling_from_method_args)
 from specdec_jax.tools.errors import CLIError
 from specdec_jax.tools.methods import EXTRA_STATS
-from specdec_jax.tools.models import DRAFTER_KINDS, drafter_loader, load_model
+from specdec_jax.tools.models import DRAFTER_KINDS, drafter_loader
 from specdec_jax.tools.options import check_at_least_one
 from specdec_jax.tools.report import fmt, to_jsonable
 
@@ -81,7 +81,7 @@ def run(args) -> int:
     raise CLIError(f"--data {args.data!r} is neither a .jsonl file of pairs nor a directory "
                    "(prepare one with `specdec train --stages data`)")
   tokenizer = sd.load_tokenizer(args.tokenizer) if args.tokenizer else None
-  model = place_target(load_model(args.model, args.dtype, what="model"), mesh)
+  model = load_target(args.model, args.dtype, mesh, what="model")
   method = _method(args, model, args.data, mesh)
   result = evaluation.evaluate(
       model, args.data, split=args.split, method="greedy" if sampling.is_greedy else "sample",

@@ -2,7 +2,8 @@
 
     specdec decode --model DIR --drafter DRAFT_DIR --mesh data=2,model=4 ...
 
-On a mesh the target is split by T5X's logical-axis rules (`sd.shard`, `RULES_1D`), every
+On a mesh the target is loaded straight into the shards T5X's logical-axis rules give its
+parameters (`sd.load(..., mesh=)`, `RULES_1D`; a `config:` model initialised into them), every
 other model a method carries (drafter, BiLD's small model, prediction heads, rescorer) is
 copied whole to every device (`sd.sharding.replicate`), and each batch of encoder tokens
 is split by rows over "data" (`sd.sharding.shard_batch`). `jit` propagates these
@@ -22,6 +23,7 @@ import specdec_jax as sd
 from specdec_jax.decoding import methods as core
 from specdec_jax.sharding import MESH_AXES
 from specdec_jax.tools.errors import CLIError
+from specdec_jax.tools.models import load_model
 
 
 def parse_mesh(text: str) -> dict[str, int]:
@@ -84,7 +86,15 @@ def mesh_batch(n: int, mesh: Mesh | None) -> int:
   return -(-n // data) * data
 
 
+def load_target(spec: str, dtype: str | None, mesh: Mesh | None, what: str = "model",
+                overrides: dict[str, Any] | None = None) -> sd.Model:
+  """The target `spec` (`models.load_model`), on a mesh loaded straight into its shards:
+  no parameter is ever whole on one device (T5-XXL does not fit one)."""
+  return load_model(spec, dtype, what=what, overrides=overrides, mesh=mesh)
+
+
 def place_target(target: sd.Model, mesh: Mesh | None) -> sd.Model:
+  """An already loaded target split over `mesh` (`sd.shard`); itself without a mesh."""
   return target if mesh is None else sd.shard(target, mesh)
 
 
