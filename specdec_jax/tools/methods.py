@@ -60,7 +60,9 @@ class DecodeMethod:
   uses_drafter: ClassVar[bool] = False
 
   def decode(self, target, encoder_tokens, *, max_new_tokens: int, rng=None,
-             eos_id: int | None = None) -> DecodeOutput:
+             eos_id: int | None = None, prompt_lengths=None) -> DecodeOutput:
+    """`encoder_tokens`: a decoder-only target's right-padded prompts [B, P], with
+    `prompt_lengths` [B] (as `sd.decode`)."""
     raise NotImplementedError
 
   def settings(self) -> dict[str, Any]:
@@ -92,9 +94,10 @@ class CoreMethod(DecodeMethod):
     return self.core(**{n: getattr(self, n) for n in names})
 
   def decode(self, target, encoder_tokens, *, max_new_tokens: int, rng=None,
-             eos_id: int | None = None) -> DecodeOutput:
+             eos_id: int | None = None, prompt_lengths=None) -> DecodeOutput:
     return core.decode(target, self.value(), encoder_tokens, max_new_tokens=max_new_tokens,
-                       sampling=self.sampling, rng=rng, eos_id=eos_id)
+                       sampling=self.sampling, rng=rng, eos_id=eos_id,
+                       prompt_lengths=prompt_lengths)
 
 
 def derive(core_type: type, name_field: str | None = None) -> type:
@@ -217,10 +220,16 @@ class Corpus:
 
 
 def decode_corpus(method: DecodeMethod, target, batches: Sequence[Batch], *,
-                  max_new_tokens: int, rng=0, eos_id: int | None = None) -> Corpus:
-  """Decode every batch with `method` (batch i with `batch_key(rng, i)`)."""
+                  max_new_tokens: int, rng=0, eos_id: int | None = None,
+                  prompt_lengths: Sequence | None = None) -> Corpus:
+  """Decode every batch with `method` (batch i with `batch_key(rng, i)`).
+  `prompt_lengths`: a decoder-only target's int [B] prompt lengths of each batch."""
+  # only passed when given: a method of the tools' users may not take it
+  lengths = [{} if prompt_lengths is None else {"prompt_lengths": n}
+             for n in (prompt_lengths or [None] * len(batches))]
   outputs = [jax.device_get(method.decode(target, b.tokens, max_new_tokens=max_new_tokens,
-                                          rng=batch_key(rng, i), eos_id=eos_id))
+                                          rng=batch_key(rng, i), eos_id=eos_id,
+                                          **lengths[i]))
              for i, b in enumerate(batches)]
   return Corpus(tuple(outputs), tuple(int(b.real) for b in batches))
 

@@ -1,12 +1,15 @@
-"""Prompts in, encoder tokens out: from arguments, files, stdin, or random ids.
+"""Prompts in, encoder tokens (or decoder-only prompts) out: from arguments, files, stdin,
+or random ids.
 
     lines = read_prompt_lines(["5 17 42 1"], input_file=None)
     tokens = encode_prompts(lines, tokenizer=None, vocab_size=512)   # int32 [B, L], 0-padded
     tokens = file_prompts("prompts.txt", 32, tokenizer, 512)         # [N, 32], padded or cut
     tokens = random_prompts(8, 32, 512)                              # last token EOS
+    tokens, lengths = encode_lm_prompts(lines, tokenizer, lm.config)  # [B, P], [B]; no EOS
 
 Without a tokenizer a prompt is space- or comma-separated token ids, used verbatim
-(no EOS is appended); with one it is text (the tokenizer appends EOS).
+(no EOS is appended); with one it is text (the tokenizer appends EOS for a T5 encoder,
+never for a decoder-only model's prompt).
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
-from specdec_jax.tools.batching import pad_rows
+from specdec_jax.io.tokenizer import check_tokenizer
+from specdec_jax.tools.batching import Batch, pad_rows, padded_batches
 from specdec_jax.tools.errors import PromptError
 from specdec_jax.tools.report import read_text
 
@@ -61,6 +65,11 @@ def parse_token_ids(prompts: Sequence[str], vocab_size: int) -> np.ndarray:
 
   Ids are used verbatim: no EOS is appended (end a prompt with 1 for T5's EOS).
   """
+  return pad_rows(_id_rows(prompts, vocab_size))
+
+
+def _id_rows(prompts: Sequence[str], vocab_size: int) -> list[list[int]]:
+  """Each prompt's token ids, checked to lie in [0, vocab_size)."""
   rows = []
   for i, prompt in enumerate(prompts, 1):
     parts = prompt.replace(",", " ").split()
@@ -79,7 +88,7 @@ def parse_token_ids(prompts: Sequence[str], vocab_size: int) -> np.ndarray:
       raise PromptError(f"prompt {i}: token id {bad[0]} is outside the model vocabulary "
                         f"[0, {vocab_size})")
     rows.append(row)
-  return pad_rows(rows)
+  return rows
 
 
 def encode_prompts(prompts: Sequence[str], tokenizer, vocab_size: int,
@@ -96,6 +105,46 @@ def encode_prompts(prompts: Sequence[str], tokenizer, vocab_size: int,
   if length is None:
     return np.asarray(tokenizer.encode(list(prompts)), np.int32)
   return np.asarray(tokenizer.encode(list(prompts), max_length=length, truncate=True), np.int32)
+
+
+def encode_lm_prompts(prompts: Sequence[str], tokenizer, config,
+                      length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """Decoder-only prompts -> (int32 [B, P] right-padded with `config.pad_id`, int32 [B] lengths).
+
+  With a tokenizer (checked against the model: `check_tokenizer`), text is encoded as the
+  tokenizer's convention has it (BOS first when it prepends one: Llama; none: GPT-2, T5's
+  SentencePiece) and never with EOS, which would end the text to continue. Without one a
+  prompt is token ids, used verbatim. `length`: every row cut (its first `length` tokens
+  kept) or padded to it. The lengths are the prompts' own: pass them on as `prompt_lengths`,
+  since a prompt may end in the pad id (GPT-2 pads with its EOS).
+  """
+  if tokenizer is None:
+    rows = _id_rows(prompts, config.vocab_size)
+  else:
+    check_tokenizer(tokenizer, config)
+    rows = [tokenizer.encode_one(text, add_eos=False) for text in prompts]
+    for i, (text, row) in enumerate(zip(prompts, rows), 1):
+      if not row:
+        raise PromptError(f"prompt {i} ({text!r}) encodes to no tokens: a decoder-only model "
+                          "needs at least one token to continue")
+  if length is not None:
+    rows = [r[:length] for r in rows]
+  lengths = np.asarray([len(r) for r in rows], np.int32)
+  width = length if length is not None else int(lengths.max(initial=1))
+  tokens = np.full((len(rows), width), config.pad_id, np.int32)
+  for i, r in enumerate(rows):
+    tokens[i, :len(r)] = r
+  return tokens, lengths
+
+
+def lm_batches(tokens: np.ndarray, lengths: np.ndarray,
+               batch_size: int) -> tuple[list[Batch], list[np.ndarray]]:
+  """Prompts [N, P] and lengths [N] in `padded_batches` of `batch_size` rows, each batch
+  cut to its longest prompt; (batches, their int32 [batch_size] prompt lengths)."""
+  batches = padded_batches(tokens, batch_size)
+  sizes = [b.tokens[:, 0] for b in padded_batches(np.asarray(lengths)[:, None], batch_size)]
+  return ([Batch(b.tokens[:, :int(n.max())], b.real) for b, n in zip(batches, sizes)],
+          [np.asarray(n, np.int32) for n in sizes])
 
 
 def file_prompts(path: str, length: int, tokenizer, vocab_size: int) -> np.ndarray:

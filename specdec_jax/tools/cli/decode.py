@@ -1,4 +1,10 @@
-"""`specdec decode`: decode prompts with a model: baseline, speculative, BiLD or blockwise."""
+"""`specdec decode`: decode prompts with a model: baseline, speculative, BiLD or blockwise.
+
+A T5 model translates each prompt (its encoder input); a decoder-only model (GPT-2,
+Llama-style) continues it: the prompt is encoded without EOS (BOS as the tokenizer's
+convention has it), batches are right-padded, each row's prompt length is passed on
+(`prompt_lengths`), and the output is the continuation alone.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ import functools
 import json
 import sys
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -26,7 +32,8 @@ from specdec_jax.tools.errors import CLIError
 from specdec_jax.tools.methods import EXTRA_STATS, Baseline, Corpus, batch_key, decode_corpus
 from specdec_jax.tools.models import drafter_loader, resolve_drafter
 from specdec_jax.tools.options import check_at_least_one
-from specdec_jax.tools.prompts import encode_prompts, read_prompt_lines
+from specdec_jax.tools.prompts import (encode_lm_prompts, encode_prompts, lm_batches,
+                                       read_prompt_lines)
 from specdec_jax.tools.report import fmt, to_jsonable
 from specdec_jax.tools.timing import is_exact, ms_per_token, time_rounds
 
@@ -71,38 +78,99 @@ def _stats_block(stats: dict[str, Any], timing: dict[str, Any], method) -> str:
 def _format_output(row: list[int], tokenizer) -> str | list[int]:
   if tokenizer is None:
     return row
-  # A model's embedding may be padded beyond the SentencePiece vocabulary (T5: 32128 vs
-  # 32100); such ids have no text, show them as <unk>.
-  row = np.where(np.asarray(row) < tokenizer.vocab_size, row, tokenizer.unk_id)
-  return tokenizer.decode_one(row)
+  # A model's embedding may be padded beyond the tokenizer's vocabulary (T5: 32128 vs
+  # 32100); such ids have no text, show them as <unk> (dropped if it has none).
+  row = np.asarray(row, np.int64)
+  if tokenizer.unk_id is None:
+    row = row[row < tokenizer.vocab_size]
+  row = np.where(row < tokenizer.vocab_size, row, tokenizer.unk_id)
+  return tokenizer.decode_continuations(row[None])[0]
 
 
-def _process_corpus(method, target, batches, max_new_tokens: int, rng, offset: int) -> Corpus:
+class Prompts(NamedTuple):
+  """The encoded prompts: T5 encoder tokens [N, L] (0-padded, `lengths` None), or a
+  decoder-only model's right-padded prompts [N, P] and their lengths [N]."""
+
+  tokens: np.ndarray
+  lengths: np.ndarray | None = None
+
+
+def _encode(texts: list[str], tokenizer, target: sd.Model) -> Prompts:
+  if target.is_decoder_only:
+    return Prompts(*encode_lm_prompts(texts, tokenizer, target.config))
+  return Prompts(encode_prompts(texts, tokenizer, target.config.vocab_size))
+
+
+def _batches(prompts: Prompts, batch: int) -> tuple[list[Batch], list | None]:
+  """Padded batches (trimmed to their longest prompt) and, for an LM, their lengths."""
+  if prompts.lengths is not None:
+    return lm_batches(prompts.tokens, prompts.lengths, batch)
+  return [Batch(trim_padding(b.tokens), b.real)
+          for b in padded_batches(prompts.tokens, batch)], None
+
+
+def _ngram_drafter(prompts: Prompts, target: sd.Model):
+  """The "ngram" drafter: bigram tables of the prompts' own tokens. An LM's prompts are
+  texts with no start token before them, cut at their lengths."""
+  vocab = target.config.vocab_size
+  if prompts.lengths is None:
+    return sd.NGramDrafter.fit([r[r > 0] for r in prompts.tokens], vocab_size=vocab)
+  return sd.NGramDrafter.fit([r[:n] for r, n in zip(prompts.tokens, prompts.lengths)],
+                             vocab_size=vocab, start_id=None)
+
+
+def _family_loader(load, target: sd.Model, flag: str):
+  """`load` refusing a model of another kind than the target's (T5 vs decoder-only)."""
+  kind = lambda m: "a decoder-only LM" if m.is_decoder_only else "a T5 encoder-decoder"
+
+  def checked(name: str) -> sd.Model:
+    model = load(name)
+    if isinstance(model, sd.Model) and model.is_decoder_only != target.is_decoder_only:
+      raise CLIError(f"{flag} {name} is {kind(model)} but --model is {kind(target)}: "
+                     "an LM drafts for an LM, a T5 for a T5")
+    return model
+  return checked
+
+
+def _process_corpus(method, target, batches, lengths, max_new_tokens: int, rng,
+                    offset: int) -> Corpus:
   """This process's batches decoded, batch i with `batch_key(rng, offset + i)`."""
+  extra = [{} if lengths is None else {"prompt_lengths": n}
+           for n in (lengths or [None] * len(batches))]
   outputs = [jax.device_get(method.decode(target, b.tokens, max_new_tokens=max_new_tokens,
-                                          rng=batch_key(rng, offset + i)))
+                                          rng=batch_key(rng, offset + i), **extra[i]))
              for i, b in enumerate(batches)]
   return Corpus(tuple(outputs), tuple(int(b.real) for b in batches))
 
 
-def _decode(args, method, target, tokens: np.ndarray, mesh):
-  """(corpus, wall seconds, batch size) of decoding `tokens` in padded batches; with
+def _local_batches(prompts: Prompts, batch: int, process: int, processes: int):
+  """This process's block of rows in padded batches (and, for an LM, their lengths)."""
+  blocks = local_batches(prompts.tokens, batch, process, processes)
+  if prompts.lengths is None:
+    return [Batch(trim_padding(b.tokens), b.real) for b in blocks], None
+  sizes = [np.asarray(b.tokens[:, 0], np.int32) for b in
+           local_batches(prompts.lengths[:, None], batch, process, processes)]
+  return [Batch(b.tokens[:, :int(n.max())], b.real) for b, n in zip(blocks, sizes)], sizes
+
+
+def _decode(args, method, target, prompts: Prompts, mesh):
+  """(corpus, wall seconds, batch size) of decoding the prompts in padded batches; with
   several processes, each decodes its block of rows and all rows are gathered (the wall
   time is the slowest process's)."""
   rng = jax.random.PRNGKey(args.seed)
   processes, process = jax.process_count(), jax.process_index()
+  n = len(prompts.tokens)
   if processes == 1:
-    batch = args.batch_size or mesh_batch(len(tokens), mesh)
-    batches = [Batch(trim_padding(b.tokens), b.real) for b in padded_batches(tokens, batch)]
+    batch = args.batch_size or mesh_batch(n, mesh)
+    batches, lengths = _batches(prompts, batch)
     call = functools.partial(decode_corpus, method, target, batches,
-                             max_new_tokens=args.max_new_tokens, rng=rng)
+                             max_new_tokens=args.max_new_tokens, rng=rng,
+                             prompt_lengths=lengths)
   else:
-    batch = args.batch_size or mesh_batch(process_rows(len(tokens), process, processes)[2],
-                                          mesh)
-    batches = [Batch(trim_padding(b.tokens), b.real)
-               for b in local_batches(tokens, batch, process, processes)]
-    call = functools.partial(_process_corpus, method, target, batches, args.max_new_tokens,
-                             rng, process * len(batches))
+    batch = args.batch_size or mesh_batch(process_rows(n, process, processes)[2], mesh)
+    batches, lengths = _local_batches(prompts, batch, process, processes)
+    call = functools.partial(_process_corpus, method, target, batches, lengths,
+                             args.max_new_tokens, rng, process * len(batches))
   if args.warmup:   # every batch once: trimmed batches may differ in shape
     call()
   t0 = time.perf_counter()
@@ -113,22 +181,23 @@ def _decode(args, method, target, tokens: np.ndarray, mesh):
   return corpus, wall, batch
 
 
-def _compare(args, method, target, tokens: np.ndarray, mesh,
+def _compare(args, method, target, prompts: Prompts, mesh,
              repeats: int = 3) -> dict[str, Any]:
   """The method vs the target alone on the same inputs: all compiled first, then timed in
   `repeats` alternating rounds; speedup of the medians over the FASTEST plain baseline
   (`Baseline(exact=False)`: natural call width). An exact method's padding cost shows in
   its own figure (`exact_cost`: the exact baseline over the plain one), not in the speedup."""
   rng = jax.random.PRNGKey(args.seed)
-  batch = args.batch_size or mesh_batch(len(tokens), mesh)
-  batches = [Batch(trim_padding(b.tokens), b.real) for b in padded_batches(tokens, batch)]
+  batch = args.batch_size or mesh_batch(len(prompts.tokens), mesh)
+  batches, lengths = _batches(prompts, batch)
   methods = {"method": method,
              "baseline": place_method(Baseline(sampling=method.sampling, exact=False), mesh)}
   if is_exact(method):
     methods["exact baseline"] = place_method(Baseline(sampling=method.sampling, exact=True),
                                              mesh)
   calls = {name: functools.partial(decode_corpus, m, target, batches,
-                                   max_new_tokens=args.max_new_tokens, rng=rng)
+                                   max_new_tokens=args.max_new_tokens, rng=rng,
+                                   prompt_lengths=lengths)
            for name, m in methods.items()}
   for call in calls.values():
     call()
@@ -143,9 +212,9 @@ def _compare(args, method, target, tokens: np.ndarray, mesh,
                                              timed["baseline"]["output"].tokens()))}
 
 
-def _payload(args, outputs, corpus, timing, method) -> dict[str, Any]:
+def _payload(args, outputs, corpus, timing, method, prompts: Prompts) -> dict[str, Any]:
   return {"outputs": outputs, "lengths": corpus.lengths, "stats": corpus.stats,
-          "timing": timing,
+          "prompt_lengths": prompts.lengths, "timing": timing,
           "settings": {**method.settings(), "model": args.model, "drafter": args.drafter,
                        "tokenizer": args.tokenizer, "max_new_tokens": args.max_new_tokens,
                        "seed": args.seed, "dtype": args.dtype, "mesh": args.mesh}}
@@ -163,16 +232,19 @@ def run(args) -> int:
   tokenizer = sd.load_tokenizer(args.tokenizer) if args.tokenizer else None
   t_load = time.perf_counter()
   target = load_target(args.model, args.dtype, mesh, what="model")
-  tokens = encode_prompts(prompts, tokenizer, target.config.vocab_size)
-  load = drafter_loader(args.dtype)
+  encoded = _encode(prompts, tokenizer, target)
+  load = _family_loader(drafter_loader(args.dtype), target, "--drafter")
   drafter = None
-  if args.drafter is not None and not args.drafter.startswith(EARLY_EXIT):
-    drafter = resolve_drafter(args.drafter, target, ngram_rows=tokens, load=load)
+  if args.drafter == "ngram":
+    drafter = resolve_drafter(_ngram_drafter(encoded, target), target)
+  elif args.drafter is not None and not args.drafter.startswith(EARLY_EXIT):
+    drafter = resolve_drafter(args.drafter, target, load=load)
   early_exit = args.drafter is not None and args.drafter.startswith(EARLY_EXIT)
-  method = place_method(build_method(args, target, sampling, drafter, load), mesh,
+  rescorer_load = _family_loader(drafter_loader(args.dtype), target, "--rescorer")
+  method = place_method(build_method(args, target, sampling, drafter, rescorer_load), mesh,
                         keep=("small",) if early_exit else ())
   load_s = time.perf_counter() - t_load
-  corpus, wall, batch = _decode(args, method, target, tokens, mesh)
+  corpus, wall, batch = _decode(args, method, target, encoded, mesh)
   generated = corpus.generated
   timing = {"method": method.describe(), "prompts": len(prompts), "batch_size": batch,
             "generated_tokens": generated, "wall_s": wall, "load_s": load_s,
@@ -181,12 +253,13 @@ def run(args) -> int:
             "ms_per_token": 1e3 * wall / generated if generated else None}
   compare = None
   if args.compare and method.kind != "baseline":
-    compare = timing["compare"] = _compare(args, method, target, tokens, mesh)
+    compare = timing["compare"] = _compare(args, method, target, encoded, mesh)
   if jax.process_index() != 0:   # process 0 prints every process's rows
     return 0
   outputs = [_format_output(row, tokenizer) for row in corpus.token_rows()]
   if args.json:
-    print(json.dumps(to_jsonable(_payload(args, outputs, corpus, timing, method))))
+    print(json.dumps(to_jsonable(_payload(args, outputs, corpus, timing, method,
+                                                encoded))))
   else:
     for o in outputs:
       print(o if isinstance(o, str) else " ".join(map(str, o)))
@@ -207,9 +280,12 @@ def run(args) -> int:
 def add(subparsers) -> None:
   p = subparsers.add_parser(
       "decode", help="decode prompts with a model (baseline, speculative, BiLD, blockwise)",
-      description="Decode prompts with a T5 model, optionally speculatively with a drafter. "
-      "Without --tokenizer, prompts are space-separated token ids used verbatim (no EOS is "
-      "added) and outputs are token ids (EOS included); with one, prompts are text.",
+      description="Decode prompts with a model, optionally speculatively with a drafter: a "
+      "T5 model translates each prompt, a decoder-only model (GPT-2, Llama) continues it and "
+      "prints the continuation. Without --tokenizer, prompts are space-separated token ids "
+      "used verbatim (no EOS is added) and outputs are token ids (EOS included); with one, "
+      "prompts are text (a decoder-only model's prompt: no EOS, BOS as the tokenizer "
+      "prepends it).",
       formatter_class=DefaultsHelpFormatter)
   p.add_argument("prompts", nargs="*", metavar="PROMPT",
                  help='prompts; "-" or none (with stdin not a terminal) reads stdin, one per line')
@@ -218,7 +294,8 @@ def add(subparsers) -> None:
                  "config:NAME for random weights")
   add_drafter_flag(p, "bigram table fitted on the prompts' own tokens: poor but valid")
   p.add_argument("--tokenizer", metavar="PATH_OR_NAME",
-                 help="SentencePiece model file/dir or bundled name; prompts become text")
+                 help="SentencePiece model file/dir, Hugging Face tokenizer.json (or its dir) "
+                 "or bundled name; prompts become text")
   p.add_argument("--input-file", metavar="FILE", help='one prompt per line ("-" = stdin)')
   add_method_flags(p)
   p.add_argument("--max-new-tokens", type=int, default=64)
