@@ -177,3 +177,70 @@ def test_decode_lm_bad_input(capsys, llama, gpt2):
   # a prompt that encodes to nothing
   code, _, err = run(capsys, "decode", "--model", target, "--tokenizer", spm, *COMMON, " ")
   assert code == 2 and "no tokens" in err
+
+
+# ----------------------------------------------------------------------------- perplexity
+
+
+def ppl_by_hand(model_dir, tok_path, texts) -> tuple[float, int]:
+  """exp(mean NLL) of every token after each text's first, one text at a time."""
+  import jax
+  model, tok = sd.load(str(model_dir)), load_tokenizer(tok_path)
+  total, count = 0.0, 0
+  for text in texts:
+    ids = np.asarray(tok.encode_one(text, add_eos=False))
+    logp = np.asarray(jax.nn.log_softmax(model.forward(ids[None])[0], -1))
+    total -= float(logp[np.arange(len(ids) - 1), ids[1:]].sum())
+    count += len(ids) - 1
+  return float(np.exp(total / count)), count
+
+
+@pytest.mark.parametrize("fmt", ["txt", "jsonl"])
+def test_eval_perplexity_equals_exp_mean_nll_of_the_forward_pass(capsys, gpt2, tmp_path, fmt):
+  target, _, tok = gpt2
+  texts = TEXTS[:5]
+  data = tmp_path / f"texts.{fmt}"
+  lines = texts if fmt == "txt" else [json.dumps({"text": t}) for t in texts[:3]] + [
+      json.dumps(t) for t in texts[3:]]
+  data.write_text("\n".join(lines[:2] + [""] + lines[2:]) + "\n")   # a blank line: skipped
+  res = json.loads(ok(capsys, "eval", "--metric", "perplexity", "--model", target,
+                      "--tokenizer", tok, "--data", data, "--batch-size", "2", "--json"))
+  ppl, count = ppl_by_hand(target, tok, texts)
+  assert res["tokens"] == count and res["sequences"] == len(texts)
+  np.testing.assert_allclose(res["perplexity"], ppl, rtol=1e-5)
+  out = ok(capsys, "eval", "--metric", "perplexity", "--model", target, "--tokenizer", tok,
+           "--data", data, "--limit", "2")
+  assert f"tokens scored        {ppl_by_hand(target, tok, texts[:2])[1]}" in out
+
+
+def test_eval_perplexity_llama_cuts_at_max_length(capsys, llama, tmp_path):
+  target, _, spm = llama
+  data = tmp_path / "texts.txt"
+  data.write_text("\n".join(TEXTS) + "\n")
+  res = json.loads(ok(capsys, "eval", "--metric", "perplexity", "--model", target,
+                      "--tokenizer", spm, "--data", data, "--max-length", "4", "--json"))
+  cut = [t for t in TEXTS if len(load_tokenizer(spm).encode_one(t, add_eos=False)) > 4]
+  assert res["truncated"] == len(cut) > 0 and res["max_length"] == 4
+  model, tok = sd.load(str(target)), load_tokenizer(spm)
+  rows = [tok.encode_one(t, add_eos=False)[:4] for t in TEXTS]
+  assert res["tokens"] == sum(len(r) - 1 for r in rows)
+
+
+def test_eval_perplexity_bad_input(capsys, llama, gpt2, tmp_path):
+  target, _, spm = llama
+  data = tmp_path / "texts.txt"
+  data.write_text("one text\n")
+  code, _, err = run(capsys, "eval", "--metric", "perplexity", "--model",
+                     "config:t5_1_1_tiny", "--data", data, "--tokenizer", spm)
+  assert code == 2 and "decoder-only" in err
+  code, _, err = run(capsys, "eval", "--metric", "perplexity", "--model", target,
+                     "--data", data, "--tokenizer", gpt2[2])
+  assert code == 2 and "300 ids" in err
+  code, _, err = run(capsys, "eval", "--metric", "perplexity", "--model", target,
+                     "--data", data, "--drafter", "ngram")
+  assert code == 2 and "--drafter" in err
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text('{"txt": "x"}\n')
+  code, _, err = run(capsys, "eval", "--metric", "perplexity", "--model", target,
+                     "--data", bad, "--tokenizer", spm)
+  assert code == 2 and "line 1" in err

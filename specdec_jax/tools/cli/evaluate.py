@@ -1,4 +1,9 @@
-"""`specdec eval`: BLEU / chrF and speed of a model on a prepared data split."""
+"""`specdec eval`: BLEU / chrF and speed of a model on a prepared data split, or
+(`--metric perplexity`) a decoder-only model's perplexity on texts (BiLD's LM metric).
+
+    specdec eval --model runs/demo/target/final --data runs/demo/data --drafter ngram
+    specdec eval --metric perplexity --model hf-gpt2 --tokenizer hf-gpt2 --data wiki.txt
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ import os
 import pathlib
 from typing import Any
 
+import numpy as np
+
 import specdec_jax as sd
 from specdec_jax.tools import evaluation
 from specdec_jax.tools.cli.args import add_drafter_flag, add_dtype_flag
@@ -15,11 +22,14 @@ from specdec_jax.tools.cli.mesh_args import (add_mesh_flag, check_batch, mesh_fr
                                              place_method, load_target)
 from specdec_jax.tools.cli.method_args import (EARLY_EXIT, add_method_flags, build_method,
                                                check_method_flags, sampling_from_method_args)
-from specdec_jax.tools.errors import CLIError
+from specdec_jax.tools.errors import CLIError, EvaluationError
 from specdec_jax.tools.methods import EXTRA_STATS
 from specdec_jax.tools.models import DRAFTER_KINDS, drafter_loader
 from specdec_jax.tools.options import check_at_least_one
-from specdec_jax.tools.report import fmt, to_jsonable
+from specdec_jax.tools.prompts import encode_lm_prompts
+from specdec_jax.tools.report import fmt, read_text, to_jsonable
+
+METRICS = ("bleu", "perplexity")
 
 
 def _report(result: dict[str, Any]) -> str:
@@ -64,7 +74,77 @@ def _method(args, model, data: str, mesh):
   return place_method(method, mesh, keep=("small",) if early_exit else ())
 
 
+def read_texts(path: str) -> list[str]:
+  """The texts of `path`, one per non-blank line: plain text, or (.jsonl) per line a JSON
+  string or an object with a "text" field."""
+  lines = [line for line in read_text(path, "--data file").splitlines() if line.strip()]
+  if not evaluation.is_jsonl(path):
+    return lines
+  texts = []
+  for i, line in enumerate(lines, 1):
+    try:
+      item = json.loads(line)
+    except ValueError as e:
+      raise EvaluationError(f"{path}: line {i} is not JSON: {e}") from None
+    text = item.get("text") if isinstance(item, dict) else item
+    if not isinstance(text, str):
+      raise EvaluationError(f"{path}: line {i} is neither a JSON string nor an object with "
+                            'a "text" string')
+    texts.append(text)
+  return texts
+
+
+def perplexity(args) -> dict[str, Any]:
+  """Per-token perplexity of --model on the texts of --data (`evaluation.perplexity`): each
+  text encoded as a prompt is (BOS as the tokenizer has it, no EOS), cut at --max-length
+  (default: the model's max_positions) tokens, every token after the first scored."""
+  if not os.path.isfile(args.data):
+    raise CLIError(f"--data {args.data!r}: --metric perplexity reads a text file (one text "
+                   "per line) or a .jsonl file (one JSON string or {\"text\": ...} per line)")
+  texts = read_texts(args.data)[:args.limit]
+  if not texts:
+    raise EvaluationError(f"--data {args.data!r} holds no texts")
+  tokenizer = sd.load_tokenizer(args.tokenizer) if args.tokenizer else None
+  model = load_target(args.model, args.dtype, None, what="model")
+  if not model.is_decoder_only:
+    raise CLIError("--metric perplexity scores decoder-only models (GPT-2, Llama); "
+                   f"{args.model} is a T5 encoder-decoder: score it with BLEU / chrF")
+  limit = args.max_length or model.config.max_positions
+  tokens, lengths = encode_lm_prompts(texts, tokenizer, model.config)
+  cut = int((lengths > limit).sum())
+  tokens, lengths = tokens[:, :limit], np.minimum(lengths, limit)
+  if tokens.shape[1] < 2:
+    raise EvaluationError("every text is one token long: nothing to predict")
+  result = evaluation.perplexity(model, tokens, lengths, batch_size=args.batch_size)
+  return {**result, "truncated": cut, "max_length": limit}
+
+
+def _run_perplexity(args) -> int:
+  given = [flag for flag, value in (("--drafter", args.drafter), ("--method", args.method))
+           if value is not None]
+  if given:
+    raise CLIError(f"{', '.join(given)}: --metric perplexity scores the model alone")
+  check_at_least_one(batch_size=args.batch_size, limit=args.limit,
+                     max_length=args.max_length)
+  result = perplexity(args)
+  if args.json:
+    settings = {"metric": "perplexity", "model": args.model, "data": args.data,
+                "tokenizer": args.tokenizer, "limit": args.limit, "dtype": args.dtype}
+    print(json.dumps(to_jsonable({**result, "settings": settings})))
+  else:
+    print(f"{args.model} on {args.data}: perplexity")
+    print(f"perplexity           {result['perplexity']:.3f}")
+    print(f"nll                  {result['nll']:.4f}   (nats per token)")
+    print(f"tokens scored        {result['tokens']} (every token after each text's first)")
+    print(f"texts                {result['sequences']}"
+          + (f" ({result['truncated']} cut at {result['max_length']} tokens)"
+             if result["truncated"] else ""))
+  return 0
+
+
 def run(args) -> int:
+  if args.metric == "perplexity":
+    return _run_perplexity(args)
   check_method_flags(args)
   check_at_least_one(batch_size=args.batch_size, limit=args.limit,
                      max_new_tokens=args.max_new_tokens)
@@ -103,10 +183,16 @@ def run(args) -> int:
 
 def add(subparsers) -> None:
   p = subparsers.add_parser(
-      "eval", help="BLEU / chrF and speed of a model on a prepared data split",
+      "eval", help="BLEU / chrF and speed of a model on a prepared data split, or an LM's "
+      "perplexity",
       description="Translate a split of a prepared data directory (written by `specdec train "
       "--stages data`) with a model, baseline or speculative, and report sacrebleu corpus "
-      "BLEU and chrF against its English side, with wall time and ms/token.")
+      "BLEU and chrF against its English side, with wall time and ms/token. With --metric "
+      "perplexity: a decoder-only model's per-token perplexity on the texts of --data (a "
+      "text file, one text per line, or .jsonl), BiLD's LM metric.")
+  p.add_argument("--metric", choices=METRICS, default="bleu",
+                 help="bleu: BLEU and chrF of decoded translations (default); perplexity: "
+                 "exp(mean NLL) of every token after each text's first")
   p.add_argument("--model", required=True, metavar="PATH_OR_NAME",
                  help="model: checkpoint dir, bundled name, or config:NAME")
   p.add_argument("--data", required=True, metavar="DIR_OR_JSONL",
@@ -120,6 +206,9 @@ def add(subparsers) -> None:
   p.add_argument("--batch-size", type=int, default=32,
                  help="rows per decode call; the last batch is padded to it (default: 32)")
   p.add_argument("--max-new-tokens", type=int, help="default: the split's target length")
+  p.add_argument("--max-length", type=int,
+                 help="--metric perplexity: texts cut at this many tokens (default: the "
+                 "model's max_positions)")
   p.add_argument("--tokenizer", metavar="PATH_OR_NAME",
                  help="SentencePiece model (default: the data dir's spiece.model)")
   p.add_argument("--seed", type=int, default=0, help="PRNG seed for sampling (default: 0)")
