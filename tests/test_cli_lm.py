@@ -244,3 +244,40 @@ def test_eval_perplexity_bad_input(capsys, llama, gpt2, tmp_path):
   code, _, err = run(capsys, "eval", "--metric", "perplexity", "--model", target,
                      "--data", bad, "--tokenizer", spm)
   assert code == 2 and "line 1" in err
+
+
+# ----------------------------------------------------------------------------- bench
+
+
+def test_file_prompts_of_an_lm_have_no_eos(gpt2, tmp_path):
+  from specdec_jax.tools.prompts import file_prompts
+  target, _, tok_dir = gpt2
+  tok, config = load_tokenizer(tok_dir), sd.load(str(target)).config
+  path = tmp_path / "p.txt"
+  path.write_text("The dog sees the tree today.\ncats\n")
+  rows = file_prompts(str(path), 5, tok, config.vocab_size, config=config)
+  first, cats = tok.encode_one("The dog sees the tree today."), tok.encode_one("cats")
+  assert len(first) > 5 and rows.shape == (2, 5)
+  assert rows[0].tolist() == first[:5]
+  assert rows[1].tolist() == cats + [config.pad_id] * (5 - len(cats))
+
+
+def test_bench_writes_its_json_for_an_lm_pair(capsys, llama, tmp_path):
+  target, drafter, spm = llama
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("\n".join(LLAMA_PROMPTS) + "\n")
+  out = tmp_path / "bench"
+  code, stdout, err = run(capsys, "bench", "--target", target, "--drafter", drafter,
+                          "--prompts-file", prompts, "--tokenizer", spm, "--batch-sizes", "2",
+                          "--gammas", "2", "--modes", "greedy", "--prompt-len", "6",
+                          "--max-new-tokens", "6", "--repeats", "1", "--timing-steps", "2",
+                          "--no-progress", "--out", out)
+  assert code == 0, err
+  res = json.loads((out / "bench.json").read_text())
+  kinds = {r["method"] for r in res["results"]}
+  assert {"baseline", "speculative"} <= kinds, kinds
+  spec = next(r for r in res["results"] if r["method"] == "speculative")
+  assert spec["gamma"] == 2 and 0.0 <= spec["alpha"] <= 1.0 and spec["ms_per_token"] > 0
+  assert res["config"]["prompts_file"] == str(prompts)
+  assert res["costs"][0]["c"] > 0
+  assert "speculative" in stdout

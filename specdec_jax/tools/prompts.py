@@ -147,9 +147,16 @@ def lm_batches(tokens: np.ndarray, lengths: np.ndarray,
           [np.asarray(n, np.int32) for n in sizes])
 
 
-def file_prompts(path: str, length: int, tokenizer, vocab_size: int) -> np.ndarray:
-  """Lines of `path` -> [N, length] (text via `tokenizer`, else token ids), padded or cut."""
-  return encode_prompts(read_prompt_lines([], path), tokenizer, vocab_size, length)
+def file_prompts(path: str, length: int, tokenizer, vocab_size: int,
+                 config=None) -> np.ndarray:
+  """Lines of `path` -> [N, length] (text via `tokenizer`, else token ids), padded or cut.
+
+  With a decoder-only model's `config`, the lines are its prompts (`encode_lm_prompts`: no
+  EOS, right-padded with its pad id; a prompt ending in the pad id loses that token)."""
+  lines = read_prompt_lines([], path)
+  if config is not None and getattr(config, "is_decoder_only", False):
+    return encode_lm_prompts(lines, tokenizer, config, length)[0]
+  return encode_prompts(lines, tokenizer, vocab_size, length)
 
 
 def random_prompts(batch: int, length: int, vocab_size: int, seed: int = 0) -> np.ndarray:

@@ -124,7 +124,7 @@ def run(args) -> int:
   prompts = None
   if args.prompts_file:
     prompts = file_prompts(args.prompts_file, args.prompt_len, tokenizer,
-                           target.config.vocab_size)
+                           target.config.vocab_size, config=target.config)
   results = bench.run_bench(
       target, drafter, batch_sizes=args.batch_sizes, gammas=args.gammas, modes=args.modes,
       prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
