@@ -281,3 +281,39 @@ def test_bench_writes_its_json_for_an_lm_pair(capsys, llama, tmp_path):
   assert res["config"]["prompts_file"] == str(prompts)
   assert res["costs"][0]["c"] > 0
   assert "speculative" in stdout
+
+
+# ----------------------------------------------------------------------------- sweeps
+
+
+def test_sweeps_with_an_lm_pair(capsys, gpt2, tmp_path):
+  """sweep-bild and sweep-blockwise on texts: prompts of --prompt-len tokens, references
+  their next --max-new-tokens tokens; greedy speculative points score the baseline's BLEU."""
+  target, drafter, tok = gpt2
+  sd.save_heads(target, sd.init_heads(sd.load(str(target)), 2))
+  data = tmp_path / "texts.jsonl"
+  data.write_text("\n".join(json.dumps({"text": t}) for t in TEXTS) + "\n")
+  common = ["--model", target, "--tokenizer", tok, "--data", data, "--prompt-len", "3",
+            "--max-new-tokens", "4", "--batch-size", "2", "--repeats", "1", "--no-progress"]
+  out = tmp_path / "bild"
+  ok(capsys, "sweep-bild", *common, "--small", f"small={drafter}", "--fallback", "0.5",
+     "--rollback", "2", "--gammas", "2", "--out", out)
+  res = json.loads((out / "bild.json").read_text())
+  t = load_tokenizer(tok)
+  long_enough = [x for x in TEXTS if len(t.encode_one(x)) >= 7]
+  assert res["config"]["pairs"] == len(long_enough) and res["config"]["max_new_tokens"] == 4
+  points = {p["label"]: p for p in res["points"]}
+  spec = points["speculative/small/g2"]
+  assert spec["bleu"] == spec["baseline_bleu"]     # exact: the target's own continuation
+  assert "small/fb0.5/rb2" in points
+  out = tmp_path / "blockwise"
+  ok(capsys, "sweep-blockwise", *common, "--rescorer", drafter, "--lattice-k", "2",
+     "--num-drafts", "2", "--out", out)
+  res = json.loads((out / "blockwise.json").read_text())
+  base = next(p for p in res["points"] if p["label"] == "base")
+  assert base["bleu"] == base["baseline_bleu"]
+  assert "evaluated prompts" in res["config"]["ngram_data"]
+  # a T5 drafting model for an LM target
+  code, _, err = run(capsys, "sweep-bild", *common, "--small", "t5=config:t5_1_1_tiny_drafter",
+                     "--out", tmp_path / "bad")
+  assert code == 2 and "T5 encoder-decoder" in err

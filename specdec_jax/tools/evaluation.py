@@ -107,7 +107,10 @@ def detokenize(tokens: np.ndarray, lengths: np.ndarray, tokenizer) -> list[str]:
   texts = []
   for row, n in zip(np.asarray(tokens), np.asarray(lengths)):
     row = row[:int(n)]
-    row = np.where(row < tokenizer.vocab_size, row, tokenizer.unk_id)
+    if tokenizer.unk_id is None:     # a tokenizer without <unk>: such ids are dropped
+      row = row[row < tokenizer.vocab_size]
+    else:
+      row = np.where(row < tokenizer.vocab_size, row, tokenizer.unk_id)
     texts.append(tokenizer.decode_one(row))
   return texts
 

@@ -26,8 +26,8 @@ from specdec_jax.tools.errors import CLIError, EvaluationError
 from specdec_jax.tools.methods import EXTRA_STATS
 from specdec_jax.tools.models import DRAFTER_KINDS, drafter_loader
 from specdec_jax.tools.options import check_at_least_one
-from specdec_jax.tools.prompts import encode_lm_prompts
-from specdec_jax.tools.report import fmt, read_text, to_jsonable
+from specdec_jax.tools.prompts import encode_lm_prompts, read_texts
+from specdec_jax.tools.report import fmt, to_jsonable
 
 METRICS = ("bleu", "perplexity")
 
@@ -72,26 +72,6 @@ def _method(args, model, data: str, mesh):
   method = build_method(args, model, sampling_from_method_args(args), drafter, load)
   early_exit = args.method == "bild" and args.drafter.startswith(EARLY_EXIT)
   return place_method(method, mesh, keep=("small",) if early_exit else ())
-
-
-def read_texts(path: str) -> list[str]:
-  """The texts of `path`, one per non-blank line: plain text, or (.jsonl) per line a JSON
-  string or an object with a "text" field."""
-  lines = [line for line in read_text(path, "--data file").splitlines() if line.strip()]
-  if not evaluation.is_jsonl(path):
-    return lines
-  texts = []
-  for i, line in enumerate(lines, 1):
-    try:
-      item = json.loads(line)
-    except ValueError as e:
-      raise EvaluationError(f"{path}: line {i} is not JSON: {e}") from None
-    text = item.get("text") if isinstance(item, dict) else item
-    if not isinstance(text, str):
-      raise EvaluationError(f"{path}: line {i} is neither a JSON string nor an object with "
-                            'a "text" string')
-    texts.append(text)
-  return texts
 
 
 def perplexity(args) -> dict[str, Any]:

@@ -11,6 +11,16 @@
 bundled demo tokenizer); with a .jsonl file sweep-blockwise fits its n-gram rescorer on
 the file's own English side (in-sample, recorded as `ngram_data` in the results).
 
+With a decoder-only --model (GPT-2, Llama), --data is a text file (one text per line) or
+a .jsonl file of texts (`prompts.read_texts`), --tokenizer their tokenizer: each text's
+first --prompt-len tokens are the prompt (no EOS, BOS as the tokenizer has it), its next
+--max-new-tokens tokens the reference continuation that BLEU / chrF score against; texts
+too short for both are skipped. The n-gram rescorer is fitted on the texts themselves
+(in-sample), the drafting models must be decoder-only too.
+
+    specdec sweep-bild --model hf-gpt2-large --tokenizer hf-gpt2-large --data wiki.txt \
+        --small base=hf-gpt2 --prompt-len 32 --max-new-tokens 32
+
 Every point is timed beside the target alone in alternating rounds (`tools.sweep`);
 both write JSON, Markdown and a BLEU-vs-speedup PNG, with a progress bar, and
 --resume keeps the points an earlier run of the same settings measured.
@@ -25,6 +35,8 @@ import shlex
 import sys
 from typing import Any
 
+import numpy as np
+
 import specdec_jax as sd
 from specdec_jax.drafters.lattice import NGramLM
 from specdec_jax.tools import evaluation
@@ -33,8 +45,10 @@ from specdec_jax.tools.data import prepare
 from specdec_jax.tools.errors import CLIError
 from specdec_jax.tools.methods import Bild, Blockwise, Speculative
 from specdec_jax.tools.models import load_model
+from specdec_jax.tools.prompts import encode_lm_prompts, read_texts
 from specdec_jax.tools.report import read_json, to_jsonable
-from specdec_jax.tools.sweep import Point, lattice_cost_ms, load_split, run_points, write_outputs
+from specdec_jax.tools.sweep import (Point, Split, lattice_cost_ms, load_split, run_points,
+                                     write_outputs)
 
 BILD_SETTINGS = ("model", "data", "split", "limit", "batch_size", "seed", "small", "early_exit",
                  "top_p")
@@ -69,7 +83,8 @@ def bild_points(args, target) -> list[Point]:
   if bad:
     raise CLIError(f"--batch-policies: unknown policy {bad[0]!r} (wait, sync)")
   grid = [(f, r) for f in args.fallback for r in args.rollback]
-  smalls = [(name, load_model(path, args.dtype, what="drafter"))
+  smalls = [(name, _same_kind(load_model(path, args.dtype, what="drafter"), target,
+                              f"--small {name}={path}"))
             for name, path in map(_named, args.small)]
   for name, small in smalls:
     for policy in args.batch_policies:
@@ -99,8 +114,36 @@ def bild_points(args, target) -> list[Point]:
   return points
 
 
-def _ngram(args, vocab_size: int):
-  """The bigram rescorer: a prepared dir's train targets, or a .jsonl file's English side."""
+def _same_kind(model, target, flag: str):
+  """`model`, refused when it is not of the target's kind (T5 vs decoder-only)."""
+  kind = lambda m: "a decoder-only LM" if m.is_decoder_only else "a T5 encoder-decoder"
+  if model.is_decoder_only != target.is_decoder_only:
+    raise CLIError(f"{flag} is {kind(model)} but --model is {kind(target)}: an LM drafts for "
+                   "an LM, a T5 for a T5")
+  return model
+
+
+def lm_split(args, tokenizer, config) -> Split:
+  """A decoder-only sweep's split: each text's first --prompt-len tokens (the prompt) and
+  the text of its next --max-new-tokens tokens (the reference continuation)."""
+  texts = read_texts(args.data)
+  tokens, lengths = encode_lm_prompts(texts, tokenizer, config)
+  p, t = args.prompt_len, args.max_new_tokens
+  keep = np.flatnonzero(lengths >= p + t)[:args.limit]
+  if not keep.size:
+    raise CLIError(f"--data {args.data!r}: no text has --prompt-len {p} + --max-new-tokens "
+                   f"{t} tokens")
+  references = tokenizer.decode(tokens[keep, p:p + t])
+  return Split(tokens[keep, :p], tuple(references), t)
+
+
+def _ngram(args, vocab_size: int, split: Split | None = None):
+  """The bigram rescorer: a prepared dir's train targets, or a .jsonl file's English side;
+  for a decoder-only model the evaluated prompts (`split`)."""
+  if split is not None:
+    print("sweep-blockwise: the n-gram rescorer is fitted on the evaluated prompts",
+          file=sys.stderr)
+    return NGramLM.fit(list(split.inputs), vocab_size=vocab_size)
   if not evaluation.is_jsonl(args.data):
     return fit_ngram(args.data, vocab_size)
   targets = prepare.load_jsonl_split(args.data)["targets"]
@@ -109,11 +152,13 @@ def _ngram(args, vocab_size: int):
   return NGramLM.fit([r[r > 0] for r in targets], vocab_size=vocab_size)
 
 
-def blockwise_points(args, target) -> list[Point]:
-  """Table 4 of Kim et al. 2024: base, n-gram, neural, parallel base / n-gram, oracle."""
+def blockwise_points(args, target, split: Split | None = None) -> list[Point]:
+  """Table 4 of Kim et al. 2024: base, n-gram, neural, parallel base / n-gram, oracle.
+  `split`: a decoder-only sweep's split (the n-gram rescorer's texts)."""
   heads = sd.load_heads(args.heads or args.model, target)
-  lm = _ngram(args, target.config.vocab_size)
-  rescorer = load_model(args.rescorer, args.dtype, what="rescorer")
+  lm = _ngram(args, target.config.vocab_size, split if target.is_decoder_only else None)
+  rescorer = _same_kind(load_model(args.rescorer, args.dtype, what="rescorer"), target,
+                        f"--rescorer {args.rescorer}")
   k, p, w = args.lattice_k, args.num_drafts, args.rescoring_weight
   rows = [("base", {}), ("ngram", dict(top_k=k, rescoring="ngram", rescorer=lm)),
           ("neural", dict(top_k=k, rescoring="neural", rescorer=rescorer)),
@@ -151,15 +196,33 @@ def _run(args, kind: str, build) -> int:
   if kind == "bild" and not args.small and not args.early_exit:
     raise CLIError("sweep-bild needs a small model to sweep: --small NAME=PATH (e.g. "
                    "aligned=demo-de-en/drafter; repeatable) or --early-exit MODEL:K")
-  split = load_split(args.data, args.split, args.limit)
-  tokenizer = evaluation.data_tokenizer(args.data, pathlib.Path(args.data))
   target = load_model(args.model, args.dtype, what="target")
-  config = _config(args, BILD_SETTINGS + ("exact", "heads", "lattice_k", "num_drafts", "rescorer",
-                                          "rescoring_weight", "fallback", "rollback", "gammas"))
-  if kind == "blockwise" and evaluation.is_jsonl(args.data):
-    config["ngram_data"] = f"{args.data} (in-sample: the evaluated references)"
+  names = BILD_SETTINGS + ("exact", "heads", "lattice_k", "num_drafts", "rescorer",
+                           "rescoring_weight", "fallback", "rollback", "gammas")
+  if target.is_decoder_only:
+    if not args.tokenizer:
+      raise CLIError("a decoder-only --model needs --tokenizer: --data holds texts")
+    args.max_new_tokens = 32 if args.max_new_tokens is None else args.max_new_tokens
+    if args.max_new_tokens < 1 or args.prompt_len < 1:
+      raise CLIError("--prompt-len and --max-new-tokens must be >= 1")
+    tokenizer = sd.load_tokenizer(args.tokenizer)
+    split = lm_split(args, tokenizer, target.config)
+    names += ("tokenizer", "prompt_len", "max_new_tokens")
+  else:
+    given = [f for f, v in (("--tokenizer", args.tokenizer),
+                            ("--max-new-tokens", args.max_new_tokens)) if v is not None]
+    if given:
+      raise CLIError(f"{', '.join(given)}: only for a decoder-only --model (a prepared "
+                     "split holds its tokenizer and target length)")
+    split = load_split(args.data, args.split, args.limit)
+    tokenizer = evaluation.data_tokenizer(args.data, pathlib.Path(args.data))
+  config = _config(args, names)
+  if kind == "blockwise" and (evaluation.is_jsonl(args.data) or target.is_decoder_only):
+    config["ngram_data"] = (f"{args.data} (the evaluated prompts)" if target.is_decoder_only
+                            else f"{args.data} (in-sample: the evaluated references)")
   existing = _existing(args, config, kind)
-  points = build(args, target)
+  points = (blockwise_points(args, target, split) if kind == "blockwise"
+            else build(args, target))
   results = run_points(target, split, tokenizer, points, batch_size=args.batch_size,
                        repeats=args.repeats, seed=args.seed, config=config, existing=existing,
                        progress=not args.no_progress,
@@ -196,6 +259,13 @@ def _common(p: argparse.ArgumentParser, default_out: str) -> None:
                  "speedups are over the target alone at its natural width, the exact "
                  "baseline's cost is a column of its own")
   p.add_argument("--no-progress", action="store_true")
+  p.add_argument("--tokenizer", metavar="PATH_OR_NAME",
+                 help="a decoder-only --model: the tokenizer of --data's texts")
+  p.add_argument("--prompt-len", type=int, default=32,
+                 help="a decoder-only --model: prompt tokens per text (default 32)")
+  p.add_argument("--max-new-tokens", type=int,
+                 help="a decoder-only --model: continuation tokens generated and scored "
+                 "(default 32)")
 
 
 def add(subparsers) -> None:
