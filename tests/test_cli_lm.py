@@ -8,6 +8,7 @@ and pad, no BOS) for the GPT-2.
 """
 
 import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -239,6 +240,9 @@ def test_eval_perplexity_bad_input(capsys, llama, gpt2, tmp_path):
   code, _, err = run(capsys, "eval", "--metric", "perplexity", "--model", target,
                      "--data", data, "--drafter", "ngram")
   assert code == 2 and "--drafter" in err
+  pairs = pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl"
+  code, _, err = run(capsys, "eval", "--model", target, "--data", pairs)
+  assert code == 2 and "--metric perplexity" in err
   bad = tmp_path / "bad.jsonl"
   bad.write_text('{"txt": "x"}\n')
   code, _, err = run(capsys, "eval", "--metric", "perplexity", "--model", target,

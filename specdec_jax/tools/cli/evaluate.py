@@ -142,6 +142,10 @@ def run(args) -> int:
                    "(prepare one with `specdec train --stages data`)")
   tokenizer = sd.load_tokenizer(args.tokenizer) if args.tokenizer else None
   model = load_target(args.model, args.dtype, mesh, what="model")
+  if model.is_decoder_only:
+    raise CLIError(f"{args.model} is a decoder-only LM: BLEU / chrF score translations of a "
+                   "T5 data split; score an LM with --metric perplexity (or continuations "
+                   "with specdec sweep-bild --tokenizer)")
   method = _method(args, model, args.data, mesh)
   result = evaluation.evaluate(
       model, args.data, split=args.split, method="greedy" if sampling.is_greedy else "sample",
