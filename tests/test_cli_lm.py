@@ -321,3 +321,41 @@ def test_sweeps_with_an_lm_pair(capsys, gpt2, tmp_path):
   code, _, err = run(capsys, "sweep-bild", *common, "--small", "t5=config:t5_1_1_tiny_drafter",
                      "--out", tmp_path / "bad")
   assert code == 2 and "T5 encoder-decoder" in err
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+@pytest.mark.slow     # two processes on loopback, as tests/test_cli_distributed.py
+def test_two_processes_continue_a_file_as_one(capsys, gpt2, tmp_path):
+  """Each process decodes its block of ragged prompts with their lengths; the gathered
+  continuations are one process's."""
+  import os
+  import subprocess
+  import sys
+  from test_cli_distributed import free_port
+  target, drafter, tok = gpt2
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("\n".join(GPT2_PROMPTS + ["A cat likes the big house", "dogs"]) + "\n")
+  argv = ["decode", "--model", str(target), "--tokenizer", str(tok), "--drafter", str(drafter),
+          "--gamma", "3", *COMMON, "--input-file", str(prompts), "--json"]
+  one = json.loads(ok(capsys, *argv))
+  port = free_port()
+  env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
+                                     " --xla_force_host_platform_device_count=2").strip(),
+             PYTHONPATH=os.pathsep.join([str(pathlib.Path(__file__).parent.parent),
+                                         os.environ.get("PYTHONPATH", "")]))
+  procs = [subprocess.Popen(
+      [sys.executable, "-m", "specdec_jax.tools.cli", *argv, "--mesh", "data=2",
+       "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)],
+      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+  try:
+    results = [p.communicate(timeout=600) for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
+  for p, (_, err) in zip(procs, results):
+    assert p.returncode == 0, err[-4000:]
+  printed = [line for line in results[0][0].splitlines() if line.startswith('{"outputs"')]
+  two = json.loads(printed[0])
+  assert two["outputs"] == one["outputs"] and two["lengths"] == one["lengths"]
