@@ -244,3 +244,17 @@ def test_refusals(tmp_path):
                    progress=False)
   with pytest.raises(training.TrainingError, match=r"\[N, L >= 2\]"):
     training.next_token_pairs(np.ones((2, 1), np.int32))
+
+
+def test_decoded_alpha():
+  """alpha while speculative decoding: 1 for the target as its own drafter (gamma + 1 tokens
+  per target call), below 1 for another model."""
+  cfg = sd.get_config("llama_tiny")
+  target, other = sd.init_model(cfg, 0), sd.init_model(cfg, 1)
+  prompts = np.asarray([[1, 5, 6], [1, 7, 0]], np.int32)
+  lengths = np.asarray([3, 2], np.int32)
+  same = lm_demo.decoded_alpha(target, target, prompts, lengths, gamma=3, max_new_tokens=8)
+  assert same["alpha"] == 1.0 and same["tokens_per_target_call"] == 4.0
+  assert same["positions"] >= 2 * 3
+  low = lm_demo.decoded_alpha(target, other, prompts, lengths, gamma=3, max_new_tokens=8)
+  assert low["alpha"] < 1.0 and low["tokens_per_target_call"] < 4.0
