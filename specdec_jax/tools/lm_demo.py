@@ -423,11 +423,15 @@ def write_results(workdir: str | pathlib.Path, out_dir: str | pathlib.Path,
   rows = alpha_table(workdir, split, limit=limit, decoded=decoded)
   out_dir.mkdir(parents=True, exist_ok=True)
   (out_dir / "alpha.json").write_text(json.dumps({"eval": ev, "alpha": rows}, indent=1) + "\n")
-  ppl = ["| model | parameters | perplexity |", "|---|---|---|"]
+  ppl = ["| model | parameters | training steps (batch) | perplexity |", "|---|---|---|---|"]
   for name in ("target", "drafter", "bigram", "unigram"):
     if name in ev["perplexity"]:
       params = ev["num_params"].get(name)
-      ppl.append(f"| {name} | {'' if params is None else f'{params / 1e6:.2f}M'} | "
+      log = demo._final_log(workdir, name) or {}
+      batch = (read_json(workdir / name / "train_config.json", "train config")["batch_size"]
+               if (workdir / name / "train_config.json").exists() else None)
+      steps = f"{log['steps']} ({batch})" if "steps" in log else ""
+      ppl.append(f"| {name} | {'' if params is None else f'{params / 1e6:.2f}M'} | {steps} | "
                  f"{ev['perplexity'][name]:.1f} |")
   n = rows[0]["positions"] if rows else 0
   text = (
