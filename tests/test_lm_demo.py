@@ -12,7 +12,7 @@ pytest.importorskip("tokenizers")
 import specdec_jax as sd  # noqa: E402
 from specdec_jax.io.tokenizer import HFTokenizer, check_tokenizer  # noqa: E402
 from specdec_jax.tools import evaluation, lm_demo, training  # noqa: E402
-from specdec_jax.tools.errors import EvaluationError  # noqa: E402
+from specdec_jax.tools.errors import DataError, EvaluationError  # noqa: E402
 from test_prepare import write_dictionary  # noqa: E402
 
 TINY = {"family": "llama", "vocab_size": 64, "emb_dim": 32, "num_layers": 1, "num_heads": 2,
@@ -244,3 +244,29 @@ def test_refusals(tmp_path):
                    progress=False)
   with pytest.raises(training.TrainingError, match=r"\[N, L >= 2\]"):
     training.next_token_pairs(np.ones((2, 1), np.int32))
+
+
+def test_decoded_alpha():
+  """alpha while speculative decoding: 1 for the target as its own drafter (gamma + 1 tokens
+  per target call), below 1 for another model."""
+  cfg = sd.get_config("llama_tiny")
+  target, other = sd.init_model(cfg, 0), sd.init_model(cfg, 1)
+  prompts = np.asarray([[1, 5, 6], [1, 7, 0]], np.int32)
+  lengths = np.asarray([3, 2], np.int32)
+  same = lm_demo.decoded_alpha(target, target, prompts, lengths, gamma=3, max_new_tokens=8)
+  assert same["alpha"] == 1.0 and same["tokens_per_target_call"] == 4.0
+  assert same["positions"] >= 2 * 3
+  low = lm_demo.decoded_alpha(target, other, prompts, lengths, gamma=3, max_new_tokens=8)
+  assert low["alpha"] < 1.0 and low["tokens_per_target_call"] < 4.0
+
+
+def test_ngram_tables_leave_bos_out_of_the_unigram():
+  rows = np.asarray([[1, 5, 6, 7, 2], [1, 6, 5, 2, 0], [1, 5, 2, 0, 0]])
+  bigram = lm_demo.fit_ngrams(rows, 16, top_k=4)
+  unigram = np.asarray(bigram.unigram)
+  assert unigram[1] == unigram.min() and unigram[5] == unigram.max()   # <s>: smoothing only
+  followers = dict(zip(np.asarray(bigram.bigram_ids[1]).tolist(),
+                       np.asarray(bigram.bigram_probs[1]).tolist()))
+  assert followers[5] == pytest.approx(2 / 3) and followers[6] == pytest.approx(1 / 3)
+  with pytest.raises(DataError, match="start with <s>"):
+    lm_demo.fit_ngrams(rows[:, 1:], 16)

@@ -152,11 +152,17 @@ def load_tokens(data_dir: str | pathlib.Path, split: str) -> np.ndarray:
 
 
 def fit_ngrams(tokens: np.ndarray, vocab_size: int, top_k: int = 64) -> NGramDrafter:
-  """The bigram table of the training sequences (pad 0 dropped; each row starts with <s>).
+  """The bigram table of the training sequences <s> text </s> (right-padded with 0).
 
+  <s> is the context of each text's first token, never a predicted token: it stays out of
+  the unigram (the most frequent token otherwise, and one the target never predicts).
   `.replace(lam=0.0)` is the unigram drafter; the default `lam` interpolates a little
   unigram mass into the bigram (a follower outside the top-k keeps a nonzero q)."""
-  return NGramDrafter.fit(tokens, vocab_size, top_k=top_k)
+  tokens = np.asarray(tokens)
+  if tokens.size and not (tokens[:, 0] == 1).all():
+    raise DataError("fit_ngrams expects rows that start with <s> (id 1)")
+  rows = [row[1:int((row > 0).sum())] for row in tokens]
+  return NGramDrafter.fit(rows, vocab_size, top_k=top_k, start_id=1)
 
 
 def save_ngrams(path: pathlib.Path, drafter: NGramDrafter) -> None:
@@ -233,12 +239,14 @@ def run_pipeline(recipe_path: str | pathlib.Path, workdir: str | pathlib.Path,
           upstream=upstream)
   ngram_path = workdir / "ngram" / "tables.npz"
   if "ngram" in stages:
-    fresh = read_json(ngram_path.with_suffix(".json"), "n-gram log") \
-        if ngram_path.with_suffix(".json").exists() else {}
-    if fresh.get("upstream") != upstream or not ngram_path.exists():
-      save_ngrams(ngram_path, fit_ngrams(train, int(meta["vocab_size"]),
-                                         int((recipe.get("ngram") or {}).get("top_k", 64))))
-      ngram_path.with_suffix(".json").write_text(json.dumps({"upstream": upstream}) + "\n")
+    log_path = ngram_path.with_suffix(".json")
+    # The tables are current for the same data and fit settings (context <s>: start_id 1).
+    settings = {"upstream": upstream, "start_id": 1,
+                "top_k": int((recipe.get("ngram") or {}).get("top_k", 64))}
+    if not ngram_path.exists() or not log_path.exists() \
+        or read_json(log_path, "n-gram log") != settings:
+      save_ngrams(ngram_path, fit_ngrams(train, int(meta["vocab_size"]), settings["top_k"]))
+      log_path.write_text(json.dumps(settings) + "\n")
     results["ngram"] = load_ngrams(ngram_path)
   if "eval" in stages:
     results["eval"] = evaluate_all(workdir, (recipe.get("eval") or {}).get("split", "validation"))
@@ -415,11 +423,15 @@ def write_results(workdir: str | pathlib.Path, out_dir: str | pathlib.Path,
   rows = alpha_table(workdir, split, limit=limit, decoded=decoded)
   out_dir.mkdir(parents=True, exist_ok=True)
   (out_dir / "alpha.json").write_text(json.dumps({"eval": ev, "alpha": rows}, indent=1) + "\n")
-  ppl = ["| model | parameters | perplexity |", "|---|---|---|"]
+  ppl = ["| model | parameters | training steps (batch) | perplexity |", "|---|---|---|---|"]
   for name in ("target", "drafter", "bigram", "unigram"):
     if name in ev["perplexity"]:
       params = ev["num_params"].get(name)
-      ppl.append(f"| {name} | {'' if params is None else f'{params / 1e6:.2f}M'} | "
+      log = demo._final_log(workdir, name) or {}
+      batch = (read_json(workdir / name / "train_config.json", "train config")["batch_size"]
+               if (workdir / name / "train_config.json").exists() else None)
+      steps = f"{log['steps']} ({batch})" if "steps" in log else ""
+      ppl.append(f"| {name} | {'' if params is None else f'{params / 1e6:.2f}M'} | {steps} | "
                  f"{ev['perplexity'][name]:.1f} |")
   n = rows[0]["positions"] if rows else 0
   text = (
