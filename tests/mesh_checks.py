@@ -1,7 +1,7 @@
 """The mesh checks of tests/test_sharding.py, run in ONE subprocess with 8 CPU devices.
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/mesh_checks.py OUT.json \
-        [MEMORY_CHECKPOINT]
+        [MEMORY_CHECKPOINT [LM_DIRS]]
 
 (jax reads the device count once, at start-up, so the forced 8 devices need their own
 process.) Writes a JSON report: per mesh, each parameter's spec and per-device shard
@@ -9,7 +9,8 @@ shapes, and per method whether its tokens equal the single-device run's and the 
 `generate`; `sd.load(..., mesh=)` of every checkpoint format against a single-device load,
 with the bytes of every block read; the caches' per-device shapes in the compiled decode
 program; compilations when only the prompt's contents change; and, first of all (a fresh
-process), the host memory of loading MEMORY_CHECKPOINT into shards. The assertions live
+process), the host memory of loading MEMORY_CHECKPOINT into shards; and the Hugging Face
+GPT-2 and Llama dirs under LM_DIRS loaded into shards. The assertions live
 in the test; this script only measures.
 """
 
@@ -246,6 +247,50 @@ def _stored_nbytes(src: str, key: str) -> int:
   return _STORED[src][key]
 
 
+def lm_load_checks(lm_dirs: str) -> dict:
+  """Hugging Face decoder-only dirs (`lm_dirs`/gpt2, /llama, saved by transformers): per
+  "DxM/kind", `sd.load(dir, mesh=)` against `sd.load(dir)` leaf for leaf, the shardings
+  against the rules', and the bytes of every block read (the spy on `leaves.read_block`)."""
+  reads: dict[str, list[int]] = collections.defaultdict(list)
+  original = leaves.read_block
+
+  def spy(leaf, index, key=""):
+    block = original(leaf, index, key)
+    reads[key].append(int(block.nbytes))
+    return block
+
+  out = {}
+  for kind in ("gpt2", "llama"):
+    src = str(pathlib.Path(lm_dirs) / kind)
+    want = sd.load(src)
+    ref = flatten_dict(want.params, sep="/")
+    for data, width in ((2, 4), (1, 8)):
+      mesh = sd.make_mesh(data=data, model=width)
+      reads.clear()
+      leaves.read_block = spy
+      try:
+        got = sd.load(src, mesh=mesh)
+      finally:
+        leaves.read_block = original
+      rules = sd.sharding.config_shardings(got.config, mesh)
+      flat = flatten_dict(got.params, sep="/")
+      blocks = {k: len({_at(s.index) for s in flat[k].addressable_shards}) for k in flat}
+      out[f"{data}x{width}/{kind}"] = {
+          "config_equal": got.config == want.config,
+          "tied": want.config.tie_embeddings,
+          "equal": sorted(flat) == sorted(ref) and all(
+              flat[k].dtype == ref[k].dtype and np.array_equal(np.asarray(flat[k]),
+                                                               np.asarray(ref[k]))
+              for k in ref),
+          "shardings": all(flat[k].sharding.is_equivalent_to(rules[k], flat[k].ndim)
+                           for k in flat),
+          "split": sum(b > 1 for b in blocks.values()),
+          "reads": {k: {"nbytes": int(ref[k].nbytes), "blocks": blocks[k],
+                        "calls": list(reads[k])} for k in flat},
+      }
+  return out
+
+
 # ----------------------------------------------------------------------------- the program
 
 def compile_events(call) -> list[str]:
@@ -293,9 +338,10 @@ def cache_layout(call, configs: dict) -> dict:
   return out
 
 
-def main(path, memory_checkpoint=None):
+def main(path, memory_checkpoint=None, lm_dirs=None):
   assert jax.device_count() == 8, jax.devices()
-  report = {"memory": memory(memory_checkpoint) if memory_checkpoint else None}
+  report = {"memory": memory(memory_checkpoint) if memory_checkpoint else None,
+            "lm_load": lm_load_checks(lm_dirs) if lm_dirs else None}
   with tempfile.TemporaryDirectory() as tmp:
     report["load"] = load_checks(pathlib.Path(tmp))
   target, drafter, heads, enc = fixture()

@@ -143,17 +143,33 @@ def memory_checkpoint(path: pathlib.Path) -> str:
   return checkpoints.save_checkpoint(path, config, flat)
 
 
+def hf_lm_dirs(root: pathlib.Path) -> str:
+  """Tiny GPT-2 (tied) and Llama (untied, grouped KV heads) dirs saved by transformers."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  torch.manual_seed(0)
+  transformers.GPT2LMHeadModel(transformers.GPT2Config(
+      vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=4, bos_token_id=95,
+      eos_token_id=95)).save_pretrained(root / "gpt2")
+  transformers.LlamaForCausalLM(transformers.LlamaConfig(
+      vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+      tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)).save_pretrained(root / "llama")
+  return str(root)
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
   out = tmp_path_factory.mktemp("mesh") / "report.json"
   checkpoint = memory_checkpoint(tmp_path_factory.mktemp("memory") / "base")
+  lm_dirs = hf_lm_dirs(tmp_path_factory.mktemp("hf_lm"))
   env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
                                      " --xla_force_host_platform_device_count=8").strip(),
              PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
   if not env.get("JAX_COMPILATION_CACHE_DIR") and jax.config.jax_compilation_cache_dir:
     env["JAX_COMPILATION_CACHE_DIR"] = jax.config.jax_compilation_cache_dir   # conftest's
-  run = subprocess.run([sys.executable, str(HERE / "mesh_checks.py"), str(out), checkpoint],
-                       env=env,
+  run = subprocess.run([sys.executable, str(HERE / "mesh_checks.py"), str(out), checkpoint,
+                        lm_dirs], env=env,
                        capture_output=True, text=True, timeout=900)
   assert run.returncode == 0, run.stderr[-4000:]
   return json.loads(out.read_text())
@@ -392,18 +408,30 @@ def test_leaf_blocks_transposed_scaled_and_checked():
     leaves.read_whole(short, "decoder/x")
 
 
+@pytest.mark.parametrize("load", ["2x4/gpt2", "1x8/gpt2", "2x4/llama", "1x8/llama"])
+def test_load_hf_lm_into_shards(report, load):
+  """Hugging Face GPT-2 (tied, fused c_attn) and Llama (untied, grouped KV heads) dirs
+  saved by transformers: `sd.load(..., mesh=)` is `sd.load(...)`'s leaf for leaf, every
+  leaf placed by the rules and read as its distinct device blocks, each once, never whole
+  when split."""
+  entry = report["lm_load"][load]
+  assert entry["config_equal"] and entry["equal"] and entry["shardings"], entry
+  assert entry["tied"] == load.endswith("gpt2")
+  assert entry["split"] >= 10, entry["split"]
+  for key, r in entry["reads"].items():
+    assert len(r["calls"]) == r["blocks"], (key, r)
+    assert sum(r["calls"]) == r["nbytes"], (key, r)
+    assert max(r["calls"]) == r["nbytes"] // r["blocks"], (key, r)
+
+
 def test_load_lm_into_shards(tmp_path):
-  """Decoder-only models: `config:` and our format load into shards; a Hugging Face GPT-2
-  dir is refused with the way out."""
-  from specdec_jax.io import checkpoints
+  """Decoder-only models: `config:` and our format load into shards (Hugging Face dirs:
+  `test_load_hf_lm_into_shards`)."""
   model = sd.load("config:gpt2_tiny")
   sd.save(tmp_path / "own", model)
-  checkpoints.export_hf(tmp_path / "hf", model.config, model.params)
   for source in ("config:gpt2_tiny", str(tmp_path / "own")):
     sharded = sd.load(source, mesh=one_device())
     assert sharded.config == model.config
     for a, b in zip(jax.tree_util.tree_leaves(model.params),
                     jax.tree_util.tree_leaves(sharded.params)):
       assert a.dtype == b.dtype and bool((a == b).all())
-  with pytest.raises(sd.CheckpointError, match=r"decoder-only .*\(gpt2\).*sd.shard"):
-    sd.load(str(tmp_path / "hf"), mesh=one_device())

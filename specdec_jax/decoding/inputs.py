@@ -23,7 +23,7 @@ import numpy as np
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.config import T5Config
 from specdec_jax.errors import InputError
-from specdec_jax.models.model import Model, check_tokens
+from specdec_jax.models.model import Model, check_tokens, host_array
 
 Array = jax.Array
 
@@ -43,7 +43,7 @@ def check_request(encoder_tokens, config: T5Config, max_new_tokens: int) -> Arra
     raise InputError(f"encoder_tokens has length {encoder_tokens.shape[1]}, longer than the "
                      f"model allows (max_encoder_length={limit})")
   if not isinstance(encoder_tokens, jax.core.Tracer):
-    check_nonempty_rows(np.asarray(encoder_tokens), config, "encoder_tokens")
+    check_nonempty_rows(host_array(encoder_tokens), config, "encoder_tokens")
   check_buffer_fits(config, encoder_tokens.shape[0], max_new_tokens)
   return jnp.asarray(encoder_tokens, jnp.int32)
 

@@ -351,8 +351,20 @@ def check_tokens(tokens, config: Config, name: str) -> None:
     raise InputError(f"{name} must hold integer token ids, got dtype {dtype}")
   if isinstance(tokens, jax.core.Tracer):
     return
-  import numpy as np
-  arr = np.asarray(tokens)
+  arr = host_array(tokens)
   if arr.size and (arr.min() < 0 or arr.max() >= config.vocab_size):
     raise InputError(f"{name} has token ids outside [0, {config.vocab_size}) "
                      f"(min {arr.min()}, max {arr.max()})")
+
+
+def host_array(tokens) -> Any:
+  """`tokens` as a numpy array on this process. An array split over several processes'
+  devices (a global mesh whose "data" axis spans hosts) is gathered to every process
+  first (`process_allgather`, a collective): every process then checks the same whole
+  request and raises the same error, instead of one process failing while the others
+  wait in the decode's collectives."""
+  import numpy as np
+  if isinstance(tokens, jax.Array) and not tokens.is_fully_addressable:
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(tokens, tiled=True))
+  return np.asarray(tokens)

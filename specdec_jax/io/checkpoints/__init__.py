@@ -121,12 +121,9 @@ def load_checkpoint_sharded(path_or_name: str | os.PathLike,
   elif fmt == resolve.T5X_LEGACY:
     stored = t5x_legacy.open_leaves(directory)
   elif fmt == resolve.HF:
-    model_type = (resolve.read_json(directory, hf.CONFIG_NAME) or {}).get("model_type")
-    if model_type in hf_lm.MODEL_TYPES:
-      raise CheckpointError(f"{directory}: a decoder-only Hugging Face dir ({model_type}) is "
-                            f"not read by slices yet; load it whole (sd.load without mesh=) "
-                            f"and place it with sd.shard, or sd.save it in our format first")
-    hf_config, stored = hf.open_leaves(directory)
+    hf_json = resolve.read_json(directory, hf.CONFIG_NAME) or {}
+    hf_config, stored = (hf_lm if hf_lm.handles(hf_json) and hf_json else hf).open_leaves(
+        directory)
   elif fmt == resolve.SPECDEC:
     own_config, stored = native.open_leaves(directory)
   else:

@@ -38,7 +38,7 @@ import numpy as np
 import safetensors.numpy
 
 from specdec_jax.errors import ConfigError
-from specdec_jax.io.checkpoints import hf, resolve, tree
+from specdec_jax.io.checkpoints import hf, leaves, resolve, tree
 from specdec_jax.io.checkpoints.errors import CheckpointError
 from specdec_jax.models.lm_config import LMConfig
 
@@ -352,3 +352,64 @@ def export_hf(path: str | os.PathLike, config: LMConfig, params: Mapping[str, An
   with open(os.path.join(path, hf.CONFIG_NAME), "w") as f:
     json.dump(hf_config, f, indent=2)
   return path
+
+
+# ----------------------------------------------------------------------------- by slices
+
+
+def _columns(leaf: leaves.Leaf, start: int, width: int) -> leaves.Leaf:
+  """Columns [start, start + width) of `leaf`'s last axis as a leaf (GPT-2's fused c_attn
+  split into query, key and value): a block read is a block of the stored tensor."""
+  def read(index: leaves.Index) -> np.ndarray:
+    last = index[-1]
+    return leaf.read(tuple(index[:-1]) + (slice(start + last.start, start + last.stop),))
+  return leaves.Leaf(tuple(leaf.shape[:-1]) + (width,), leaf.dtype, read)
+
+
+def open_leaves(directory: str) -> tuple[LMConfig, dict[str, leaves.Leaf]]:
+  """(config, flat leaves) of a local HF GPT-2 / Llama dir, nothing read but headers and
+  config (and lm_head compared with the embedding, block by block, when both are stored):
+  `load` by slices, for `leaves.to_device`. The leaves hold `load`'s values."""
+  if resolve.is_gcs(directory):
+    raise CheckpointError(f"{directory}: Hugging Face dirs are read from local disk only")
+  files = hf.weight_files(directory)
+  source = os.path.join(directory, hf.CONFIG_NAME)
+  hf_config = resolve.read_json(directory, hf.CONFIG_NAME)
+  if hf_config is None:
+    raise CheckpointError(f"{source}: not found; a Hugging Face model dir needs its config.json")
+  kind = model_type(hf_config, source)
+  config = config_from_hf_dict(hf_config, source=source)
+  state: dict[str, leaves.Leaf] = {}
+  for file, names in files.items():
+    state.update(hf.safetensors_leaves(os.path.join(directory, file), names))
+  state = _normalise_names(state, kind)
+  head, emb = state.get("lm_head.weight"), state.get(_embedding_name(config))
+  tie = bool(_get(hf_config, "tie_word_embeddings"))
+  tied = tie if head is None else (tie and emb is not None and leaves.equal(head, emb))
+  config = config.replace(tie_embeddings=tied)
+  names = name_map(config)
+  known = {n for n, _, _ in names} | {"lm_head.weight"}
+  missing = sorted(n for n, _, _ in names if n not in state)
+  unexpected = sorted(n for n in state if n not in known and not n.endswith(_IGNORED_SUFFIXES))
+  if missing or unexpected:
+    raise CheckpointError(
+        f"{directory}: tensors do not match the config ({config.family}, {config.num_layers} "
+        f"layers, biases {config.attention_bias}/{config.mlp_bias}): missing {missing[:8]}"
+        f"{' ...' if len(missing) > 8 else ''}; unexpected {unexpected[:8]}")
+  flat: dict[str, leaves.Leaf] = {}
+  for name, keys, op in names:
+    leaf = state[name]
+    if op == "transpose":
+      flat[keys[0]] = leaves.transposed(leaf)
+    elif op == "split":
+      width = leaf.shape[-1] // 3
+      for i, key in enumerate(keys):
+        flat[key] = _columns(leaf, i * width, width)
+    else:
+      flat[keys[0]] = leaf
+  if not tied:
+    if head is None:
+      raise CheckpointError(f"{directory}: lm_head.weight is missing and the output layer is "
+                            "not tied to the embedding (tie_word_embeddings false)")
+    flat["decoder/logits_dense/kernel"] = leaves.transposed(head)
+  return config, flat

@@ -1,0 +1,71 @@
+"""One model split across two processes (tests/multihost_checks.py on loopback): a global
+8-device mesh whose "model" axis spans both processes decodes the tokens one device does,
+and the request checks read arrays split over processes consistently on every process."""
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import jax
+import pytest
+
+HERE = pathlib.Path(__file__).parent
+MESHES = ("model=8", "data=2,model=4/model_spans", "data=2,model=4/data_spans")
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("multihost")
+  port = free_port()
+  env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
+                                     " --xla_force_host_platform_device_count=4").strip(),
+             PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+  if not env.get("JAX_COMPILATION_CACHE_DIR") and jax.config.jax_compilation_cache_dir:
+    env["JAX_COMPILATION_CACHE_DIR"] = jax.config.jax_compilation_cache_dir   # conftest's
+  procs = [subprocess.Popen([sys.executable, str(HERE / "multihost_checks.py"), str(port),
+                             str(i), str(tmp / f"{i}.json")], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True) for i in range(2)]
+  try:
+    results = [p.communicate(timeout=600) for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
+  for p, (_, err) in zip(procs, results):
+    assert p.returncode == 0, err[-4000:]
+  return [json.loads((tmp / f"{i}.json").read_text()) for i in range(2)]
+
+
+@pytest.mark.slow     # two processes
+@pytest.mark.parametrize("mesh", MESHES)
+def test_model_split_across_processes_decodes_as_one_device(reports, mesh):
+  for process, report in enumerate(reports):
+    assert report["process"] == process and report["process_count"] == 2
+    assert report["local_devices"] == 4
+    entry = report["meshes"][mesh]
+    assert entry["mesh_processes"] == [0, 1]
+    if mesh.endswith("data_spans"):
+      assert entry["model_row_processes"] == [0] and not entry["enc_fully_addressable"]
+    else:      # one "model" row (every weight's split) spans both processes
+      assert entry["model_row_processes"] == [0, 1]
+    width = 8 if mesh == "model=8" else 4
+    assert entry["kernel_spec"] == ["None", "model"]
+    assert entry["kernel_local_shard"] == [entry["kernel_shape"][0],
+                                           entry["kernel_shape"][1] // width]
+    assert entry["equal_single"] == {"generate": True, "speculative": True}, entry
+  assert reports[0]["meshes"][mesh]["tokens"] == reports[1]["meshes"][mesh]["tokens"]
+
+
+@pytest.mark.slow
+def test_an_empty_row_held_by_one_process_fails_on_both(reports):
+  for report in reports:
+    assert report["empty_row_error"] is not None
+    assert "encoder_tokens row 3 holds no token besides padding" in report["empty_row_error"]
