@@ -26,7 +26,7 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "specdec_jax"
-NOT_COPIED = (".git", ".venv", ".jax_cache", "build", "dist", "runs", "*.egg-info", "__pycache__",
+NOT_COPIED = (".git", ".venv", ".jax_cache", "build", "dist", "runs", "packages", "*.egg-info", "__pycache__",
               ".pytest_cache")
 
 
@@ -129,8 +129,9 @@ def test_wheel_install_loads_named_config_and_bundled_names(venv, tmp_path):
   assert pathlib.Path(out["file"]).resolve().is_relative_to(venv.resolve()), out["file"]
   assert out["vocab_size"] == 512
   assert out["configs"] == sorted(p.stem for p in (PACKAGE / "configs" / "models").glob("*.json"))
-  assert out["bundled"] == ["demo-de-en/drafter", "demo-de-en/early-exit", "demo-de-en/target"]
-  assert out["tokenizers"] == ["demo-de-en"]
+  assert out["bundled"] == ["demo-de-en/drafter", "demo-de-en/early-exit", "demo-de-en/target",
+                            "demo-en-lm/drafter", "demo-en-lm/target"]
+  assert out["tokenizers"] == ["demo-de-en", "demo-en-lm"]
 
 
 def test_wheel_install_builds_cpu_kernels_from_package_data(venv, tmp_path):

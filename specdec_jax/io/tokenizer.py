@@ -190,7 +190,8 @@ def load_tokenizer(path_or_name: str | os.PathLike) -> "Tokenizer | HFTokenizer"
         directory's ``tokenizer_config.json``, ``special_tokens_map.json`` and
         ``config.json``), else ``tokenizer.model`` or ``sentencepiece.model``;
       * the name of a bundled tokenizer, resolving to
-        ``specdec_jax/assets/<name>/spiece.model`` inside the package.
+        ``specdec_jax/assets/<name>/spiece.model`` (or ``tokenizer.json``) inside the
+        package.
 
   Raises:
     TokenizerError: the file is missing, unreadable, not a SentencePiece model,
@@ -210,11 +211,13 @@ def load_tokenizer(path_or_name: str | os.PathLike) -> "Tokenizer | HFTokenizer"
 
 
 def bundled_tokenizers() -> list[str]:
-  """Names of tokenizers shipped in ``specdec_jax/assets/<name>/spiece.model`` (sorted)."""
+  """Names of tokenizers shipped in ``specdec_jax/assets/<name>/`` (a ``spiece.model`` or a
+  ``tokenizer.json``), sorted."""
   root = package_data.assets()
   if not root.is_dir():
     return []
-  return sorted(d.name for d in root.iterdir() if d.is_dir() and (d / "spiece.model").is_file())
+  return sorted(d.name for d in root.iterdir() if d.is_dir()
+                and ((d / "spiece.model").is_file() or (d / HF_FILENAME).is_file()))
 
 
 def train_sentencepiece(
@@ -572,8 +575,11 @@ def _model_in_dir(directory: pathlib.Path) -> pathlib.Path:
                        f"{', '.join(MODEL_FILENAMES)}, {HF_FILENAME}")
 
 
-def _load_bundled(name: str) -> Tokenizer:
-  resource = package_data.assets(name) / name / "spiece.model"
+def _load_bundled(name: str) -> "Tokenizer | HFTokenizer":
+  group = package_data.assets(name) / name
+  resource = group / "spiece.model"
+  if not resource.is_file() and (group / HF_FILENAME).is_file():
+    return load_hf_tokenizer(pathlib.Path(str(group)))
   if not resource.is_file():
     available = ", ".join(bundled_tokenizers()) or "none"
     raise TokenizerError(

@@ -457,6 +457,26 @@ def write_results(workdir: str | pathlib.Path, out_dir: str | pathlib.Path,
   return out_dir / "alpha.md"
 
 
+def bundle(workdir: str | pathlib.Path, assets: pathlib.Path = demo.ASSETS.parent / "demo-en-lm"
+           ) -> pathlib.Path:
+  """Ship the trained pair into the package assets in bfloat16, with its tokenizer:
+  `sd.load("demo-en-lm/target")`, `"demo-en-lm/drafter"`, `sd.load_tokenizer("demo-en-lm")`."""
+  import shutil
+  from specdec_jax.io.checkpoints import save_checkpoint
+  workdir, assets = pathlib.Path(workdir), pathlib.Path(assets)
+  assets.mkdir(parents=True, exist_ok=True)
+  for name in ("target", "drafter"):
+    model = sd.load(str(workdir / name / "final"))
+    dest = assets / name
+    shutil.rmtree(dest, ignore_errors=True)
+    save_checkpoint(str(dest), model.config, model.params, dtype="bfloat16")
+    for f in dest.iterdir():
+      f.chmod(0o644)
+  for name in ("tokenizer.json", "tokenizer_config.json"):
+    shutil.copy(workdir / "data" / name, assets / name)
+  return assets
+
+
 def main(argv=None) -> int:
   import argparse
   parser = argparse.ArgumentParser(
@@ -469,11 +489,15 @@ def main(argv=None) -> int:
   parser.add_argument("--results", help="write alpha.md / alpha.json into this directory")
   parser.add_argument("--decoded", action="store_true",
                       help="also measure alpha while speculative decoding (sd.decode)")
+  parser.add_argument("--bundle", action="store_true",
+                      help="ship the trained pair into the package assets (demo-en-lm)")
   args = parser.parse_args(argv)
   stages = "all" if args.stages == "all" else args.stages.split(",")
   run_pipeline(args.recipe, args.workdir, stages)
   if args.results:
     print(write_results(args.workdir, args.results, decoded=args.decoded))
+  if args.bundle:
+    print(bundle(args.workdir))
   return 0
 
 

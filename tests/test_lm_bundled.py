@@ -1,0 +1,60 @@
+"""The bundled decoder-only pair (demo-en-lm): loads by name offline, its tokenizer matches
+it, speculative greedy output is the target's, and the trained models beat controls."""
+
+import json
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+
+import specdec_jax as sd
+from specdec_jax.tools import evaluation
+
+pytest.importorskip("tokenizers")
+
+TEXTS = [json.loads(line)["en"] for line in
+         (pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def pair():
+  target, drafter = sd.load("demo-en-lm/target"), sd.load("demo-en-lm/drafter")
+  return target, drafter, sd.load_tokenizer("demo-en-lm")
+
+
+def test_bundled_pair_is_a_decoder_only_pair_with_its_tokenizer(pair):
+  target, drafter, tok = pair
+  assert target.is_decoder_only and drafter.is_decoder_only
+  assert target.num_params() > 3 * drafter.num_params()
+  sd.io.tokenizer.check_tokenizer(tok, target)
+  prompts, lengths = tok.encode_prompts(["I have no", "Can you help"])
+  assert prompts.shape[0] == 2 and (np.asarray(lengths) >= 2).all()   # BOS + words, no EOS
+  assert "demo-en-lm" in sd.io.tokenizer.bundled_tokenizers()
+
+
+def test_speculative_greedy_continuations_are_the_targets(pair):
+  target, drafter, tok = pair
+  prompts, lengths = tok.encode_prompts([" ".join(t.split()[:2]) for t in TEXTS[:6]])
+  base = sd.decode(target, sd.Autoregressive(), prompts, prompt_lengths=lengths,
+                   max_new_tokens=12)
+  out = sd.decode(target, sd.Speculative(drafter, gamma=3), prompts, prompt_lengths=lengths,
+                  max_new_tokens=12)
+  np.testing.assert_array_equal(out.tokens, base.tokens)
+  assert out.stats["tokens_per_target_call"] > 1.2        # the drafter is aligned enough to help
+  assert all(isinstance(s, str) for s in tok.decode_continuations(out.tokens))
+
+
+def test_trained_target_is_better_than_drafter_and_a_shuffled_control(pair):
+  target, drafter, tok = pair
+  tokens = np.asarray(tok.encode(TEXTS[:32], add_eos=True))
+  ppl = {name: evaluation.perplexity(m, tokens)["perplexity"]
+         for name, m in (("target", target), ("drafter", drafter))}
+  # Negative control: the target's weights permuted within each leaf.
+  rng = np.random.default_rng(0)
+  shuffled = target.replace(params=jax.tree_util.tree_map(
+      lambda x: np.asarray(x).reshape(-1)[rng.permutation(x.size)].reshape(x.shape),
+      target.params))
+  control = evaluation.perplexity(shuffled, tokens)["perplexity"]
+  assert ppl["target"] < ppl["drafter"] < control
+  assert ppl["target"] < 400, ppl
