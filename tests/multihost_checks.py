@@ -25,6 +25,7 @@ jax.distributed.initialize(f"127.0.0.1:{PORT}", 2, PROCESS)
 from jax.experimental import multihost_utils  # noqa: E402
 
 import specdec_jax as sd  # noqa: E402
+from specdec_jax.decoding import stats  # noqa: E402
 
 LOGITS_SCALE = 6.0     # top-2 margins far above float noise: a mesh changes reduction order
 ENC = np.array([[5, 17, 42, 9, 1], [7, 8, 9, 11, 1], [30, 31, 32, 33, 1], [100, 3, 1, 0, 0]],
@@ -66,6 +67,7 @@ def main() -> None:
     single = {"generate": sd.generate(target, ENC, max_new_tokens=T),
               "speculative": sd.speculative_generate(target, drafter, ENC, gamma=GAMMA,
                                                      max_new_tokens=T)}
+    single_tokens = single["speculative"].stats["tokens"]
     single = {k: (np.asarray(v.tokens).tolist(), np.asarray(v.lengths).tolist())
               for k, v in single.items()}
     report = {"process": PROCESS, "process_count": jax.process_count(),
@@ -87,6 +89,10 @@ def main() -> None:
           "equal_single": {k: [gathered(o.tokens), gathered(o.lengths)] == list(single[k])
                            for k, o in runs.items()},
           "tokens": {k: gathered(o.tokens) for k, o in runs.items()},
+          # statistics of rows split over processes: the counters gathered first
+          "stats_tokens": stats.summarize(multihost_utils.process_allgather(
+              runs["speculative"].counters, tiled=True))["tokens"],
+          "single_stats_tokens": single_tokens,
       }
     # an empty row (3) that only process 1 holds on the data-spanning mesh
     mesh = meshes()["data=2,model=4/data_spans"]

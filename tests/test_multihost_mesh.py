@@ -61,6 +61,7 @@ def test_model_split_across_processes_decodes_as_one_device(reports, mesh):
     assert entry["kernel_local_shard"] == [entry["kernel_shape"][0],
                                            entry["kernel_shape"][1] // width]
     assert entry["equal_single"] == {"generate": True, "speculative": True}, entry
+    assert entry["stats_tokens"] == entry["single_stats_tokens"] > 0
   assert reports[0]["meshes"][mesh]["tokens"] == reports[1]["meshes"][mesh]["tokens"]
 
 
