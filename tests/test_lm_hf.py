@@ -214,3 +214,15 @@ def test_bfloat16_checkpoint_loads_as_stored_and_exports_bitwise(tmp_path):
   want32 = _hf_logits(transformers.LlamaForCausalLM.from_pretrained(
       tmp_path / "bf16", dtype=torch.float32), tokens)
   assert np.max(np.abs(got - want32)) < TOL
+
+
+@pytest.mark.parametrize("name", ["gpt2_tiny", "llama_tiny"])
+def test_export_then_load_keeps_a_config_without_bos(tmp_path, name):
+  """A model without BOS exports `bos_token_id: null`; loading it back must not fill in
+  transformers' default BOS (50256 for GPT-2, outside a tiny vocabulary)."""
+  from specdec_jax.io.checkpoints import export_hf
+  model = sd.init_model(sd.get_config(name), 0)
+  assert model.config.bos_id is None
+  export_hf(tmp_path, model.config, model.params)
+  back = sd.load(str(tmp_path))
+  assert back.config == model.config.replace(dtype=back.config.dtype)

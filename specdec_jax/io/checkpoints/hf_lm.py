@@ -123,7 +123,10 @@ def config_from_hf_dict(hf_config: Mapping[str, Any], tied: bool | None = None,
   eos = _token_id(get("eos_token_id"))
   pad = _token_id(hf_config.get("pad_token_id"))
   common = dict(family=kind, vocab_size=get("vocab_size"), eos_id=eos,
-                bos_id=_token_id(get("bos_token_id")), pad_id=eos if pad is None else pad,
+                # An explicit null is "no BOS" (what we write for a model without one).
+                bos_id=_token_id(hf_config["bos_token_id"] if "bos_token_id" in hf_config
+                                 else get("bos_token_id")),
+                pad_id=eos if pad is None else pad,
                 tie_embeddings=bool(get("tie_word_embeddings") if tied is None else tied))
   try:
     if kind == "gpt2":
