@@ -138,6 +138,7 @@ def test_fallback_zero_without_rollback_is_the_small_models_greedy_output(large,
   assert int(out.stats["rounds"]) == 0 and int(out.stats["target_tokens"]) == 0
 
 
+@pytest.mark.slow
 def test_early_exit_is_algorithm_1_with_the_first_layer(large):
   """The small model is the large model's layer-1 exit, drafting in the large model's cache.
 

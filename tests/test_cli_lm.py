@@ -290,6 +290,7 @@ def test_bench_writes_its_json_for_an_lm_pair(capsys, llama, tmp_path):
 # ----------------------------------------------------------------------------- sweeps
 
 
+@pytest.mark.slow
 def test_sweeps_with_an_lm_pair(capsys, gpt2, tmp_path):
   """sweep-bild and sweep-blockwise on texts: prompts of --prompt-len tokens, references
   their next --max-new-tokens tokens; greedy speculative points score the baseline's BLEU."""

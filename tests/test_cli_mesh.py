@@ -56,6 +56,7 @@ def assert_split_over_model(loads):
   assert loads[0]["split_leaves"] > loads[0]["leaves"] // 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["baseline", "speculative"])
 def test_decode_on_a_mesh_prints_the_single_device_translations(report, method):
   assert report["device_count"] == 8
@@ -81,6 +82,7 @@ def test_decode_on_a_mesh_prints_the_single_device_translations(report, method):
                                        for r in placed["replicate"])
 
 
+@pytest.mark.slow
 def test_eval_and_bench_on_a_mesh(report):
   """`specdec eval --mesh` scores the same hypotheses as one device; `specdec bench
   --mesh` times baseline and speculative decoding on it."""
@@ -102,6 +104,7 @@ def test_eval_and_bench_on_a_mesh(report):
   assert set(entries) == {None, 2} and entries[2]["ms_per_token"] > 0
 
 
+@pytest.mark.slow
 def test_bad_meshes_exit_2_with_one_line(report):
   errors = report["decode"]["errors"]
   for name, message in [("not_dividing", "needs data * model = 6 devices, but 8"),
@@ -116,6 +119,7 @@ def test_bad_meshes_exit_2_with_one_line(report):
     assert len(run["err"].strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_plan_equals_the_bytes_of_sharded_params_and_caches(report):
   """Per-device bytes of sd.shard-ed / replicated parameters and of caches in the planned
   layout, measured on the devices, against tools.plan's arithmetic (within 1%)."""
@@ -131,6 +135,7 @@ def test_plan_equals_the_bytes_of_sharded_params_and_caches(report):
     assert (params < whole / 3) if split else params == whole, row["case"]
 
 
+@pytest.mark.slow
 def test_plan_is_close_to_the_compiled_decode(report):
   """The whole compiled speculative decode's per-device memory (XLA's memory analysis,
   caches laid out by propagation) is within 15% of the plan's total."""

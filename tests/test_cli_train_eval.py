@@ -411,6 +411,7 @@ def test_resolve_sampling_and_drafter_errors():
 SHIPPED_PAIRS = pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl"
 
 
+@pytest.mark.slow
 def test_eval_and_sweep_run_on_the_shipped_pairs(capsys, tmp_path):
   """`specdec eval` and `specdec sweep-bild` on tests/data/demo_test_pairs.jsonl with the
   bundled demo pair: no prepared data dir, no dictionary, no recipe; timings exclude

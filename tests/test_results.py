@@ -53,6 +53,7 @@ def workdir(tmp_path_factory):
   return root
 
 
+@pytest.mark.slow
 def test_pipeline_writes_json_md_png_and_greedy_bleu_matches(workdir, tmp_path):
   out = tmp_path / "out"
   kwargs = dict(batch_sizes=(4,), gammas=(2,), table_gammas=(2,), limit=6, max_new_tokens=8,
@@ -149,6 +150,7 @@ def test_readme_block_links_plot_relative_to_readme(tmp_path):
   assert "| batch | decoding |" in block
 
 
+@pytest.mark.slow
 def test_larger_pair_tables_by_name_in_bfloat16(workdir, tmp_path):
   """The larger target's table (`--name demo-large`): its aligned drafter variants, every
   model in bfloat16, the headline with c and verify cost from results/<name>, and README
