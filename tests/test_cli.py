@@ -107,6 +107,16 @@ def test_compare_times_the_baseline_on_the_same_inputs(capsys):
   assert compare["speedup"] == pytest.approx(compare["baseline_ms_per_token"]
                                              / compare["ms_per_token"])
   assert "speedup vs baseline" in err
+  # The figure explained by the run's own counts and its measured step costs.
+  costs, stats = compare["costs"], out["stats"]
+  assert costs["c"] > 0 and costs["verify_cost"] > 0 and costs["call_tokens"] == 3
+  assert costs["tokens_per_target_call"] == pytest.approx(stats["tokens_per_target_call"])
+  assert costs["drafts_per_target_call"] == pytest.approx(stats["drafter_calls"]
+                                                          / stats["target_calls"])
+  assert costs["expected_speedup"] == pytest.approx(
+      costs["tokens_per_target_call"]
+      / (costs["drafts_per_target_call"] * costs["c"] + costs["verify_cost"]))
+  assert "tokens per target call" in err and "expected from the calls alone" in err
   base, err = decode_json(capsys, "--compare", *PROMPTS)   # nothing to compare the baseline with
   assert "compare" not in base["timing"] and "speedup" not in err
 

@@ -188,6 +188,44 @@ def predictions(alpha: float, gamma: int, c: float, verify_cost: float,
           "measured_over_predicted": speedup / predicted}
 
 
+def explain_run(target, drafter, gamma: int, encoder_tokens, stats: dict[str, Any], *,
+                capacity: int, call_tokens: int | None = None, repeats: int = 5,
+                steps: int = 16) -> dict[str, Any]:
+  """Why a speculative run went as fast as it did: its step costs and its own counts.
+
+  Measures, at the run's batch size (`encoder_tokens` [B, Le], the run's first batch),
+  c = one drafter step / one 1-token target step and verify_cost = one target call of
+  `call_tokens` tokens (default gamma + 1, the width the run's verify calls had) / one
+  1-token call, and combines them with the run's counters (`stats`, as `DecodeOutput.stats`
+  or a merged corpus's):
+
+      expected = tokens_per_target_call / (drafts_per_target_call * c + verify_cost)
+
+  the speedup over the target alone if a round cost nothing but its model calls (the
+  accounting behind Theorem 8, with the measured counts instead of alpha). A measured
+  speedup below it is the rounds' own work: acceptance, cache moves, the loop.
+
+      >>> import specdec_jax as sd, numpy as np
+      >>> target = sd.load("config:t5_1_1_tiny")
+      >>> stats = {"tokens_per_target_call": 2.0, "drafter_calls": 30, "target_calls": 10}
+      >>> r = explain_run(target, target, 3, np.array([[5, 6, 1]]), stats, capacity=16,
+      ...                 repeats=1, steps=2)
+      >>> sorted(r), r["drafts_per_target_call"]
+      (['c', 'call_tokens', 'drafts_per_target_call', 'expected_speedup', 'tokens_per_target_call', 'verify_cost'], 3.0)
+  """
+  k = gamma + 1 if call_tokens is None else call_tokens
+  timers = cost_timers(target, {"drafter": drafter}, [k - 1], encoder_tokens=encoder_tokens,
+                       capacity=max(capacity, k), steps=steps)
+  seconds = time_costs(timers, repeats)
+  c = seconds[("drafter", "drafter")] / seconds[("target", 1)]
+  verify_cost = seconds[("target", k)] / seconds[("target", 1)]
+  per_call = float(stats["tokens_per_target_call"])
+  drafts = float(stats["drafter_calls"]) / max(float(stats["target_calls"]), 1.0)
+  return {"c": c, "verify_cost": verify_cost, "call_tokens": k,
+          "tokens_per_target_call": per_call, "drafts_per_target_call": drafts,
+          "expected_speedup": per_call / (drafts * c + verify_cost)}
+
+
 #: The acceptance rates `projections` evaluates (the issue's "alpha 0.6-0.9").
 PROJECTION_ALPHAS = (0.6, 0.7, 0.8, 0.9)
 

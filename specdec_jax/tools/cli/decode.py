@@ -204,12 +204,27 @@ def _compare(args, method, target, prompts: Prompts, mesh,
   timed = time_rounds(calls, repeats)
   ms = {name: ms_per_token(t) for name, t in timed.items()}
   exact_ms = ms.get("exact baseline")
-  return {"ms_per_token": ms["method"], "baseline_ms_per_token": ms["baseline"],
-          "speedup": ms["baseline"] / ms["method"], "rounds": repeats,
-          "exact_baseline_ms_per_token": exact_ms,
-          "exact_cost": None if exact_ms is None else exact_ms / ms["baseline"],
-          "same_tokens": bool(np.array_equal(timed["method"]["output"].tokens(),
-                                             timed["baseline"]["output"].tokens()))}
+  out = {"ms_per_token": ms["method"], "baseline_ms_per_token": ms["baseline"],
+         "speedup": ms["baseline"] / ms["method"], "rounds": repeats,
+         "exact_baseline_ms_per_token": exact_ms,
+         "exact_cost": None if exact_ms is None else exact_ms / ms["baseline"],
+         "same_tokens": bool(np.array_equal(timed["method"]["output"].tokens(),
+                                            timed["baseline"]["output"].tokens()))}
+  if (method.kind == "speculative" and mesh is None
+      and not getattr(method.drafter, "shares_target_cache", False)):   # not an early exit
+    out["costs"] = _costs(args, method, target, batches[0].tokens, timed["method"]["output"])
+  return out
+
+
+def _costs(args, method, target, encoder_tokens, corpus) -> dict[str, Any]:
+  """The step costs behind a speculative run's speedup (`costs.explain_run`), measured
+  at its batch size, with its verify calls' width (exact mode pads them off the kernels)."""
+  from specdec_jax.decoding.engine import EXACT_WIDTH
+  from specdec_jax.tools.costs import explain_run
+  padded = is_exact(method) and not target.pack().width_invariant_decode
+  return explain_run(target, method.drafter, method.gamma, encoder_tokens, corpus.stats,
+                     capacity=args.max_new_tokens + EXACT_WIDTH + 1,
+                     call_tokens=EXACT_WIDTH if padded else method.gamma + 1)
 
 
 def _payload(args, outputs, corpus, timing, method, prompts: Prompts) -> dict[str, Any]:
@@ -271,6 +286,13 @@ def run(args) -> int:
           f"rounds: {compare['ms_per_token']:.2f} vs {compare['baseline_ms_per_token']:.2f} "
           f"ms/token; same tokens: {'yes' if compare['same_tokens'] else 'no'})",
           file=sys.stderr)
+    if "costs" in compare:
+      k = compare["costs"]
+      print(f"why                  {k['tokens_per_target_call']:.2f} tokens per target call "
+            f"/ ({k['drafts_per_target_call']:.2f} drafts x c {k['c']:.3f} + verify cost "
+            f"{k['verify_cost']:.2f}) = {k['expected_speedup']:.2f}x expected from the calls "
+            f"alone (c: a drafter step over a target step; verify cost: a "
+            f"{k['call_tokens']}-token target call over a 1-token one)", file=sys.stderr)
     if compare["exact_cost"] is not None:
       print(f"exact mode's cost    {compare['exact_cost']:.2f}x   (the target alone in exact "
             f"mode: {compare['exact_baseline_ms_per_token']:.2f} ms/token)", file=sys.stderr)
