@@ -1,5 +1,6 @@
-"""Hugging Face tokenizer.json loading, BOS/EOS conventions, prompt encoding for decoder-only
-models, and the tokenizer/model vocabulary check (`specdec_jax.io.tokenizer`)."""
+"""Hugging Face tokenizer.json loading, SentencePiece models with Llama's ids, BOS/EOS
+conventions, prompt encoding for decoder-only models, and the tokenizer/model vocabulary
+check (`specdec_jax.io.tokenizer`)."""
 
 import json
 import sys
@@ -54,6 +55,19 @@ def _llama_dir(d, template=True, config=None):
       {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
        "unk_token": "<unk>"}))
   return d
+
+
+def _llama_spm(d, vocab_size=300):
+  """A SentencePiece model trained as Llama's tokenizer.model is: BPE with byte fallback,
+  unk 0, BOS 1, EOS 2, no pad piece; written as d/tokenizer.model."""
+  import sentencepiece
+  d.mkdir(parents=True, exist_ok=True)
+  sentencepiece.SentencePieceTrainer.train(
+      sentence_iterator=iter(TEXTS * 4), model_prefix=str(d / "tokenizer"),
+      vocab_size=vocab_size, model_type="bpe", byte_fallback=True, split_digits=True,
+      unk_id=0, bos_id=1, eos_id=2, pad_id=-1, character_coverage=1.0, num_threads=1,
+      normalization_rule_name="identity", minloglevel=2)
+  return d / "tokenizer.model"
 
 
 @pytest.fixture(scope="module")
@@ -189,6 +203,78 @@ def test_sentencepiece_prompts_have_no_eos(tmp_path):
                               for t in ["cats", "The dog sees the tree today."]]
   assert tok.encode(["cats"])[0, lengths[0]] == 1      # the encoder input keeps its EOS
   assert tok.decode_continuations(np.asarray(tok.encode(["cats"]))) == ["cats"]
+
+
+# ---------------------------------------------------------------------------- SentencePiece, Llama's ids
+
+
+def test_sentencepiece_llama_conventions(tmp_path):
+  """BOS/EOS/unk are the model's own ids; BOS prepended, no EOS in a prompt; pads are EOS
+  (no pad piece); the ids are SentencePiece's own with add_bos."""
+  path = _llama_spm(tmp_path)
+  tok = load_tokenizer(tmp_path)                   # a directory holding tokenizer.model
+  assert isinstance(tok, Tokenizer) and not tok.is_t5
+  assert (tok.unk_id, tok.bos_id, tok.eos_id, tok.pad_id, tok.add_bos) == (0, 1, 2, 2, True)
+  assert tok.vocab_size == 300
+  for text in PROBES:
+    ids = tok.encode_one(text, add_eos=False)
+    assert ids == tok.processor.encode(text, add_bos=True), text
+    assert tok.encode_one(text) == ids + [2]
+    assert tok.decode_one(ids + [2, 7]) == tok.processor.decode(ids), text
+  prompt, lengths = tok.encode_prompts(["cats", "The dog sees the tree today."])
+  assert lengths.tolist() == [len(tok.encode_one(t, add_eos=False))
+                              for t in ["cats", "The dog sees the tree today."]]
+  assert (prompt[:, 0] == 1).all() and 2 not in prompt[1].tolist()
+  assert (prompt[0, lengths[0]:] == 2).all()
+  assert tok.encode_prompts([""])[1].tolist() == [1]          # BOS alone
+  assert tok.decode_continuations(prompt) == ["cats", "The dog sees the tree today."]
+  # T5 reads pad 0 / EOS 1: these ids are refused for T5 text, and for a T5 model.
+  with pytest.raises(TokenizerError, match=r"T5 needs \(0, 1, 2, -1\).*decoder-only"):
+    tok.encode(["cats"])
+  with pytest.raises(TokenizerError, match="T5 needs"):
+    check_tokenizer(tok, sd.get_config("t5_1_1_tiny").replace(vocab_size=320))
+  assert load_tokenizer(path).path == str(path)
+
+
+def _lm_config(vocab_size, eos_id=2, bos_id=1):
+  return sd.get_config("llama_tiny").replace(vocab_size=vocab_size, eos_id=eos_id,
+                                             bos_id=bos_id)
+
+
+def test_sentencepiece_llama_against_the_model(tmp_path):
+  tok = load_tokenizer(_llama_spm(tmp_path))
+  check_tokenizer(tok, _lm_config(300))
+  with pytest.raises(TokenizerError, match="has 300 ids but the model's vocabulary is 256"):
+    check_tokenizer(tok, _lm_config(256))
+  with pytest.raises(TokenizerError, match="eos_id 2, the model 1"):
+    check_tokenizer(tok, _lm_config(300, eos_id=1, bos_id=None))
+  with pytest.raises(TokenizerError, match="bos_id 1, the model 3"):
+    check_tokenizer(tok, _lm_config(300, bos_id=3))
+
+
+def test_sentencepiece_without_eos_is_refused(tmp_path):
+  import sentencepiece
+  sentencepiece.SentencePieceTrainer.train(
+      sentence_iterator=iter(TEXTS * 4), model_prefix=str(tmp_path / "no_eos"), vocab_size=50,
+      unk_id=0, bos_id=1, eos_id=-1, pad_id=-1, num_threads=1, minloglevel=2)
+  with pytest.raises(TokenizerError, match="no EOS piece"):
+    load_tokenizer(tmp_path / "no_eos.model")
+
+
+def test_sentencepiece_llama_parity_with_transformers(tmp_path):
+  """transformers builds its LlamaTokenizer from the same tokenizer.model: same special
+  ids, vocabulary and pieces (it prepends BOS only when its config says so)."""
+  transformers = pytest.importorskip("transformers")
+  _llama_spm(tmp_path)
+  ours = load_tokenizer(tmp_path)
+  theirs = transformers.LlamaTokenizer.from_pretrained(str(tmp_path))
+  assert (ours.bos_id, ours.eos_id, ours.unk_id) == (
+      theirs.bos_token_id, theirs.eos_token_id, theirs.unk_token_id)
+  assert ours.vocab_size == len(theirs)
+  for text in TEXTS:
+    ids = ours.encode_one(text, add_eos=False)
+    assert ids[1:] == theirs.encode(text, add_special_tokens=False), text
+    assert ours.decode_one(ids) == theirs.decode(ids, skip_special_tokens=True), text
 
 
 # ---------------------------------------------------------------------------- vs the model

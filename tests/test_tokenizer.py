@@ -62,6 +62,7 @@ def test_t5_special_ids(tok):
   assert (tok.pad_id, tok.eos_id, tok.unk_id) == (0, 1, 2) == (PAD_ID, EOS_ID, UNK_ID)
   sp = tok.processor
   assert (sp.pad_id(), sp.eos_id(), sp.unk_id(), sp.bos_id()) == (0, 1, 2, -1)
+  assert tok.is_t5 and (tok.pad_id, tok.eos_id, tok.unk_id, tok.bos_id) == (0, 1, 2, None)
   assert [sp.id_to_piece(i) for i in range(3)] == ["<pad>", "</s>", "<unk>"]
   assert tok.vocab_size == VOCAB_SIZE
 
@@ -221,13 +222,15 @@ def test_load_corrupt_file_names_it(tmp_path):
     load_tokenizer(bad)
 
 
-def test_rejects_model_without_t5_ids(tmp_path):
+def test_t5_text_needs_t5_ids(tmp_path):
   spm.SentencePieceTrainer.train(
       sentence_iterator=iter(_corpus()), model_prefix=str(tmp_path / "plain"), vocab_size=60,
       num_threads=1, minloglevel=2,
-  )  # SentencePiece defaults: unk 0, bos 1, eos 2
-  with pytest.raises(TokenizerError, match=r"pad/eos/unk ids.*T5 needs \(0, 1, 2\)"):
-    load_tokenizer(tmp_path / "plain.model")
+  )  # SentencePiece defaults: unk 0, bos 1, eos 2 (Llama's ids: loads, for decoder-only models)
+  plain = load_tokenizer(tmp_path / "plain.model")
+  assert not plain.is_t5 and (plain.bos_id, plain.eos_id) == (1, 2)
+  with pytest.raises(TokenizerError, match=r"pad/eos/unk/bos ids.*T5 needs \(0, 1, 2, -1\)"):
+    plain.encode(["Der Hund"])
 
 
 # ---------------------------------------------------------------------------- training

@@ -1,18 +1,22 @@
-"""Tokenizers: SentencePiece with T5 conventions, and Hugging Face ``tokenizer.json``.
+"""Tokenizers: SentencePiece models (T5's or Llama's special ids), and Hugging Face ``tokenizer.json``.
 
-SentencePiece (pad 0, EOS 1, unk 2, no BOS).
+A :class:`Tokenizer` wraps a loaded ``sentencepiece.SentencePieceProcessor`` and reads its
+special ids from the model itself. Two conventions occur:
 
-A :class:`Tokenizer` wraps a loaded ``sentencepiece.SentencePieceProcessor``.
-Every tokenizer built here is checked to use T5's special ids, because the
-decoding code relies on them (0 doubles as the decoder start token and as
-padding, 1 ends a sequence)::
+- T5's (pad 0, EOS 1, unk 2, no BOS), the only one a T5 model can use: 0 doubles as the
+  decoder start token and as padding, 1 ends a sequence. :meth:`Tokenizer.encode` (T5's
+  encoder and target text, EOS-terminated) refuses any other::
 
-    tok = load_tokenizer("path/to/spiece.model")      # or a directory
-    ids = tok.encode(["Guten Morgen.", "Danke!"])     # int32 [2, L], EOS-terminated, 0-padded
-    tok.decode(ids)                                   # ['Guten Morgen.', 'Danke!']
+      tok = load_tokenizer("path/to/spiece.model")      # or a directory
+      ids = tok.encode(["Guten Morgen.", "Danke!"])     # int32 [2, L], EOS-terminated, 0-padded
+      tok.decode(ids)                                   # ['Guten Morgen.', 'Danke!']
+
+- Llama's (unk 0, BOS 1, EOS 2, no pad piece; its ``tokenizer.model``), or any model with an
+  EOS piece, for decoder-only models: BOS is prepended when the model has one, prompts are
+  right-padded with the pad piece, else with EOS (as ``transformers`` pads Llama).
 
 ``train_sentencepiece`` trains a new model from an in-memory iterable of
-sentences with the same conventions, reproducibly (one thread, no shuffling).
+sentences with T5's conventions, reproducibly (one thread, no shuffling).
 
 Hugging Face (:class:`HFTokenizer`, through the ``tokenizers`` library): a directory
 holding ``tokenizer.json`` and, when present, ``tokenizer_config.json``,
@@ -20,12 +24,12 @@ holding ``tokenizer.json`` and, when present, ``tokenizer_config.json``,
 whether BOS is prepended (GPT-2: no BOS, EOS ``<|endoftext|>``; Llama: BOS ``<s>``
 prepended, EOS ``</s>``).
 
-Both kinds encode decoder-only prompts the same way, never appending EOS (an EOS would
+All kinds encode decoder-only prompts the same way, never appending EOS (an EOS would
 end the text the model is asked to continue)::
 
     tok = load_tokenizer("path/to/hf-gpt2")               # a directory with tokenizer.json
     prompt, lengths = tok.encode_prompts(["Once upon", "The"])   # int32 [B, P], [B]
-    check_tokenizer(tok, model)                           # vocabulary and EOS agree
+    check_tokenizer(tok, model)                           # vocabulary and EOS/BOS agree
     tok.decode_continuations(new_tokens)                  # texts, each cut at its first EOS
 """
 
@@ -62,7 +66,11 @@ _BUNDLED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 @dataclasses.dataclass(frozen=True)
 class Tokenizer:
-  """A SentencePiece model used with T5's special ids.
+  """A SentencePiece model with the special ids it was trained with.
+
+  T5's (pad 0, EOS 1, unk 2, no BOS: ``is_t5``) or another with an EOS piece, Llama's
+  (unk 0, BOS 1, EOS 2) for decoder-only models. The ids are the model's own
+  (``processor.bos_id()``, ...); a model without an EOS piece is refused.
 
   Attributes:
     processor: the loaded ``sentencepiece.SentencePieceProcessor``.
@@ -73,7 +81,11 @@ class Tokenizer:
   path: str
 
   def __post_init__(self):
-    _check_t5_ids(self.processor, self.path)
+    if self.processor.eos_id() < 0:
+      raise TokenizerError(
+          f"tokenizer {self.path!r} has no EOS piece (pad/eos/unk/bos ids "
+          f"{_special_ids(self.processor)}): generation could not stop. Supported: T5's "
+          f"({PAD_ID}, {EOS_ID}, {UNK_ID}, -1) or Llama's (-1, 2, 0, 1)")
 
   @property
   def vocab_size(self) -> int:
@@ -81,23 +93,42 @@ class Tokenizer:
     return int(self.processor.get_piece_size())
 
   @property
+  def is_t5(self) -> bool:
+    """T5's special ids: pad 0, EOS 1, unk 2, no BOS."""
+    return _special_ids(self.processor) == (PAD_ID, EOS_ID, UNK_ID, -1)
+
+  @property
   def pad_id(self) -> int:
-    return PAD_ID
+    """The pad piece's id; the EOS id when the model has none (Llama's)."""
+    pad = int(self.processor.pad_id())
+    return self.eos_id if pad < 0 else pad
 
   @property
   def eos_id(self) -> int:
-    return EOS_ID
+    return int(self.processor.eos_id())
 
   @property
   def unk_id(self) -> int:
-    return UNK_ID
+    return int(self.processor.unk_id())
+
+  @property
+  def bos_id(self) -> int | None:
+    """The BOS piece's id (Llama's 1); None when the model has none (T5's)."""
+    bos = int(self.processor.bos_id())
+    return None if bos < 0 else bos
+
+  @property
+  def add_bos(self) -> bool:
+    """BOS is prepended to every encoded text when the model has a BOS piece."""
+    return self.bos_id is not None
 
   def encode_one(self, text: str, add_eos: bool = True) -> list[int]:
-    """Token ids of one string (no padding), with EOS appended if ``add_eos``."""
+    """Token ids of one string (no padding): BOS first when the model has one, EOS
+    appended if ``add_eos``."""
     if not isinstance(text, str):
       raise TokenizerError(f"encode_one expects a str, got {type(text).__name__}")
     ids = list(self.processor.encode(text, out_type=int))
-    return ids + [EOS_ID] if add_eos else ids
+    return ([self.bos_id] if self.add_bos else []) + ids + ([self.eos_id] if add_eos else [])
 
   def encode(
       self,
@@ -106,7 +137,9 @@ class Tokenizer:
       add_eos: bool = True,
       truncate: bool = False,
   ) -> np.ndarray:
-    """Tokenizes a batch of strings into a right-padded id matrix.
+    """Tokenizes a batch of strings into a right-padded id matrix: T5's encoder and
+    target text, so only a model with T5's special ids encodes here (decoder-only
+    prompts: :meth:`encode_prompts`).
 
     Args:
       texts: a list (or other sequence) of B strings. A bare ``str`` is rejected,
@@ -120,7 +153,11 @@ class Tokenizer:
 
     Returns:
       int32 array [B, L]; pads are 0. ``L == max_length`` when given.
+
+    Raises:
+      TokenizerError: bad texts or lengths, or the model's ids are not T5's.
     """
+    self.require_t5()
     rows = [self.encode_one(t, add_eos=add_eos) for t in _check_texts(texts)]
     if max_length is None:
       length = max((len(r) for r in rows), default=0)
@@ -129,23 +166,30 @@ class Tokenizer:
       rows = [_fit_row(r, i, length, add_eos, truncate) for i, r in enumerate(rows)]
     return _pad_rows(rows, length)
 
-  @property
-  def bos_id(self) -> int | None:
-    """None: T5's SentencePiece models have no BOS."""
-    return None
+  def require_t5(self) -> None:
+    """TokenizerError unless the model has T5's special ids (what a T5 model reads)."""
+    if not self.is_t5:
+      raise TokenizerError(
+          f"tokenizer {self.path!r} has pad/eos/unk/bos ids {_special_ids(self.processor)}; "
+          f"T5 needs ({PAD_ID}, {EOS_ID}, {UNK_ID}, -1) (train with pad_id=0, eos_id=1, "
+          "unk_id=2, bos_id=-1). Other ids (Llama's) are for decoder-only models")
 
   def encode_prompts(self, texts: Sequence[str], max_length: int | None = None,
                      truncate: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Decoder-only prompts: (int32 [B, P] right-padded with 0, int32 [B] lengths); no EOS."""
+    """Decoder-only prompts: (int32 [B, P] right-padded with ``pad_id``, int32 [B] lengths);
+    BOS first when the model has one, no EOS."""
     rows = [self.encode_one(t, add_eos=False) for t in _check_texts(texts)]
-    return _prompt_matrix(rows, max_length, truncate, PAD_ID)
+    if any(not r for r in rows):
+      raise TokenizerError("encode_prompts: an empty prompt (no tokens and no BOS); a "
+                           "decoder-only model needs at least one token to continue")
+    return _prompt_matrix(rows, max_length, truncate, self.pad_id)
 
   def decode_continuations(self, tokens: Any) -> list[str]:
     """Texts of generated tokens [B, L] (or [L]), each cut at its first EOS."""
     return self.decode(tokens)
 
   def decode_one(self, tokens: Any) -> str:
-    """Text of one id sequence [L]: stops at the first EOS, drops pads (0)."""
+    """Text of one id sequence [L]: stops at the first EOS, drops pads."""
     arr = _as_id_array(tokens)
     if arr.ndim != 1:
       raise TokenizerError(f"decode_one expects a 1-D id sequence [L], got shape {arr.shape}")
@@ -155,8 +199,8 @@ class Tokenizer:
     """Texts of an id matrix [B, L] (or a single row [L], giving a list of one).
 
     Accepts numpy or jax integer arrays, or nested lists of ints. Each row is
-    cut at its first EOS; pads (0) are dropped; the remaining ids are decoded.
-    Ids outside ``[0, vocab_size)`` raise :class:`TokenizerError`.
+    cut at its first EOS; pads are dropped, and so is BOS (a control piece); the
+    remaining ids are decoded. Ids outside ``[0, vocab_size)`` raise :class:`TokenizerError`.
     """
     arr = _as_id_array(tokens)
     if arr.ndim == 1:
@@ -166,10 +210,10 @@ class Tokenizer:
     return [self._decode_row(row, i) for i, row in enumerate(arr)]
 
   def _decode_row(self, row: np.ndarray, index: int) -> str:
-    eos = np.flatnonzero(row == EOS_ID)
+    eos = np.flatnonzero(row == self.eos_id)
     if eos.size:
       row = row[: eos[0]]
-    row = row[row != PAD_ID]
+    row = row[row != self.pad_id]
     bad = row[(row < 0) | (row >= self.vocab_size)]
     if bad.size:
       raise TokenizerError(
@@ -180,11 +224,11 @@ class Tokenizer:
 
 
 def load_tokenizer(path_or_name: str | os.PathLike) -> "Tokenizer | HFTokenizer":
-  """Loads a T5-convention SentencePiece tokenizer or a Hugging Face ``tokenizer.json``.
+  """Loads a SentencePiece model (T5's or Llama's ids) or a Hugging Face ``tokenizer.json``.
 
   Args:
     path_or_name: one of
-      * a ``.model`` file path (e.g. T5's ``spiece.model``);
+      * a ``.model`` file path (T5's ``spiece.model``, Llama's ``tokenizer.model``);
       * a ``tokenizer.json`` file, or a directory holding ``spiece.model``, else
         ``tokenizer.json`` (an :class:`HFTokenizer`, with the special tokens of the
         directory's ``tokenizer_config.json``, ``special_tokens_map.json`` and
@@ -195,7 +239,7 @@ def load_tokenizer(path_or_name: str | os.PathLike) -> "Tokenizer | HFTokenizer"
 
   Raises:
     TokenizerError: the file is missing, unreadable, not a SentencePiece model,
-      or does not use T5 ids; or the bundled name is unknown (the message lists
+      or one without an EOS piece; or the bundled name is unknown (the message lists
       the bundled names).
   """
   path = pathlib.Path(path_or_name)
@@ -478,7 +522,7 @@ def check_tokenizer(tok: "Tokenizer | HFTokenizer", model: Any,
   The model's vocabulary (``model.vocab_size`` or ``model.config.vocab_size``) must hold
   every tokenizer id and exceed the tokenizer's by less than ``max_padding`` (an embedding
   padded for the hardware); a decoder-only model's EOS (and BOS, when both name one) must
-  be the tokenizer's.
+  be the tokenizer's; a T5 model's SentencePiece model must have T5's special ids.
 
   Raises:
     TokenizerError: naming both sizes or both ids.
@@ -496,6 +540,8 @@ def check_tokenizer(tok: "Tokenizer | HFTokenizer", model: Any,
       if ours is not None and theirs is not None and ours != theirs:
         raise TokenizerError(f"tokenizer {tok.path!r} has {name} {ours}, the model {theirs}: "
                              "generation would not stop (or start) where the model expects")
+  elif isinstance(tok, Tokenizer):
+    tok.require_t5()
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -539,13 +585,10 @@ class _SentenceStream:
       raise self.error
 
 
-def _check_t5_ids(processor: spm.SentencePieceProcessor, origin: str) -> None:
-  got = (processor.pad_id(), processor.eos_id(), processor.unk_id())
-  if got != (PAD_ID, EOS_ID, UNK_ID):
-    raise TokenizerError(
-        f"tokenizer {origin!r} has pad/eos/unk ids {got}; T5 needs ({PAD_ID}, {EOS_ID}, {UNK_ID}) "
-        f"(train with pad_id=0, eos_id=1, unk_id=2, bos_id=-1)"
-    )
+def _special_ids(processor: spm.SentencePieceProcessor) -> tuple[int, int, int, int]:
+  """(pad, eos, unk, bos) ids of a SentencePiece model; -1 for a piece it does not have."""
+  return (int(processor.pad_id()), int(processor.eos_id()), int(processor.unk_id()),
+          int(processor.bos_id()))
 
 
 def _from_bytes(data: bytes, origin: str) -> Tokenizer:
