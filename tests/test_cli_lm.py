@@ -1,5 +1,6 @@
 """The command line with decoder-only models: `specdec decode` continues text prompts with
-every method, `specdec eval --metric perplexity`, `specdec bench` with an LM pair.
+every method, `specdec eval --metric perplexity`, `specdec bench` with an LM pair,
+`specdec convert --to hf` and back with the tokenizer carried along.
 
 Tiny random Llama and GPT-2 models saved in our format, with real tokenizers trained here:
 a SentencePiece model (T5 ids: pad 0, EOS 1, no BOS, as `LMConfig`'s defaults) for the
@@ -14,11 +15,12 @@ import numpy as np
 import pytest
 
 import specdec_jax as sd
-from specdec_jax.io.tokenizer import load_tokenizer, train_sentencepiece
+from specdec_jax.io import checkpoints
+from specdec_jax.io.tokenizer import check_tokenizer, load_tokenizer, train_sentencepiece
 from specdec_jax.tools import cli
 
 tokenizers = pytest.importorskip("tokenizers")
-from test_lm_tokenizer import TEXTS, _gpt2_dir  # noqa: E402
+from test_lm_tokenizer import TEXTS, _gpt2_dir, _llama_spm  # noqa: E402
 
 T = 8
 COMMON = ["--max-new-tokens", str(T)]
@@ -285,6 +287,60 @@ def test_bench_writes_its_json_for_an_lm_pair(capsys, llama, tmp_path):
   assert res["config"]["prompts_file"] == str(prompts)
   assert res["costs"][0]["c"] > 0
   assert "speculative" in stdout
+
+
+# ----------------------------------------------------------------------------- convert
+
+
+def _flat(model) -> dict:
+  return {k: np.asarray(v) for k, v in checkpoints.flatten(model.params).items()}
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_convert_lm_to_hf_and_back_with_its_tokenizer(capsys, gpt2, tmp_path, kind):
+  """Our format -> a transformers dir -> our format: the same config and weights, the
+  tokenizer files copied each way (GPT-2's tokenizer.json with its tokenizer_config.json;
+  a Llama tokenizer.model with Llama's ids); transformers loads the dir."""
+  import shutil
+  src = tmp_path / "ours"
+  if kind == "gpt2":
+    shutil.copytree(gpt2[0], src)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+      shutil.copy(gpt2[2] / name, src / name)
+    files = ["tokenizer.json", "tokenizer_config.json"]
+  else:      # Llama's tokenizer.model ids (unk 0, BOS 1, EOS 2); a tiny untied GQA Llama
+    _llama_spm(src)
+    (src / "tokenizer.vocab").unlink()
+    config = sd.get_config("llama_tiny", vocab_size=300, eos_id=2, bos_id=1, pad_id=2)
+    sd.save(src, sd.init_model(config, 5))
+    files = ["tokenizer.model"]
+  model = sd.load(str(src))
+  err = run(capsys, "convert", src, tmp_path / "hf", "--to", "hf")[2]
+  assert "tokenizer: " + ", ".join(files) in err
+  hf_dir = tmp_path / "hf"
+  assert sorted(p.name for p in hf_dir.iterdir()) == sorted(
+      ["config.json", "model.safetensors", *files])
+  assert json.loads((hf_dir / "config.json").read_text())["model_type"] == kind
+  back = sd.load(str(hf_dir))
+  assert back.config == model.config and _flat(back).keys() == _flat(model).keys()
+  for key, value in _flat(model).items():
+    np.testing.assert_array_equal(_flat(back)[key], value, err_msg=key)
+  tok = load_tokenizer(hf_dir)
+  eot = back.config.eos_id
+  assert (tok.eos_id, tok.bos_id, tok.add_bos) == ((eot, eot, False) if kind == "gpt2" else
+                                                   (2, 1, True))
+  check_tokenizer(tok, back)
+  ok(capsys, "convert", hf_dir, tmp_path / "again")
+  assert sd.load(str(tmp_path / "again")).config == model.config
+  assert all((tmp_path / "again" / f).read_bytes() == (src / f).read_bytes() for f in files)
+  # transformers reads the same tensors (its logits are tests/test_lm_hf.py's, on export_hf).
+  pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  hf_model = transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir))
+  assert type(hf_model).__name__ == {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}[kind]
+  assert sum(p.numel() for p in hf_model.parameters()) == model.num_params()
+  np.testing.assert_array_equal(hf_model.get_input_embeddings().weight.detach().numpy(),
+                                _flat(model)["token_embedder/embedding"])
 
 
 # ----------------------------------------------------------------------------- sweeps

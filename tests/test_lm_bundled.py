@@ -58,3 +58,22 @@ def test_trained_target_is_better_than_drafter_and_a_shuffled_control(pair):
   control = evaluation.perplexity(shuffled, tokens)["perplexity"]
   assert ppl["target"] < ppl["drafter"] < control
   assert ppl["target"] < 400, ppl
+
+
+def test_convert_to_hf_carries_the_groups_tokenizer(tmp_path, capsys):
+  """`specdec convert demo-en-lm/drafter DST --to hf`: the bundled group's tokenizer.json
+  and tokenizer_config.json go along, so DST loads as model and tokenizer alike."""
+  from specdec_jax.io import checkpoints
+  from specdec_jax.tools import cli
+  assert cli.main(["convert", "demo-en-lm/drafter", str(tmp_path), "--to", "hf"]) == 0, \
+      capsys.readouterr().err
+  assert {p.name for p in tmp_path.iterdir()} == {
+      "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
+  bundled, back = sd.load("demo-en-lm/drafter", dtype=None), sd.load(str(tmp_path), dtype=None)
+  for (k, a), (_, b) in zip(*(sorted(checkpoints.flatten(m.params).items())
+                              for m in (bundled, back))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=k)
+  tok, ours = sd.load_tokenizer(tmp_path), sd.load_tokenizer("demo-en-lm")
+  assert (tok.bos_id, tok.eos_id, tok.pad_id, tok.add_bos) == (
+      ours.bos_id, ours.eos_id, ours.pad_id, ours.add_bos)
+  assert tok.encode_one("Can you help") == ours.encode_one("Can you help")
