@@ -156,6 +156,37 @@ def test_blockwise_greedy_equals_baseline(name):
     assert np.all(oracle >= 1) and np.all(oracle <= np.asarray(out.lengths))
 
 
+@functools.lru_cache(maxsize=None)
+def gpt2_pair():
+  """A GPT-2-style target (learned positions, LayerNorm, tied output) sharpened through its
+  final norm, EOS's embedding row boosted so EOS ends some rows; a drafter near it."""
+  model = sd.init_model(sd.get_config("gpt2_tiny"), 3)
+  params = jax.tree_util.tree_map(lambda x: x, model.params)
+  norm = params["decoder"]["decoder_norm"]
+  norm["scale"], norm["bias"] = norm["scale"] * 4.0, norm["bias"] * 4.0
+  params["token_embedder"]["embedding"] = params["token_embedder"]["embedding"].at[1].multiply(2.0)
+  target = model.replace(params=params)
+  return target, perturbed(target, 0.4, 7)
+
+
+GPT2_METHODS = {
+    "bild": lambda t, d: sd.BiLD(d, fallback_threshold=1.0, rollback_threshold=float("inf")),
+    "blockwise-parallel": lambda t, d: sd.Blockwise(sd.init_heads(t, 3, rng=0), top_k=2,
+                                                    num_drafts=2),
+}
+
+
+@pytest.mark.parametrize("name", list(GPT2_METHODS))
+def test_gpt2_target_greedy_equals_baseline(name):
+  """The methods beyond speculative decoding (`test_learned_positions_up_to_the_table`) on a
+  GPT-2-style target: ragged prompts, rows ending at EOS, the baseline's tokens."""
+  target, drafter = gpt2_pair()
+  base = sd.decode(target, sd.Autoregressive(), prompts(), max_new_tokens=T)
+  assert 0 < np.sum(np.asarray(base.lengths) < T) < len(LENGTHS)
+  out = sd.decode(target, GPT2_METHODS[name](target, drafter), prompts(), max_new_tokens=T)
+  assert_same(out, base)
+
+
 def test_anchored_cache_counts_after_the_prompt():
   """`anchored` moves the prefill's length into the offset; decoding k tokens then equals
   decoding them unanchored, and `cache.move` copies slots counted after the offset."""
