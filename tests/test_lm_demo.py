@@ -208,7 +208,11 @@ def test_alpha_table_and_controls(run):
   rows = lm_demo.alpha_table(workdir, temperatures=(0.0, 1.0), limit=20)
   assert {(r["drafter"], r["temperature"]) for r in rows} == {
       (d, t) for d in ("drafter", "unigram", "bigram") for t in (0.0, 1.0)}
-  assert all(0.0 <= r["alpha"] <= 1.0 and r["gamma"] >= 1 for r in rows)
+  assert all(0.0 <= r["alpha_without_eos"] <= r["alpha"] <= 1.0 and r["gamma"] >= 1
+             for r in rows)
+  from specdec_jax import theory      # Theorem 8 for the acceptances that gain a token
+  assert all(r["gamma"] == theory.optimal_gamma(r["alpha_without_eos"], r["c"], 8).gamma
+             for r in rows)
   assert [r["paper_alpha"] for r in rows if r["drafter"] == "drafter"] == [0.88, 0.89]
   table = lm_demo.alpha_markdown(rows, {})
   assert table.count("\n") == 2 + len(rows) and "| small LM | 0 |" in table
@@ -255,9 +259,31 @@ def test_decoded_alpha():
   lengths = np.asarray([3, 2], np.int32)
   same = lm_demo.decoded_alpha(target, target, prompts, lengths, gamma=3, max_new_tokens=8)
   assert same["alpha"] == 1.0 and same["tokens_per_target_call"] == 4.0
-  assert same["positions"] >= 2 * 3
+  assert same["positions"] == 2 * 8                      # every output token, no EOS here
   low = lm_demo.decoded_alpha(target, other, prompts, lengths, gamma=3, max_new_tokens=8)
   assert low["alpha"] < 1.0 and low["tokens_per_target_call"] < 4.0
+
+
+def test_an_eos_drafter_gains_nothing():
+  """A unigram whose most frequent token is EOS (the demo's) drafts only EOS at t = 0: its
+  accepted drafts end rows, one token per target call. alpha counts those acceptances
+  (the EOS positions of the target's own output, nothing after them); alpha without EOS,
+  what Theorem 8's tokens per call needs, is 0. (test_decoded_alpha's shapes.)"""
+  from conftest import peaked
+  cfg = sd.get_config("llama_tiny")                     # EOS 1
+  target = peaked(sd.init_model(cfg, 0), scale=4.0, eos_boost=2.0)
+  unigram = sd.NGramDrafter.fit([[5, 1], [6, 1], [7, 1]], cfg.vocab_size, 4, lam=0.0,
+                                start_id=None)
+  assert int(np.argmax(np.asarray(unigram.unigram))) == 1
+  prompts, lengths = np.asarray([[1, 5, 6], [1, 7, 0]], np.int32), np.asarray([3, 2], np.int32)
+  d = lm_demo.decoded_alpha(target, unigram, prompts, lengths, gamma=3, max_new_tokens=8)
+  out = sd.decode(target, sd.Speculative(unigram, gamma=3), prompts, 8, prompt_lengths=lengths)
+  n, ended = np.asarray(out.lengths), int(np.sum(np.asarray(out.lengths) < 8))
+  assert ended > 0 and d["positions"] == n.sum()
+  assert d["alpha"] == pytest.approx(ended / n.sum())         # the EOS positions
+  assert d["alpha_without_eos"] == 0.0 and d["tokens_per_target_call"] == 1.0
+  tf = lm_demo.teacher_forced_alpha(target, unigram, prompts, lengths)
+  assert tf["alpha_without_eos"] == 0.0
 
 
 def test_ngram_tables_leave_bos_out_of_the_unigram():

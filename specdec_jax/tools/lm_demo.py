@@ -298,28 +298,43 @@ def _drafter_logits(drafter, tokens: np.ndarray):
   return drafter.forward(tokens)
 
 
-def beta(p_logits, q_logits, temperature: float):
+def beta(p_logits, q_logits, temperature: float, eos_id: int | None = None):
   """Leviathan's beta = sum_x min(p(x), q(x)) per position: [..., V] x 2 -> [...].
 
   At temperature 0 both distributions are their argmax's one-hot: beta = [argmax p ==
-  argmax q] (ties to the lowest id)."""
+  argmax q] (ties to the lowest id). `eos_id`: leave EOS's term out (the acceptance of
+  any other token), see `teacher_forced_alpha`."""
   import jax
   import jax.numpy as jnp
   if temperature == 0:
-    return (jnp.argmax(p_logits, -1) == jnp.argmax(q_logits, -1)).astype(jnp.float32)
+    p_max, q_max = jnp.argmax(p_logits, -1), jnp.argmax(q_logits, -1)
+    match = p_max == q_max
+    if eos_id is not None:
+      match = match & (p_max != eos_id)
+    return match.astype(jnp.float32)
   p = jax.nn.softmax(p_logits.astype(jnp.float32) / temperature, axis=-1)
   q = jax.nn.softmax(q_logits.astype(jnp.float32) / temperature, axis=-1)
-  return jnp.sum(jnp.minimum(p, q), axis=-1)
+  both = jnp.minimum(p, q)
+  if eos_id is not None:
+    both = both.at[..., eos_id].set(0.0)
+  return jnp.sum(both, axis=-1)
 
 
 def teacher_forced_alpha(target: Model, drafter, tokens, lengths=None,
-                         temperature: float = 0.0, batch_size: int = 64) -> dict:
+                         temperature: float = 0.0, batch_size: int = 64,
+                         start=None) -> dict:
   """alpha = E[beta] over every position of given right-padded sequences.
 
-  Position t of row b (1 <= t < lengths[b]) scores the drafter's and the target's
+  Position t of row b (start[b] <= t < lengths[b]) scores the drafter's and the target's
   next-token distributions given tokens[b, :t]: the beta the round engine scores when
   it proposes there. On the target's own outputs this is the engine's alpha; on
   held-out text, alpha on that text's prefixes.
+
+  alpha_without_eos leaves EOS's term out of beta. An accepted EOS ends the row: no
+  token follows it, so it yields the one token a rejection there would (the target's
+  own), and the expected tokens per target call of Leviathan's Theorem 8,
+  1 + a + ... + a^gamma, holds with a = alpha_without_eos, not alpha. (A unigram drafter
+  whose most frequent token is EOS drafts only EOS at t = 0: alpha > 0, one token per call.)
 
   Args:
     target: a decoder-only `Model`.
@@ -327,45 +342,63 @@ def teacher_forced_alpha(target: Model, drafter, tokens, lengths=None,
     tokens: int [N, L]; lengths: [N] (default: one past the last token != pad).
     temperature: 0 (greedy: agreement of the argmaxes) or > 0 (both distributions
       divided by it, as the sampler's adjusted distributions).
+    start: [N] first scored position of each row (default 1: every token after the first).
 
   Returns:
-    {"alpha", "positions"}.
+    {"alpha", "alpha_without_eos", "positions"}.
   """
   import jax.numpy as jnp
   from specdec_jax.models import lm
   tokens = np.asarray(tokens, np.int32)
   lengths = (lm.prompt_lengths(tokens, target.config.pad_id) if lengths is None
              else np.asarray(lengths))
-  mask = np.arange(1, tokens.shape[1])[None, :] < lengths[:, None]
-  total, count = 0.0, 0
+  start = np.ones(len(tokens), np.int64) if start is None else np.asarray(start)
+  t = np.arange(1, tokens.shape[1])[None, :]
+  mask = (t < lengths[:, None]) & (t >= start[:, None])
+  eos = target.config.eos_id
+  total, total_no_eos, count = 0.0, 0.0, 0
   for i in range(0, len(tokens), batch_size):
     x, m = tokens[i:i + batch_size], mask[i:i + batch_size]
-    b = beta(target.forward(x)[:, :-1], _drafter_logits(drafter, x)[:, :-1], temperature)
-    total += float(jnp.sum(b * m))
+    p, q = target.forward(x)[:, :-1], _drafter_logits(drafter, x)[:, :-1]
+    total += float(jnp.sum(beta(p, q, temperature) * m))
+    total_no_eos += float(jnp.sum(beta(p, q, temperature, eos_id=eos) * m))
     count += int(m.sum())
-  return {"alpha": total / max(count, 1), "positions": count}
+  return {"alpha": total / max(count, 1), "alpha_without_eos": total_no_eos / max(count, 1),
+          "positions": count}
 
 
 def decoded_alpha(target: Model, drafter, prompts, prompt_lengths, temperature: float = 0.0,
                   gamma: int = 4, max_new_tokens: int = 24, rng: int = 0) -> dict:
-  """alpha as the round engine measures it: speculative decoding of the prompts (right-
-  padded [B, P], lengths [B]) with `drafter` and `gamma`, beta scored on the target's own
-  path (`sd.decode(...).stats`). {"alpha", "positions", "tokens_per_target_call"}."""
+  """alpha on the target's own path: speculative decoding of the prompts (right-padded
+  [B, P], lengths [B]) with `drafter` and `gamma` (`sd.decode`), then beta at every
+  position of each row's output, EOS included and nothing after it (`teacher_forced_alpha`
+  on prompt + output). The engine's tokens per target call.
+
+  Returns:
+    {"alpha", "alpha_without_eos", "positions", "tokens_per_target_call"}.
+  """
   sampling = sd.Greedy() if temperature == 0 else sd.Sampling(temperature=temperature)
   out = sd.decode(target, sd.Speculative(drafter, gamma=gamma), prompts,
                   max_new_tokens=max_new_tokens, sampling=sampling, rng=rng,
                   prompt_lengths=prompt_lengths)
-  stats = out.stats
-  return {"alpha": float(stats["alpha"]), "positions": int(stats["beta_count"]),
-          "tokens_per_target_call": float(stats["tokens_per_target_call"])}
+  prompts, starts = np.asarray(prompts), np.asarray(prompt_lengths)
+  new, n = np.asarray(out.tokens), np.asarray(out.lengths)
+  path = np.full((len(prompts), prompts.shape[1] + new.shape[1]), target.config.pad_id,
+                 np.int32)
+  for b, (p, k) in enumerate(zip(starts, n)):
+    path[b, :p], path[b, p:p + k] = prompts[b, :p], new[b, :k]
+  a = teacher_forced_alpha(target, drafter, path, lengths=starts + n,
+                           temperature=temperature, start=starts)
+  return {**a, "tokens_per_target_call": float(out.stats["tokens_per_target_call"])}
 
 
 def alpha_table(workdir: str | pathlib.Path, split: str = "validation",
                 temperatures=(0.0, 1.0), limit: int | None = 1000, decoded: bool = False,
                 gamma: int = 4, prompt_tokens: int = 3) -> list[dict]:
   """alpha of every drafter of a workdir against its target, per temperature, with
-  the best gamma by Leviathan's Theorem 8 (cost ratio c: the drafter's decode MACs per
-  token over the target's for the LM drafter, 0 for the tables; gamma <= 8).
+  the best gamma by Leviathan's Theorem 8 for alpha_without_eos (`teacher_forced_alpha`;
+  cost ratio c: the drafter's decode MACs per token over the target's for the LM
+  drafter, 0 for the tables; gamma <= 8).
 
   `decoded`: also `decoded_alpha` at `gamma`, the target continuing the first
   `prompt_tokens` tokens (BOS included) of each text."""
@@ -381,8 +414,9 @@ def alpha_table(workdir: str | pathlib.Path, split: str = "validation",
          if isinstance(drafter, Model) else 0.0)
     for t in temperatures:
       a = teacher_forced_alpha(target, drafter, tokens, temperature=t)
-      best = theory.optimal_gamma(a["alpha"], c, max_gamma=8)
+      best = theory.optimal_gamma(a["alpha_without_eos"], c, max_gamma=8)
       row = {"drafter": name, "temperature": t, "alpha": a["alpha"],
+             "alpha_without_eos": a["alpha_without_eos"],
              "positions": a["positions"], "c": c, "gamma": best.gamma,
              "improvement": best.improvement, "paper_alpha": PAPER_ALPHA.get((name, t))}
       if decoded:
@@ -397,15 +431,16 @@ def alpha_markdown(rows: list[dict], meta: dict) -> str:
   """The Markdown table of `alpha_table`'s rows beside Leviathan's Table 3."""
   names = {"unigram": "unigram", "bigram": "bigram", "drafter": "small LM"}
   decoded = bool(rows) and "decoded_alpha" in rows[0]
-  head = "| drafter | t | alpha, held-out prefixes | alpha (Leviathan, lm1b) | c | best gamma | " \
-         "expected improvement |"
+  head = "| drafter | t | alpha, held-out prefixes | alpha (Leviathan, lm1b) | " \
+         "alpha without EOS | c | best gamma | expected improvement |"
   if decoded:
     head += f" alpha decoding, gamma {rows[0]['decoded_gamma']} | tokens per target call |"
   lines = [head, "|---" * head.count(" | ") + "|---|"]
   for r in rows:
     paper = "" if r["paper_alpha"] is None else f"{r['paper_alpha']:.2f}"
     line = (f"| {names.get(r['drafter'], r['drafter'])} | {r['temperature']:g} | "
-            f"{r['alpha']:.3f} | {paper} | {r['c']:.3f} | {r['gamma']} | "
+            f"{r['alpha']:.3f} | {paper} | {r['alpha_without_eos']:.3f} | {r['c']:.3f} | "
+            f"{r['gamma']} | "
             f"{r['improvement']:.2f}x |")
     if decoded:
       line += f" {r['decoded_alpha']:.3f} | {r['tokens_per_target_call']:.2f} |"
@@ -446,10 +481,13 @@ def write_results(workdir: str | pathlib.Path, out_dir: str | pathlib.Path,
       "agreement of the argmaxes. Leviathan et al. measure a GPT-like 97M target on lm1b "
       "(unigram, bigram and a 6M GPT-like drafter). Best gamma <= 8 and its expected "
       "walltime improvement by their Theorem 8, with c the ratio of decode MACs per token "
-      "(0 for the tables)."
-      + (" The decoding columns run `sd.decode` with `sd.Speculative` (beta scored on the "
-         "target's own path, as Leviathan measure it) continuing the first 3 tokens of each "
-         "text for up to 24 tokens." if decoded else "")
+      "(0 for the tables), for alpha without EOS: an accepted EOS ends the row, so it "
+      "yields no more tokens than a rejection (the unigram's most frequent token is EOS, "
+      "its only draft at t = 0)."
+      + (" The decoding columns run `sd.decode` with `sd.Speculative` continuing the first "
+         "3 tokens of each text for up to 24 tokens: alpha is beta along the target's own "
+         "output, up to its EOS (as Leviathan measure it), tokens per target call the "
+         "engine's." if decoded else "")
       + "\n\n" + alpha_markdown(rows, meta)
       + "\nRegenerate: `python -m specdec_jax.tools.lm_demo --workdir runs/lm-demo "
         f"--results results/lm-demo{' --decoded' if decoded else ''}`\n")
