@@ -83,6 +83,23 @@ def test_stats_are_consistent(target, encoder_tokens, baseline):
   assert 0.0 <= float(s["alpha"]) <= 1.0
 
 
+def test_drafts_past_an_emitted_eos_are_not_counted(target, encoder_tokens, baseline):
+  """The drafter is the target: it drafts on past its own EOS and the rule accepts it all,
+  but `buffer.emit` drops what follows an EOS, so the counters must too: every accepted
+  draft is an emitted token, and each row's rounds account for its length exactly."""
+  out = sd.speculative_generate(target, target, encoder_tokens, gamma=5,
+                                max_new_tokens=MAX_NEW)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(baseline.tokens))
+  c = jax.tree_util.tree_map(np.asarray, out.counters)
+  lengths = np.asarray(out.lengths)
+  # emitted = accepted drafts + one target token per round that did not end in a draft's EOS
+  assert np.all(c.accepted <= lengths)
+  assert np.all(c.accepted + c.target_calls >= lengths)
+  assert np.all(c.drafter_tokens == c.accepted)
+  assert np.all(c.beta_count <= lengths)       # scored only along the output
+  assert float(out.stats["alpha"]) == 1.0 and int(out.stats["rejections"]) == 0
+
+
 def test_ngram_drafter_costs_no_model_calls_and_helps(target, encoder_tokens, baseline):
   ngram = sd.NGramDrafter.fit(np.asarray(baseline.tokens), 512)
   out = sd.speculative_generate(target, ngram, encoder_tokens, gamma=4, max_new_tokens=MAX_NEW)

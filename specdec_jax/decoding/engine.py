@@ -260,10 +260,16 @@ def commit(proposer: Any, state: RoundState, proposal: Proposal, verified: Verif
 def count_round(stats: DecodeStats, live: Array, proposal: Proposal, verified: Verified,
                 acceptance: Acceptance, m: Array, candidates: Array, emitted: Array,
                 sampling: sampling_lib.SamplingSettings) -> DecodeStats:
-  """Add one round to the counters (meanings: `stats.DecodeStats`)."""
-  verified_rows = live & ~proposal.final & verified.ran
-  scored = acceptance.scored & verified_rows[:, None]
+  """Add one round to the counters (meanings: `stats.DecodeStats`).
+
+  Only what the row emitted counts: drafts the rule accepted past an emitted EOS (or past
+  max_new_tokens) are dropped by `buffer.emit`, so they are neither accepted nor scored.
+  """
   g = proposal.tokens.shape[1]
+  verified_rows = live & ~proposal.final & verified.ran
+  along = jnp.arange(g)[None] < emitted[:, None]                            # [B, G]
+  scored = acceptance.scored & verified_rows[:, None] & along
+  m = jnp.minimum(m, emitted)
   repeats = ((proposal.tokens[:, 1:] == proposal.tokens[:, :-1])
              & (jnp.arange(1, g)[None] < proposal.count[:, None]))          # [B, G-1]
   drafting = (live & (proposal.count > 0)).astype(jnp.int32)
@@ -275,13 +281,14 @@ def count_round(stats: DecodeStats, live: Array, proposal: Proposal, verified: V
       drafter_calls=proposal.calls * live,
       drafted=proposal.count * live,
       accepted=m * live,
-      rejections=(verified_rows & (acceptance.m < proposal.count)).astype(jnp.int32),
+      rejections=(verified_rows & (acceptance.m < proposal.count)
+                  & (acceptance.m < emitted)).astype(jnp.int32),
       fallbacks=(proposal.fallback & live).astype(jnp.int32),
       per_position_accepted=((jnp.arange(g)[None] < m[:, None])
                              & live[:, None]).astype(jnp.int32),
       beta_sum=jnp.sum(jnp.where(scored, acceptance.beta, 0.0), axis=1),
       beta_count=jnp.sum(scored, axis=1).astype(jnp.int32),
-      drafter_tokens=jnp.minimum(m, emitted),
+      drafter_tokens=m,
       log_prob=jnp.sum(jnp.where(kept, token_log_p, 0.0), axis=1),
       draft_pairs=jnp.maximum(proposal.count - 1, 0) * live,
       repeated_drafts=jnp.sum(repeats, axis=1) * live,
