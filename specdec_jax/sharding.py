@@ -11,13 +11,18 @@ Every parameter carries T5X's logical axis names (`sd.logical_axes`, e.g. ('embe
 for an MLP's wi kernel). A rule maps a logical name to a mesh axis or to None
 (replicated); `partition_spec` turns a parameter's names into a `PartitionSpec` the way
 flax's `logical_to_mesh_axes` does: per dimension, the first rule for its name whose mesh
-axis is not used by an earlier dimension. `jit` propagates the parameters' and inputs'
-shardings through the decode (encoder output, caches, logits), and XLA inserts the
-collectives; the decode engine only pins its loop state (`constrain_state`: caches and
-token buffer by batch, the target's caches by heads), which propagation alone leaves
-whole in batch under RULES_2D. The CPU decode kernels run on one
-device only, so a model placed on several devices decodes on XLA's ops
-(`kernels.dispatch.policy`: "params are not on one CPU device").
+axis is not used by an earlier dimension.
+
+Activations follow the same rules. A placed Model carries a `Partitioner` (its mesh and
+rules: `Model.partitioner`), and its layers constrain their activations by logical names
+where T5X's do (`with_logical_constraint`): queries, keys and values ('batch', 'heads',
+'length', 'kv'), the MLP's hidden layer ('batch', 'length', 'mlp'), the embedded tokens
+('batch', 'length', 'embed'). The decode engine pins its loop state by the same names
+(`constrain_state`: caches and token buffer by batch, the target's caches by heads).
+`jit` propagates these layouts to everything else, and XLA inserts the collectives. A
+Model on one device has no partitioner: its program holds no constraint at all. The CPU
+decode kernels run on one device only, so a model placed on several devices decodes on
+XLA's ops (`kernels.dispatch.policy`: "params are not on one CPU device").
 
 A dimension whose size the mesh axis does not divide is replicated instead (e.g. the 4
 relative-position heads of t5_1_1_tiny on an 8-wide "model" axis): the rules describe a
@@ -28,6 +33,7 @@ instead.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 import jax
@@ -62,6 +68,11 @@ RULES_1D: Rules = (("batch", "data"), ("vocab", "model"), ("embed", None), ("mlp
 # so each weight matrix is split both ways (ZeRO-3-like; the data axis gathers weights).
 RULES_2D: Rules = (("batch", "data"), ("vocab", "model"), ("mlp", "model"), ("heads", "model"),
                    ("kv", None), ("joined_kv", "model"), ("embed", "data")) + _REPLICATED
+
+# A replicated model (`replicate`: a drafter beside a sharded target): every parameter
+# whole on every device, activations split by batch only (no collective in its loop).
+RULES_REPLICATED: Rules = (("batch", "data"),) + tuple(
+    (name, None) for name in sorted(LOGICAL_AXES - {"batch"}))
 
 
 def make_mesh(data: int = 1, model: int = 1, devices: Sequence[Any] | None = None) -> Mesh:
@@ -146,6 +157,43 @@ def partition_spec(axes: Sequence[str | None], mesh: Mesh, rules: Rules = RULES_
   return PartitionSpec(*spec)
 
 
+@dataclasses.dataclass(frozen=True)
+class Partitioner:
+  """Where a Model's activations live: a mesh and logical-axis rules (T5X's partitioner
+  holds the same two). A hashable value: part of a placed Model's pytree structure, so a
+  program traced for it is never reused for a Model without it.
+
+  `sd.shard` and `sd.load(mesh=)` give a model the rules its parameters were placed by,
+  `replicate` gives `RULES_REPLICATED`; `partitioner(mesh, rules)` builds one.
+  """
+
+  mesh: Mesh
+  rules: Rules
+
+  def with_logical_constraint(self, x: Array, axes: Sequence[str | None]) -> Array:
+    """`x` constrained to the layout its logical `axes` (one name per dimension) map to:
+    flax's `with_logical_constraint` with these rules and mesh. A name no rule maps is
+    replicated (flax's fallback). A dimension its mesh axis does not divide (4 heads on
+    an 8-wide "model" axis) is left unconstrained: the rules cannot split it evenly, and
+    pinning it whole would add a gather where XLA splits it otherwise (as it splits the
+    parameters' joined heads x head_dim columns)."""
+    if len(axes) != x.ndim:
+      raise ValueError(f"logical axes {tuple(axes)} do not match an array of shape {x.shape}")
+    named = {name for name, _ in self.rules}
+    spec = partition_spec(tuple(a if a in named else None for a in axes), self.mesh, self.rules)
+    spec = PartitionSpec(*(PartitionSpec.UNCONSTRAINED
+                           if axis is not None and size % self.mesh.shape[axis] else axis
+                           for axis, size in zip(spec, x.shape)))
+    return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
+
+
+def partitioner(mesh: Mesh, rules: Rules | None = None) -> Partitioner | None:
+  """The `Partitioner` of `rules` (default RULES_1D, checked) on `mesh`; None on a mesh
+  of one device, where a constraint could only add ops to the program."""
+  rules = check_rules(RULES_1D if rules is None else rules, mesh)
+  return None if mesh.size == 1 else Partitioner(mesh, rules)
+
+
 def config_shardings(config: T5Config, mesh: Mesh, rules: Rules | None = None,
                      strict: bool = False) -> dict[str, NamedSharding]:
   """{flat "/" key: NamedSharding} of every parameter `config` implies: where `load`
@@ -193,12 +241,13 @@ def load(path_or_name: str, mesh: Mesh, dtype: Any = "float32", config: T5Config
     cfg = get_config(path_or_name[len("config:"):])
     where = unflatten_dict({tuple(k.split("/")): v for k, v in
                             config_shardings(cfg, mesh, rules, strict).items()})
-    return init_model(cfg, 0, dtype, shardings=where)
+    return init_model(cfg, 0, dtype, shardings=where).replace(
+        partitioner=partitioner(mesh, rules))
   cfg, params = checkpoints.load_checkpoint_sharded(
       path_or_name, lambda c: config_shardings(c, mesh, rules, strict), dtype, config)
   if dtype is not None:
     cfg = cfg.replace(dtype=jax.numpy.dtype(dtype).name)
-  return Model(config=cfg, params=params)
+  return Model(config=cfg, params=params, partitioner=partitioner(mesh, rules))
 
 
 def shard(model: Model, mesh: Mesh, rules: Rules | None = None, strict: bool = False) -> Model:
@@ -209,26 +258,30 @@ def shard(model: Model, mesh: Mesh, rules: Rules | None = None, strict: bool = F
   strict: a dimension the mesh axis does not divide is a ConfigError (default: that
     dimension is replicated).
   The result decodes with every `sd` method unchanged, on XLA's ops (the CPU kernels run
-  on one device); packed kernel weights (`decode_weights`) are dropped.
+  on one device); packed kernel weights (`decode_weights`) are dropped. It carries
+  `partitioner(mesh, rules)`: its activations are constrained by the same rules.
   """
   if not isinstance(model, Model):
     raise InputError(f"shard takes an sd.Model, got {type(model).__name__} (a drafter or "
                      f"heads: sd.sharding.replicate)")
   shardings = param_shardings(model, mesh, rules, strict)
-  return model.replace(params=jax.device_put(model.params, shardings))
+  return model.replace(params=jax.device_put(model.params, shardings),
+                       partitioner=partitioner(mesh, rules))
 
 
 def replicate(tree: Any, mesh: Mesh) -> Any:
   """Every array in `tree` (a Model, `ModelDrafter`, `Heads`, ...) copied whole to every
   device of `mesh`: how a drafter runs beside a sharded target. A small model's weights
   fit every device, and a full copy needs no collective inside the draft loop.
-  Models in `tree` lose their packed kernel weights (they decode on XLA's ops).
+  Models in `tree` lose their packed kernel weights (they decode on XLA's ops) and carry
+  `partitioner(mesh, RULES_REPLICATED)`: their activations stay split by batch only.
   """
   replicated = NamedSharding(mesh, PartitionSpec())
+  where = partitioner(mesh, RULES_REPLICATED)
 
   def place(x):
     if isinstance(x, Model):
-      return x.replace(params=jax.device_put(x.params, replicated))
+      return x.replace(params=jax.device_put(x.params, replicated), partitioner=where)
     if isinstance(x, (jax.Array, np.ndarray)):
       return jax.device_put(x, replicated)
     return x
@@ -254,13 +307,13 @@ def shard_batch(x: Array, mesh: Mesh) -> Array:
 
 # ----------------------------------------------------------------------------- decode state
 
-def decode_layout(target: Model, encoder_tokens: Any) -> tuple[Mesh, str | None] | None:
-  """(mesh, mesh axis of the target's heads or None) when `encoder_tokens` [B, L] are
-  placed on a mesh with a "data" axis (`shard_batch`), else None: the one-device program
-  is then left exactly as it was.
+def decode_layout(target: Model, encoder_tokens: Any) -> Partitioner | None:
+  """The `Partitioner` a decode loop's state is pinned by (`constrain_state`), when
+  `encoder_tokens` [B, L] are placed on a mesh of several devices with a "data" axis
+  (`shard_batch`); else None: the one-device program is left exactly as it was.
 
-  The heads axis is the mesh axis the target's first query kernel splits its
-  heads*head_dim columns over, when it splits whole heads (H divisible by its size).
+  The target's own (`sd.shard`, `sd.load(mesh=)`), or for a target placed by hand one
+  whose "heads" follow the mesh axis its first query kernel splits its columns over.
   """
   where = getattr(encoder_tokens, "sharding", None)
   if not isinstance(where, NamedSharding) or "data" not in where.mesh.axis_names:
@@ -268,47 +321,43 @@ def decode_layout(target: Model, encoder_tokens: Any) -> tuple[Mesh, str | None]
   mesh = where.mesh
   if mesh.size == 1:
     return None
+  if getattr(target, "partitioner", None) is not None:
+    return target.partitioner
   try:
     query = target.params["encoder"]["layers_0"]["attention"]["query"]["kernel"]
   except (KeyError, TypeError):
     query = None
   spec = getattr(getattr(query, "sharding", None), "spec", ())
   axis = spec[1] if len(spec) > 1 and isinstance(spec[1], str) else None
-  if axis is not None and target.config.num_heads % mesh.shape[axis]:
-    axis = None
-  return mesh, axis
+  return Partitioner(mesh, (("batch", "data"), ("heads", axis)))
 
 
-def constrain_state(state: Any, layout: tuple[Mesh, str | None]) -> Any:
-  """A decode loop's initial state (`engine.RoundState`) constrained to T5X's layout:
-  the token buffer, counters and every cache by batch over "data", the target's cache
-  [B, H, C, Dh] also by heads over the heads axis of `layout` (`decode_layout`); the
-  proposer's caches (a drafter replicated over "model") by batch only.
+def constrain_state(state: Any, layout: Partitioner) -> Any:
+  """A decode loop's initial state (`engine.RoundState`) constrained to T5X's layout by
+  logical names: the token buffer ('batch', 'length'), counters ('batch',) and every
+  cache by batch, the target's caches [B, H, C, Dh] (self-attention and cross K/V) also
+  by heads ('batch', 'heads', 'length', 'kv': whole where H is not divisible by the
+  heads' mesh axis); the proposer's caches (a drafter replicated over "model") by batch
+  only.
 
-  Why: jit's propagation alone gives the parameters' layout to whatever they touch; with
-  "embed" split over "data" (RULES_2D) it leaves the caches whole in batch on every row
-  of "data", so each row would hold, and compute, the whole batch.
+  Why: the layers' constraints fix the activations of each call, not the loop's carry;
+  with "embed" split over "data" (RULES_2D) propagation would leave the caches whole in
+  batch on every row of "data", so each row would hold, and compute, the whole batch.
   """
   from specdec_jax.cache import DecoderCache
-  mesh, heads = layout
-  data = mesh.shape["data"]
-  batch = state.seq.shape[0]
-  if batch % data:
-    return state
+  pin = layout.with_logical_constraint
 
-  def by_batch(x, axis=None):
-    spec = PartitionSpec("data", axis) if axis is not None else PartitionSpec("data")
-    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
-
-  def cache(c: DecoderCache, axis):
-    kv = lambda xs: tuple(by_batch(x, axis) for x in xs)
+  def cache(c: DecoderCache, heads: str | None):
+    kv = lambda xs: tuple(pin(x, ("batch", heads, "length", "kv")) for x in xs)
     cross = None if c.cross is None else c.cross.replace(
-        key=kv(c.cross.key), value=kv(c.cross.value), mask=by_batch(c.cross.mask))
+        key=kv(c.cross.key), value=kv(c.cross.value),
+        mask=pin(c.cross.mask, ("batch", "length")))
     return c.replace(self_key=kv(c.self_key), self_value=kv(c.self_value),
-                     length=by_batch(c.length), cross=cross)
+                     length=pin(c.length, ("batch",)), cross=cross)
 
   proposer = jax.tree_util.tree_map(
       lambda x: cache(x, None) if isinstance(x, DecoderCache) else x, state.proposer,
       is_leaf=lambda x: isinstance(x, DecoderCache))
-  return state.replace(seq=by_batch(state.seq), n=by_batch(state.n), done=by_batch(state.done),
-                       cache=cache(state.cache, heads), proposer=proposer)
+  return state.replace(seq=pin(state.seq, ("batch", "length")), n=pin(state.n, ("batch",)),
+                       done=pin(state.done, ("batch",)), cache=cache(state.cache, "heads"),
+                       proposer=proposer)

@@ -204,7 +204,8 @@ def plan_checks() -> list:
 def program_checks() -> list:
   """The plan's total beside XLA's own per-device memory of the whole compiled speculative
   decode (arguments + outputs + temporaries of `engine.run`), on a shape whose caches
-  dominate: the caches' layout inside the program is XLA's propagation, not pinned."""
+  dominate: the engine pins the caches' layout (`sd.sharding.constrain_state`), the
+  layers constrain the activations, XLA propagates the rest."""
   from specdec_jax.decoding import engine, methods as core
   from specdec_jax.tools import plan as plan_lib
   config = sd.get_config("t5_1_1_tiny", num_heads=8, head_dim=64)

@@ -8,7 +8,8 @@ process.) Writes a JSON report: per mesh, each parameter's spec and per-device s
 shapes, and per method whether its tokens equal the single-device run's and the mesh's
 `generate`; `sd.load(..., mesh=)` of every checkpoint format against a single-device load,
 with the bytes of every block read; the caches' per-device shapes in the compiled decode
-program; compilations when only the prompt's contents change; and, first of all (a fresh
+program and the activation constraints in the lowered one; compilations when only the
+prompt's contents change; a decoder-only LM on 2x4; and, first of all (a fresh
 process), the host memory of loading MEMORY_CHECKPOINT into shards; and the Hugging Face
 GPT-2 and Llama dirs under LM_DIRS loaded into shards. The assertions live
 in the test; this script only measures.
@@ -38,9 +39,13 @@ LOAD_MESHES = ((8, 1), (2, 4), (1, 8))
 # of them on 2x4 (every placement is a program of its own to compile: CI time).
 GREEDY = ("generate", "speculative")
 SAMPLE = ("sample", "sample_again")
+SINGLE = GREEDY + SAMPLE + ("speculative_sample", "bild", "blockwise")
+# Greedy drafters and adaptive gamma: on 2x4 only, compared with the single device's
+# `generate` (exact mode: each is bitwise `generate` on one device already).
+MESH_ONLY = ("ngram", "prompt_lookup", "adaptive")
 MESHES = {
     "8x1/RULES_1D": GREEDY + SAMPLE,
-    "2x4/RULES_1D": None,
+    "2x4/RULES_1D": SINGLE + MESH_ONLY,
     "2x4/RULES_2D": GREEDY,
     "1x8/RULES_1D": GREEDY + SAMPLE + ("bild", "blockwise"),
 }
@@ -62,8 +67,9 @@ def fixture():
   return target, drafter, heads, enc
 
 
-def runs(target, drafter, heads, enc, methods=None):
-  """Each method's tokens and lengths (host arrays) for one placement; `methods`: a subset."""
+def runs(target, drafter, heads, enc, methods=SINGLE, ngram=None):
+  """Each method's tokens and lengths (host arrays) for one placement; `methods`: a subset.
+  ngram: the `NGramDrafter` of "ngram"."""
   samp = sd.Sampling(temperature=0.7)
   rng = jax.random.PRNGKey(3)
   calls = {
@@ -78,8 +84,15 @@ def runs(target, drafter, heads, enc, methods=None):
       "bild": lambda: sd.bild_generate(target, drafter, enc, fallback_threshold=1.0,
                                        max_new_tokens=T),
       "blockwise": lambda: sd.blockwise_generate(target, heads, enc, max_new_tokens=T),
+      "ngram": lambda: sd.speculative_generate(target, ngram, enc, gamma=GAMMA,
+                                               max_new_tokens=T),
+      "prompt_lookup": lambda: sd.speculative_generate(
+          target, sd.PromptLookupDrafter(target.vocab_size), enc, gamma=GAMMA,
+          max_new_tokens=T),
+      "adaptive": lambda: sd.speculative_generate(target, drafter, enc, gamma=GAMMA,
+                                                  max_new_tokens=T, adaptive=True),
   }
-  out = {k: calls[k]() for k in (methods or calls)}
+  out = {k: calls[k]() for k in methods}
   return {k: (np.asarray(v.tokens), np.asarray(v.lengths)) for k, v in out.items()}
 
 
@@ -310,10 +323,8 @@ def compile_events(call) -> list[str]:
   return events
 
 
-def cache_layout(call, configs: dict) -> dict:
-  """Per model ("target", "drafter": (config, data, model) of its cache): how often the
-  compiled decode program (`engine._run` as `call()` runs it) holds a cache buffer of its
-  per-device shape [B/data, H/model, C, Dh] and of the whole [B, H, C, Dh]."""
+def decode_program(call):
+  """The arguments `call()` runs `engine._run` (the whole jitted decode) with."""
   captured = {}
   original = engine._run
 
@@ -326,15 +337,79 @@ def cache_layout(call, configs: dict) -> dict:
     call()
   finally:
     engine._run = original
-  args, kwargs = captured["args"]
-  text = original.lower(*args, **kwargs).compile().as_text()
+  return captured["args"]
+
+
+def constraints(lowered_text: str) -> dict[str, int]:
+  """"SHAPE SPEC" -> count of the sharding constraints in a lowered (StableHLO, Shardy)
+  program, e.g. "8x16x128 data,-,model" for a [8, 16, 128] array split over "data" in
+  dimension 0 and over "model" in dimension 2."""
+  found = re.findall(r"sdy\.sharding_constraint %\S+ <@\w+, \[(.*?)\]> : tensor<([\dx]+)x\w+>",
+                     lowered_text)
+  out = collections.Counter()
+  for spec, shape in found:
+    dims = re.findall(r"\{([^}]*)\}", spec)
+    out[f"{shape} " + ",".join(d.strip('" ') or "-" for d in dims)] += 1
+  return dict(out)
+
+
+def cache_layout(call, configs: dict) -> dict:
+  """Per model ("target", "drafter": (config, data, model) of its cache, heads split over
+  "model" where it divides them): how often the compiled decode program (`engine._run`
+  as `call()` runs it) holds a self-attention buffer [B, H, C, Dh] and a cross-attention
+  K/V [B, H, L, Dh] of its per-device shape and whole; the activation constraints of
+  the lowered program (`constraints`) and the arrays the compiled one all-gathers."""
+  args, kwargs = decode_program(call)
+  lowered = engine._run.lower(*args, **kwargs)
+  text = lowered.compile().as_text()
   capacity = kwargs["config"].capacity
   shapes = collections.Counter(re.findall(r"f32\[[\d,]+\]", text))
-  out = {}
+  out = {"constraints": constraints(lowered.as_text()),
+         # "f32[...]" -> count: the float arrays the compiled program all-gathers
+         "all_gathers": dict(collections.Counter(re.findall(
+             r"= (f32\[[\d,]+\])\S* all-gather(?:-start)?\(", text)))}
   for name, (config, data, model) in configs.items():
     h, dh = config.num_heads, config.head_dim
-    out[name] = {"per_device": shapes[f"f32[{B // data},{h // model},{capacity},{dh}]"],
-                 "whole": shapes[f"f32[{B},{h},{capacity},{dh}]"]}
+    heads = h // model if h % model == 0 else h
+    out[name] = {"heads_split": heads < h}
+    for buffer, length in (("self", capacity), ("cross", L)):
+      out[name][buffer] = {"per_device": shapes[f"f32[{B // data},{heads},{length},{dh}]"],
+                           "whole": shapes[f"f32[{B},{h},{length},{dh}]"]}
+  return out
+
+
+# ----------------------------------------------------------------------------- decoder-only
+
+LM_PROMPT = 5
+
+
+def lm_checks(mesh) -> dict:
+  """A decoder-only target (llama_tiny: 4 query heads, 2 key/value heads; output layer
+  scaled) on `mesh`: greedy `generate` and speculative (itself as drafter, replicated)
+  against one device's `generate`, and the activation constraints of the lowered decode."""
+  target = sd.load("config:llama_tiny")
+  params = jax.tree_util.tree_map(lambda x: x, target.params)
+  params["decoder"]["logits_dense"]["kernel"] = (params["decoder"]["logits_dense"]["kernel"]
+                                                 * LOGITS_SCALE)
+  target = target.replace(params=params)
+  prompts = np.random.default_rng(1).integers(3, target.vocab_size, (B, LM_PROMPT)).astype(
+      np.int32)
+  prompts[2, 3:] = 0     # one shorter prompt (right-padded)
+  single = sd.generate(target, prompts, T)
+  t, e = sd.shard(target, mesh), sd.sharding.shard_batch(prompts, mesh)
+  d = sd.sharding.replicate(target, mesh)
+  on_mesh = {"generate": lambda: sd.generate(t, e, T),
+             "speculative": lambda: sd.speculative_generate(t, d, e, gamma=GAMMA,
+                                                             max_new_tokens=T)}
+  want = (np.asarray(single.tokens), np.asarray(single.lengths))
+  out = {"config": {"heads": target.config.num_heads, "kv_heads": target.config.num_kv_heads,
+                    "mlp": target.config.mlp_dim, "emb": target.config.emb_dim,
+                    "head_dim": target.config.head_dim}}
+  for name, call in on_mesh.items():
+    got = call()
+    out[name] = same((np.asarray(got.tokens), np.asarray(got.lengths)), want)
+  args, kwargs = decode_program(on_mesh["generate"])
+  out["constraints"] = constraints(engine._run.lower(*args, **kwargs).as_text())
   return out
 
 
@@ -346,6 +421,10 @@ def main(path, memory_checkpoint=None, lm_dirs=None):
     report["load"] = load_checks(pathlib.Path(tmp))
   target, drafter, heads, enc = fixture()
   single = runs(target, drafter, heads, enc)
+  # the n-gram tables fitted to the target's own output: most drafts are accepted
+  ngram = sd.NGramDrafter.fit(single["generate"][0], target.vocab_size)
+  args, kwargs = decode_program(lambda: sd.generate(target, enc, T))
+  report["single_constraints"] = constraints(engine._run.lower(*args, **kwargs).as_text())
   dec_in = teacher_forced(single["generate"][0])
   single_logits = np.asarray(target.forward(enc, dec_in))
   report |= {
@@ -365,7 +444,7 @@ def main(path, memory_checkpoint=None, lm_dirs=None):
     d = sd.sharding.replicate(drafter, mesh)
     h = sd.sharding.replicate(heads, mesh)
     e = sd.sharding.shard_batch(enc, mesh)
-    on_mesh = runs(t, d, h, e, methods)
+    on_mesh = runs(t, d, h, e, methods, sd.sharding.replicate(ngram, mesh))
     out = sd.generate(t, e, T)      # its program is compiled already: for the output's placement
     logits_diff = float(np.abs(np.asarray(t.forward(e, dec_in)) - single_logits).max())
     report["meshes"][name] = {
@@ -378,19 +457,23 @@ def main(path, memory_checkpoint=None, lm_dirs=None):
         "logits_max_abs_diff": logits_diff,
         "packed": sd.pack(t).decode_weights is not None,
         "output_devices": len(out.tokens.sharding.device_set),
-        "equal_single": {k: same(v, single[k]) for k, v in on_mesh.items()},
+        # MESH_ONLY methods: against one device's `generate`
+        "equal_single": {k: same(v, single[k if k in single else "generate"])
+                         for k, v in on_mesh.items()},
         "equal_generate": {k: same(v, on_mesh["generate"]) for k, v in on_mesh.items()},
         "sample_repeat": same(on_mesh["sample"], on_mesh["sample_again"])
                          if "sample" in on_mesh else None,
         "lengths": {k: v[1].tolist() for k, v in on_mesh.items()},
         "tokens_spec": [a for a in out.tokens.sharding.spec],
     }
-    if model < 8:     # t5_1_1_tiny's 4 heads do not split 8 ways
-      caches = {"target": (t.config, data, model), "drafter": (d.config, data, 1)}
-      report["meshes"][name]["cache"] = {
-          "generate": cache_layout(lambda: sd.generate(t, e, T), {"target": caches["target"]}),
-          "speculative": cache_layout(lambda: sd.speculative_generate(
-              t, d, e, gamma=GAMMA, max_new_tokens=T), caches)}
+    caches = {"target": (t.config, data, model), "drafter": (d.config, data, 1)}
+    report["meshes"][name]["cache"] = {
+        "generate": cache_layout(lambda: sd.generate(t, e, T), {"target": caches["target"]})}
+    if model < 8:     # t5_1_1_tiny's 4 heads do not split 8 ways: 1x8 keeps them whole
+      report["meshes"][name]["cache"]["speculative"] = cache_layout(
+          lambda: sd.speculative_generate(t, d, e, gamma=GAMMA, max_new_tokens=T), caches)
+    if name == "2x4/RULES_1D":
+      report["lm"] = lm_checks(mesh)
     if name == "2x4/RULES_1D":     # new prompt contents, same shapes: no new program
       other = sd.sharding.shard_batch(np.roll(enc, 1, axis=1)[::-1].copy(), mesh)
       report["recompiles"] = {

@@ -137,8 +137,9 @@ def test_plan_equals_the_bytes_of_sharded_params_and_caches(report):
 
 @pytest.mark.slow
 def test_plan_is_close_to_the_compiled_decode(report):
-  """The whole compiled speculative decode's per-device memory (XLA's memory analysis,
-  caches laid out by propagation) is within 15% of the plan's total."""
+  """The whole compiled speculative decode's per-device memory (XLA's memory analysis;
+  the caches pinned to the plan's layout by the engine) is within 15% of the plan's
+  total."""
   for row in report["program"]:
     assert row["plan_cache"] > 0.5 * row["plan_total"]        # a cache-dominated shape
     assert abs(row["plan_total"] - row["compiled"]) <= 0.15 * row["compiled"], row

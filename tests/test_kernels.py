@@ -414,7 +414,8 @@ def test_treedef_does_not_depend_on_the_kernels(monkeypatch, demo):
   off.start(enc[:1], capacity=4)
   assert jax.tree_util.tree_structure(on) == jax.tree_util.tree_structure(off)
   assert len(jax.tree_util.tree_leaves(on)) == len(jax.tree_util.tree_leaves(target.params))
-  assert set(vars(on)) == set(vars(off)) == {"config", "params", "decode_weights"}
+  assert set(vars(on)) == set(vars(off)) == {"config", "params", "decode_weights",
+                                            "partitioner"}
 
 
 def test_products_come_from_the_parameter_tree():

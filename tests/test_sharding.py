@@ -8,6 +8,7 @@ on its report. The rule and error checks run in-process on the suite's one devic
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -25,6 +26,9 @@ from specdec_jax import sharding
 HERE = pathlib.Path(__file__).resolve().parent
 METHODS = ("generate", "speculative", "sample", "sample_again", "speculative_sample", "bild",
            "blockwise")
+# on 2x4 only, against one device's `generate`: greedy with the n-gram and prompt-lookup
+# drafters and with adaptive gamma
+MESH_ONLY = ("ngram", "prompt_lookup", "adaptive")
 
 
 # ----------------------------------------------------------------------------- one device
@@ -119,6 +123,25 @@ def test_shard_places_params_on_a_one_device_mesh():
   assert params["decoder/layers_0/mlp/wi_0/kernel"].sharding.spec == P(None, "model")
   assert jax.tree_util.tree_all(jax.tree_util.tree_map(
       lambda a, b: bool((a == b).all()), model.params, sharded.params))
+
+
+def test_partitioner_only_on_several_devices():
+  """A Model off a mesh, or on a mesh of one device, carries no partitioner (its program
+  holds no constraint: the 8-device report checks the lowered text); a partitioner is
+  static pytree structure, so it survives flattening and keys the jit cache."""
+  from specdec_jax.models.layers import with_logical_constraint
+  model = sd.load("config:t5_1_1_tiny")
+  assert model.partitioner is None
+  assert sd.shard(model, one_device()).partitioner is None
+  assert sharding.partitioner(one_device()) is None
+  where = sharding.Partitioner(one_device(), sharding.RULES_1D)
+  leaves, tree = jax.tree_util.tree_flatten(model.replace(partitioner=where))
+  assert jax.tree_util.tree_unflatten(tree, leaves).partitioner == where
+  assert tree != jax.tree_util.tree_structure(model)
+  x = np.zeros((2, 3, 4), np.float32)
+  assert with_logical_constraint(x, ("batch", "length", "embed"), None) is x
+  with pytest.raises(sd.ConfigError, match="unknown logical axis 'mpl'"):
+    sharding.partitioner(one_device(), (("mpl", "model"),))
 
 
 def test_bad_inputs():
@@ -235,17 +258,19 @@ def test_drafter_replicated_inputs_by_batch(report, mesh):
 
 @pytest.mark.parametrize("mesh,methods", [
     ("8x1/RULES_1D", ("generate", "speculative", "sample", "sample_again")),
-    ("2x4/RULES_1D", METHODS),
+    ("2x4/RULES_1D", METHODS + MESH_ONLY),
     ("2x4/RULES_2D", ("generate", "speculative")),
     ("1x8/RULES_1D", ("generate", "speculative", "sample", "sample_again", "bild", "blockwise")),
 ])
 def test_mesh_equals_single_device(report, mesh, methods):
-  """Greedy (generate, speculative, BiLD at threshold 1, blockwise) and sampling with a
-  fixed rng: the tokens of the single-device run, and greedy methods equal `generate`."""
+  """Greedy (generate, speculative with a model, n-gram or prompt-lookup drafter and with
+  adaptive gamma, BiLD at threshold 1, blockwise) and sampling with a fixed rng: the tokens
+  of the single-device run (its `generate`'s for the n-gram, prompt-lookup and adaptive
+  runs), and greedy methods equal `generate` on the mesh."""
   entry = report["meshes"][mesh]
   assert sorted(entry["equal_single"]) == sorted(methods)
   assert all(entry["equal_single"].values()), entry["equal_single"]
-  for m in set(methods) & {"speculative", "bild", "blockwise"}:
+  for m in set(methods) & {"speculative", "bild", "blockwise", *MESH_ONLY}:
     assert entry["equal_generate"][m], m
   if "sample" in methods:
     assert entry["sample_repeat"]
@@ -343,15 +368,84 @@ def test_load_peak_host_memory(report):
 
 @pytest.mark.parametrize("mesh", ["8x1/RULES_1D", "2x4/RULES_1D", "2x4/RULES_2D"])
 def test_caches_sharded_by_batch_and_heads(report, mesh):
-  """In the compiled decode program the target's self-attention buffers are per device
-  [B/data, H/model, C, Dh], never whole [B, H, C, Dh]; the replicated drafter's are split
-  by batch only. RULES_2D is where the engine's constraint matters: propagation from
-  the parameters alone leaves the caches whole in batch."""
+  """In the compiled decode program the target's self-attention buffers [B, H, C, Dh] and
+  cross-attention K/V [B, H, L, Dh] are per device [B/data, H/model, ., Dh], never whole;
+  the replicated drafter's are split by batch only. RULES_2D is where the engine's
+  constraint on the loop state matters: propagation from the parameters alone leaves the
+  caches whole in batch."""
   cache = report["meshes"][mesh]["cache"]
+  assert set(cache) == {"generate", "speculative"}
+  programs = {"constraints", "all_gathers"}
+  assert set(cache["speculative"]) == programs | {"target", "drafter"}
   for method, models in cache.items():
-    for name, counts in models.items():
-      assert counts["per_device"] > 0 and counts["whole"] == 0, (method, name, counts)
-  assert set(cache["speculative"]) == {"target", "drafter"}
+    for name in set(models) - programs:
+      assert models[name]["heads_split"] == (name == "target" and not mesh.startswith("8x1"))
+      for buffer in ("self", "cross"):
+        counts = models[name][buffer]
+        assert counts["per_device"] > 0 and counts["whole"] == 0, (method, name, buffer)
+
+
+def test_cache_write_gathers_the_new_keys_and_values(report):
+  """What docs/scale.md states of the compiled 2x4 program: writing a call's k new keys
+  and values into the batch- and heads-split buffers (a scatter at each row's own
+  positions) all-gathers them whole [B, H, k, Dh] first, once per decoder layer for
+  keys and once for values; the buffers themselves stay split."""
+  config = sd.get_config("t5_1_1_tiny")
+  cache = report["meshes"]["2x4/RULES_1D"]["cache"]["generate"]
+  whole = {k: n for k, n in cache["all_gathers"].items()
+           if re.fullmatch(rf"f32\[8,{config.num_heads},\d+,{config.head_dim}\]", k)}
+  assert sum(whole.values()) == 2 * config.num_decoder_layers, cache["all_gathers"]
+  assert cache["target"]["self"]["whole"] == 0
+
+
+def test_heads_the_mesh_does_not_divide_are_left_to_xla(report):
+  """t5_1_1_tiny's 4 heads on 1x8: the rules cannot split whole heads, so the constraints
+  leave the heads dimension open (never pinned whole, never split by "model"), and XLA
+  splits the caches over parts of "model" as it splits the projections' heads x head_dim
+  columns: no device holds a whole [B, H, ., Dh] buffer. The decode equals one device's
+  (`test_mesh_equals_single_device`)."""
+  cache = report["meshes"]["1x8/RULES_1D"]["cache"]["generate"]
+  assert not cache["target"]["heads_split"]
+  for buffer in ("self", "cross"):
+    assert cache["target"][buffer]["whole"] == 0, buffer
+  heads = [k for k in cache["constraints"] if k.startswith("8x4x")]
+  assert heads and all(k.split()[1].startswith("data,?,") for k in heads), heads
+
+
+def _count(found: dict, shape: str, spec: str) -> int:
+  """Constraints of `spec` on arrays whose shape matches the regex `shape`."""
+  return sum(n for key, n in found.items()
+             if re.fullmatch(shape, key.split()[0]) and key.split()[1] == spec)
+
+
+@pytest.mark.parametrize("mesh", ["2x4/RULES_1D", "2x4/RULES_2D"])
+def test_activations_constrained_as_t5x(report, mesh):
+  """The lowered decode program (`generate`) constrains activations by logical names as
+  T5X's layers do: queries/keys/values ('batch', 'heads', 'length', 'kv') -> data, model;
+  the MLP's hidden layer ('batch', 'length', 'mlp') -> data, -, model; the embedded tokens
+  ('batch', 'length', 'embed') -> data, -, - (under RULES_2D 'embed' yields "data" to
+  'batch'). On one device the program holds no constraint at all."""
+  config = sd.get_config("t5_1_1_tiny")
+  found = report["meshes"][mesh]["cache"]["generate"]["constraints"]
+  layers = config.num_encoder_layers + config.num_decoder_layers
+  b, h, dh = 8, config.num_heads, config.head_dim
+  assert _count(found, rf"{b}x\d+x{config.mlp_dim}", "data,-,model") >= layers, found
+  assert _count(found, rf"{b}x{h}x\d+x{dh}", "data,model,-,-") >= 3 * layers, found
+  assert _count(found, rf"{b}x\d+x{config.emb_dim}", "data,-,-") >= 2, found
+  assert report["single_constraints"] == {}
+
+
+def test_decoder_only_on_a_mesh(report):
+  """llama_tiny (4 query heads, 2 key/value heads) on 2x4: greedy `generate` and
+  speculative equal one device's `generate`; its layers carry T5's constraints, and the 2
+  key/value heads, not divisible by "model" = 4, are left to XLA (open)."""
+  lm = report["lm"]
+  assert lm["generate"] and lm["speculative"], lm
+  c, found = lm["config"], lm["constraints"]
+  assert _count(found, rf"8x\d+x{c['mlp']}", "data,-,model") >= 2, found
+  assert _count(found, rf"8x{c['heads']}x\d+x{c['head_dim']}", "data,model,-,-") >= 2, found
+  assert _count(found, rf"8x{c['kv_heads']}x\d+x{c['head_dim']}", "data,?,-,-") >= 4, found
+  assert _count(found, rf"8x\d+x{c['emb']}", "data,-,-") >= 1, found
 
 
 @pytest.mark.parametrize("mesh", MESHES)

@@ -9,13 +9,17 @@ Every product of a decode request (a Dense, a fused Q/K/V / K/V / wi_*, the tied
 output layer, an RMSNorm's sum of squares, an attention) goes through
 `specdec_jax.kernels.dispatch`, which runs it on a CPU kernel when the request carries
 its packed operand (`models.packing.pack`) and on XLA's ops otherwise.
+
+On a mesh, activations are constrained by logical axis names where T5X's layers
+constrain them (`with_logical_constraint`): the embedded tokens, queries / keys /
+values, the MLP's hidden layer. A layer without a `partitioner` adds nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -63,6 +67,14 @@ def _causal_bucket_table(size: int, num_buckets: int, max_distance: int) -> np.n
 
 
 # ----------------------------------------------------------------------------- layers
+
+
+def with_logical_constraint(x: Array, axes: tuple[str | None, ...], partitioner) -> Array:
+  """T5X's activation constraint: `x` pinned to the layout its logical `axes` (one name
+  per dimension) map to under `partitioner` (`sd.sharding.Partitioner`: a mesh and
+  rules). Without one (one device, the CPU kernels) `x` itself: no op is added, so the
+  program off a mesh is unchanged."""
+  return x if partitioner is None else partitioner.with_logical_constraint(x, axes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,6 +225,7 @@ class Embed(nn.Module):
   vocab_size: int
   features: int
   dtype: jnp.dtype = jnp.float32
+  partitioner: Any = None       # `with_logical_constraint`
 
   def setup(self):
     self.embedding = self.param(
@@ -221,7 +234,10 @@ class Embed(nn.Module):
         (self.vocab_size, self.features), jnp.float32)
 
   def __call__(self, tokens: Array) -> Array:
-    return jnp.take(jnp.asarray(self.embedding, self.dtype), tokens, axis=0)
+    """[B, T] int -> [B, T, E] in `dtype`."""
+    x = jnp.take(jnp.asarray(self.embedding, self.dtype), tokens, axis=0)
+    # T5X's Embed: the residual stream starts split by batch ('embed' per the rules)
+    return with_logical_constraint(x, ("batch", "length", "embed"), self.partitioner)
 
   def attend(self, x: Array) -> Array:
     """Tied logits: [..., emb] -> [..., vocab] in x's dtype."""
@@ -294,6 +310,7 @@ class MultiHeadAttention(nn.Module):
   num_kv_heads: int | None = None      # None: num_heads
   use_bias: bool = False
   query_init_scale: float | None = None  # None: head_dim ** -0.5 (T5)
+  partitioner: Any = None                # `with_logical_constraint`
 
   @property
   def kv_heads(self) -> int:
@@ -313,7 +330,10 @@ class MultiHeadAttention(nn.Module):
   def _split(self, x: Array, heads: int | None = None) -> Array:
     """[B, T, H * Dh] -> [B, H, T, Dh] (H: `heads`, default num_heads)."""
     heads = self.num_heads if heads is None else heads
-    return jnp.swapaxes(x.reshape(x.shape[:-1] + (heads, self.head_dim)), 1, 2)
+    x = jnp.swapaxes(x.reshape(x.shape[:-1] + (heads, self.head_dim)), 1, 2)
+    # T5X constrains q, k and v (its ('batch', 'length', 'heads', 'kv'), heads-major here):
+    # by batch and whole heads, so each device attends over its own heads.
+    return with_logical_constraint(x, ("batch", "heads", "length", "kv"), self.partitioner)
 
   def project_q(self, x: Array) -> Array:
     """[B, T, E] -> [B, H, T, Dh]."""
@@ -379,9 +399,11 @@ class MlpBlock(nn.Module):
   dtype: jnp.dtype = jnp.float32
   fuse: bool = True      # wi_* as one dot (see `fused_dense`)
   use_bias: bool = False
+  partitioner: Any = None       # `with_logical_constraint`
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
+    """[B, T, E] -> [B, T, E]."""
     acts = {"relu": nn.relu, "linear": lambda h: h, "silu": nn.silu,
             "gelu": functools.partial(nn.gelu, approximate=self.gelu_approximate),
             "gelu_exact": functools.partial(nn.gelu, approximate=False)}
@@ -389,5 +411,7 @@ class MlpBlock(nn.Module):
                 name=n) for n in mlp_kernel_names(self.activations)]
     branches = fused_dense(self, "wi", x, wi, self.dtype, self.fuse)
     h = functools.reduce(jnp.multiply, [acts[a](y) for a, y in zip(self.activations, branches)])
+    # T5X's MlpBlock: the hidden layer split as wi's columns, so wo sums partial products
+    h = with_logical_constraint(h, ("batch", "length", "mlp"), self.partitioner)
     return Dense(self.mlp_dim, x.shape[-1], ("mlp", "embed"), self.dtype, use_bias=self.use_bias,
                  name="wo")(h)

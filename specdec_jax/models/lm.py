@@ -37,6 +37,7 @@ Entry points:
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import flax.linen as nn
 import flax.traverse_util
@@ -158,17 +159,19 @@ class LMLayer(nn.Module):
   """
 
   config: LMConfig
+  partitioner: Any = None     # `layers.with_logical_constraint`; None on one device
 
   def setup(self):
     cfg, dt = self.config, self.config.activation_dtype
     self.pre_self_attention_layer_norm = _norm(cfg)
     self.self_attention = MultiHeadAttention(
         cfg.num_heads, cfg.head_dim, cfg.emb_dim, dt, num_kv_heads=cfg.num_kv_heads,
-        use_bias=cfg.attention_bias, query_init_scale=1.0)   # queries scaled in __call__
+        use_bias=cfg.attention_bias, query_init_scale=1.0,   # queries scaled in __call__
+        partitioner=self.partitioner)
     self.pre_mlp_layer_norm = _norm(cfg)
     acts = ("gelu",) if cfg.mlp == "gelu_tanh" else ("silu", "linear")   # tanh gelu; gate, up
     self.mlp = MlpBlock(cfg.mlp_dim, acts, gelu_approximate=True, dtype=dt,
-                        use_bias=cfg.mlp_bias)
+                        use_bias=cfg.mlp_bias, partitioner=self.partitioner)
 
   def __call__(self, x, bias, rope, dropout, kv_cache=None, write_pos=None):
     """x [B, T, E], bias [B, 1, T, S], rope (cos, sin) or None -> (x, (k, v))."""
@@ -191,10 +194,12 @@ class Decoder(nn.Module):
   config: LMConfig
   token_embedder: nn.Module
   position_embedder: nn.Module | None
+  partitioner: Any = None
 
   def setup(self):
     cfg = self.config
-    self.layers = [LMLayer(cfg, name=f"layers_{i}") for i in range(cfg.num_layers)]
+    self.layers = [LMLayer(cfg, self.partitioner, name=f"layers_{i}")
+                   for i in range(cfg.num_layers)]
     self.decoder_norm = _norm(cfg)
     self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
     if not cfg.tie_embeddings:
@@ -269,13 +274,15 @@ class DecoderOnly(nn.Module):
   """A decoder-only LM; the entry points `models.model.Model` calls by name."""
 
   config: LMConfig
+  partitioner: Any = None     # a `sd.sharding.Partitioner` on a mesh (`models.layers`)
 
   def setup(self):
     cfg = self.config
-    self.token_embedder = Embed(cfg.vocab_size, cfg.emb_dim, cfg.activation_dtype)
+    self.token_embedder = Embed(cfg.vocab_size, cfg.emb_dim, cfg.activation_dtype,
+                                self.partitioner)
     self.position_embedder = (PositionEmbed(cfg.max_positions, cfg.emb_dim, cfg.activation_dtype)
                               if cfg.positions == "learned" else None)
-    self.decoder = Decoder(cfg, self.token_embedder, self.position_embedder)
+    self.decoder = Decoder(cfg, self.token_embedder, self.position_embedder, self.partitioner)
 
   def __call__(self, tokens: Array, deterministic: bool = True) -> Array:
     """Full causal pass: tokens [B, L] int32 -> logits float32 [B, L, V]."""

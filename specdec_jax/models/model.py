@@ -49,11 +49,15 @@ Config = T5Config | LMConfig
 
 
 @functools.lru_cache(maxsize=None)
-def module_for(config: Config) -> Transformer | lm.DecoderOnly:
-  """The flax module of `config`: T5's `Transformer`, or `lm.DecoderOnly` for an LMConfig."""
+def module_for(config: Config, partitioner: Any = None) -> Transformer | lm.DecoderOnly:
+  """The flax module of `config`: T5's `Transformer`, or `lm.DecoderOnly` for an LMConfig.
+
+  partitioner: a `sd.sharding.Partitioner` its layers constrain their activations by
+  (None: no constraint, the one-device program).
+  """
   if isinstance(config, LMConfig):
-    return lm.DecoderOnly(config)
-  return Transformer(config)
+    return lm.DecoderOnly(config, partitioner)
+  return Transformer(config, partitioner)
 
 
 def _apply(model: "Model", *args, method: str, packed: bool = False, **kwargs):
@@ -61,14 +65,14 @@ def _apply(model: "Model", *args, method: str, packed: bool = False, **kwargs):
   variables = {"params": model.params}
   if packed and model.decode_weights is not None:
     variables[dispatch.COLLECTION] = model.decode_weights.weights
-  module = module_for(model.config)
+  module = module_for(model.config, model.partitioner)
   return module.apply(variables, *args, method=getattr(type(module), method), **kwargs)
 
 
 @functools.partial(jax.jit, static_argnames=("deterministic",))
 def _forward(model, tokens: tuple, deterministic=True, rngs=None):
   """tokens: (encoder_tokens, decoder_input_tokens) for T5, (tokens,) for an LM."""
-  module = module_for(model.config)
+  module = module_for(model.config, model.partitioner)
   return module.apply({"params": model.params}, *tokens, deterministic, rngs=rngs)
 
 
@@ -97,8 +101,10 @@ def _decode(model, tokens, cache, num_layers=None, positions=None, visible=None)
 @dataclasses.dataclass(frozen=True)
 class Model:
   """A T5 encoder-decoder or a decoder-only LM: `config` (static; `T5Config` or `LMConfig`),
-  `params` (T5X tree names) and, once packed (`pack`), `decode_weights`
-  (`dispatch.DecodeWeights`; None when unpacked).
+  `params` (T5X tree names), once packed (`pack`) `decode_weights`
+  (`dispatch.DecodeWeights`; None when unpacked), and once placed on a mesh
+  (`sd.shard`, `sd.load(mesh=)`) its `partitioner` (static; `sd.sharding.Partitioner`:
+  the mesh and rules its activations are constrained by; None on one device).
 
   A pytree whose leaves are `params`, then the packed weights' (none when unpacked).
   """
@@ -106,6 +112,7 @@ class Model:
   config: Config = struct.field(pytree_node=False)
   params: Any
   decode_weights: Any = None
+  partitioner: Any = struct.field(pytree_node=False, default=None)
 
   def replace(self, **updates) -> "Model":
     """A new Model with fields replaced; new params or config drop the packed weights."""
@@ -267,18 +274,19 @@ class Model:
 def _flatten_with_keys(model: Model):
   children = [(jax.tree_util.GetAttrKey("params"), model.params),
               (jax.tree_util.GetAttrKey("decode_weights"), model.decode_weights)]
-  return children, model.config
+  return children, (model.config, model.partitioner)
 
 
 def _flatten(model: Model):
-  return [model.params, model.decode_weights], model.config
+  return [model.params, model.decode_weights], (model.config, model.partitioner)
 
 
-def _unflatten(config, children) -> Model:
+def _unflatten(static, children) -> Model:
   model = object.__new__(Model)
-  object.__setattr__(model, "config", config)
+  object.__setattr__(model, "config", static[0])
   object.__setattr__(model, "params", children[0])
   object.__setattr__(model, "decode_weights", children[1])
+  object.__setattr__(model, "partitioner", static[1])
   return model
 
 

@@ -14,7 +14,7 @@ Three entry points share the same layers:
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -29,9 +29,9 @@ from specdec_jax.models.layers import (Dense, Embed, MlpBlock, MultiHeadAttentio
 Array = jax.Array
 
 
-def _make_attention(cfg: T5Config, name: str | None) -> MultiHeadAttention:
+def _make_attention(cfg: T5Config, name: str | None, partitioner) -> MultiHeadAttention:
   return MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.emb_dim, cfg.activation_dtype,
-                            name=name)
+                            partitioner=partitioner, name=name)
 
 
 def _make_relpos(cfg: T5Config) -> RelativePositionBias:
@@ -39,23 +39,28 @@ def _make_relpos(cfg: T5Config) -> RelativePositionBias:
                               cfg.relative_attention_max_distance)
 
 
-def _make_mlp(cfg: T5Config, name: str | None = "mlp", fuse: bool = True) -> MlpBlock:
+def _make_mlp(cfg: T5Config, name: str | None, fuse: bool, partitioner) -> MlpBlock:
   return MlpBlock(cfg.mlp_dim, cfg.mlp_activations, cfg.gelu_approximate, cfg.activation_dtype,
-                  fuse, name=name)
+                  fuse, partitioner=partitioner, name=name)
+
+
+# `partitioner` (every module below): a `sd.sharding.Partitioner` the layers constrain
+# their activations by (`layers.with_logical_constraint`); None on one device.
 
 
 class EncoderLayer(nn.Module):
   config: T5Config
+  partitioner: Any = None
 
   @nn.compact
   def __call__(self, x: Array, bias: Array, dropout: Callable) -> Array:
     cfg, dt = self.config, self.config.activation_dtype
-    attn = _make_attention(cfg, "attention")
+    attn = _make_attention(cfg, "attention", self.partitioner)
     h = RMSNorm(cfg.layer_norm_epsilon, dt, name="pre_attention_layer_norm")(x)
     # The encoder runs once per call: unfused projections (see `fused_dense`).
     x = x + dropout(attn.attend(*attn.project_qkv(h, fuse=False), bias))
     h = RMSNorm(cfg.layer_norm_epsilon, dt, name="pre_mlp_layer_norm")(x)
-    return x + dropout(_make_mlp(cfg, fuse=False)(h))
+    return x + dropout(_make_mlp(cfg, "mlp", False, self.partitioner)(h))
 
 
 class DecoderLayer(nn.Module):
@@ -66,15 +71,16 @@ class DecoderLayer(nn.Module):
   """
 
   config: T5Config
+  partitioner: Any = None
 
   def setup(self):
     cfg, dt = self.config, self.config.activation_dtype
     self.pre_self_attention_layer_norm = RMSNorm(cfg.layer_norm_epsilon, dt)
-    self.self_attention = _make_attention(cfg, None)
+    self.self_attention = _make_attention(cfg, None, self.partitioner)
     self.pre_cross_attention_layer_norm = RMSNorm(cfg.layer_norm_epsilon, dt)
-    self.encoder_decoder_attention = _make_attention(cfg, None)
+    self.encoder_decoder_attention = _make_attention(cfg, None, self.partitioner)
     self.pre_mlp_layer_norm = RMSNorm(cfg.layer_norm_epsilon, dt)
-    self.mlp = _make_mlp(cfg, None)
+    self.mlp = _make_mlp(cfg, None, True, self.partitioner)
 
   def cross_kv(self, encoded: Array) -> tuple[Array, Array]:
     return self.encoder_decoder_attention.project_kv(encoded, fuse=False)   # once per call
@@ -96,11 +102,13 @@ class DecoderLayer(nn.Module):
 class Encoder(nn.Module):
   config: T5Config
   shared_embedding: nn.Module
+  partitioner: Any = None
 
   def setup(self):
     cfg = self.config
     self.relpos_bias = _make_relpos(cfg)
-    self.layers = [EncoderLayer(cfg, name=f"layers_{i}") for i in range(cfg.num_encoder_layers)]
+    self.layers = [EncoderLayer(cfg, self.partitioner, name=f"layers_{i}")
+                   for i in range(cfg.num_encoder_layers)]
     self.encoder_norm = RMSNorm(cfg.layer_norm_epsilon, cfg.activation_dtype)
     self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
 
@@ -119,11 +127,13 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
   config: T5Config
   shared_embedding: nn.Module
+  partitioner: Any = None
 
   def setup(self):
     cfg = self.config
     self.relpos_bias = _make_relpos(cfg)
-    self.layers = [DecoderLayer(cfg, name=f"layers_{i}") for i in range(cfg.num_decoder_layers)]
+    self.layers = [DecoderLayer(cfg, self.partitioner, name=f"layers_{i}")
+                   for i in range(cfg.num_decoder_layers)]
     self.decoder_norm = RMSNorm(cfg.layer_norm_epsilon, cfg.activation_dtype)
     self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
     if not cfg.logits_via_embedding:
@@ -214,12 +224,13 @@ class Transformer(nn.Module):
   """T5 encoder-decoder; the top-level names match T5X's `network.Transformer`."""
 
   config: T5Config
+  partitioner: Any = None
 
   def setup(self):
-    cfg = self.config
-    self.token_embedder = Embed(cfg.vocab_size, cfg.emb_dim, cfg.activation_dtype)
-    self.encoder = Encoder(cfg, self.token_embedder)
-    self.decoder = Decoder(cfg, self.token_embedder)
+    cfg, where = self.config, self.partitioner
+    self.token_embedder = Embed(cfg.vocab_size, cfg.emb_dim, cfg.activation_dtype, where)
+    self.encoder = Encoder(cfg, self.token_embedder, where)
+    self.decoder = Decoder(cfg, self.token_embedder, where)
 
   def __call__(self, encoder_tokens, decoder_input_tokens, deterministic: bool = True):
     """Full pass: [B, Le], [B, Ld] int32 -> logits float32 [B, Ld, V]."""

@@ -53,7 +53,10 @@ def _config_model(name: str, overrides: dict[str, Any], dtype: str | None, mesh=
     if mesh is not None:
       shardings = unflatten_dict({tuple(k.split("/")): v for k, v in
                                   sd.sharding.config_shardings(config, mesh).items()})
-    _CONFIG_MODELS[key] = sd.init_model(config, 0, dtype, shardings=shardings)
+    model = sd.init_model(config, 0, dtype, shardings=shardings)
+    if mesh is not None:   # its activations constrained by the same rules (sd.sharding)
+      model = model.replace(partitioner=sd.sharding.partitioner(mesh))
+    _CONFIG_MODELS[key] = model
   return _CONFIG_MODELS[key]
 
 

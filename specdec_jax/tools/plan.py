@@ -19,8 +19,9 @@ V [B, H, C, Dh] at capacity C = max_new_tokens + gamma + 1 (exact mode: max_new_
 [B, Le] and the lengths [B], laid out by batch over "data" and heads over "model" (the
 target's; the drafter's heads stay whole, its weights being replicated); a dimension
 the axis does not divide stays whole, as `partition_spec` does for parameters
-(`cache_layout`). No sharding constraint pins this layout inside the decode yet: XLA
-propagates it from the sharded projections that write the caches.
+(`cache_layout`). The decode engine pins its caches to this layout
+(`sd.sharding.constrain_state`); where "model" does not divide the heads the plan counts
+them whole, an upper bound (XLA may split them over parts of "model", docs/scale.md).
 
 Transients, the largest live at once (an estimate: XLA may fuse or rematerialise):
 the verify call's float32 logits [B, gamma + 1, V] (vocab over "model") with its

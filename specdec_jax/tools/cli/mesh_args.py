@@ -6,8 +6,9 @@ On a mesh the target is loaded straight into the shards T5X's logical-axis rules
 parameters (`sd.load(..., mesh=)`, `RULES_1D`; a `config:` model initialised into them), every
 other model a method carries (drafter, BiLD's small model, prediction heads, rescorer) is
 copied whole to every device (`sd.sharding.replicate`), and each batch of encoder tokens
-is split by rows over "data" (`sd.sharding.shard_batch`). `jit` propagates these
-placements through the decode. Without --mesh everything stays on one device.
+is split by rows over "data" (`sd.sharding.shard_batch`). The models' activations are
+constrained by the same rules (`sd.sharding.Partitioner`), and `jit` propagates the rest.
+Without --mesh everything stays on one device.
 """
 
 from __future__ import annotations
