@@ -158,6 +158,33 @@ def test_adaptive_choice_follows_theory():
   np.testing.assert_array_equal(got, want)
 
 
+def test_adaptive_choice_with_measured_verify_costs():
+  """With dear wide verify calls the policy picks a smaller gamma than Theorem 8's, and
+  exactly the gamma `theory.walltime_improvement_measured` ranks first."""
+  v = (1.1, 1.4, 1.9, 2.5, 3.0)
+  rule = sd.AdaptiveGamma(c=0.05, verify_cost=v)
+  for alpha in (0.3, 0.6, 0.8, 0.95):
+    want = 1 + int(np.argmax([sd.theory.walltime_improvement_measured(alpha, g, 0.05, v[g - 1])
+                              for g in range(1, 6)]))
+    assert rule.gammas([alpha], 5) == [want]
+  assert rule.gammas([0.8], 5)[0] < sd.AdaptiveGamma(c=0.05).gammas([0.8], 5)[0]
+  assert sd.AdaptiveGamma(c=0.05, verify_cost=(1.0,)).gammas([0.8], 8) == \
+      sd.AdaptiveGamma(c=0.05).gammas([0.8], 8)           # a constant 1 is Theorem 8
+  with pytest.raises(sd.InputError, match="verify_cost"):
+    sd.AdaptiveGamma(verify_cost=(1.0, 0.0))
+
+
+def test_measured_adaptive_gamma_keeps_greedy_equivalence(target, encoder_tokens, baseline):
+  from specdec_jax.tools.costs import measured_adaptive_gamma
+  drafter = perturbed(target, 0.05, seed=0)
+  policy = measured_adaptive_gamma(target, drafter, encoder_tokens, 4, capacity=16,
+                                   repeats=1, steps=2)
+  assert policy.c > 0 and len(policy.verify_cost) == 4 and min(policy.verify_cost) > 0
+  out = sd.speculative_generate(target, drafter, encoder_tokens, gamma=4,
+                                max_new_tokens=MAX_NEW, adaptive=policy)
+  np.testing.assert_array_equal(out.tokens, baseline.tokens)
+
+
 def test_lenience_is_labelled_lossy_and_accepts_more(target, encoder_tokens):
   drafter = perturbed(target, 0.1, seed=1)   # exact acceptance ~0.26
   exact = sd.speculative_generate(target, drafter, encoder_tokens, gamma=4,

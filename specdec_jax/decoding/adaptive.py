@@ -8,7 +8,11 @@ the gamma in 1..gamma_max that maximises Theorem 8's expected walltime improveme
     (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1))
 
 for the drafter's cost ratio c. E.g. with c = 0.05 (gamma_max 16): alpha 0.3 -> gamma 2,
-0.6 -> 4, 0.8 -> 8, 0.9 -> 13.
+0.6 -> 4, 0.8 -> 8, 0.9 -> 13. Where a (gamma+1)-token verify call costs more than a step
+(a CPU at batch 8, say), `verify_cost` holds those measured ratios v(gamma+1), and the
+policy maximises (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + v(gamma+1))) instead
+(`theory.walltime_improvement_measured`; `tools.costs.measured_adaptive_gamma` measures c
+and v on the machine).
 """
 
 from __future__ import annotations
@@ -28,24 +32,51 @@ Array = jax.Array
 
 @dataclasses.dataclass(frozen=True)
 class AdaptiveGamma:
-  """The policy: cost ratio `c`, EMA `decay`, and the alpha assumed before any round."""
+  """The policy: cost ratio `c`, EMA `decay`, the alpha assumed before any round, and the
+  verify costs.
+
+  Attributes:
+    verify_cost: v(gamma+1) for gamma = 1, 2, ...: a (gamma+1)-token target call over a
+      1-token call; a gamma past the tuple's end takes its last entry; () means 1
+      (Theorem 8: verification as cheap as a step).
+
+      >>> AdaptiveGamma(c=0.05).gammas([0.6], 8)                # Theorem 8
+      [4]
+      >>> AdaptiveGamma(c=0.05, verify_cost=(1.2, 1.5, 1.8, 2.1)).gammas([0.6], 8)
+      [1]
+  """
 
   c: float = 0.05
   decay: float = 0.7
   initial_alpha: float = 0.6
+  verify_cost: tuple[float, ...] = ()
 
   def __post_init__(self):
     if not 0.0 <= self.decay < 1.0:
       raise InputError(f"AdaptiveGamma.decay must be in [0, 1), got {self.decay}")
     if self.c < 0:
       raise InputError(f"AdaptiveGamma.c must be >= 0, got {self.c}")
+    if not isinstance(self.verify_cost, tuple) or not all(
+        isinstance(v, (int, float)) and v > 0 for v in self.verify_cost):
+      raise InputError(f"AdaptiveGamma.verify_cost must be a tuple of numbers > 0 "
+                       f"(v(2), v(3), ...), got {self.verify_cost!r}")
+
+  def _verify(self, gamma_max: int) -> list[float]:
+    """v(gamma+1) for gamma = 1..gamma_max."""
+    v = list(self.verify_cost) or [1.0]
+    return [float(v[min(g, len(v)) - 1]) for g in range(1, gamma_max + 1)]
 
   def choose(self, alpha: Array, gamma_max: int) -> Array:
     """[B] alpha -> [B] int32 gamma in 1..gamma_max."""
     g = jnp.arange(1, gamma_max + 1, dtype=jnp.float32)
+    v = jnp.asarray(self._verify(gamma_max), jnp.float32)
     a = jnp.clip(alpha, 0.0, 0.999)[:, None]
-    improvement = (1.0 - a ** (g + 1)) / ((1.0 - a) * (g * self.c + 1.0))
+    improvement = (1.0 - a ** (g + 1)) / ((1.0 - a) * (g * self.c + v))
     return (jnp.argmax(improvement, axis=1) + 1).astype(jnp.int32)
+
+  def gammas(self, alphas, gamma_max: int) -> list[int]:
+    """`choose` on host numbers: the gamma for each alpha."""
+    return [int(x) for x in self.choose(jnp.asarray(alphas, jnp.float32), gamma_max)]
 
 
 @struct.dataclass

@@ -226,6 +226,24 @@ def explain_run(target, drafter, gamma: int, encoder_tokens, stats: dict[str, An
           "expected_speedup": per_call / (drafts * c + verify_cost)}
 
 
+def measured_adaptive_gamma(target, drafter, encoder_tokens, gamma_max: int, *,
+                            capacity: int, repeats: int = 5, steps: int = 16,
+                            **policy) -> "AdaptiveGamma":
+  """An `sd.AdaptiveGamma` whose c and verify costs are measured here: c = one drafter step
+  over one 1-token target step, verify_cost = (v(2), ..., v(gamma_max + 1)), at the batch
+  size of `encoder_tokens` [B, Le] (the policy then picks small gammas where wide verify
+  calls are dear, e.g. a CPU at batch 8). `policy`: AdaptiveGamma's other fields."""
+  from specdec_jax.decoding.adaptive import AdaptiveGamma
+  gammas = range(1, gamma_max + 1)
+  seconds = time_costs(cost_timers(target, {"drafter": drafter}, gammas,
+                                   encoder_tokens=encoder_tokens,
+                                   capacity=max(capacity, gamma_max + 1), steps=steps), repeats)
+  one = seconds[("target", 1)]
+  return AdaptiveGamma(c=seconds[("drafter", "drafter")] / one,
+                       verify_cost=tuple(seconds[("target", g + 1)] / one for g in gammas),
+                       **policy)
+
+
 #: The acceptance rates `projections` evaluates (the issue's "alpha 0.6-0.9").
 PROJECTION_ALPHAS = (0.6, 0.7, 0.8, 0.9)
 
