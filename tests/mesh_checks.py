@@ -385,8 +385,8 @@ LM_PROMPT = 5
 
 def lm_checks(mesh) -> dict:
   """A decoder-only target (llama_tiny: 4 query heads, 2 key/value heads; output layer
-  scaled) on `mesh`: greedy `generate` and speculative (itself as drafter, replicated)
-  against one device's `generate`, and the activation constraints of the lowered decode."""
+  scaled) on `mesh`: greedy `generate` against one device's, and the activation
+  constraints of its lowered decode (the layers are T5's: one program, CI time)."""
   target = sd.load("config:llama_tiny")
   params = jax.tree_util.tree_map(lambda x: x, target.params)
   params["decoder"]["logits_dense"]["kernel"] = (params["decoder"]["logits_dense"]["kernel"]
@@ -397,20 +397,15 @@ def lm_checks(mesh) -> dict:
   prompts[2, 3:] = 0     # one shorter prompt (right-padded)
   single = sd.generate(target, prompts, T)
   t, e = sd.shard(target, mesh), sd.sharding.shard_batch(prompts, mesh)
-  d = sd.sharding.replicate(target, mesh)
-  on_mesh = {"generate": lambda: sd.generate(t, e, T),
-             "speculative": lambda: sd.speculative_generate(t, d, e, gamma=GAMMA,
-                                                             max_new_tokens=T)}
-  want = (np.asarray(single.tokens), np.asarray(single.lengths))
-  out = {"config": {"heads": target.config.num_heads, "kv_heads": target.config.num_kv_heads,
-                    "mlp": target.config.mlp_dim, "emb": target.config.emb_dim,
-                    "head_dim": target.config.head_dim}}
-  for name, call in on_mesh.items():
-    got = call()
-    out[name] = same((np.asarray(got.tokens), np.asarray(got.lengths)), want)
-  args, kwargs = decode_program(on_mesh["generate"])
-  out["constraints"] = constraints(engine._run.lower(*args, **kwargs).as_text())
-  return out
+  out = []
+  args, kwargs = decode_program(lambda: out.append(sd.generate(t, e, T)))
+  got = out[0]
+  return {"config": {"heads": target.config.num_heads, "kv_heads": target.config.num_kv_heads,
+                     "mlp": target.config.mlp_dim, "emb": target.config.emb_dim,
+                     "head_dim": target.config.head_dim},
+          "generate": same((np.asarray(got.tokens), np.asarray(got.lengths)),
+                           (np.asarray(single.tokens), np.asarray(single.lengths))),
+          "constraints": constraints(engine._run.lower(*args, **kwargs).as_text())}
 
 
 def main(path, memory_checkpoint=None, lm_dirs=None):
