@@ -233,6 +233,23 @@ def test_main_writes_results(run, tmp_path):
   record = json.loads((tmp_path / "res" / "alpha.json").read_text())
   assert len(record["alpha"]) == 6 and "| small LM | 1 |" in text and "| target |" in text
   assert f"{record['eval']['perplexity']['target']:.1f}" in text
+  assert "seeded from" not in text                     # the workdir trained both models
+
+
+def test_results_name_seeded_models(run, tmp_path):
+  """A model copied into the workdir (its train_log's "seeded_from", e.g. the bundled
+  bfloat16 pair) is named in the table's header, not passed off as trained there."""
+  import shutil
+  _, _, workdir, _ = run
+  seeded = tmp_path / "work"
+  shutil.copytree(workdir, seeded)
+  log_path = seeded / "target" / "final" / "train_log.json"
+  log = json.loads(log_path.read_text())
+  log_path.write_text(json.dumps({**log, "seeded_from": "demo-en-lm/target (bfloat16)"}))
+  text = lm_demo.write_results(seeded, tmp_path / "res", limit=5).read_text()
+  assert "The target is not trained in the workdir but seeded from " \
+         "`demo-en-lm/target (bfloat16)`: training steps are those of the run that " \
+         "produced it." in text
 
 
 def test_refusals(tmp_path):

@@ -469,11 +469,21 @@ def write_results(workdir: str | pathlib.Path, out_dir: str | pathlib.Path,
       ppl.append(f"| {name} | {'' if params is None else f'{params / 1e6:.2f}M'} | {steps} | "
                  f"{ev['perplexity'][name]:.1f} |")
   n = rows[0]["positions"] if rows else 0
+  # A model the workdir did not train (its train_log's "seeded_from": e.g. the bundled
+  # bfloat16 pair copied in) is named as such: its steps are those of the run that made it.
+  seeded = {name: log["seeded_from"] for name in ("target", "drafter")
+            if "seeded_from" in (log := demo._final_log(workdir, name) or {})}
   text = (
       "# Decoder-only demo: perplexity and alpha per drafter\n\n"
       f"English side of the De-En dictionary ({meta['splits']['train']['texts']} training "
       f"texts of >= {meta['min_words']} words), BPE vocabulary of {meta['vocab_size']}; "
-      f"Llama-style target and drafter (`configs/lm-demo/`). Held-out {split} split: "
+      f"Llama-style target and drafter (`configs/lm-demo/`)."
+      + ("" if not seeded else
+         f" The {' and '.join(seeded)} {'is' if len(seeded) == 1 else 'are'} not trained in "
+         f"the workdir but seeded from {' and '.join(f'`{s}`' for s in seeded.values())}: "
+         f"training steps are those of the run that produced "
+         f"{'it' if len(seeded) == 1 else 'them'}.")
+      + f" Held-out {split} split: "
       f"{ev['sequences']} texts, {ev['tokens']} predicted tokens (BOS given).\n\n"
       + "\n".join(ppl) + "\n\n"
       f"alpha = E[beta], beta = sum_x min(p(x), q(x)), over {n} next-token positions of the "
