@@ -1,0 +1,60 @@
+"""The larger De->En pair of the separate `specdec-jax-demo` distribution (README's main
+command): a 48.6M target whose decode step is bandwidth-bound on a laptop CPU, the 2.0M
+drafter aligned to it, its prediction heads; all bfloat16.
+
+tests/data/demo_test_pairs.jsonl: held-out pairs of the demo's test split (never trained on).
+"""
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+import specdec_jax as sd
+from specdec_jax.io import package_data
+from specdec_jax.tools import demo
+
+pytestmark = pytest.mark.skipif(
+    "demo-de-en-large" not in package_data.separate_groups(),
+    reason="specdec-jax-demo is not installed (pip install ./packages/specdec-jax-demo)")
+
+PAIRS = [json.loads(line) for line in
+         (pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl").read_text().splitlines()]
+SENTENCES = [p["de"] for p in PAIRS[:8]]
+
+
+@pytest.fixture(scope="module")
+def pair():
+  return (sd.load("demo-de-en-large/target", dtype="bfloat16"),
+          sd.load("demo-de-en-large/drafter", dtype="bfloat16"),
+          sd.load_tokenizer("demo-de-en-large"))
+
+
+def test_bundle_shapes_sizes_and_shared_vocabulary(pair):
+  target, drafter, tok = pair
+  assert target.config.vocab_size == drafter.config.vocab_size == tok.vocab_size == 8000
+  assert 45e6 < target.num_params() < 50e6 and drafter.num_params() < 2.5e6
+  # the target's decode weights (bfloat16) exceed a laptop CPU's last-level cache
+  assert target.num_params() * 2 > 64 * 2 ** 20
+  heads = sd.load_heads("demo-de-en-large/target", target)
+  assert heads.num_heads >= 2
+  # the distribution stays under the package index's 100 MB file limit
+  assets = package_data.assets("demo-de-en-large/target") / "demo-de-en-large"
+  assert demo.compressed_mb(pathlib.Path(str(assets))) < demo.MAX_WHEEL_MB
+
+
+def test_speculative_translation_equals_greedy_and_the_drafter_is_aligned(pair):
+  target, drafter, tok = pair
+  enc = tok.encode(SENTENCES)
+  base = sd.decode(target, sd.Autoregressive(), enc, max_new_tokens=20)
+  spec = sd.decode(target, sd.Speculative(drafter, gamma=3), enc, max_new_tokens=20)
+  np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(base.tokens))
+  np.testing.assert_array_equal(np.asarray(spec.lengths), np.asarray(base.lengths))
+  # aligned to THIS target: its drafts are accepted more often than those of the same
+  # drafter before alignment (the library's demo-de-en/drafter, aligned to the small target)
+  before = sd.decode(target, sd.Speculative(sd.load("demo-de-en/drafter", dtype="bfloat16"),
+                                            gamma=3), enc, max_new_tokens=20)
+  assert spec.stats["acceptance_rate"] > before.stats["acceptance_rate"] + 0.05
+  assert spec.stats["tokens_per_target_call"] > 1.5
+  assert all(t.strip() for t in tok.decode(base.tokens))
