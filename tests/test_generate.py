@@ -172,3 +172,17 @@ def test_bad_inputs_give_clear_errors():
   limited = sd.Model(model.config.replace(max_encoder_length=4), model.params)
   with pytest.raises(sd.InputError, match="longer than the model allows"):
     sd.generate(limited, np.ones((1, 6), np.int32), 4)
+
+
+def test_argmax_is_jnp_argmax():
+  """sampling.argmax (two plain reductions, faster on XLA:CPU) returns jnp.argmax's index
+  everywhere: ties go to the first maximum, rows of -inf to 0, in float32 and bfloat16."""
+  from specdec_jax import sampling
+  rng = np.random.RandomState(0)
+  x = rng.randint(-3, 3, size=(6, 5, 40)).astype(np.float32)     # many ties
+  x[0, 0] = -np.inf
+  x[1, 1, 7] = np.inf
+  for dtype in (jnp.float32, jnp.bfloat16):
+    got = jax.jit(sampling.argmax)(jnp.asarray(x, dtype))
+    assert got.dtype == jnp.int32
+    np.testing.assert_array_equal(got, jnp.argmax(jnp.asarray(x, dtype), axis=-1))

@@ -99,7 +99,7 @@ class SpeculativeSampling:
 
   def _greedy(self, logits: Array, proposal: Proposal) -> Acceptance:
     x, g = proposal.tokens, proposal.tokens.shape[1]
-    best = jnp.argmax(logits, axis=-1).astype(jnp.int32)              # [B, G + 1]
+    best = sampling_lib.argmax(logits)                                # [B, G + 1]
     match = x == best[:, :g]
     ok = match
     if self.lossy:

@@ -101,7 +101,7 @@ class HeadDrafter:
       tokens, rescorer = self._neural(state.rescorer, ctx, logits)
       calls = jnp.where(count > 0, g, 0)
     elif self.top_k == 1 and self.num_drafts == 1:
-      tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+      tokens = sampling_lib.argmax(logits)
     else:
       head_lp, cand = lattice.top_k_lattice(jax.nn.log_softmax(logits, -1), self.top_k)
       two = last_tokens(ctx.seq, ctx.n, 2)
