@@ -250,7 +250,7 @@ def commit(proposer: Any, state: RoundState, proposal: Proposal, verified: Verif
   seq, n, done, emitted = buffer.emit(state.seq, state.n, state.done, candidates,
                                       m + (~proposal.final), config.eos_id)
   stats = count_round(state.stats, live, proposal, verified, acceptance, m, candidates,
-                      emitted, config.sampling)
+                      emitted, config.sampling, config.eos_id)
   outcome = RoundOutcome(live=live, m=m, acceptance=acceptance, verified=verified)
   return RoundState(seq=seq, n=n, done=done, cache=verified.cache.with_length(n),
                     proposer=proposer.update(proposal.state, outcome), rng=state.rng,
@@ -259,17 +259,21 @@ def commit(proposer: Any, state: RoundState, proposal: Proposal, verified: Verif
 
 def count_round(stats: DecodeStats, live: Array, proposal: Proposal, verified: Verified,
                 acceptance: Acceptance, m: Array, candidates: Array, emitted: Array,
-                sampling: sampling_lib.SamplingSettings) -> DecodeStats:
+                sampling: sampling_lib.SamplingSettings, eos_id: int = -1) -> DecodeStats:
   """Add one round to the counters (meanings: `stats.DecodeStats`).
 
-  Only what the row emitted counts: drafts the rule accepted past an emitted EOS (or past
-  max_new_tokens) are dropped by `buffer.emit`, so they are neither accepted nor scored.
+  A row's sentence ends at its first EOS: drafts the rule accepted after an accepted EOS
+  draft continue a finished sentence (`buffer.emit` drops them), so they are neither
+  accepted nor scored. (Drafts cut only by max_new_tokens were verified as usual and count.)
   """
   g = proposal.tokens.shape[1]
   verified_rows = live & ~proposal.final & verified.ran
-  along = jnp.arange(g)[None] < emitted[:, None]                            # [B, G]
-  scored = acceptance.scored & verified_rows[:, None] & along
-  m = jnp.minimum(m, emitted)
+  eos = (candidates == eos_id) & (jnp.arange(g + 1)[None] < (m + 1)[:, None])   # [B, G+1]
+  sentence = jnp.where(jnp.any(eos, axis=1), jnp.argmax(eos, axis=1) + 1, g + 1)  # [B]
+  scored = acceptance.scored & verified_rows[:, None] & (jnp.arange(g)[None]
+                                                         < sentence[:, None])
+  drafter_tokens = jnp.minimum(m, emitted)
+  m = jnp.minimum(m, sentence)
   repeats = ((proposal.tokens[:, 1:] == proposal.tokens[:, :-1])
              & (jnp.arange(1, g)[None] < proposal.count[:, None]))          # [B, G-1]
   drafting = (live & (proposal.count > 0)).astype(jnp.int32)
@@ -282,13 +286,13 @@ def count_round(stats: DecodeStats, live: Array, proposal: Proposal, verified: V
       drafted=proposal.count * live,
       accepted=m * live,
       rejections=(verified_rows & (acceptance.m < proposal.count)
-                  & (acceptance.m < emitted)).astype(jnp.int32),
+                  & (acceptance.m < sentence)).astype(jnp.int32),
       fallbacks=(proposal.fallback & live).astype(jnp.int32),
       per_position_accepted=((jnp.arange(g)[None] < m[:, None])
                              & live[:, None]).astype(jnp.int32),
       beta_sum=jnp.sum(jnp.where(scored, acceptance.beta, 0.0), axis=1),
       beta_count=jnp.sum(scored, axis=1).astype(jnp.int32),
-      drafter_tokens=m,
+      drafter_tokens=drafter_tokens,
       log_prob=jnp.sum(jnp.where(kept, token_log_p, 0.0), axis=1),
       draft_pairs=jnp.maximum(proposal.count - 1, 0) * live,
       repeated_drafts=jnp.sum(repeats, axis=1) * live,
