@@ -46,9 +46,8 @@ def sharp_target(tmp: str) -> tuple[str, sd.Model]:
 def meshes() -> dict:
   devices = jax.devices()        # process 0's 4 devices, then process 1's
   return {
-      # "model" over all 8 devices: every weight matrix split across both processes
-      "model=8": sd.make_mesh(model=8),
-      # each "model" row of 4 holds 2 devices of each process; "data" rows likewise
+      # each "model" row of 4 holds 2 devices of each process (every weight matrix split
+      # across both processes); "data" rows likewise
       "data=2,model=4/model_spans": sd.make_mesh(
           data=2, model=4, devices=[devices[i] for i in (0, 1, 4, 5, 2, 3, 6, 7)]),
       # "model" within a process, "data" across: each process holds half the rows

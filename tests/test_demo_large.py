@@ -58,3 +58,29 @@ def test_speculative_translation_equals_greedy_and_the_drafter_is_aligned(pair):
   assert spec.stats["acceptance_rate"] > before.stats["acceptance_rate"] + 0.05
   assert spec.stats["tokens_per_target_call"] > 1.5
   assert all(t.strip() for t in tok.decode(base.tokens))
+
+
+@pytest.mark.slow
+def test_readme_main_command(capsys):
+  """README's main command, as written there: the translations on stdout, then the
+  statistics, the speedup over the target alone with the same tokens, and its "why" line
+  (tokens per target call over the round's cost in target steps, c and v measured)."""
+  import re
+  import shlex
+  from specdec_jax.tools import cli
+  readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+  line = next(l for l in readme.splitlines() if "specdec decode --model demo-de-en-large" in l)
+  argv = shlex.split(line[line.index("specdec decode") + len("specdec "):])
+  sentences = [a for a in argv if " " in a]
+  assert argv[argv.index("--batch-size") + 1] == "1" and len(sentences) >= 3
+  assert cli.main(argv) == 0
+  out, err = capsys.readouterr()
+  assert len(out.splitlines()) == len(sentences) and all(t.strip() for t in out.splitlines())
+  assert "-- specdec decode statistics --" in err
+  speedup = re.search(r"speedup vs baseline\s+([\d.]+)x.*same tokens: yes", err)
+  why = re.search(r"why\s+([\d.]+) tokens per target call / \(([\d.]+) drafts x c ([\d.]+) "
+                  r"\+ verify cost ([\d.]+)\) = ([\d.]+)x", err)
+  assert speedup and why, err
+  per_call, drafts, c, v, expected = map(float, why.groups())
+  assert per_call > 1.3 and 0 < c < 0.5 and v > 0
+  assert expected == pytest.approx(per_call / (drafts * c + v), abs=0.01)
