@@ -305,6 +305,29 @@ def shard_batch(x: Array, mesh: Mesh) -> Array:
   return jax.device_put(x, NamedSharding(mesh, PartitionSpec("data")))
 
 
+def spans_processes(mesh: Mesh | None) -> bool:
+  """Whether `mesh` holds devices of several processes (a global mesh of a multi-host
+  run: every process runs each program, and no process holds every shard)."""
+  return mesh is not None and len({d.process_index for d in mesh.devices.flat}) > 1
+
+
+def to_host(tree: Any) -> Any:
+  """`jax.device_get(tree)` for trees whose arrays may span processes (a decode output on
+  a global mesh): an array with shards on other processes is gathered whole
+  (`multihost_utils.process_allgather`), so every process gets the same numpy values.
+
+  With arrays that span processes this is a collective: every process must call it, on
+  trees of the same structure, in the same order. On one process it is `jax.device_get`.
+  """
+  def get(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      from jax.experimental import multihost_utils
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return jax.device_get(x)
+
+  return jax.tree_util.tree_map(get, tree)
+
+
 # ----------------------------------------------------------------------------- decode state
 
 def decode_layout(target: Model, encoder_tokens: Any) -> Partitioner | None:

@@ -1,7 +1,10 @@
 """`specdec decode --input-file` by two processes on loopback (jax.distributed on
-127.0.0.1, 4 CPU devices each, a 2x2 mesh of local devices per process): the outputs of
-the whole file, gathered to process 0, equal one process's, in input order."""
+127.0.0.1, 4 CPU devices each), on a 2x2 mesh of local devices per process and on one
+global 1x8 mesh over both: the outputs of the whole file, on process 0, equal one
+process's, in input order."""
 
+import contextlib
+import io
 import json
 import os
 import pathlib
@@ -60,31 +63,49 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-@pytest.mark.slow     # two processes; the fast tier keeps the row split's unit tests
-def test_two_processes_decode_a_file_as_one(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+  """(argv, the JSON of one process decoding the file) on a sharpened tiny target."""
+  tmp = tmp_path_factory.mktemp("distributed")
   target = sd.load("config:t5_1_1_tiny")
   params = jax.tree_util.tree_map(lambda x: x, target.params)
   params["decoder"]["logits_dense"]["kernel"] = (params["decoder"]["logits_dense"]["kernel"]
                                                  * LOGITS_SCALE)
-  model = tmp_path / "target"
+  model = tmp / "target"
   sd.save(model, target.replace(params=params))
-  prompts = tmp_path / "prompts.txt"
+  prompts = tmp / "prompts.txt"
   prompts.write_text("\n".join(PROMPTS) + "\n")
   argv = ["decode", "--model", str(model), "--drafter", DRAFTER, "--gamma", "3",
           "--max-new-tokens", "8", "--input-file", str(prompts), "--json"]
-  assert cli.main(argv) == 0
-  one = json.loads(capsys.readouterr().out)
+  printed = io.StringIO()
+  with contextlib.redirect_stdout(printed):
+    assert cli.main(argv) == 0
+  return argv, json.loads(printed.getvalue())
 
-  port = free_port()
-  env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
-                                     " --xla_force_host_platform_device_count=4").strip(),
-             PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+
+def _env(devices: int) -> dict[str, str]:
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent),
+                                                      os.environ.get("PYTHONPATH", "")]))
+  env["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                      f" --xla_force_host_platform_device_count={devices}").strip()
   if not env.get("JAX_COMPILATION_CACHE_DIR") and jax.config.jax_compilation_cache_dir:
     env["JAX_COMPILATION_CACHE_DIR"] = jax.config.jax_compilation_cache_dir   # conftest's
+  return env
+
+
+@pytest.mark.slow     # two processes; the fast tier keeps the row split's unit tests
+@pytest.mark.parametrize("mesh, spans", [
+    ("data=2,model=2", False),   # a mesh per process: each decodes its block of rows
+    ("data=1,model=8", True),    # one global mesh: every weight split across both processes
+])
+def test_two_processes_decode_a_file_as_one(one_process, mesh, spans):
+  argv, one = one_process
+  port = free_port()
   procs = [subprocess.Popen(
-      [sys.executable, "-m", "specdec_jax.tools.cli", *argv, "--mesh", "data=2,model=2",
+      [sys.executable, "-m", "specdec_jax.tools.cli", *argv, "--mesh", mesh,
        "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)],
-      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+      env=_env(devices=4), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      for i in range(2)]
   try:
     results = [p.communicate(timeout=600) for p in procs]
   finally:
@@ -98,12 +119,27 @@ def test_two_processes_decode_a_file_as_one(tmp_path, capsys):
              for out, _ in results]
   assert printed[1] == [] and len(printed[0]) == 1    # only process 0 prints
   two = json.loads(printed[0][0])
+  assert two["timing"]["processes"] == 2
+  assert two["timing"]["mesh_spans_processes"] is spans
   assert two["outputs"] == one["outputs"] and two["lengths"] == one["lengths"]
   assert two["timing"]["prompts"] == len(PROMPTS) == len(two["outputs"])
   # statistics merged over both processes' real rows, as one process counts them
   for key in ("tokens", "target_calls", "drafted", "accepted"):
     assert two["stats"][key] == one["stats"][key], key
-  assert two["settings"]["mesh"] == "data=2,model=2"
+  assert two["settings"]["mesh"] == mesh
+
+
+def test_a_mesh_of_neither_size_is_an_error(monkeypatch):
+  """With several processes --mesh covers every process's devices or this one's."""
+  from specdec_jax.tools.cli import mesh_args
+  from specdec_jax.tools.errors import CLIError
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(jax, "device_count", lambda: 8)
+  monkeypatch.setattr(jax, "local_device_count", lambda: 4)
+  args = type("Args", (), {"mesh": "data=2,model=3"})()
+  with pytest.raises(CLIError, match=r"data \* model = 6, but 2 processes have 8 devices "
+                     r"\(4 on this one\): give 8 .* or 4 for a mesh per process"):
+    mesh_args.mesh_from_args(args)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from specdec_jax.decoding import methods as core
 from specdec_jax.decoding import stats as stats_lib
 from specdec_jax.rounds.buffer import DecodeOutput
 from specdec_jax.decoding.inputs import as_rng
+from specdec_jax.sharding import to_host
 from specdec_jax.tools.batching import Batch
 from specdec_jax.tools.report import finite
 
@@ -227,9 +228,9 @@ def decode_corpus(method: DecodeMethod, target, batches: Sequence[Batch], *,
   # only passed when given: a method of the tools' users may not take it
   lengths = [{} if prompt_lengths is None else {"prompt_lengths": n}
              for n in (prompt_lengths or [None] * len(batches))]
-  outputs = [jax.device_get(method.decode(target, b.tokens, max_new_tokens=max_new_tokens,
-                                          rng=batch_key(rng, i), eos_id=eos_id,
-                                          **lengths[i]))
+  # to_host: on a mesh spanning processes each output is gathered whole on every process
+  outputs = [to_host(method.decode(target, b.tokens, max_new_tokens=max_new_tokens,
+                                   rng=batch_key(rng, i), eos_id=eos_id, **lengths[i]))
              for i, b in enumerate(batches)]
   return Corpus(tuple(outputs), tuple(int(b.real) for b in batches))
 

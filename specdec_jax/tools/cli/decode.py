@@ -154,13 +154,15 @@ def _local_batches(prompts: Prompts, batch: int, process: int, processes: int):
 
 
 def _decode(args, method, target, prompts: Prompts, mesh):
-  """(corpus, wall seconds, batch size) of decoding the prompts in padded batches; with
-  several processes, each decodes its block of rows and all rows are gathered (the wall
-  time is the slowest process's)."""
+  """(corpus, wall seconds, batch size) of decoding the prompts in padded batches. With
+  several processes and a mesh of each one's own devices (or none), each decodes its block
+  of rows and all rows are gathered (the wall time is the slowest process's); on a mesh
+  over every process's devices, all of them decode every batch as one program."""
   rng = jax.random.PRNGKey(args.seed)
   processes, process = jax.process_count(), jax.process_index()
   n = len(prompts.tokens)
-  if processes == 1:
+  split_rows = processes > 1 and not sd.sharding.spans_processes(mesh)
+  if not split_rows:
     batch = args.batch_size or mesh_batch(n, mesh)
     batches, lengths = _batches(prompts, batch)
     call = functools.partial(decode_corpus, method, target, batches,
@@ -176,7 +178,7 @@ def _decode(args, method, target, prompts: Prompts, mesh):
   t0 = time.perf_counter()
   corpus = call()
   wall = time.perf_counter() - t0
-  if processes > 1:
+  if split_rows:
     corpus, wall = gather_corpus(corpus), gather_max(wall)
   return corpus, wall, batch
 
@@ -264,6 +266,8 @@ def run(args) -> int:
   timing = {"method": method.describe(), "prompts": len(prompts), "batch_size": batch,
             "generated_tokens": generated, "wall_s": wall, "load_s": load_s,
             "warmup": bool(args.warmup), "includes_compile": not args.warmup,
+            "processes": jax.process_count(),
+            "mesh_spans_processes": sd.sharding.spans_processes(mesh),
             "tokens_per_s": generated / wall if wall > 0 else None,
             "ms_per_token": 1e3 * wall / generated if generated else None}
   compare = None

@@ -8,14 +8,22 @@
 pod slices, SLURM, Open MPI); the three flags default to the environment variables
 JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID.
 
-Every process reads the whole input, decodes its own contiguous block of rows
-(`process_rows`) on its own devices (with --mesh: a mesh of its local devices), and the
-outputs of all processes are gathered to every process
-(`multihost_utils.process_allgather`) in input order; process 0 prints them. The layout
-is data-parallel across processes and, with --mesh, model-parallel within a host, where
-the interconnect is fastest. Every process decodes the same number of batches of the
-same shape (the last blocks are padded with repeated rows that are dropped), so the
-gather is one collective over equal shapes.
+Every process reads the whole input; process 0 prints the outputs, in input order. Two
+layouts, chosen by the size of --mesh (`mesh_args.mesh_from_args`):
+
+- a mesh of each process's own devices (D * M = the local device count), or no --mesh:
+  data-parallel across processes. Each decodes its own contiguous block of rows
+  (`process_rows`), model-parallel within the host where the interconnect is fastest, and
+  the outputs of all processes are gathered (`multihost_utils.process_allgather`). Every
+  process decodes the same number of batches of the same shape (the last blocks are
+  padded with repeated rows that are dropped), so the gather is one collective over
+  equal shapes.
+- one global mesh over every process's devices (D * M = the total device count): a model
+  too large for one host's devices split across hosts. Every process runs every batch
+  as one program on global arrays (the batch split over "data"), and each output is
+  gathered whole (`sd.sharding.to_host`). Devices are laid out in `jax.devices()` order
+  (process 0's first), so with M at most the devices of one host, "model" stays within
+  a host and "data" spans the hosts.
 """
 
 from __future__ import annotations

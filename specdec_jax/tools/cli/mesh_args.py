@@ -57,20 +57,35 @@ def parse_mesh(text: str) -> dict[str, int]:
 
 def add_mesh_flag(p: argparse.ArgumentParser) -> None:
   p.add_argument("--mesh", metavar="data=D,model=M",
-                 help="decode on a D x M device mesh (D * M = the device count): the target "
-                 "split by T5X's rules over 'model', other models copied to every device, "
-                 "batches split over 'data' (default: one device)")
+                 help="decode on a D x M device mesh (D * M = the device count; with several "
+                 "processes, every process's devices for one global mesh or this process's "
+                 "for a mesh per process): the target split by T5X's rules over 'model', "
+                 "other models copied to every device, batches split over 'data' (default: "
+                 "one device)")
 
 
 def mesh_from_args(args) -> Mesh | None:
-  """The `Mesh` of --mesh over `jax.devices()`, or with several processes over this
-  process's `jax.local_devices()` (None without --mesh). The sizes are checked before
-  any model is loaded (`sd.make_mesh`: a ConfigError when D * M is not the device count)."""
+  """The `Mesh` of --mesh (None without it), checked before any model is loaded.
+
+  One process: over `jax.devices()` (D * M must be the device count). Several processes
+  (`distributed`): D * M = `jax.device_count()`, every process's devices, is one GLOBAL
+  mesh (a model split across hosts; every process runs every batch); D * M =
+  `jax.local_device_count()` is a mesh of this process's devices (data-parallel across
+  processes: each decodes its own block of rows). Any other size is a CLIError naming both.
+  """
   if getattr(args, "mesh", None) is None:
     return None
-  # several processes: each lays out its own devices (see `distributed`)
-  devices = jax.local_devices() if jax.process_count() > 1 else None
-  return sd.make_mesh(**parse_mesh(args.mesh), devices=devices)
+  sizes = parse_mesh(args.mesh)
+  if jax.process_count() == 1:
+    return sd.make_mesh(**sizes)
+  wanted, local, world = sizes["data"] * sizes["model"], jax.local_device_count(), jax.device_count()
+  if wanted == world:
+    return sd.make_mesh(**sizes)        # process 0's devices first: "model" rows stay local
+  if wanted == local:
+    return sd.make_mesh(**sizes, devices=jax.local_devices())
+  raise CLIError(f"--mesh {args.mesh}: data * model = {wanted}, but {jax.process_count()} "
+                 f"processes have {world} devices ({local} on this one): give {world} for "
+                 f"one mesh over every process, or {local} for a mesh per process")
 
 
 def check_batch(batch: int, mesh: Mesh | None, flag: str = "--batch-size") -> None:

@@ -37,7 +37,7 @@ DRAFTERS = {
     "distilled": "`distilled` on the target's soft labels",
     "aligned_small": "`aligned_small` the bundled 2M drafter, fine-tuned on this target's "
                      "greedy outputs",
-    "aligned_mid": "`aligned_mid` the bundled 13.5M target, fine-tuned on this target's "
+    "aligned_mid": "`aligned_mid` the small pair's 13.5M target, fine-tuned on this target's "
                    "greedy outputs",
     "ngram": "`ngram` a bigram table",
     "prompt-lookup": "`prompt-lookup` copies from the input",
