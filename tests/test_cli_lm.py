@@ -384,9 +384,11 @@ def test_sweeps_with_an_lm_pair(capsys, gpt2, tmp_path):
 
 
 @pytest.mark.slow     # two processes on loopback, as tests/test_cli_distributed.py
-def test_two_processes_continue_a_file_as_one(capsys, gpt2, tmp_path):
-  """Each process decodes its block of ragged prompts with their lengths; the gathered
-  continuations are one process's."""
+@pytest.mark.parametrize("mesh, spans", [("data=2", False), ("data=2,model=2", True)])
+def test_two_processes_continue_a_file_as_one(capsys, gpt2, tmp_path, mesh, spans):
+  """Ragged prompts with their lengths, on a mesh per process (each decodes its block of
+  rows) or on one global mesh (rows split over "data" across both processes): the
+  continuations on process 0 are one process's."""
   import os
   import subprocess
   import sys
@@ -403,7 +405,7 @@ def test_two_processes_continue_a_file_as_one(capsys, gpt2, tmp_path):
              PYTHONPATH=os.pathsep.join([str(pathlib.Path(__file__).parent.parent),
                                          os.environ.get("PYTHONPATH", "")]))
   procs = [subprocess.Popen(
-      [sys.executable, "-m", "specdec_jax.tools.cli", *argv, "--mesh", "data=2",
+      [sys.executable, "-m", "specdec_jax.tools.cli", *argv, "--mesh", mesh,
        "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)],
       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
   try:
@@ -415,4 +417,5 @@ def test_two_processes_continue_a_file_as_one(capsys, gpt2, tmp_path):
     assert p.returncode == 0, err[-4000:]
   printed = [line for line in results[0][0].splitlines() if line.startswith('{"outputs"')]
   two = json.loads(printed[0])
+  assert two["timing"]["mesh_spans_processes"] is spans
   assert two["outputs"] == one["outputs"] and two["lengths"] == one["lengths"]
