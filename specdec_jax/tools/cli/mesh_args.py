@@ -78,7 +78,8 @@ def mesh_from_args(args) -> Mesh | None:
   sizes = parse_mesh(args.mesh)
   if jax.process_count() == 1:
     return sd.make_mesh(**sizes)
-  wanted, local, world = sizes["data"] * sizes["model"], jax.local_device_count(), jax.device_count()
+  wanted = sizes["data"] * sizes["model"]
+  local, world = jax.local_device_count(), jax.device_count()
   if wanted == world:
     return sd.make_mesh(**sizes)        # process 0's devices first: "model" rows stay local
   if wanted == local:
