@@ -6,10 +6,7 @@ process's, in input order."""
 import contextlib
 import io
 import json
-import os
 import pathlib
-import socket
-import subprocess
 import sys
 
 import jax
@@ -19,6 +16,7 @@ import pytest
 import specdec_jax as sd
 from specdec_jax.tools import cli
 from specdec_jax.tools.cli import distributed
+from loopback import run_processes
 
 HERE = pathlib.Path(__file__).parent
 DRAFTER = "config:t5_1_1_tiny_drafter"
@@ -57,12 +55,6 @@ def test_partial_process_flags_are_an_error(capsys, monkeypatch):
   assert code == 2 and "--process-id 2 must be in [0, --num-processes 2)" in err
 
 
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
   """(argv, the JSON of one process decoding the file) on a sharpened tiny target."""
@@ -83,16 +75,6 @@ def one_process(tmp_path_factory):
   return argv, json.loads(printed.getvalue())
 
 
-def _env(devices: int) -> dict[str, str]:
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent),
-                                                      os.environ.get("PYTHONPATH", "")]))
-  env["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                      f" --xla_force_host_platform_device_count={devices}").strip()
-  if not env.get("JAX_COMPILATION_CACHE_DIR") and jax.config.jax_compilation_cache_dir:
-    env["JAX_COMPILATION_CACHE_DIR"] = jax.config.jax_compilation_cache_dir   # conftest's
-  return env
-
-
 @pytest.mark.slow     # two processes; the fast tier keeps the row split's unit tests
 @pytest.mark.parametrize("mesh, spans", [
     ("data=2,model=2", False),   # a mesh per process: each decodes its block of rows
@@ -100,23 +82,14 @@ def _env(devices: int) -> dict[str, str]:
 ])
 def test_two_processes_decode_a_file_as_one(one_process, mesh, spans):
   argv, one = one_process
-  port = free_port()
-  procs = [subprocess.Popen(
-      [sys.executable, "-m", "specdec_jax.tools.cli", *argv, "--mesh", mesh,
-       "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)],
-      env=_env(devices=4), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-      for i in range(2)]
-  try:
-    results = [p.communicate(timeout=600) for p in procs]
-  finally:
-    for p in procs:
-      p.kill()
-  for p, (_, err) in zip(procs, results):
-    assert p.returncode == 0, err[-4000:]
+  outs = run_processes(lambda i, port: [
+      sys.executable, "-m", "specdec_jax.tools.cli", *argv, "--mesh", mesh,
+      "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)],
+      processes=2, devices=4)
   # gloo (the CPU collectives) writes its own "[Gloo] ..." lines to stdout, from several
   # threads (lines may interleave): keep the JSON object
   printed = [[line for line in out.splitlines() if line.startswith('{"outputs"')]
-             for out, _ in results]
+             for out in outs]
   assert printed[1] == [] and len(printed[0]) == 1    # only process 0 prints
   two = json.loads(printed[0][0])
   assert two["timing"]["processes"] == 2

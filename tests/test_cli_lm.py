@@ -389,33 +389,19 @@ def test_two_processes_continue_a_file_as_one(capsys, gpt2, tmp_path, mesh, span
   """Ragged prompts with their lengths, on a mesh per process (each decodes its block of
   rows) or on one global mesh (rows split over "data" across both processes): the
   continuations on process 0 are one process's."""
-  import os
-  import subprocess
   import sys
-  from test_cli_distributed import free_port
+  from loopback import run_processes
   target, drafter, tok = gpt2
   prompts = tmp_path / "prompts.txt"
   prompts.write_text("\n".join(GPT2_PROMPTS + ["A cat likes the big house", "dogs"]) + "\n")
   argv = ["decode", "--model", str(target), "--tokenizer", str(tok), "--drafter", str(drafter),
           "--gamma", "3", *COMMON, "--input-file", str(prompts), "--json"]
   one = json.loads(ok(capsys, *argv))
-  port = free_port()
-  env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
-                                     " --xla_force_host_platform_device_count=2").strip(),
-             PYTHONPATH=os.pathsep.join([str(pathlib.Path(__file__).parent.parent),
-                                         os.environ.get("PYTHONPATH", "")]))
-  procs = [subprocess.Popen(
-      [sys.executable, "-m", "specdec_jax.tools.cli", *argv, "--mesh", mesh,
-       "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)],
-      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
-  try:
-    results = [p.communicate(timeout=600) for p in procs]
-  finally:
-    for p in procs:
-      p.kill()
-  for p, (_, err) in zip(procs, results):
-    assert p.returncode == 0, err[-4000:]
-  printed = [line for line in results[0][0].splitlines() if line.startswith('{"outputs"')]
+  outs = run_processes(lambda i, port: [
+      sys.executable, "-m", "specdec_jax.tools.cli", *argv, "--mesh", mesh,
+      "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)],
+      processes=2, devices=2)
+  printed = [line for line in outs[0].splitlines() if line.startswith('{"outputs"')]
   two = json.loads(printed[0])
   assert two["timing"]["mesh_spans_processes"] is spans
   assert two["outputs"] == one["outputs"] and two["lengths"] == one["lengths"]

@@ -3,16 +3,14 @@
 the parsing of --mesh."""
 
 import json
-import os
 import pathlib
-import subprocess
 import sys
 
-import jax
 import pytest
 
 from specdec_jax.tools.cli import mesh_args
 from specdec_jax.tools.errors import CLIError
+from loopback import run_child
 
 HERE = pathlib.Path(__file__).parent
 
@@ -38,14 +36,7 @@ def test_batch_must_split_over_data():
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
   out = tmp_path_factory.mktemp("cli_mesh") / "report.json"
-  env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
-                                     " --xla_force_host_platform_device_count=8").strip(),
-             PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
-  if not env.get("JAX_COMPILATION_CACHE_DIR") and jax.config.jax_compilation_cache_dir:
-    env["JAX_COMPILATION_CACHE_DIR"] = jax.config.jax_compilation_cache_dir   # conftest's
-  run = subprocess.run([sys.executable, str(HERE / "cli_mesh_checks.py"), str(out)], env=env,
-                       capture_output=True, text=True, timeout=900)
-  assert run.returncode == 0, run.stderr[-4000:]
+  run_child([sys.executable, str(HERE / "cli_mesh_checks.py"), str(out)], devices=8)
   return json.loads(out.read_text())
 
 

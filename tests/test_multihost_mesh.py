@@ -3,44 +3,23 @@
 and the request checks read arrays split over processes consistently on every process."""
 
 import json
-import os
 import pathlib
-import socket
-import subprocess
 import sys
 
-import jax
 import pytest
+
+from loopback import run_processes
 
 HERE = pathlib.Path(__file__).parent
 MESHES = ("data=2,model=4/model_spans", "data=2,model=4/data_spans")
 
 
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("multihost")
-  port = free_port()
-  env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
-                                     " --xla_force_host_platform_device_count=4").strip(),
-             PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
-  if not env.get("JAX_COMPILATION_CACHE_DIR") and jax.config.jax_compilation_cache_dir:
-    env["JAX_COMPILATION_CACHE_DIR"] = jax.config.jax_compilation_cache_dir   # conftest's
-  procs = [subprocess.Popen([sys.executable, str(HERE / "multihost_checks.py"), str(port),
-                             str(i), str(tmp / f"{i}.json")], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True) for i in range(2)]
-  try:
-    results = [p.communicate(timeout=600) for p in procs]
-  finally:
-    for p in procs:
-      p.kill()
-  for p, (_, err) in zip(procs, results):
-    assert p.returncode == 0, err[-4000:]
+  run_processes(lambda i, port: [sys.executable, str(HERE / "multihost_checks.py"),
+                                 str(port), str(i), str(tmp / f"{i}.json")],
+                processes=2, devices=4)
   return [json.loads((tmp / f"{i}.json").read_text()) for i in range(2)]
 
 

@@ -6,10 +6,8 @@ on its report. The rule and error checks run in-process on the suite's one devic
 """
 
 import json
-import os
 import pathlib
 import re
-import subprocess
 import sys
 
 import flax.linen as nn
@@ -22,6 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import specdec_jax as sd
 from specdec_jax import sharding
+from loopback import run_child
 
 HERE = pathlib.Path(__file__).resolve().parent
 METHODS = ("generate", "speculative", "sample", "sample_again", "speculative_sample", "bild",
@@ -186,15 +185,8 @@ def report(tmp_path_factory):
   out = tmp_path_factory.mktemp("mesh") / "report.json"
   checkpoint = memory_checkpoint(tmp_path_factory.mktemp("memory") / "base")
   lm_dirs = hf_lm_dirs(tmp_path_factory.mktemp("hf_lm"))
-  env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
-                                     " --xla_force_host_platform_device_count=8").strip(),
-             PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
-  if not env.get("JAX_COMPILATION_CACHE_DIR") and jax.config.jax_compilation_cache_dir:
-    env["JAX_COMPILATION_CACHE_DIR"] = jax.config.jax_compilation_cache_dir   # conftest's
-  run = subprocess.run([sys.executable, str(HERE / "mesh_checks.py"), str(out), checkpoint,
-                        lm_dirs], env=env,
-                       capture_output=True, text=True, timeout=900)
-  assert run.returncode == 0, run.stderr[-4000:]
+  run_child([sys.executable, str(HERE / "mesh_checks.py"), str(out), checkpoint, lm_dirs],
+            devices=8)
   return json.loads(out.read_text())
 
 

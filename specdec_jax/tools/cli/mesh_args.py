@@ -76,12 +76,10 @@ def mesh_from_args(args) -> Mesh | None:
   if getattr(args, "mesh", None) is None:
     return None
   sizes = parse_mesh(args.mesh)
-  if jax.process_count() == 1:
-    return sd.make_mesh(**sizes)
   wanted = sizes["data"] * sizes["model"]
   local, world = jax.local_device_count(), jax.device_count()
-  if wanted == world:
-    return sd.make_mesh(**sizes)        # process 0's devices first: "model" rows stay local
+  if jax.process_count() == 1 or wanted == world:
+    return sd.make_mesh(**sizes)     # (several processes: process 0's devices come first)
   if wanted == local:
     return sd.make_mesh(**sizes, devices=jax.local_devices())
   raise CLIError(f"--mesh {args.mesh}: data * model = {wanted}, but {jax.process_count()} "
