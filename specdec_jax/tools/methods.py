@@ -222,15 +222,17 @@ class Corpus:
 
 def decode_corpus(method: DecodeMethod, target, batches: Sequence[Batch], *,
                   max_new_tokens: int, rng=0, eos_id: int | None = None,
-                  prompt_lengths: Sequence | None = None) -> Corpus:
-  """Decode every batch with `method` (batch i with `batch_key(rng, i)`).
-  `prompt_lengths`: a decoder-only target's int [B] prompt lengths of each batch."""
+                  prompt_lengths: Sequence | None = None, first_key: int = 0) -> Corpus:
+  """Decode every batch with `method` (batch i with `batch_key(rng, first_key + i)`).
+  `prompt_lengths`: a decoder-only target's int [B] prompt lengths of each batch;
+  `first_key`: the index of the first batch in a larger corpus (one process's block)."""
   # only passed when given: a method of the tools' users may not take it
   lengths = [{} if prompt_lengths is None else {"prompt_lengths": n}
              for n in (prompt_lengths or [None] * len(batches))]
   # to_host: on a mesh spanning processes each output is gathered whole on every process
   outputs = [to_host(method.decode(target, b.tokens, max_new_tokens=max_new_tokens,
-                                   rng=batch_key(rng, i), eos_id=eos_id, **lengths[i]))
+                                   rng=batch_key(rng, first_key + i), eos_id=eos_id,
+                                   **lengths[i]))
              for i, b in enumerate(batches)]
   return Corpus(tuple(outputs), tuple(int(b.real) for b in batches))
 

@@ -29,7 +29,7 @@ from specdec_jax.tools.cli.mesh_args import (add_mesh_flag, check_batch, mesh_ba
 from specdec_jax.tools.cli.method_args import (EARLY_EXIT, add_method_flags, build_method,
                                                check_method_flags, sampling_from_method_args)
 from specdec_jax.tools.errors import CLIError
-from specdec_jax.tools.methods import EXTRA_STATS, Baseline, Corpus, batch_key, decode_corpus
+from specdec_jax.tools.methods import EXTRA_STATS, Baseline, decode_corpus
 from specdec_jax.tools.models import drafter_loader, resolve_drafter
 from specdec_jax.tools.options import check_at_least_one
 from specdec_jax.tools.prompts import (encode_lm_prompts, encode_prompts, lm_batches,
@@ -132,17 +132,6 @@ def _family_loader(load, target: sd.Model, flag: str):
   return checked
 
 
-def _process_corpus(method, target, batches, lengths, max_new_tokens: int, rng,
-                    offset: int) -> Corpus:
-  """This process's batches decoded, batch i with `batch_key(rng, offset + i)`."""
-  extra = [{} if lengths is None else {"prompt_lengths": n}
-           for n in (lengths or [None] * len(batches))]
-  outputs = [jax.device_get(method.decode(target, b.tokens, max_new_tokens=max_new_tokens,
-                                          rng=batch_key(rng, offset + i), **extra[i]))
-             for i, b in enumerate(batches)]
-  return Corpus(tuple(outputs), tuple(int(b.real) for b in batches))
-
-
 def _local_batches(prompts: Prompts, batch: int, process: int, processes: int):
   """This process's block of rows in padded batches (and, for an LM, their lengths)."""
   blocks = local_batches(prompts.tokens, batch, process, processes)
@@ -162,17 +151,17 @@ def _decode(args, method, target, prompts: Prompts, mesh):
   processes, process = jax.process_count(), jax.process_index()
   n = len(prompts.tokens)
   split_rows = processes > 1 and not sd.sharding.spans_processes(mesh)
-  if not split_rows:
-    batch = args.batch_size or mesh_batch(n, mesh)
-    batches, lengths = _batches(prompts, batch)
-    call = functools.partial(decode_corpus, method, target, batches,
-                             max_new_tokens=args.max_new_tokens, rng=rng,
-                             prompt_lengths=lengths)
-  else:
+  if split_rows:
     batch = args.batch_size or mesh_batch(process_rows(n, process, processes)[2], mesh)
     batches, lengths = _local_batches(prompts, batch, process, processes)
-    call = functools.partial(_process_corpus, method, target, batches, lengths,
-                             args.max_new_tokens, rng, process * len(batches))
+    first_key = process * len(batches)      # no two batches of the file share a key
+  else:
+    batch = args.batch_size or mesh_batch(n, mesh)
+    batches, lengths = _batches(prompts, batch)
+    first_key = 0
+  call = functools.partial(decode_corpus, method, target, batches,
+                           max_new_tokens=args.max_new_tokens, rng=rng,
+                           prompt_lengths=lengths, first_key=first_key)
   if args.warmup:   # every batch once: trimmed batches may differ in shape
     call()
   t0 = time.perf_counter()
