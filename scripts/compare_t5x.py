@@ -7,6 +7,9 @@
     python scripts/compare_t5x.py --t5x-src /path/to/t5x --model config:t5_1_1_small \
         --dtype bfloat16 --out results/t5x_compare_bf16
 
+    python scripts/compare_t5x.py --t5x-src /path/to/t5x --model config:t5_1_1_small \
+        --beam 4:0.6 --out results/t5x_compare_beam          # T5X's beam_search vs sd.Beam
+
 --dtype bfloat16 runs both sides in bfloat16 (params and activations; `sd.load`'s
 dtype) and reports token agreement instead of requiring identical tokens.
 Writes OUT/t5x_compare.json, .md and .png. See `specdec_jax/tools/t5x_bench.py` for what
@@ -37,18 +40,28 @@ def main(argv=None) -> int:
   p.add_argument("--repeats", type=int, default=7)
   p.add_argument("--dtype", choices=DTYPES, default="float32",
                  help="compute dtype of both sides, params and activations (default float32)")
+  p.add_argument("--beam", metavar="K:ALPHA",
+                 help="compare beam search (t5x.decoding.beam_search vs sd.Beam) with K beams "
+                 "and brevity penalty ALPHA instead of greedy decoding")
   p.add_argument("--out", default="results/t5x_compare")
   args = p.parse_args(argv)
 
   from specdec_jax.tools import t5x_bench
   from specdec_jax.tools.models import load_model
   from specdec_jax.tools.report import atomic_write, write_json, write_plot
+  beam = None
+  if args.beam is not None:
+    k, _, alpha = args.beam.partition(":")
+    try:
+      beam = (int(k), float(alpha or 0.6))
+    except ValueError:
+      p.error(f"--beam {args.beam!r}: expected K:ALPHA, e.g. 4:0.6")
   try:
     t5x = t5x_bench.load_t5x(args.t5x_src)      # fail before building the model
     model = load_model(args.model, args.dtype)
     results = t5x_bench.run_t5x_compare(model, t5x, batch_sizes=args.batch_sizes,
                                         prompt_len=args.prompt_len, steps=args.steps,
-                                        repeats=args.repeats, dtype=args.dtype)
+                                        repeats=args.repeats, dtype=args.dtype, beam=beam)
   except SpecdecError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -36,8 +36,7 @@ from flax import struct
 from specdec_jax.errors import InputError
 
 
-@struct.dataclass
-class CrossKV:
+class CrossKV(struct.PyTreeNode):
   """Cross-attention K/V of one encoder output, computed once per request.
 
   Attributes:
@@ -50,8 +49,7 @@ class CrossKV:
   mask: jax.Array
 
 
-@struct.dataclass
-class DecoderCache:
+class DecoderCache(struct.PyTreeNode):
   """Decoder state for cached decoding. L = layers, C = capacity.
 
   Attributes:

@@ -83,7 +83,7 @@ def top_p_mask(logits: Array, p: float) -> Array:
 
   Tokens whose probability ties the threshold are kept. [..., V]
   """
-  if p >= 1.0:
+  if not isinstance(p, jax.core.Tracer) and p >= 1.0:     # p may be traced (T5X drop-in)
     return logits
   probs = jax.nn.softmax(logits, axis=-1)
   sorted_probs = jnp.flip(jnp.sort(probs, axis=-1), axis=-1)
@@ -116,7 +116,7 @@ def log_probs(logits: Array, sampling: SamplingSettings) -> Array:
   Greedy gives log one-hot (0 at the argmax, -inf elsewhere).
   """
   logits = logits.astype(jnp.float32)
-  if sampling.is_greedy:
+  if isinstance(sampling, Greedy) or sampling.is_greedy:
     one_hot = jax.nn.one_hot(argmax(logits), logits.shape[-1], dtype=jnp.bool_)
     return jnp.where(one_hot, 0.0, -jnp.inf)
   scaled = top_p_mask(top_k_mask(logits / sampling.temperature, sampling.top_k), sampling.top_p)

@@ -22,7 +22,7 @@ where T5X's do (`with_logical_constraint`): queries, keys and values ('batch', '
 `jit` propagates these layouts to everything else, and XLA inserts the collectives. A
 Model on one device has no partitioner: its program holds no constraint at all. The CPU
 decode kernels run on one device only, so a model placed on several devices decodes on
-XLA's ops (`kernels.dispatch.policy`: "params are not on one CPU device").
+XLA's ops (`sd.load(mesh=)` packs for "auto": "xla" on several devices).
 
 A dimension whose size the mesh axis does not divide is replicated instead (e.g. the 4
 relative-position heads of t5_1_1_tiny on an 8-wide "model" axis): the rules describe a
@@ -136,7 +136,7 @@ def partition_spec(axes: Sequence[str | None], mesh: Mesh, rules: Rules = RULES_
   rules = check_rules(rules, mesh)
   label = f" of {name}" if name else ""
   used: set[str] = set()
-  spec = []
+  spec: list[str | None] = []
   for dim, logical in enumerate(axes):
     if logical is None:
       spec.append(None)
@@ -183,7 +183,7 @@ class Partitioner:
     spec = partition_spec(tuple(a if a in named else None for a in axes), self.mesh, self.rules)
     spec = PartitionSpec(*(PartitionSpec.UNCONSTRAINED
                            if axis is not None and size % self.mesh.shape[axis] else axis
-                           for axis, size in zip(spec, x.shape)))
+                           for axis, size in zip(spec, x.shape, strict=True)))
     return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
 
@@ -221,6 +221,15 @@ def param_shardings(model: Model, mesh: Mesh, rules: Rules | None = None,
       for path in params})
 
 
+def check_mesh(mesh: Any, where: str) -> None:
+  """InputError unless `mesh` is a `jax.sharding.Mesh` (a mesh spec string is the CLI's)."""
+  if not isinstance(mesh, Mesh):
+    hint = (" (a string such as 'data=2,model=4' is the CLI's --mesh: build the mesh with "
+            "sd.make_mesh(data=2, model=4))" if isinstance(mesh, str) else "")
+    raise InputError(f"{where} takes a jax.sharding.Mesh (sd.make_mesh), got "
+                     f"{type(mesh).__name__} {mesh!r:.40}{hint}")
+
+
 def load(path_or_name: str, mesh: Mesh, dtype: Any = "float32", config: T5Config | None = None,
          rules: Rules | None = None, strict: bool = False) -> Model:
   """`sd.load(path_or_name, dtype, config, mesh=mesh, rules=rules)`: a model loaded straight
@@ -234,9 +243,7 @@ def load(path_or_name: str, mesh: Mesh, dtype: Any = "float32", config: T5Config
   from specdec_jax.config import get_config
   from specdec_jax.io import checkpoints
   from specdec_jax.models.model import init_model
-  if not isinstance(mesh, Mesh):
-    raise InputError(f"mesh= takes a jax.sharding.Mesh (sd.make_mesh), got "
-                     f"{type(mesh).__name__}")
+  check_mesh(mesh, "mesh=")
   if isinstance(path_or_name, str) and path_or_name.startswith("config:"):
     cfg = get_config(path_or_name[len("config:"):])
     where = unflatten_dict({tuple(k.split("/")): v for k, v in
@@ -264,6 +271,7 @@ def shard(model: Model, mesh: Mesh, rules: Rules | None = None, strict: bool = F
   if not isinstance(model, Model):
     raise InputError(f"shard takes an sd.Model, got {type(model).__name__} (a drafter or "
                      f"heads: sd.sharding.replicate)")
+  check_mesh(mesh, "shard(model, mesh)")
   shardings = param_shardings(model, mesh, rules, strict)
   return model.replace(params=jax.device_put(model.params, shardings),
                        partitioner=partitioner(mesh, rules))
@@ -276,6 +284,7 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
   Models in `tree` lose their packed kernel weights (they decode on XLA's ops) and carry
   `partitioner(mesh, RULES_REPLICATED)`: their activations stay split by batch only.
   """
+  check_mesh(mesh, "replicate(tree, mesh)")
   replicated = NamedSharding(mesh, PartitionSpec())
   where = partitioner(mesh, RULES_REPLICATED)
 
@@ -294,6 +303,7 @@ def shard_batch(x: Array, mesh: Mesh) -> Array:
 
   InputError: B not divisible by the size of "data" (pad the batch, or choose another mesh).
   """
+  check_mesh(mesh, "shard_batch(x, mesh)")
   x = x if isinstance(x, jax.Array) else np.asarray(x)
   if x.ndim < 1:
     raise InputError(f"shard_batch needs an array [B, ...], got shape {x.shape}")
@@ -339,7 +349,8 @@ def decode_layout(target: Model, encoder_tokens: Any) -> Partitioner | None:
   whose "heads" follow the mesh axis its first query kernel splits its columns over.
   """
   where = getattr(encoder_tokens, "sharding", None)
-  if not isinstance(where, NamedSharding) or "data" not in where.mesh.axis_names:
+  if (not isinstance(where, NamedSharding) or not isinstance(where.mesh, Mesh)
+      or "data" not in where.mesh.axis_names):
     return None
   mesh = where.mesh
   if mesh.size == 1:
@@ -350,9 +361,21 @@ def decode_layout(target: Model, encoder_tokens: Any) -> Partitioner | None:
     query = target.params["encoder"]["layers_0"]["attention"]["query"]["kernel"]
   except (KeyError, TypeError):
     query = None
-  spec = getattr(getattr(query, "sharding", None), "spec", ())
+  spec: Any = getattr(getattr(query, "sharding", None), "spec", ())
   axis = spec[1] if len(spec) > 1 and isinstance(spec[1], str) else None
   return Partitioner(mesh, (("batch", "data"), ("heads", axis)))
+
+
+def constrain_cache(c: Any, layout: Partitioner, heads: str | None) -> Any:
+  """A `DecoderCache` [B, H, C, Dh] pinned by batch, and by `heads` (None: whole), its
+  cross K/V alike (`constrain_state`; beam search's flat [B*K] caches)."""
+  pin = layout.with_logical_constraint
+  kv = lambda xs: tuple(pin(x, ("batch", heads, "length", "kv")) for x in xs)
+  cross = None if c.cross is None else c.cross.replace(
+      key=kv(c.cross.key), value=kv(c.cross.value),
+      mask=pin(c.cross.mask, ("batch", "length")))
+  return c.replace(self_key=kv(c.self_key), self_value=kv(c.self_value),
+                   length=pin(c.length, ("batch",)), cross=cross)
 
 
 def constrain_state(state: Any, layout: Partitioner) -> Any:
@@ -369,14 +392,7 @@ def constrain_state(state: Any, layout: Partitioner) -> Any:
   """
   from specdec_jax.cache import DecoderCache
   pin = layout.with_logical_constraint
-
-  def cache(c: DecoderCache, heads: str | None):
-    kv = lambda xs: tuple(pin(x, ("batch", heads, "length", "kv")) for x in xs)
-    cross = None if c.cross is None else c.cross.replace(
-        key=kv(c.cross.key), value=kv(c.cross.value),
-        mask=pin(c.cross.mask, ("batch", "length")))
-    return c.replace(self_key=kv(c.self_key), self_value=kv(c.self_value),
-                     length=pin(c.length, ("batch",)), cross=cross)
+  cache = lambda c, heads: constrain_cache(c, layout, heads)
 
   proposer = jax.tree_util.tree_map(
       lambda x: cache(x, None) if isinstance(x, DecoderCache) else x, state.proposer,

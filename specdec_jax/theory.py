@@ -89,7 +89,8 @@ def _check_alpha(alpha, name: str = "alpha") -> np.ndarray:
     try:
         a = np.asarray(alpha, dtype=np.float64)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} must be a number or array of numbers in [0, 1], got {alpha!r}") from exc
+        raise ValueError(
+            f"{name} must be a number or array of numbers in [0, 1], got {alpha!r}") from exc
     if np.any(np.isnan(a)):
         raise ValueError(f"{name} must be in [0, 1], got NaN")
     if np.any(a < -_ALPHA_ATOL) or np.any(a > 1.0 + _ALPHA_ATOL):
@@ -102,11 +103,13 @@ def _check_gamma(gamma, name: str = "gamma") -> np.ndarray:
     if isinstance(gamma, (bool, np.bool_)):
         raise ValueError(f"{name} must be an integer >= 1, got a bool ({gamma!r})")
     g = np.asarray(gamma)
-    if g.dtype == np.bool_ or not (np.issubdtype(g.dtype, np.integer) or np.issubdtype(g.dtype, np.floating)):
+    if g.dtype == np.bool_ or not (np.issubdtype(g.dtype, np.integer)
+                                   or np.issubdtype(g.dtype, np.floating)):
         raise ValueError(f"{name} must be an integer >= 1, got {gamma!r}")
     if np.issubdtype(g.dtype, np.floating):
         if np.any(~np.isfinite(g)) or np.any(g != np.floor(g)):
-            raise ValueError(f"{name} must be an integer >= 1 (number of draft tokens), got {gamma!r}")
+            raise ValueError(
+                f"{name} must be an integer >= 1 (number of draft tokens), got {gamma!r}")
     if np.any(g < 1):
         raise ValueError(f"{name} must be an integer >= 1 (number of draft tokens), got {gamma!r}")
     return g.astype(np.int64)
@@ -128,7 +131,8 @@ def _check_distributions(p, q) -> tuple[np.ndarray, np.ndarray]:
     try:
         np.broadcast_shapes(p.shape, q.shape)
     except ValueError as exc:
-        raise ValueError(f"p and q must have broadcastable shapes, got {p.shape} and {q.shape}") from exc
+        raise ValueError(
+            f"p and q must have broadcastable shapes, got {p.shape} and {q.shape}") from exc
     for name, d in (("p", p), ("q", q)):
         if not np.all(np.isfinite(d)):
             raise ValueError(f"{name} must contain finite probabilities")
@@ -185,7 +189,7 @@ def alpha_from_betas(betas, axis=None):
     return _scalar_or_array(np.mean(b, axis=axis))
 
 
-def lenient_alpha(p, q, l, axis: int = -1):
+def lenient_alpha(p, q, l, axis: int = -1):  # noqa: E741 (the paper's lenience l)
     """Acceptance probability with lenience ``l`` (Appendix A.5; lossy, opt-in).
 
     With the drafter probability scaled by ``l`` before the comparison (accept x ~ q
@@ -326,7 +330,8 @@ def optimal_gamma(alpha, c, max_gamma: int = 64) -> OptimalGamma:
     c_arr = _check_nonneg(c, "c")
     if a.ndim != 0 or c_arr.ndim != 0:
         raise ValueError("optimal_gamma takes scalar alpha and c")
-    if isinstance(max_gamma, (bool, np.bool_)) or not isinstance(max_gamma, numbers.Integral) or max_gamma < 1:
+    if (isinstance(max_gamma, (bool, np.bool_)) or not isinstance(max_gamma, numbers.Integral)
+            or max_gamma < 1):
         raise ValueError(f"max_gamma must be an integer >= 1, got {max_gamma!r}")
     gammas = np.arange(1, int(max_gamma) + 1, dtype=np.int64)
     vals = _expected_tokens(a, gammas) / (gammas * c_arr + 1.0)

@@ -161,6 +161,7 @@ def plan_checks() -> list:
   (`sd.shard`, `sharding.replicate`) and caches (`model.start`'s, placed in the plan's
   `cache_layout`)."""
   from jax.sharding import NamedSharding, PartitionSpec
+
   from specdec_jax.tools import plan as plan_lib
   rows = []
 
@@ -178,7 +179,7 @@ def plan_checks() -> list:
                                 mesh={"data": data, "model": model}, **PLAN_SHAPE)
     target = sd.shard(sd.init_model(target_config, 0, dtype), mesh)
     drafter = sd.sharding.replicate(sd.init_model(drafter_config, 1, dtype), mesh)
-    b, le, g = PLAN_SHAPE["batch"], PLAN_SHAPE["max_input_len"], PLAN_SHAPE["gamma"]
+    b, le = PLAN_SHAPE["batch"], PLAN_SHAPE["max_input_len"]
     enc = sd.sharding.shard_batch(np.full((b, le), 5, np.int32), mesh)
     sizes = plan_lib.abstract_mesh(data, model)
     target_cache = start(target, enc, plan.capacity,
@@ -206,7 +207,8 @@ def program_checks() -> list:
   decode (arguments + outputs + temporaries of `engine.run`), on a shape whose caches
   dominate: the engine pins the caches' layout (`sd.sharding.constrain_state`), the
   layers constrain the activations, XLA propagates the rest."""
-  from specdec_jax.decoding import engine, methods as core
+  from specdec_jax import methods as core
+  from specdec_jax.rounds import engine
   from specdec_jax.tools import plan as plan_lib
   config = sd.get_config("t5_1_1_tiny", num_heads=8, head_dim=64)
   drafter_config = sd.get_config("t5_1_1_tiny_drafter")

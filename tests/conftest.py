@@ -14,7 +14,9 @@ JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS / JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE
 otherwise. Entries are keyed by the program, the backend, jaxlib and the XLA flags, so a
 stale entry is never loaded; the directory only grows (a full run writes a few hundred MB).
 
-Tiers: `pytest -m "not slow"` is the fast tier to run before every commit; the full suite
+Tiers: `pytest tests/unit` (marker `unit`) is the model-free tier: acceptance rules, buffer,
+counters, theory, settings and the engine on table models (`specdec_jax.testing`), in seconds;
+`pytest -m "not slow"` is the fast tier to run before every commit; the full suite
 (README's test command) adds the tests marked `@pytest.mark.slow`, the costly
 parametrizations of features the fast tier already covers once.
 """
@@ -97,7 +99,8 @@ def perturbed(model: sd.Model, noise: float, seed: int) -> sd.Model:
   """A drafter that agrees with `model` often but not always."""
   leaves, tree = jax.tree_util.tree_flatten(model.params)
   keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
-  leaves = [x + noise * jax.numpy.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+  leaves = [x + noise * jax.numpy.std(x) * jax.random.normal(k, x.shape)
+            for x, k in zip(leaves, keys, strict=True)]
   return model.replace(params=jax.tree_util.tree_unflatten(tree, leaves))
 
 

@@ -57,6 +57,6 @@ def run_processes(command: Callable[[int, int], Sequence[str]], processes: int, 
   finally:
     for p in procs:
       p.kill()
-  for p, (_, err) in zip(procs, results):
+  for p, (_, err) in zip(procs, results, strict=True):
     assert p.returncode == 0, err[-4000:]
   return [out for out, _ in results]

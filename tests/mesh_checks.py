@@ -28,9 +28,9 @@ import numpy as np
 from flax.traverse_util import flatten_dict
 
 import specdec_jax as sd
-from specdec_jax.decoding import engine
 from specdec_jax.io import checkpoints
 from specdec_jax.io.checkpoints import leaves
+from specdec_jax.rounds import engine
 
 FIXTURE = pathlib.Path(__file__).resolve().parent / "fixtures" / "t5x_tiny_v1_1"
 LOAD_MESHES = ((8, 1), (2, 4), (1, 8))
@@ -39,7 +39,7 @@ LOAD_MESHES = ((8, 1), (2, 4), (1, 8))
 # of them on 2x4 (every placement is a program of its own to compile: CI time).
 GREEDY = ("generate", "speculative")
 SAMPLE = ("sample", "sample_again")
-SINGLE = GREEDY + SAMPLE + ("speculative_sample", "bild", "blockwise")
+SINGLE = GREEDY + SAMPLE + ("speculative_sample", "bild", "blockwise", "beam")
 # Greedy drafters and adaptive gamma: on 2x4 only, compared with the single device's
 # `generate` (exact mode: each is bitwise `generate` on one device already).
 MESH_ONLY = ("ngram", "prompt_lookup", "adaptive")
@@ -84,6 +84,8 @@ def runs(target, drafter, heads, enc, methods=SINGLE, ngram=None):
       "bild": lambda: sd.bild_generate(target, drafter, enc, fallback_threshold=1.0,
                                        max_new_tokens=T),
       "blockwise": lambda: sd.blockwise_generate(target, heads, enc, max_new_tokens=T),
+      # 3 beams per row: 24 flat rows, a row's beams on its "data" shard
+      "beam": lambda: sd.decode(target, sd.Beam(num_beams=3), enc, max_new_tokens=T),
       "ngram": lambda: sd.speculative_generate(target, ngram, enc, gamma=GAMMA,
                                                max_new_tokens=T),
       "prompt_lookup": lambda: sd.speculative_generate(
@@ -426,7 +428,7 @@ def main(path, memory_checkpoint=None, lm_dirs=None):
       "device_count": jax.device_count(),
       "margin": min_margin(single_logits, *single["generate"]),
       "single_speculative_is_generate": same(single["speculative"], single["generate"]),
-      "single_uses_kernels": sd.pack(target).decode_weights is not None,
+      "single_uses_kernels": sd.pack(target).decode_weights.policy.backend == "cpu",
       "logits_scale": float(np.abs(single_logits).max()),
       "meshes": {},
   }
@@ -450,7 +452,7 @@ def main(path, memory_checkpoint=None, lm_dirs=None):
                                   jax.tree_util.tree_leaves((d.params, h.params))),
         "enc_shard_shapes": sorted({tuple(s.data.shape) for s in e.addressable_shards}),
         "logits_max_abs_diff": logits_diff,
-        "packed": sd.pack(t).decode_weights is not None,
+        "packed": sd.pack(t).decode_weights.policy.backend != "xla",
         "output_devices": len(out.tokens.sharding.device_set),
         # MESH_ONLY methods: against one device's `generate`
         "equal_single": {k: same(v, single[k if k in single else "generate"])
@@ -463,24 +465,27 @@ def main(path, memory_checkpoint=None, lm_dirs=None):
     }
     caches = {"target": (t.config, data, model), "drafter": (d.config, data, 1)}
     report["meshes"][name]["cache"] = {
-        "generate": cache_layout(lambda: sd.generate(t, e, T), {"target": caches["target"]})}
+        "generate": cache_layout(lambda t=t, e=e: sd.generate(t, e, T),
+                                 {"target": caches["target"]})}
     if model < 8:     # t5_1_1_tiny's 4 heads do not split 8 ways: 1x8 keeps them whole
       report["meshes"][name]["cache"]["speculative"] = cache_layout(
-          lambda: sd.speculative_generate(t, d, e, gamma=GAMMA, max_new_tokens=T), caches)
+          lambda t=t, d=d, e=e: sd.speculative_generate(t, d, e, gamma=GAMMA, max_new_tokens=T),
+          caches)
     if name == "2x4/RULES_1D":
       report["lm"] = lm_checks(mesh)
     if name == "2x4/RULES_1D":     # new prompt contents, same shapes: no new program
       other = sd.sharding.shard_batch(np.roll(enc, 1, axis=1)[::-1].copy(), mesh)
       report["recompiles"] = {
-          "generate": compile_events(lambda: sd.generate(t, other, T)),
+          "generate": compile_events(lambda t=t, other=other: sd.generate(t, other, T)),
           # a new shape is a new program: the listener does see compilations
-          "generate_longer": compile_events(lambda: sd.generate(t, other, T + 1)),
-          "speculative": compile_events(lambda: sd.speculative_generate(
+          "generate_longer": compile_events(
+              lambda t=t, other=other: sd.generate(t, other, T + 1)),
+          "speculative": compile_events(lambda t=t, d=d, other=other: sd.speculative_generate(
               t, d, other, gamma=GAMMA, max_new_tokens=T)),
-          "bild": compile_events(lambda: sd.bild_generate(
+          "bild": compile_events(lambda t=t, d=d, other=other: sd.bild_generate(
               t, d, other, fallback_threshold=1.0, max_new_tokens=T)),
-          "blockwise": compile_events(lambda: sd.blockwise_generate(t, h, other,
-                                                                    max_new_tokens=T))}
+          "blockwise": compile_events(lambda t=t, h=h, other=other: sd.blockwise_generate(
+              t, h, other, max_new_tokens=T))}
   report["errors"] = {
       "strict": error(lambda: sd.shard(target, sd.make_mesh(model=8), strict=True)),
       "batch": error(lambda: sd.sharding.shard_batch(enc[:6], sd.make_mesh(data=4, model=2))),

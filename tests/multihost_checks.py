@@ -25,7 +25,7 @@ jax.distributed.initialize(f"127.0.0.1:{PORT}", 2, PROCESS)
 from jax.experimental import multihost_utils  # noqa: E402
 
 import specdec_jax as sd  # noqa: E402
-from specdec_jax.decoding import stats  # noqa: E402
+from specdec_jax.rounds import stats  # noqa: E402
 
 LOGITS_SCALE = 6.0     # top-2 margins far above float noise: a mesh changes reduction order
 ENC = np.array([[5, 17, 42, 9, 1], [7, 8, 9, 11, 1], [30, 31, 32, 33, 1], [100, 3, 1, 0, 0]],

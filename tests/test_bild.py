@@ -5,10 +5,10 @@ import math
 import jax
 import numpy as np
 import pytest
+from conftest import peaked, perturbed, ragged_tokens
 
 import specdec_jax as sd
-from specdec_jax.decoding import engine
-from conftest import peaked, perturbed, ragged_tokens
+from specdec_jax.rounds import engine
 
 MAX_NEW = 12
 EOS = 1

@@ -8,14 +8,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import peaked, ragged_tokens
 
 import specdec_jax as sd
-from specdec_jax.decoding import blockwise, engine
 from specdec_jax.drafters import lattice
-from specdec_jax.decoding.acceptance import prefix_length
-from specdec_jax.rounds.phases import Acceptance, Proposal
 from specdec_jax.drafters.heads import head_logits, heads_loss
-from conftest import peaked, ragged_tokens
+from specdec_jax.methods import blockwise
+from specdec_jax.rounds import engine
+from specdec_jax.rounds.acceptance import prefix_length
+from specdec_jax.rounds.phases import Acceptance, Proposal
 
 MAX_NEW = 11
 
@@ -245,7 +246,7 @@ def test_lattice_top_k_is_not_a_full_sort_in_the_decode_loop(model, trained, big
   n-gram-rescored decode loop to a full stable sort (8 ms per round on the demo target);
   `sampling.top_k` gives it a 2-D operand. A sort here means that regression is back.
   """
-  from specdec_jax.drafters.blockwise import HeadDrafter
+  from specdec_jax.drafters.head_drafter import HeadDrafter
   enc = ragged_tokens(2, 9, 512, seed=0)
   config = blockwise.round_config(trained, 6, None, 1, 4, 1, "ngram", False, None, False)
   proposer = HeadDrafter(model, trained, lm=bigram, top_k=4, rescoring="ngram")

@@ -18,9 +18,9 @@ import pytest
 import tensorstore as ts
 from flax import serialization
 
+from specdec_jax.config import T5Config
 from specdec_jax.io import checkpoints as ckpt
 from specdec_jax.io.checkpoints import CheckpointError, hf, resolve, t5x_legacy
-from specdec_jax.config import T5Config
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "t5x_tiny_v1_1"
 CHUNK = "target.encoder.layers_0.attention.query.kernel"
@@ -433,6 +433,7 @@ def test_save_load_round_trip(dtype, tmp_path, reference, fixture_config):
 def test_sd_load_gives_float32_device_arrays_unless_asked(tmp_path, reference, fixture_config):
   """Like T5X's restore and HF's from_pretrained: float32 by default, whatever is stored."""
   import jax
+
   import specdec_jax as sd
   ckpt.save_checkpoint(tmp_path / "bf16", fixture_config, ckpt.unflatten(reference),
                        dtype="bfloat16")

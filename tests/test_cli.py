@@ -3,6 +3,7 @@
 import io
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -10,11 +11,13 @@ import sys
 import jax
 import numpy as np
 import pytest
+from loopback import device_env
 
 import specdec_jax as sd
 from specdec_jax.io.tokenizer import train_sentencepiece
 from specdec_jax.tools import cli, models, options, prompts
 from specdec_jax.tools import errors as cli_errors
+from specdec_jax.tools.costs import verify_cost_text
 from specdec_jax.tools.report import to_jsonable
 
 TARGET = "config:t5_1_1_tiny"
@@ -70,7 +73,7 @@ def test_json_and_stats(capsys):
   direct = sd.generate(models.load_model(TARGET), prompts.parse_token_ids(PROMPTS, 512),
                        max_new_tokens=6, rng=jax.random.PRNGKey(0))
   assert payload["outputs"] == [np.asarray(t)[:n].tolist()
-                                for t, n in zip(direct.tokens, direct.lengths)]
+                                for t, n in zip(direct.tokens, direct.lengths, strict=True)]
   stats = payload["stats"]
   assert_same_stats(stats, direct.stats)
   assert stats["target_calls"] == stats["tokens"] == sum(payload["lengths"])
@@ -106,17 +109,25 @@ def test_compare_times_the_baseline_on_the_same_inputs(capsys):
   assert compare["ms_per_token"] > 0 and compare["baseline_ms_per_token"] > 0
   assert compare["speedup"] == pytest.approx(compare["baseline_ms_per_token"]
                                              / compare["ms_per_token"])
-  assert "speedup vs baseline" in err
+  # one labelled figure per quantity, each printed once, the same as in the JSON
+  assert (f"target alone {compare['baseline_ms_per_token']:.2f} ms/token, speculative "
+          f"{compare['ms_per_token']:.2f} ms/token, speedup {compare['speedup']:.2f}x") in err
+  assert err.count(" ms/token") == 3    # the two above and exact mode's; no one-run figure
   # The figure explained by the run's own counts and its measured step costs.
   costs, stats = compare["costs"], out["stats"]
   assert costs["c"] > 0 and costs["verify_cost"] > 0 and costs["call_tokens"] == 3
   assert costs["tokens_per_target_call"] == pytest.approx(stats["tokens_per_target_call"])
   assert costs["drafts_per_target_call"] == pytest.approx(stats["drafter_calls"]
                                                           / stats["target_calls"])
-  assert costs["expected_speedup"] == pytest.approx(
-      costs["tokens_per_target_call"]
-      / (costs["drafts_per_target_call"] * costs["c"] + costs["verify_cost"]))
-  assert "tokens per target call" in err and "expected from the calls alone" in err
+  assert costs["round_cost"] == pytest.approx(
+      costs["drafts_per_target_call"] * costs["c"] + max(costs["verify_cost"], 1.0))
+  assert costs["expected_speedup"] == pytest.approx(costs["tokens_per_target_call"]
+                                                    / costs["round_cost"])
+  why = next(line for line in err.splitlines() if line.startswith("why"))
+  assert f"{costs['tokens_per_target_call']:.2f} tokens per target call" in why
+  assert f"verify cost {verify_cost_text(costs['verify_cost'])}" in why
+  assert "expected" not in err and f"{costs['expected_speedup']:.2f}x" not in why
+  assert ("timing noise" in err) == (costs["verify_cost"] < 1.0)
   base, err = decode_json(capsys, "--compare", *PROMPTS)   # nothing to compare the baseline with
   assert "compare" not in base["timing"] and "speedup" not in err
 
@@ -157,7 +168,8 @@ def test_bild_and_blockwise_methods_are_the_library_calls(capsys, tmp_path):
   direct = sd.bild_generate(target, small, enc, fallback_threshold=0.3, rollback_threshold=2.0,
                             max_new_tokens=6, rng=jax.random.PRNGKey(0))
   assert out["outputs"] == [row[:n].tolist() for row, n in zip(np.asarray(direct.tokens),
-                                                                np.asarray(direct.lengths))]
+                                                                np.asarray(direct.lengths),
+                                                                strict=True)]
   assert_same_stats(out["stats"], direct.stats)
   assert out["settings"]["method"] == "bild" and out["settings"]["fallback_threshold"] == 0.3
   assert "fallback_rate" in err and "LOSSY" in err
@@ -185,7 +197,8 @@ def test_speculative_flags_reach_the_method(capsys):
                      enc, max_new_tokens=6, sampling=sd.Sampling(temperature=0.7),
                      rng=jax.random.PRNGKey(0))
   assert out["outputs"] == [row[:n].tolist() for row, n in zip(np.asarray(direct.tokens),
-                                                                np.asarray(direct.lengths))]
+                                                                np.asarray(direct.lengths),
+                                                                strict=True)]
   explicit, _ = decode_json(capsys, "--method", "speculative", "--drafter", DRAFTER, "--gamma",
                             "3", "--adaptive-gamma", "--lenience", "0.5", "--sampling",
                             "sample", "--temperature", "0.7", *PROMPTS)
@@ -199,7 +212,7 @@ def test_speculative_flags_are_derived_from_the_fields():
 
   from flax import struct
 
-  from specdec_jax.decoding import methods as core
+  from specdec_jax import methods as core
   from specdec_jax.tools.cli import method_args
 
   @struct.dataclass
@@ -211,8 +224,8 @@ def test_speculative_flags_are_derived_from_the_fields():
       warm: draft from the previous round's cache.
     """
 
-    head_start: int = core._setting(2)
-    warm: bool | None = core._setting(None)
+    head_start: int = core.setting(2)
+    warm: bool | None = core.setting(None)
 
   parser = argparse.ArgumentParser()
   method_args.add_setting_flags(parser, Eager)
@@ -228,18 +241,22 @@ def test_speculative_flags_are_derived_from_the_fields():
     sub = cli.build_parser()._subparsers._group_actions[0].choices[command]
     text = " ".join(sub.format_help().split())
     assert all(flag in text for flag in flags), command
-    assert "drafts per round" in text               # help from the class's Attributes
+    assert "the small model hands over when" in text   # help from the class's Attributes
+    assert "tokens drafted per round" in text          # or written for the command line
+    # no Python in the help: code references, Python values, a default of None
+    options = text.split("options:", 1)[1]
+    assert not any(python in options for python in ("`", "True or", "default None")), options
 
 
 @pytest.mark.parametrize("flag", ["--gamma", "--adaptive-gamma", "--lenience"])
 def test_drafter_only_flags_need_a_drafter(capsys, flag):
-  from specdec_jax.decoding import methods as core
+  from specdec_jax import methods as core
   from specdec_jax.tools.cli import method_args
   field = dict(method_args.setting_flags(core.Speculative))[flag]
   value = [] if isinstance(field.default, bool) or field.default is None else [
       str(field.default)]
   code, out, err = run(capsys, "decode", "--model", TARGET, flag, *value, PROMPTS[0])
-  assert code == 2 and out == ""
+  assert code == 1 and out == ""
   assert (f"specdec decode: error: {flag} only applies to --method speculative, not --method "
           "autoregressive: add --drafter") in err
 
@@ -256,7 +273,7 @@ def test_batches_merge_into_one_run(capsys):
 
 
 def test_main_reports_any_specdec_error_in_one_line(capsys, monkeypatch):
-  """main catches SpecdecError (any subclass, core or tools): one line, exit code 2;
+  """main catches SpecdecError (any subclass, core or tools): one line, exit code 1;
   anything else is a bug and propagates."""
   from specdec_jax.tools.cli import decode
 
@@ -268,11 +285,103 @@ def test_main_reports_any_specdec_error_in_one_line(capsys, monkeypatch):
                 cli_errors.DataError("tool data error\nsecond line")):
     monkeypatch.setattr(decode, "run", fail(error))
     code, out, err = run(capsys, "decode", "--model", TARGET, "5 1")
-    assert code == 2 and out == ""
+    assert code == 1 and out == ""
     assert err == f"specdec decode: error: {str(error).splitlines()[0]}\n"
   monkeypatch.setattr(decode, "run", fail(RuntimeError("a bug")))
   with pytest.raises(RuntimeError, match="a bug"):
     cli.main(["decode", "--model", TARGET, "5 1"])
+
+
+# A command whose logs come three ways (Python's stdout, a C library's writes to descriptor
+# 1, as Gloo's connection lines do, and stderr) beside its results; then a write at exit.
+_NOISY = """
+import os, sys
+from specdec_jax.tools import cli
+from specdec_jax.tools.cli import decode, streams
+
+def noisy(args):
+  print("python log")
+  os.write(1, b"[Gloo] Rank 0 is connected to 1 peer ranks\\n")
+  print("stderr log", file=sys.stderr)
+  streams.emit("result 1")
+  streams.emit("result 2")
+  return 0
+
+decode.run = noisy
+sys.argv = ["specdec", "decode", "--model", "m", "5 1"]
+code = cli.main()
+os.write(1, b"[Gloo] at exit\\n")
+sys.exit(code)
+"""
+
+
+def test_stdout_carries_only_the_results():
+  """In a process of its own (stdout a pipe: descriptor 1 itself), every log lands on
+  stderr, also one a C library writes to descriptor 1, before or after the results."""
+  run_ = subprocess.run([sys.executable, "-c", _NOISY], capture_output=True, text=True,
+                        timeout=300, env=device_env(1))
+  assert run_.returncode == 0, run_.stderr
+  assert run_.stdout == "result 1\nresult 2\n"
+  for log in ("python log", "[Gloo] Rank 0 is connected", "stderr log", "[Gloo] at exit"):
+    assert log in run_.stderr, run_.stderr
+
+
+def test_stdout_is_restored_after_a_command(capfd):
+  """`main` called in a process (tests, scripts) gives descriptor 1 and sys.stdout back."""
+  from specdec_jax.tools.cli import streams
+  with streams.results_stdout():
+    os.write(1, b"log\n")
+    streams.emit("result")
+  os.write(1, b"after\n")
+  out, err = capfd.readouterr()
+  assert out == "result\nafter\n" and err == "log\n"
+
+
+def test_decode_runs_on_typed_settings_without_argparse(capsys):
+  """The namespace stops at the CLI's edge: `decode.from_args` gives the core method value
+  (settings checked, models None) and a frozen DecodeRun, and `decode.decode` on typed
+  settings built by hand prints what the command line does."""
+  import dataclasses
+
+  from specdec_jax.tools.cli import decode, method_args
+  argv = ["decode", "--model", TARGET, *COMMON, "--drafter", DRAFTER, "--gamma", "2",
+          "--seed", "3", *PROMPTS]
+  args = cli.build_parser().parse_args(argv)
+  choice, settings = decode.from_args(args)
+  assert choice.value == sd.Speculative(None, gamma=2) and choice.value.drafter is None
+  assert choice.name == "speculative" and choice.drafter == DRAFTER and choice.sampling.is_greedy
+  assert settings == decode.DecodeRun(model=TARGET, prompts=tuple(PROMPTS), max_new_tokens=6,
+                                      seed=3)
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    settings.seed = 4
+  with pytest.raises(sd.SpecdecError, match="--max-new-tokens must be an integer >= 1"):
+    decode.DecodeRun(model=TARGET, max_new_tokens=0)
+  code, expected, err = run(capsys, *argv)
+  assert code == 0, err
+  by_hand = method_args.MethodChoice(value=sd.Speculative(None, gamma=2), sampling=sd.Greedy(),
+                                     drafter=DRAFTER)
+  assert decode.decode(by_hand, settings) == 0
+  assert capsys.readouterr().out == expected
+
+
+def test_demo_models_say_what_they_are(capsys):
+  """Beside a demo model's outputs, one line on stderr says it is a laptop-scale demo (and
+  README says so by the main command); other models get none."""
+  from specdec_jax import package_data
+  from specdec_jax.tools.demo_notes import DEMOS, demo_note
+  assets = package_data.package_root().joinpath("assets")
+  bundled = {p.name for p in assets.iterdir() if p.is_dir()} if assets.is_dir() else set()
+  assert bundled | set(package_data.SEPARATE) <= set(DEMOS)      # every bundled group
+  note = demo_note("demo-de-en-large/target", "demo-de-en-large/drafter")
+  assert note.startswith("demo-de-en-large is a De→En demo pair")
+  assert "laptop-scale dictionary corpus" in note and "BLEU 10.4" in note
+  assert note.endswith("not translation quality")
+  assert demo_note(TARGET, "demo-en-lm/drafter").startswith("demo-en-lm is")
+  assert demo_note(TARGET, DRAFTER, None) is None
+  readme = " ".join((pathlib.Path(__file__).parents[1] / "README.md").read_text().split())
+  assert "laptop-scale dictionary corpus" in readme and "not translation" in readme
+  code, out, err = run(capsys, "decode", "--model", TARGET, *COMMON, PROMPTS[0])
+  assert code == 0 and "demo" not in out + err, err
 
 
 def test_table_drafters(capsys):
@@ -331,7 +440,6 @@ def other_vocab_drafter(tmp_path_factory):
     (["--top-p", "1.5"], "top_p"),
     (["--top-p", "0"], "top_p"),
     (["--sampling", "greedy", "--temperature", "0.5"], "only apply with --sampling sample"),
-    (["--method", "sample"], "'sample' is a sampling mode: use --sampling sample"),
     (["--gamma", "3"], "add --drafter"),
     (["--lenience", "0", "--drafter", DRAFTER], "lenience"),
     (["--max-new-tokens", "0"], "max-new-tokens"),
@@ -339,14 +447,14 @@ def other_vocab_drafter(tmp_path_factory):
     (["--tokenizer", "/no/such/spiece.model"], "tokenizer"),
     (["--input-file", "/no/such/prompts.txt"], "No such file"),
 ])
-def test_bad_input_exits_2_with_one_line(capsys, argv, problem, other_vocab_drafter):
+def test_bad_input_exits_1_with_one_line(capsys, argv, problem, other_vocab_drafter):
   argv = [str(other_vocab_drafter) if a == "OTHER" else a for a in argv]
   if "--model" not in argv:
     argv = ["--model", TARGET, *argv]
   if "--input-file" not in argv:
     argv = [*argv, PROMPTS[0]]
   code, out, err = run(capsys, "decode", *COMMON, *argv)
-  assert code == 2
+  assert code == 1
   assert out == ""
   errors = [line for line in err.splitlines() if "error" in line]
   assert len(errors) == 1 and errors[0].startswith("specdec decode: error: "), err
@@ -360,16 +468,35 @@ def test_bad_input_exits_2_with_one_line(capsys, argv, problem, other_vocab_draf
     ("5 512", "outside the model vocabulary"),
     ("-3 1", "outside the model vocabulary"),
 ])
-def test_bad_prompt_ids_exit_2(capsys, prompt, problem):
+def test_bad_prompt_ids_exit_1(capsys, prompt, problem):
   code, out, err = run(capsys, "decode", "--model", TARGET, *COMMON, prompt)
-  assert code == 2 and problem in err and "Traceback" not in err
+  assert code == 1 and problem in err and "Traceback" not in err
 
 
 def test_argparse_errors_exit_2(capsys):
   assert run(capsys, "decode", "5 1")[0] == 2             # --model missing
-  assert run(capsys, "decode", "--model", TARGET, "--method", "beam", "5")[0] == 2
+  assert run(capsys, "decode", "--model", TARGET, "--method", "sample", "5")[0] == 2
+  code, out, err = run(capsys, "decode", "--model", TARGET, "--method", "sample", "5 1")
+  assert code == 2 and out == ""
+  assert "'sample' is a sampling mode: use --sampling sample" in err
   assert run(capsys)[0] == 2                               # no subcommand
   assert run(capsys, "--help")[0] == 0
+
+
+def test_version(capsys):
+  from importlib.metadata import version
+  code, out, _ = run(capsys, "--version")
+  assert code == 0 and out == f"specdec {version('specdec-jax')}\n"
+
+
+def test_interrupt_exits_130(capsys, monkeypatch):
+  from specdec_jax.tools.cli import decode
+
+  def interrupted(args):
+    raise KeyboardInterrupt
+  monkeypatch.setattr(decode, "run", interrupted)
+  code, out, err = run(capsys, "decode", "--model", TARGET, "5 1")
+  assert code == 130 and out == "" and err == "specdec decode: interrupted\n"
 
 
 def test_text_prompts_with_a_tokenizer(capsys, tmp_path):
@@ -396,7 +523,7 @@ def test_text_prompts_with_a_tokenizer(capsys, tmp_path):
   sd.save(tmp_path / "small", with_vocab(models.load_model(TARGET), 20))
   code, _, err = run(capsys, "decode", "--model", tmp_path / "small", "--tokenizer",
                      tmp_path / "tok" / "spiece.model", "hallo")
-  assert code == 2 and "pieces" in err
+  assert code == 1 and "pieces" in err
 
 
 def _flat(params):
@@ -425,7 +552,7 @@ def test_convert_round_trip(capsys, tmp_path):
   assert all(str(v.dtype) == "bfloat16" for v in stored.values())
   # A non-empty destination is refused unless --force.
   code, _, err = run(capsys, "convert", TARGET, tmp_path / "ours")
-  assert code == 2 and "--force" in err
+  assert code == 1 and "--force" in err
   assert run(capsys, "convert", TARGET, tmp_path / "ours", "--force")[0] == 0
 
 

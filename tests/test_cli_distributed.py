@@ -12,11 +12,11 @@ import sys
 import jax
 import numpy as np
 import pytest
+from loopback import run_processes
 
 import specdec_jax as sd
 from specdec_jax.tools import cli
 from specdec_jax.tools.cli import distributed
-from loopback import run_processes
 
 HERE = pathlib.Path(__file__).parent
 DRAFTER = "config:t5_1_1_tiny_drafter"
@@ -43,16 +43,16 @@ def test_partial_process_flags_are_an_error(capsys, monkeypatch):
   code = cli.main(["decode", "--model", "config:t5_1_1_tiny", "--coordinator", "127.0.0.1:1",
                    "5 1"])
   _, err = capsys.readouterr()
-  assert code == 2 and "--num-processes, --process-id missing" in err
+  assert code == 1 and "--num-processes, --process-id missing" in err
   monkeypatch.setenv("JAX_NUM_PROCESSES", "two")
   code = cli.main(["decode", "--model", "config:t5_1_1_tiny", "--distributed", "5 1"])
   _, err = capsys.readouterr()
-  assert code == 2 and "JAX_NUM_PROCESSES='two' is not a non-negative integer" in err
+  assert code == 1 and "JAX_NUM_PROCESSES='two' is not a non-negative integer" in err
   monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
   code = cli.main(["decode", "--model", "config:t5_1_1_tiny", "--process-id", "2",
                    "--coordinator", "127.0.0.1:1", "5 1"])
   _, err = capsys.readouterr()
-  assert code == 2 and "--process-id 2 must be in [0, --num-processes 2)" in err
+  assert code == 1 and "--process-id 2 must be in [0, --num-processes 2)" in err
 
 
 @pytest.fixture(scope="module")
@@ -86,12 +86,11 @@ def test_two_processes_decode_a_file_as_one(one_process, mesh, spans):
       sys.executable, "-m", "specdec_jax.tools.cli", *argv, "--mesh", mesh,
       "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)],
       processes=2, devices=4)
-  # gloo (the CPU collectives) writes its own "[Gloo] ..." lines to stdout, from several
-  # threads (lines may interleave): keep the JSON object
-  printed = [[line for line in out.splitlines() if line.startswith('{"outputs"')]
-             for out in outs]
-  assert printed[1] == [] and len(printed[0]) == 1    # only process 0 prints
-  two = json.loads(printed[0][0])
+  # stdout holds the outputs alone: gloo's (the CPU collectives') "[Gloo] Rank 0 is
+  # connected ..." lines, which it writes to descriptor 1, go to stderr with every log
+  assert outs[1] == "" and len(outs[0].splitlines()) == 1    # only process 0 prints
+  assert "[Gloo]" not in outs[0]
+  two = json.loads(outs[0])
   assert two["timing"]["processes"] == 2
   assert two["timing"]["mesh_spans_processes"] is spans
   assert two["outputs"] == one["outputs"] and two["lengths"] == one["lengths"]
@@ -109,10 +108,9 @@ def test_a_mesh_of_neither_size_is_an_error(monkeypatch):
   monkeypatch.setattr(jax, "process_count", lambda: 2)
   monkeypatch.setattr(jax, "device_count", lambda: 8)
   monkeypatch.setattr(jax, "local_device_count", lambda: 4)
-  args = type("Args", (), {"mesh": "data=2,model=3"})()
   with pytest.raises(CLIError, match=r"data \* model = 6, but 2 processes have 8 devices "
                      r"\(4 on this one\): give 8 .* or 4 for a mesh per process"):
-    mesh_args.mesh_from_args(args)
+    mesh_args.mesh_from_flag("data=2,model=3")
 
 
 if __name__ == "__main__":

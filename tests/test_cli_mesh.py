@@ -7,10 +7,10 @@ import pathlib
 import sys
 
 import pytest
+from loopback import run_child
 
 from specdec_jax.tools.cli import mesh_args
 from specdec_jax.tools.errors import CLIError
-from loopback import run_child
 
 HERE = pathlib.Path(__file__).parent
 
@@ -27,7 +27,7 @@ def test_parse_mesh():
 
 
 def test_batch_must_split_over_data():
-  mesh = mesh_args.mesh_from_args(type("Args", (), {"mesh": "data=1,model=1"})())
+  mesh = mesh_args.mesh_from_flag("data=1,model=1")
   mesh_args.check_batch(3, mesh)
   assert mesh_args.mesh_batch(3, None) == 3
   assert mesh_args.mesh_batch(3, mesh) == 3
@@ -96,7 +96,7 @@ def test_eval_and_bench_on_a_mesh(report):
 
 
 @pytest.mark.slow
-def test_bad_meshes_exit_2_with_one_line(report):
+def test_bad_meshes_exit_1_with_one_line(report):
   errors = report["decode"]["errors"]
   for name, message in [("not_dividing", "needs data * model = 6 devices, but 8"),
                         ("unknown_axis", "unknown axis 'rows'"),
@@ -105,7 +105,7 @@ def test_bad_meshes_exit_2_with_one_line(report):
                         ("bench_batch", "--batch-sizes entry 1 is not divisible")]:
     run = errors[name]
     command = "bench" if name.startswith("bench") else "decode"
-    assert run["code"] == 2 and run["out"] == "", (name, run)
+    assert run["code"] == 1 and run["out"] == "", (name, run)
     assert run["err"].startswith(f"specdec {command}: error: ") and message in run["err"], run
     assert len(run["err"].strip().splitlines()) == 1
 

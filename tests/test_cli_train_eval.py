@@ -7,11 +7,11 @@ import pathlib
 
 import numpy as np
 import pytest
+from test_prepare import write_dictionary
 
 import specdec_jax as sd
 from specdec_jax.tools import cli, evaluation
 from specdec_jax.tools.errors import OptionError
-from test_prepare import write_dictionary
 
 VOCAB = 120
 LIMIT = 16     # test pairs evaluated: two batches of 8 (the second one padded)
@@ -127,7 +127,7 @@ def test_train_more_steps_continues_and_restarts_downstream(trained, capsys, tmp
   path.write_text(json.dumps({**good, "target": {**good["target"], "steps": 20}}))
   code, _, err = run(capsys, "train", "--recipe", path, "--workdir", workdir,
                      "--stages", "target")
-  assert code == 2 and "past steps=20" in err and "Traceback" not in err
+  assert code == 1 and "past steps=20" in err and "Traceback" not in err
   assert (workdir / "target" / "final" / "train_log.json").exists()   # the failure kept it
 
   # another setting than steps (the aligned stage's optimizer): that stage starts over
@@ -140,7 +140,7 @@ def test_train_more_steps_continues_and_restarts_downstream(trained, capsys, tmp
   settings = json.loads((workdir / "aligned" / "train_config.json").read_text())
   assert settings["optimizer"] == "adafactor"
   after = (workdir / "aligned" / "history.jsonl").read_text()
-  assert [json.loads(l)["step"] for l in after.splitlines()] == [10] and after != before
+  assert [json.loads(s)["step"] for s in after.splitlines()] == [10] and after != before
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -150,7 +150,7 @@ def test_train_more_steps_continues_and_restarts_downstream(trained, capsys, tmp
 def test_train_bad_stages(trained, capsys, tmp_path, argv, message):
   recipe, _ = trained
   code, out, err = run(capsys, "train", "--recipe", recipe, "--workdir", tmp_path, *argv)
-  assert code == 2 and message in err
+  assert code == 1 and message in err
   assert err.startswith("specdec train: error:") and len(err.strip().splitlines()) == 1
 
 
@@ -158,7 +158,7 @@ def test_train_bad_recipes(capsys, tmp_path):
   def check(recipe_path, message, stages="data,target"):
     code, out, err = run(capsys, "train", "--recipe", recipe_path, "--workdir",
                          tmp_path / "w", "--stages", stages)
-    assert code == 2, err
+    assert code == 1, err
     assert err.startswith("specdec train: error:") and message in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
@@ -275,7 +275,7 @@ def test_eval_bad_input(trained, capsys, argv, message):
   _, workdir = trained
   code, out, err = run(capsys, "eval", "--model", workdir / "target" / "final",
                        "--data", workdir / "data", *argv)
-  assert code == 2, err
+  assert code == 1, err
   assert err.startswith("specdec eval: error:") and message in err, err
   assert len(err.strip().splitlines()) == 1
 
@@ -345,7 +345,7 @@ def test_sweep_bild_writes_reports_and_resumes(trained, capsys, tmp_path, baseli
   again = json.loads((tmp_path / "bild.json").read_text())
   assert [p["wall_s"] for p in again["points"]] == [p["wall_s"] for p in result["points"]]
   code, out, err = run(capsys, *argv[:-2], "--limit", 4, "--out", tmp_path, "--resume")
-  assert code == 2 and "other settings (limit)" in err
+  assert code == 1 and "other settings (limit)" in err
 
 
 @pytest.mark.slow
@@ -373,7 +373,7 @@ def test_sweep_blockwise_table(trained, capsys, tmp_path, heads_file):
 def test_eval_missing_data_dir(capsys, tmp_path):
   code, out, err = run(capsys, "eval", "--model", "config:t5_1_1_tiny", "--data",
                        tmp_path / "nope")
-  assert code == 2 and "is neither a .jsonl file of pairs nor a directory" in err
+  assert code == 1 and "is neither a .jsonl file of pairs nor a directory" in err
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -443,7 +443,7 @@ def test_jsonl_data_errors_are_clear(capsys, tmp_path):
   bad = tmp_path / "bad.jsonl"
   bad.write_text('{"de": "Hallo."}\n')
   code, _, err = run(capsys, "eval", "--model", "demo-de-en/target", "--data", bad)
-  assert code == 2 and "bad.jsonl' line 1: expected an object with \"de\" and \"en\"" in err
+  assert code == 1 and "bad.jsonl' line 1: expected an object with \"de\" and \"en\"" in err
   code, _, err = run(capsys, "eval", "--model", "demo-de-en/target", "--data",
                      tmp_path / "missing.jsonl")
-  assert code == 2 and "no such file" in err
+  assert code == 1 and "no such file" in err

@@ -6,17 +6,17 @@ import random
 import pytest
 
 from specdec_jax.tools.data import (
-    DEFAULT_PATH,
-    DataError,
-    MissingDataError,
-    Pair,
-    clean_text,
-    filter_pairs,
-    is_sentence,
-    load_pairs,
-    parse_line,
-    parse_lines,
-    split_pairs,
+  DEFAULT_PATH,
+  DataError,
+  MissingDataError,
+  Pair,
+  clean_text,
+  filter_pairs,
+  is_sentence,
+  load_pairs,
+  parse_line,
+  parse_lines,
+  split_pairs,
 )
 
 HAVE_REAL_FILE = pathlib.Path(DEFAULT_PATH).is_file()
@@ -50,13 +50,16 @@ def test_equal_sub_entry_counts_are_aligned():
 
 
 def test_unequal_sub_entry_counts_align_first_only():
-  line = "Aachener {adj} | der Aachener Dom | Aachener Printen [cook.] :: Aachen | the Aachen Cathedral"
+  line = ("Aachener {adj} | der Aachener Dom | Aachener Printen [cook.] :: Aachen "
+          "| the Aachen Cathedral")
   assert parse_line(line) == [("Aachener", "Aachen")]
 
 
 def test_first_synonym_of_each_side():
-  line = "Abholort {m}; Abholstelle {f} | Abholorte {pl} :: collection location; pickup location | collection locations"
-  assert parse_line(line) == [("Abholort", "collection location"), ("Abholorte", "collection locations")]
+  line = ("Abholort {m}; Abholstelle {f} | Abholorte {pl} :: collection location; "
+          "pickup location | collection locations")
+  assert parse_line(line) == [("Abholort", "collection location"),
+                              ("Abholorte", "collection locations")]
 
 
 def test_first_non_empty_synonym_is_used():
@@ -66,14 +69,19 @@ def test_first_non_empty_synonym_is_used():
 @pytest.mark.parametrize(
     "line, expected",
     [
-        ("Abhörgerät {n}; Wanze {f} [ugs.] :: listening device [Am.]; bug", ("Abhörgerät", "listening device")),
-        ("Echte Aale {pl} (Anguillidae) (zoologische Familie) [zool.] :: freshwater eels (zoological family)",
+        ("Abhörgerät {n}; Wanze {f} [ugs.] :: listening device [Am.]; bug",
+         ("Abhörgerät", "listening device")),
+        ("Echte Aale {pl} (Anguillidae) (zoologische Familie) [zool.] :: "
+         "freshwater eels (zoological family)",
          ("Echte Aale", "freshwater eels")),
         ("Aalreuse {f} :: eel trap <eeltrap> [archaic]", ("Aalreuse", "eel trap")),
-        ("(abendliche) Abiturfeier {f} [Dt.] :: graduation party", ("Abiturfeier", "graduation party")),
-        ("Gerät {n} (mit (innerem) Zähler) :: device (with (internal) counter)", ("Gerät", "device")),
+        ("(abendliche) Abiturfeier {f} [Dt.] :: graduation party",
+         ("Abiturfeier", "graduation party")),
+        ("Gerät {n} (mit (innerem) Zähler) :: device (with (internal) counter)",
+         ("Gerät", "device")),
         ("Abbau {m} (Druck; Vakuum) :: decay (pressure; vacuum)", ("Abbau", "decay")),
-        ("Mehrwertsteuer {f} /MwSt./ :: value added tax /VAT/; sales tax", ("Mehrwertsteuer", "value added tax")),
+        ("Mehrwertsteuer {f} /MwSt./ :: value added tax /VAT/; sales tax",
+         ("Mehrwertsteuer", "value added tax")),
         ("Kleiner Scherz (am Rande)! :: Just kidding /jk/", ("Kleiner Scherz!", "Just kidding")),
         ("  Größe   {f}\t [math.] ::   size  ", ("Größe", "size")),
     ],
@@ -89,12 +97,15 @@ def test_umlauts_and_eszett_preserved():
 
 
 def test_sentence_entries():
-  assert parse_line("Er kam zu spät. :: He came too late.") == [("Er kam zu spät.", "He came too late.")]
+  assert parse_line("Er kam zu spät. :: He came too late.") == [
+      ("Er kam zu spät.", "He came too late.")]
   assert parse_line("Geiz ist geil. :: Cheap is beautiful.; Cheap is cool.") == [
       ("Geiz ist geil.", "Cheap is beautiful.")
   ]
-  line = "Abänderung {f} | Ich habe ein paar Änderungen vorgenommen. :: modification | I’ve made one or two modifications."
-  assert parse_line(line)[1] == ("Ich habe ein paar Änderungen vorgenommen.", "I’ve made one or two modifications.")
+  line = ("Abänderung {f} | Ich habe ein paar Änderungen vorgenommen. :: modification "
+          "| I’ve made one or two modifications.")
+  assert parse_line(line)[1] == ("Ich habe ein paar Änderungen vorgenommen.",
+                                 "I’ve made one or two modifications.")
 
 
 def test_empty_sides_dropped():
@@ -160,7 +171,8 @@ def test_load_pairs_from_small_file(tmp_path):
       Pair("Er kam zu spät.", "He came too late."),
       Pair("sehr langer Eintrag mit vielen Wörtern", "a very long entry with many words"),
   ]
-  assert load_pairs(path, min_words=2, max_chars=20) == [Pair("Er kam zu spät.", "He came too late.")]
+  assert load_pairs(path, min_words=2, max_chars=20) == [
+      Pair("Er kam zu spät.", "He came too late.")]
 
 
 def test_missing_file_error(tmp_path):
@@ -183,7 +195,8 @@ def test_file_without_pairs_error(tmp_path):
 
 def _synthetic_pairs(n: int = 600) -> list[Pair]:
   """n pairs over n // 2 German texts (each German text has two translations)."""
-  return [Pair(f"Satz Nummer {i // 2}", f"sentence number {i // 2} variant {i % 2}") for i in range(n)]
+  return [Pair(f"Satz Nummer {i // 2}", f"sentence number {i // 2} variant {i % 2}")
+          for i in range(n)]
 
 
 def test_split_is_deterministic_and_order_independent():
@@ -240,7 +253,8 @@ def test_real_file_pairs_and_split(real_pairs):
 def test_real_file_sentences(real_pairs):
   sentences = filter_pairs(real_pairs, sentences_only=True)
   assert len(sentences) > 10_000
-  # from the line "je; jemals {adv} | ... | Siehst du ihn jemals? | ... :: ever | ... | Do you ever see him? | ..."
+  # from the line "je; jemals {adv} | ... | Siehst du ihn jemals? | ... :: ever | ... |
+  # Do you ever see him? | ..."
   assert Pair("Siehst du ihn jemals?", "Do you ever see him?") in sentences
   assert all(is_sentence(p) for p in sentences)
   splits = split_pairs(sentences)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import specdec_jax as sd
-from specdec_jax.io import package_data
+from specdec_jax import package_data
 from specdec_jax.tools import demo
 
 pytestmark = pytest.mark.skipif(
@@ -20,7 +20,8 @@ pytestmark = pytest.mark.skipif(
     reason="specdec-jax-demo is not installed (pip install ./packages/specdec-jax-demo)")
 
 PAIRS = [json.loads(line) for line in
-         (pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl").read_text().splitlines()]
+         (pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl")
+         .read_text().splitlines()]
 SENTENCES = [p["de"] for p in PAIRS[:8]]
 
 
@@ -67,9 +68,10 @@ def test_readme_main_command(capsys):
   (tokens per target call over the round's cost in target steps, c and v measured)."""
   import re
   import shlex
+
   from specdec_jax.tools import cli
   readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-  line = next(l for l in readme.splitlines() if "specdec decode --model demo-de-en-large" in l)
+  line = next(s for s in readme.splitlines() if "specdec decode --model demo-de-en-large" in s)
   argv = shlex.split(line[line.index("specdec decode") + len("specdec "):])
   sentences = [a for a in argv if " " in a]
   assert argv[argv.index("--batch-size") + 1] == "1" and len(sentences) >= 3

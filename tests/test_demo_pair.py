@@ -1,4 +1,5 @@
-"""The bundled De->En pair (specdec_jax/assets/demo-de-en) as users get it.
+"""The bundled De->En pair (demo-de-en, shipped by packages/specdec-jax-demo-small) as users
+get it.
 
 tests/data/demo_test_pairs.jsonl: 32 sentences and 32 phrases of the demo's test split
 (Debian trans-de-en, TU Chemnitz Ding dictionary, GPL-2.0-or-later), never trained on.
@@ -11,14 +12,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import specdec_jax as sd
-from specdec_jax.tools import cli, demo
-from specdec_jax.tools.training import shift_right
 from test_cli import assert_same_stats
 
+import specdec_jax as sd
+from specdec_jax import package_data
+from specdec_jax.tools import cli
+from specdec_jax.tools.training import shift_right
+
 PAIRS = [json.loads(line) for line in
-         (pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl").read_text().splitlines()]
+         (pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl")
+         .read_text().splitlines()]
 SENTENCES = [p["de"] for p in PAIRS[:8]]
 
 
@@ -33,8 +36,9 @@ def test_bundle_shapes_and_shared_vocabulary(pair):
   assert target.config.vocab_size == drafter.config.vocab_size == tok.vocab_size == 8000
   # the issue's budget: the target costs at least 6x the drafter per decoded token
   assert target.config.decode_macs_per_token() >= 6 * drafter.config.decode_macs_per_token()
-  files = {f.relative_to(demo.ASSETS).as_posix(): f.stat().st_size
-           for f in demo.ASSETS.rglob("*") if f.is_file()}
+  group = pathlib.Path(str(package_data.assets("demo-de-en"))) / "demo-de-en"   # installed
+  files = {f.relative_to(group).as_posix(): f.stat().st_size
+           for f in group.rglob("*") if f.is_file()}
   # the pair (target, drafter, tokenizer) within the demo issue's 40 MB; beside it the
   # target's prediction heads and BiLD's early-exit target (bfloat16 each)
   extras = ("target/heads.safetensors", "early-exit/")
@@ -93,13 +97,15 @@ def test_main_command_prints_translation_and_stats(capsys, pair):
                    "--tokenizer", "demo-de-en", "--gamma", "4", "--json", *texts])
   out, err = capsys.readouterr()
   assert code == 0, err
+  assert "specdec: note: demo-de-en is a De→En demo pair" in err     # said by the output, on stderr
+  assert "not translation quality" in err
   result = json.loads(out)
   direct = sd.speculative_generate(target, drafter, tok.encode(texts), gamma=4,
                                    max_new_tokens=64, rng=jax.random.PRNGKey(0))
   lengths = np.asarray(direct.lengths)
   assert result["lengths"] == lengths.tolist()
   assert result["outputs"] == [tok.decode_one(np.asarray(row)[:n])
-                               for row, n in zip(direct.tokens, lengths)]
+                               for row, n in zip(direct.tokens, lengths, strict=True)]
   assert all(t.strip() for t in result["outputs"])
   stats = result["stats"]
   assert_same_stats(stats, direct.stats)

@@ -47,11 +47,10 @@ from scipy import stats as sps
 
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.config import get_config
-from specdec_jax.decoding import autoregressive
-from specdec_jax.decoding import speculative as spec
-from specdec_jax.decoding import stats as stats_lib
-from specdec_jax.decoding.acceptance import SpeculativeSampling
+from specdec_jax.methods import functional
 from specdec_jax.models.model import init_model
+from specdec_jax.rounds import stats as stats_lib
+from specdec_jax.rounds.acceptance import SpeculativeSampling
 
 V = 8
 ENCODER_INPUT = np.array([[3, 5, 2, 7, 6, 1]], np.int32)   # one input, EOS-terminated
@@ -203,9 +202,9 @@ def speculative_samples(method, gamma: int, length: int, seed: int, n: int = N_S
   enc = jnp.asarray(np.repeat(ENCODER_INPUT, ROWS_PER_CALL, axis=0))
   tokens, stats = [], []
   for key in jax.random.split(jax.random.PRNGKey(seed), n // ROWS_PER_CALL):
-    out = spec.speculative_generate(target, drafter, enc, gamma=gamma, max_new_tokens=length,
-                                    sampling=method, rng=key, eos_id=eos_id, accept=accept,
-                                    lenience=lenience)
+    out = functional.speculative_generate(target, drafter, enc, gamma=gamma,
+                                          max_new_tokens=length, sampling=method, rng=key,
+                                          eos_id=eos_id, accept=accept, lenience=lenience)
     np.testing.assert_array_equal(out.lengths, _lengths(np.asarray(out.tokens), eos_id))
     tokens.append(np.asarray(out.tokens))
     raw = stats_lib.summarize(out.counters, dict(out.info), raw=True)   # per-row values too
@@ -230,7 +229,7 @@ def autoregressive_samples(method, length: int, seed: int, n: int = N_SAMPLES):
   enc = jnp.asarray(np.repeat(ENCODER_INPUT, ROWS_PER_CALL, axis=0))
   tokens = []
   for key in jax.random.split(jax.random.PRNGKey(seed), n // ROWS_PER_CALL):
-    out = autoregressive.generate(target, enc, max_new_tokens=length, sampling=method, rng=key,
+    out = functional.generate(target, enc, max_new_tokens=length, sampling=method, rng=key,
                                   eos_id=-1)
     assert np.all(np.asarray(out.lengths) == length)
     tokens.append(np.asarray(out.tokens))

@@ -18,10 +18,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import peaked, perturbed, ragged_tokens
 
 import specdec_jax as sd
-from specdec_jax.decoding import engine, speculative
-from conftest import peaked, perturbed, ragged_tokens
+from specdec_jax.methods import speculative
+from specdec_jax.rounds import engine
 
 GAMMA = 3
 MAX_NEW = 11   # not a multiple of gamma + 1: the last round is cut by the length cap

@@ -12,11 +12,10 @@ import pathlib
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import perturbed, ragged_tokens
 from flax import struct
 
 import specdec_jax as sd
-from specdec_jax.decoding import engine
-from conftest import perturbed, ragged_tokens
 
 MAX_NEW = 14
 
@@ -100,7 +99,8 @@ def test_exact_mode_needs_the_round_to_fit(target, enc):
 # ----------------------------------------------------------------------------- demo pair, bf16
 
 PAIRS = [json.loads(line) for line in
-         (pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl").read_text().splitlines()]
+         (pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl")
+         .read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")

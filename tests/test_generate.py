@@ -4,12 +4,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import peaked, ragged_tokens
 
 import specdec_jax as sd
-from specdec_jax import sampling as sampling_lib
-from specdec_jax.decoding import t5x_compat
-from specdec_jax.decoding import engine
-from conftest import peaked, ragged_tokens
+from specdec_jax.methods import t5x_compat
+from specdec_jax.rounds import engine
 
 
 def test_generate_reproduces_t5x_greedy(t5x_model, t5x_reference):
@@ -134,31 +133,6 @@ def test_no_recompilation_for_new_prompt_contents():
   assert engine.run._cache_size() == before + 1
 
 
-def test_top_k_and_top_p_masks():
-  logits = jnp.log(jnp.array([[0.5, 0.2, 0.2, 0.1]]))
-  np.testing.assert_array_equal(jnp.isfinite(sampling_lib.top_k_mask(logits, 2)),
-                                [[True, True, True, False]])         # tie with the 2nd kept
-  np.testing.assert_array_equal(jnp.isfinite(sampling_lib.top_p_mask(logits, 0.5)),
-                                [[True, False, False, False]])
-  np.testing.assert_array_equal(jnp.isfinite(sampling_lib.top_p_mask(logits, 0.6)),
-                                [[True, True, True, False]])         # tie at threshold kept
-  p = sampling_lib.probs(logits, sd.Sampling(temperature=1.0, top_p=0.5))
-  np.testing.assert_allclose(p, [[1.0, 0, 0, 0]], atol=1e-6)
-  p = sampling_lib.probs(logits, sd.Greedy())
-  np.testing.assert_array_equal(p, [[1.0, 0, 0, 0]])
-
-
-@pytest.mark.parametrize("kwargs,match", [
-    ({"temperature": -0.1}, "temperature must be"),
-    ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
-    ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
-    ({"top_k": -1}, "top_k must be"),
-])
-def test_bad_sampling_parameters(kwargs, match):
-  with pytest.raises(sd.SamplingError, match=match):
-    sd.Sampling(**kwargs)
-
-
 def test_bad_inputs_give_clear_errors():
   model = sd.init_model(sd.get_config("t5_1_1_tiny"), 0)
   with pytest.raises(sd.InputError, match="2-D"):
@@ -172,17 +146,3 @@ def test_bad_inputs_give_clear_errors():
   limited = sd.Model(model.config.replace(max_encoder_length=4), model.params)
   with pytest.raises(sd.InputError, match="longer than the model allows"):
     sd.generate(limited, np.ones((1, 6), np.int32), 4)
-
-
-def test_argmax_is_jnp_argmax():
-  """sampling.argmax (two plain reductions, faster on XLA:CPU) returns jnp.argmax's index
-  everywhere: ties go to the first maximum, rows of -inf to 0, in float32 and bfloat16."""
-  from specdec_jax import sampling
-  rng = np.random.RandomState(0)
-  x = rng.randint(-3, 3, size=(6, 5, 40)).astype(np.float32)     # many ties
-  x[0, 0] = -np.inf
-  x[1, 1, 7] = np.inf
-  for dtype in (jnp.float32, jnp.bfloat16):
-    got = jax.jit(sampling.argmax)(jnp.asarray(x, dtype))
-    assert got.dtype == jnp.int32
-    np.testing.assert_array_equal(got, jnp.argmax(jnp.asarray(x, dtype), axis=-1))

@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
+from conftest import FIXTURE_DIR
 
 import specdec_jax as sd
 from specdec_jax.io import checkpoints
-from conftest import FIXTURE_DIR
 
 torch = pytest.importorskip("torch", reason="needs the interop extra (torch, transformers)")
 transformers = pytest.importorskip("transformers")
@@ -97,7 +97,7 @@ def test_save_load_round_trip_and_hf_export(tmp_path, t5x_model):
   sd.save(tmp_path / "ours", t5x_model)
   again = sd.load(str(tmp_path / "ours"))
   for a, b in zip(*(map(np.asarray, __import__("jax").tree_util.tree_leaves(m.params))
-                    for m in (t5x_model, again))):
+                    for m in (t5x_model, again)), strict=True):
     np.testing.assert_array_equal(a, b)
   checkpoints.export_hf(tmp_path / "hf", t5x_model.config, t5x_model.params)
   hf = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / "hf").eval()

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import specdec_jax as sd
-from specdec_jax.decoding import engine, inputs
 from specdec_jax.io import checkpoints as ckpt
+from specdec_jax.rounds import engine, inputs
 from specdec_jax.tools import cli
 
 PAIRS = pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl"
@@ -148,6 +148,6 @@ def test_sweep_bild_without_small_exits_nonzero(capsys, tmp_path):
   code = cli.main(["sweep-bild", "--data", str(PAIRS), "--limit", "2", "--out",
                    str(tmp_path / "sweep")])
   err = capsys.readouterr().err
-  assert code == 2
+  assert code == 1
   assert "needs a small model to sweep: --small NAME=PATH" in err
   assert not (tmp_path / "sweep").exists()

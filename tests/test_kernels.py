@@ -1,4 +1,6 @@
-"""CPU decode kernels (specdec_jax.kernels): products, M-invariance, the model's decode path.
+"""CPU decode kernels (specdec_jax.kernels): products, M-invariance, the model's decode path,
+and the backend seam (`sd.pack(kernels=)`, `sd.load(kernels=)`; the gpu backend's kernels:
+tests/test_gpu_kernels.py).
 
 Kernel tests skip (with the reason) where the kernels are unavailable: another
 backend, a CPU without AVX-512F or AVX2 (with FMA), no compiler, a failed build, or
@@ -12,14 +14,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import ragged_tokens
 from flax.traverse_util import flatten_dict
 
 import specdec_jax as sd
 from specdec_jax import kernels
-from specdec_jax.decoding import engine
-from specdec_jax.kernels import build, dispatch
+from specdec_jax.errors import InputError
+from specdec_jax.kernels import backends, build, dispatch, skinny
 from specdec_jax.models import packing
-from conftest import ragged_tokens
+from specdec_jax.rounds import engine
 
 STATUS = kernels.status()
 needs_kernels = pytest.mark.skipif(not STATUS.available,
@@ -43,7 +46,8 @@ def _decode(model, tokens, cache):
 def _packed_dots(model):
   """{key: dtype} of the packed weights of `model`'s matmuls (not norms, not attention)."""
   weights = flatten_dict(sd.pack(model).decode_weights.weights)
-  return {p: x.dtype for p, x in weights.items() if p[-1] not in ("sum_squares", "attention")}
+  return {p: x.operand.dtype for p, x in weights.items()
+          if p[-1] not in ("sum_squares", "attention")}
 
 
 @pytest.fixture(scope="module")
@@ -86,11 +90,15 @@ def test_env_var_disables_and_decode_falls_back_to_dot(monkeypatch, demo):
   target, enc = demo
   _off(monkeypatch)
   assert not kernels.available() and kernels.ENV_VAR in kernels.status().reason
-  assert sd.pack(target) is target and target.decode_weights is None
-  assert not dispatch.policy().kernels and not target.width_invariant_decode
-  cache = _prefilled(target, enc[:1])
+  packed = sd.pack(target)                       # "auto": xla here, visibly
+  assert packed.decode_weights.policy.backend == "xla" and not packed.decode_weights.weights
+  assert kernels.ENV_VAR in packed.decode_weights.policy.reason
+  assert not dispatch.policy().kernels and not packed.width_invariant_decode
+  cache = _prefilled(packed, enc[:1])
   tokens = jnp.asarray([[5, 6, 7]], jnp.int32)
-  assert not _uses_kernel(_decode, sd.pack(target), tokens, cache)
+  assert not _uses_kernel(_decode, packed, tokens, cache)
+  with pytest.raises(InputError, match="cpu kernels are unavailable"):
+    sd.pack(target, kernels="cpu")              # asked for by name: an error, not a fallback
 
 
 def test_decode_uses_kernel_exactly_when_available(demo):
@@ -99,8 +107,9 @@ def test_decode_uses_kernel_exactly_when_available(demo):
   tokens = jnp.asarray([[5, 6, 7]], jnp.int32)
   packed = sd.pack(target)
   assert _uses_kernel(_decode, packed, tokens, cache) == STATUS.available
-  assert (packed.decode_weights is not None) == STATUS.available
-  assert not _uses_kernel(_decode, target, tokens, cache)   # unpacked as a jit argument: XLA
+  assert (packed.decode_weights.policy.backend == "cpu") == STATUS.available
+  unpacked = sd.Model(config=target.config, params=target.params)
+  assert not _uses_kernel(_decode, unpacked, tokens, cache)   # nothing packs implicitly
 
 
 def test_failed_build_warns_once_and_falls_back(monkeypatch, tmp_path):
@@ -308,23 +317,21 @@ def test_attention_shapes_are_checked():
 
 
 @needs_kernels
-def test_decode_with_kernels_matches_dot(monkeypatch, demo):
+def test_decode_with_kernels_matches_dot(demo):
   target, enc = demo
   cache = _prefilled(target, enc)
   tokens = jnp.asarray(np.random.default_rng(1).integers(2, target.vocab_size, (8, 4)), jnp.int32)
   on = np.asarray(target.decode(tokens, cache)[0])
-  _off(monkeypatch)
-  off = np.asarray(target.decode(tokens, cache)[0])
+  off = np.asarray(sd.pack(target, kernels="xla").decode(tokens, cache)[0])
   assert np.max(np.abs(on - off)) <= 1e-5 * np.max(np.abs(off))
   np.testing.assert_array_equal(on.argmax(-1), off.argmax(-1))
 
 
 @needs_kernels
-def test_greedy_tokens_identical_on_demo_pair(monkeypatch, demo):
+def test_greedy_tokens_identical_on_demo_pair(demo):
   target, enc = demo
   on = sd.generate(target, enc, max_new_tokens=24, exact=False)
-  _off(monkeypatch)
-  off = sd.generate(target, enc, max_new_tokens=24, exact=False)
+  off = sd.generate(sd.pack(target, kernels="xla"), enc, max_new_tokens=24, exact=False)
   np.testing.assert_array_equal(np.asarray(on.tokens), np.asarray(off.tokens))
   np.testing.assert_array_equal(np.asarray(on.lengths), np.asarray(off.lengths))
 
@@ -353,8 +360,8 @@ def test_verify_call_is_bitwise_the_single_steps(demo, batch):
 @pytest.mark.parametrize("name,dtype", [("t5_1_1_tiny", "float32"), ("t5_1_1_tiny", "bfloat16"),
                                         ("t5_1_0_tiny", "float32")])
 def test_verify_call_is_bitwise_the_single_steps_tiny(name, dtype):
-  model = sd.init_model(sd.get_config(name), 3, dtype)
-  assert model.pack().width_invariant_decode
+  model = sd.pack(sd.init_model(sd.get_config(name), 3, dtype))
+  assert model.width_invariant_decode
   _verify_vs_steps(model, jnp.asarray(ragged_tokens(2, 10, model.vocab_size)), ks=(2, 4))
 
 
@@ -372,33 +379,52 @@ def test_decode_call_runs_attention_and_products_on_kernels(demo, k):
 
 
 @needs_kernels
-def test_packed_once_per_model_and_never_stale(monkeypatch, demo):
+def test_packing_is_explicit_and_new_params_unpack(monkeypatch, demo):
+  """sd.load packs ("auto": cpu here); sd.pack of a Model packed under the same policy
+  is that Model; new params drop the packed weights (the Model then runs XLA's ops);
+  nothing is memoised per Model object: a policy change repacks."""
   target, enc = demo
-  packed = sd.pack(target)
-  assert packed is not target and target.decode_weights is None      # a new value
-  assert sd.pack(target) is packed and sd.pack(packed) is packed      # once per Model
+  assert target.decode_weights.policy.backend == "cpu"                 # sd.load packed it
+  assert sd.pack(target) is target and sd.pack(target, kernels="cpu") is target
   cache = _prefilled(target, enc[:1])
   tokens = jnp.asarray([[5, 6, 7]], jnp.int32)
   before = np.asarray(target.decode(tokens, cache)[0])
-  assert sd.pack(target) is packed                                    # not per call
-  np.testing.assert_array_equal(np.asarray(packed.decode(tokens, cache)[0]), before)
 
   params = jax.tree_util.tree_map(lambda x: x, target.params)
   params["decoder"]["logits_dense"]["kernel"] = params["decoder"]["logits_dense"]["kernel"] * 2
-  changed = packed.replace(params=params)
+  changed = target.replace(params=params)
   assert changed.decode_weights is None                   # new params drop the packed weights
+  assert not _uses_kernel(_decode, changed, tokens, cache)
   after = np.asarray(changed.decode(tokens, cache)[0])
   np.testing.assert_allclose(after, 2 * before, rtol=1e-5, atol=1e-5)
-
-  # in place: the packed weights no longer match the params leaf, so they are re-packed
-  params["decoder"]["logits_dense"]["kernel"] = params["decoder"]["logits_dense"]["kernel"] * 0
-  assert not np.any(np.asarray(changed.decode(tokens, cache)[0]))
+  repacked = sd.pack(changed)
+  np.testing.assert_allclose(np.asarray(repacked.decode(tokens, cache)[0]), 2 * before,
+                             rtol=1e-5, atol=1e-5)
 
   bf16 = target.with_dtype("bfloat16")
   assert bf16.decode_weights is None
   assert set(_packed_dots(bf16).values()) == {jnp.dtype(jnp.bfloat16)}
+  xla = sd.pack(target, kernels="xla")
+  assert xla.decode_weights.policy.backend == "xla" and not xla.width_invariant_decode
+  assert sd.pack(xla).decode_weights.policy.backend == "cpu"           # another policy: repacked
   _off(monkeypatch)
-  assert sd.pack(target) is target                       # the policy is asked on every pack
+  assert sd.pack(target).decode_weights.policy.backend == "xla"        # asked on every pack
+
+
+def test_kernels_choice_is_checked_and_auto_documented():
+  with pytest.raises(InputError, match="kernels must be one of auto, cpu, gpu, xla"):
+    sd.load("config:t5_1_1_tiny", kernels="tpu")
+  with pytest.raises(InputError, match="kernels must be one of"):
+    backends.get("auto")
+  model = sd.init_model(sd.get_config("t5_1_1_tiny"), 0)
+  assert model.decode_weights is None                                  # init_model: unpacked
+  want = "cpu" if STATUS.available and jax.default_backend() == "cpu" else "xla"
+  assert backends.choose("auto", model.params) == want
+  assert backends.get("xla").invariant == frozenset()
+  assert backends.get("cpu").invariant == backends.get("gpu").invariant == frozenset(
+      dispatch.KINDS)
+  with pytest.raises(InputError, match="concrete params"):
+    jax.jit(lambda m: sd.pack(m).params)(model)
 
 
 def test_treedef_does_not_depend_on_the_kernels(monkeypatch, demo):
@@ -425,7 +451,7 @@ def test_products_come_from_the_parameter_tree():
   for name in ("t5_1_1_tiny", "t5_1_0_tiny"):
     cfg = sd.get_config(name)
     products = packing.products(cfg)
-    params = flatten_dict(jax.eval_shape(lambda: sd.init_model(cfg, 0).params))
+    params = flatten_dict(jax.eval_shape(lambda cfg=cfg: sd.init_model(cfg, 0).params))
     sources = [s for p in products if p.kind == "dot" for s in p.sources]
     kernels_2d = [p for p, x in params.items() if p[-1] == "kernel"]
     assert sorted(s for s in sources if s[-1] == "kernel") == sorted(kernels_2d)
@@ -440,7 +466,7 @@ def test_products_come_from_the_parameter_tree():
 
 
 def test_policy_routes_each_product():
-  on = dispatch.Policy(True, "built", frozenset({"decoder/layers_0/mlp/wo/kernel"}))
+  on = dispatch.Policy("cpu", "built", frozenset({"decoder/layers_0/mlp/wo/kernel"}))
   dot = lambda key, dtype: dispatch.Product(key, "dot", (), jnp.dtype(dtype))
   assert on.route(dot(("encoder", "x", "kernel"), jnp.float32), jnp.float32) is None
   assert on.route(dot(("encoder", "x", "kernel"), jnp.float32), jnp.bfloat16) is None
@@ -450,7 +476,7 @@ def test_policy_routes_each_product():
                   jnp.float32) == "kept on XLA by the policy"
   norm = dispatch.Product(("n", "sum_squares"), "sum_squares", ())
   assert on.route(norm) is None
-  assert dispatch.Policy(False, "off here").route(norm) == "off here"
+  assert dispatch.Policy("xla", "off here").route(norm) == "off here"
   with pytest.raises(ValueError, match="unknown product kind"):
     on.route(dispatch.Product(("x",), "conv", ()))
 
@@ -461,7 +487,7 @@ def test_one_product_on_xla_makes_the_decode_not_width_invariant(monkeypatch, de
   reported not width-invariant, and exact mode pads its calls again."""
   target, enc = demo
   wo = "decoder/layers_0/mlp/wo/kernel"
-  partial = sd.pack(target, dispatch.policy(xla={wo}))
+  partial = sd.pack(target, dispatch.policy("cpu", xla={wo}))
   assert partial.decode_weights.xla == ((wo, "kept on XLA by the policy"),)
   assert not partial.width_invariant_decode and sd.pack(target).width_invariant_decode
   cache = _prefilled(target, enc[:2])
@@ -507,7 +533,7 @@ def test_model_made_inside_jit_falls_back(demo):
 
 
 @needs_kernels
-def test_start_runs_the_encoder_on_kernels_forward_keeps_xla_dot(monkeypatch, demo):
+def test_start_runs_the_encoder_on_kernels_forward_keeps_xla_dot(demo):
   """`start` (encoder + cross K/V, once per request) runs its products, norms and
   attention on the kernels; the teacher-forced `forward` keeps XLA's dot. The
   kernels' cache equals XLA's to rounding."""
@@ -522,9 +548,8 @@ def test_start_runs_the_encoder_on_kernels_forward_keeps_xla_dot(monkeypatch, de
   assert hlo.count(f"custom_call @{build.ATTENTION}(") == cfg.num_encoder_layers
   assert "stablehlo.dot_general" not in hlo
   on = start(target, enc)
-  _off(monkeypatch)
-  off = start(target, enc)
-  for a, b in zip(jax.tree_util.tree_leaves(on), jax.tree_util.tree_leaves(off)):
+  off = start(sd.pack(target, kernels="xla"), enc)
+  for a, b in zip(jax.tree_util.tree_leaves(on), jax.tree_util.tree_leaves(off), strict=True):
     a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
     assert np.max(np.abs(a - b)) <= 1e-5 * max(1.0, np.max(np.abs(b)))
 
@@ -582,10 +607,10 @@ def test_bfloat16_exact_float32_weights_pack_narrow_with_bitwise_equal_products(
 
 def test_bfloat16_exactness_is_judged_on_the_bits():
   f32 = lambda bits: np.asarray(bits, np.uint32).view(np.float32)
-  assert packing.bfloat16_exact(jnp.asarray(f32([0x3F800000, 0x80000000, 0x7F800000,
+  assert skinny.bfloat16_exact(jnp.asarray(f32([0x3F800000, 0x80000000, 0x7F800000,
                                                     0x00010000, 0x7FC00000])))  # 1 -0 inf sub NaN
   for bits in (0x3F800001, 0x00000001, 0x7FC00001):       # float32-only value, subnormal, NaN
-    assert not packing.bfloat16_exact(jnp.asarray(f32([0x3F800000, bits])))
+    assert not skinny.bfloat16_exact(jnp.asarray(f32([0x3F800000, bits])))
 
 
 def test_threads_grow_with_weights_and_rows():
@@ -608,8 +633,8 @@ def test_narrow_panels_give_bitwise_the_logits_of_float32_panels(monkeypatch, de
   tokens = jnp.asarray(np.random.default_rng(4).integers(2, target.vocab_size, (8, 3)), jnp.int32)
   narrow = np.asarray(target.decode(tokens, cache)[0])
   assert set(_packed_dots(target).values()) == {jnp.dtype(jnp.bfloat16)}
-  monkeypatch.setattr(packing, "bfloat16_exact", lambda w: False)
-  wide_model = target.replace(params=dict(target.params))
+  monkeypatch.setattr(skinny, "bfloat16_exact", lambda w: False)
+  wide_model = sd.pack(target.replace(params=dict(target.params)))
   assert set(_packed_dots(wide_model).values()) == {jnp.dtype(jnp.float32)}
   np.testing.assert_array_equal(np.asarray(wide_model.decode(tokens, cache)[0]), narrow)
 
@@ -635,7 +660,8 @@ def test_exact_greedy_needs_no_padding_with_kernels(monkeypatch, demo):
   baseline's. Kernels off: the calls are padded again."""
   target, enc = demo
   drafter = sd.load("demo-de-en/drafter")
-  assert sd.pack(target).width_invariant_decode and not target.width_invariant_decode
+  assert target.width_invariant_decode                   # sd.load packed it for "cpu"
+  assert not sd.Model(config=target.config, params=target.params).width_invariant_decode
   widths = []                                   # token width of each traced target call
   original = sd.Model.decode_with_hidden
 
@@ -652,8 +678,8 @@ def test_exact_greedy_needs_no_padding_with_kernels(monkeypatch, demo):
     assert spec.stats["exact"] and set(widths) == {gamma + 1}
     np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(base.tokens))
     np.testing.assert_array_equal(np.asarray(spec.lengths), np.asarray(base.lengths))
-  _off(monkeypatch)
-  assert not sd.pack(target).width_invariant_decode
+  on_xla = sd.pack(target, kernels="xla")
+  assert not on_xla.width_invariant_decode
   widths.clear()
-  sd.generate(target, enc, max_new_tokens=23)
+  sd.generate(on_xla, enc, max_new_tokens=23)
   assert set(widths) == {engine.EXACT_WIDTH}

@@ -14,7 +14,8 @@ from specdec_jax.tools import evaluation
 pytest.importorskip("tokenizers")
 
 TEXTS = [json.loads(line)["en"] for line in
-         (pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl").read_text().splitlines()]
+         (pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl")
+         .read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +72,7 @@ def test_convert_to_hf_carries_the_groups_tokenizer(tmp_path, capsys):
       "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
   bundled, back = sd.load("demo-en-lm/drafter", dtype=None), sd.load(str(tmp_path), dtype=None)
   for (k, a), (_, b) in zip(*(sorted(checkpoints.flatten(m.params).items())
-                              for m in (bundled, back))):
+                              for m in (bundled, back)), strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=k)
   tok, ours = sd.load_tokenizer(tmp_path), sd.load_tokenizer("demo-en-lm")
   assert (tok.bos_id, tok.eos_id, tok.pad_id, tok.add_bos) == (

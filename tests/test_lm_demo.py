@@ -9,11 +9,12 @@ import pytest
 
 pytest.importorskip("tokenizers")
 
+from test_prepare import write_dictionary  # noqa: E402
+
 import specdec_jax as sd  # noqa: E402
 from specdec_jax.io.tokenizer import HFTokenizer, check_tokenizer  # noqa: E402
 from specdec_jax.tools import evaluation, lm_demo, training  # noqa: E402
 from specdec_jax.tools.errors import DataError, EvaluationError  # noqa: E402
-from test_prepare import write_dictionary  # noqa: E402
 
 TINY = {"family": "llama", "vocab_size": 64, "emb_dim": 32, "num_layers": 1, "num_heads": 2,
         "num_kv_heads": 1, "mlp_dim": 64, "max_positions": 32}
@@ -94,7 +95,7 @@ def test_rerun_skips_and_more_steps_resume(run, monkeypatch):
 def _by_hand(model, tokens, lengths):
   """exp(mean NLL) with one forward pass per predicted token, on its prefix alone."""
   nll = []
-  for row, n in zip(tokens, lengths):
+  for row, n in zip(tokens, lengths, strict=True):
     for t in range(1, n):
       logits = np.asarray(model.forward(row[None, :t]))[0, -1].astype(np.float64)
       logp = logits - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
@@ -189,7 +190,7 @@ def test_teacher_forced_alpha_by_hand(temperature):
   lengths = [6, 4]
   for q_model in (drafter, ngram):
     want = []
-    for row, n in zip(tokens, lengths):
+    for row, n in zip(tokens, lengths, strict=True):
       for t in range(1, n):
         p = np.asarray(target.forward(row[None, :t]))[0, -1]
         q = (np.asarray(q_model.forward(row[None, :t]))[0, -1] if q_model is drafter
@@ -210,7 +211,7 @@ def test_alpha_table_and_controls(run):
       (d, t) for d in ("drafter", "unigram", "bigram") for t in (0.0, 1.0)}
   assert all(0.0 <= r["alpha_without_eos"] <= r["alpha"] <= 1.0 and r["gamma"] >= 1
              for r in rows)
-  from specdec_jax import theory      # Theorem 8 for the acceptances that gain a token
+  from specdec_jax import theory  # Theorem 8 for the acceptances that gain a token
   assert all(r["gamma"] == theory.optimal_gamma(r["alpha_without_eos"], r["c"], 8).gamma
              for r in rows)
   assert [r["paper_alpha"] for r in rows if r["drafter"] == "drafter"] == [0.88, 0.89]
@@ -309,7 +310,7 @@ def test_ngram_tables_leave_bos_out_of_the_unigram():
   unigram = np.asarray(bigram.unigram)
   assert unigram[1] == unigram.min() and unigram[5] == unigram.max()   # <s>: smoothing only
   followers = dict(zip(np.asarray(bigram.bigram_ids[1]).tolist(),
-                       np.asarray(bigram.bigram_probs[1]).tolist()))
+                       np.asarray(bigram.bigram_probs[1]).tolist(), strict=True))
   assert followers[5] == pytest.approx(2 / 3) and followers[6] == pytest.approx(1 / 3)
   with pytest.raises(DataError, match="start with <s>"):
     lm_demo.fit_ngrams(rows[:, 1:], 16)

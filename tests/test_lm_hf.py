@@ -137,7 +137,8 @@ def test_export_round_trips_through_transformers(pair, tmp_path):
   sd.save(str(tmp_path / "ours"), model)
   again = sd.load(str(tmp_path / "ours"))
   assert again.config == model.config
-  for a, b in zip(*(sorted(checkpoints.flatten(m.params).items()) for m in (again, model))):
+  for a, b in zip(*(sorted(checkpoints.flatten(m.params).items()) for m in (again, model)),
+                  strict=True):
     np.testing.assert_array_equal(np.asarray(a[1]), np.asarray(b[1]), err_msg=a[0])
 
 

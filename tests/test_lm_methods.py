@@ -14,15 +14,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import peaked, perturbed
+from test_distribution import (
+  P_FAIL,
+  P_PASS,
+  V,
+  WrongResidual,
+  _all_sequences,
+  _check_mask_margin,
+  counts_of,
+  gof_pvalue,
+)
 
 import specdec_jax as sd
-from conftest import peaked, perturbed
 from specdec_jax import cache as cache_lib
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.drafters import lattice
 from specdec_jax.drafters.heads import heads_loss
-from test_distribution import (P_FAIL, P_PASS, V, WrongResidual, _all_sequences,
-                               _check_mask_margin, counts_of, gof_pvalue)
 
 T = 12
 LENGTHS = [7, 1, 4, 6]

@@ -14,7 +14,12 @@ from tokenizers import decoders, models, pre_tokenizers, processors, trainers  #
 import specdec_jax as sd  # noqa: E402
 from specdec_jax.errors import TokenizerError  # noqa: E402
 from specdec_jax.io.tokenizer import (  # noqa: E402
-    HFTokenizer, Tokenizer, check_tokenizer, load_tokenizer, train_sentencepiece)
+  HFTokenizer,
+  Tokenizer,
+  check_tokenizer,
+  load_tokenizer,
+  train_sentencepiece,
+)
 
 TEXTS = ["The dog sees the tree today.", "A cat likes the big house!",
          "Hello world, hello dogs.", "Über café naïve — unicode too.",
@@ -205,7 +210,7 @@ def test_sentencepiece_prompts_have_no_eos(tmp_path):
   assert tok.decode_continuations(np.asarray(tok.encode(["cats"]))) == ["cats"]
 
 
-# ---------------------------------------------------------------------------- SentencePiece, Llama's ids
+# ----------------------------------------------------------------------- SentencePiece, Llama's ids
 
 
 def test_sentencepiece_llama_conventions(tmp_path):

@@ -5,10 +5,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import ragged_tokens
 
 import specdec_jax as sd
 from specdec_jax.models import layers as t5_lib
-from conftest import ragged_tokens
 
 
 @pytest.fixture(scope="module", params=["t5_1_1_tiny", "t5_1_0_tiny"])
@@ -92,7 +92,7 @@ def test_writes_past_capacity_are_dropped(model):
   _, cache = model.decode(jnp.array([[0, 5, 6]]), cache)
   before = [np.asarray(k) for k in cache.self_key]
   _, cache2 = model.decode(jnp.array([[7, 8, 9]]), cache.with_length(jnp.array([4])))
-  for k_old, k_new in zip(before, cache2.self_key):
+  for k_old, k_new in zip(before, cache2.self_key, strict=True):
     np.testing.assert_array_equal(k_old, k_new)
 
 
@@ -126,7 +126,7 @@ def test_logical_axes_cover_every_param():
   flat_axes = jax.tree_util.tree_leaves(axes, is_leaf=lambda x: isinstance(x, tuple))
   flat_params = jax.tree_util.tree_leaves(params)
   assert len(flat_axes) == len(flat_params)
-  for spec, p in zip(flat_axes, flat_params):
+  for spec, p in zip(flat_axes, flat_params, strict=True):
     assert len(spec) == p.ndim and all(isinstance(a, str) for a in spec)
   assert tuple(axes["decoder"]["logits_dense"]["kernel"]) == ("embed", "vocab")
   assert tuple(axes["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]) == ("embed", "mlp")

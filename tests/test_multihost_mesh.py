@@ -7,7 +7,6 @@ import pathlib
 import sys
 
 import pytest
-
 from loopback import run_processes
 
 HERE = pathlib.Path(__file__).parent

@@ -1,9 +1,11 @@
-"""Bundled names in a separate asset distribution (packages/specdec-jax-demo): resolved when
-it is installed, a clear error naming the pip command when it is not; and its wheel, built
-with tiny stand-in models, ships them where the names resolve."""
+"""Bundled names in the asset distributions (packages/specdec-jax-demo-small,
+packages/specdec-jax-demo): resolved when installed, a clear error naming the pip command
+when not; and the larger pair's wheel, built with tiny stand-in models, ships them where the
+names resolve. (The small distribution's real wheel: tests/test_packaging.py.)"""
 
 from __future__ import annotations
 
+import importlib.resources
 import pathlib
 import shutil
 import subprocess
@@ -15,13 +17,14 @@ import numpy as np
 import pytest
 
 import specdec_jax as sd
+from specdec_jax import package_data
 from specdec_jax.errors import CheckpointError, TokenizerError
-from specdec_jax.io import package_data
 from specdec_jax.io.tokenizer import load_tokenizer
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DEMO_PACKAGE = REPO / "packages" / "specdec-jax-demo"
-SPIECE = REPO / "specdec_jax" / "assets" / "demo-de-en" / "spiece.model"
+SMALL_PACKAGE = REPO / "packages" / "specdec-jax-demo-small"
+SPIECE = SMALL_PACKAGE / "specdec_jax_demo_small" / "assets" / "demo-de-en" / "spiece.model"
 
 
 def tiny_model(seed=0):
@@ -37,7 +40,7 @@ def write_group(assets: pathlib.Path, group: str, model) -> None:
 def same_params(a, b) -> bool:
   return all(np.array_equal(np.asarray(x, np.float32), np.asarray(y, np.float32))
              for x, y in zip(jax.tree_util.tree_leaves(a.params),
-                             jax.tree_util.tree_leaves(b.params)))
+                             jax.tree_util.tree_leaves(b.params), strict=True))
 
 
 def test_installed_group_resolves_to_its_package(tmp_path, monkeypatch):
@@ -55,7 +58,9 @@ def test_installed_group_resolves_to_its_package(tmp_path, monkeypatch):
   assert load_tokenizer("tiny-large").vocab_size == load_tokenizer("demo-de-en").vocab_size
   assert "tiny-large" in package_data.separate_groups()   # (beside specdec-jax-demo's own)
   assert package_data.assets("tiny-large/target") == site / "fake_demo" / "assets"
-  assert package_data.assets("demo-de-en/target") == package_data.assets()   # the library's
+  assert package_data.assets("demo-de-en/target") == (               # specdec-jax-demo-small's
+      importlib.resources.files("specdec_jax_demo_small") / "assets")
+  assert package_data.assets("no-such-group/target") is None
   with pytest.raises(CheckpointError, match="bundled names under .*: tiny-large/target"):
     sd.load("tiny-large/drafter")                       # the group's own names are listed
 
@@ -73,8 +78,25 @@ def test_missing_package_names_the_pip_command(monkeypatch):
   assert "tiny-large" not in package_data.separate_groups()
 
 
+@pytest.mark.parametrize("group", sorted(package_data.SEPARATE))
+def test_each_group_names_its_distribution(group, monkeypatch):
+  """Every demo group (the library ships none) maps to a distribution of this repository
+  whose pyproject has that pip name; with the distribution missing, a name in the group
+  raises MissingAssets with its pip commands, for models and tokenizers alike."""
+  module, pip_name, source = package_data.SEPARATE[group]
+  pyproject = (REPO / source / "pyproject.toml").read_text()
+  assert f'name = "{pip_name}"' in pyproject and f'packages = ["{module}"]' in pyproject
+  monkeypatch.setitem(package_data.SEPARATE, group, ("no_such_demo_package", pip_name, source))
+  message = rf"pip install {pip_name} .*pip install \./{source}\)"
+  with pytest.raises(package_data.MissingAssets, match=message):
+    sd.load(f"{group}/target")
+  with pytest.raises(package_data.MissingAssets, match=message):
+    load_tokenizer(group)
+  assert group not in package_data.separate_groups()
+
+
 def test_demo_large_names_need_specdec_jax_demo():
-  if package_data.separate_groups():
+  if "demo-de-en-large" in package_data.separate_groups():
     pytest.skip("specdec-jax-demo is installed here")
   with pytest.raises(package_data.MissingAssets,
                      match=r"pip install specdec-jax-demo .*pip install \./packages/"
@@ -109,12 +131,11 @@ def test_demo_package_wheel_ships_its_assets(tmp_path):
                      model.with_dtype("bfloat16"))
 
 
-@pytest.mark.parametrize("assets", [REPO / "specdec_jax" / "assets",
-                                    DEMO_PACKAGE / "specdec_jax_demo" / "assets"],
-                         ids=["specdec-jax", "specdec-jax-demo"])
-def test_each_wheels_assets_stay_under_the_index_limit(assets):
-  """The models a wheel ships, deflate-compressed as a wheel stores them, stay under the
-  package index's 100 MB file limit (with 5 MB for the code and metadata)."""
+def test_demo_wheels_assets_stay_under_the_index_limit():
+  """The models specdec-jax-demo's wheel ships, deflate-compressed as a wheel stores them,
+  stay under the package index's 100 MB file limit (with 5 MB for the code and metadata).
+  (specdec-jax-demo-small's wheel is built and measured in tests/test_packaging.py.)"""
+  assets = DEMO_PACKAGE / "specdec_jax_demo" / "assets"
   from specdec_jax.tools.demo import compressed_mb
   if not assets.is_dir():
     pytest.skip(f"{assets.relative_to(REPO)} holds no models yet (the bundle stage writes them)")

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import specdec_jax as sd
+from specdec_jax import methods as core
 from specdec_jax.cache import cache_bytes as real_cache_bytes
-from specdec_jax.decoding import methods as core
 from specdec_jax.errors import ConfigError
 from specdec_jax.tools import cli
 from specdec_jax.tools import plan as plan_lib
@@ -148,4 +148,4 @@ def test_plan_command(capsys):
                         (["--batch", 0], "--batch must be"),
                         (["--mesh", "data=3"], "batch 4 is not divisible")]:
     code, out, err = run(capsys, *common, *argv)
-    assert code == 2 and err.startswith("specdec plan: error: ") and message in err, err
+    assert code == 1 and err.startswith("specdec plan: error: ") and message in err, err

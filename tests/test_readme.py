@@ -16,7 +16,7 @@ def python_blocks(text: str) -> list[str]:
 def test_readme_has_an_example_per_method():
   code = "\n".join(python_blocks(README.read_text()))
   for name in ("sd.Autoregressive(", "sd.Speculative(", "sd.BiLD(", "sd.Blockwise(",
-               "prompt_lengths="):
+               "sd.Beam(", "prompt_lengths="):
     assert name in code, name
 
 

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 import specdec_jax as sd
-from specdec_jax.tools import results as R
-from specdec_jax.tools.data import de_en, prepare
 from specdec_jax.io.tokenizer import train_sentencepiece
+from specdec_jax.tools import results as R
+from specdec_jax.tools.costs import verify_cost_text
+from specdec_jax.tools.data import de_en, prepare
 
 WORDS_DE = "der die das haus hund katze baum wasser brot gut klein gross rot blau".split()
 WORDS_EN = "the the the house dog cat tree water bread good small big red blue".split()
@@ -58,8 +59,8 @@ def test_pipeline_writes_json_md_png_and_greedy_bleu_matches(workdir, tmp_path):
   out = tmp_path / "out"
   kwargs = dict(batch_sizes=(4,), gammas=(2,), table_gammas=(2,), limit=6, max_new_tokens=8,
                 repeats=1, timing_steps=2, progress=False, compile_workers=2)
-  res = R.run_results(workdir, settings={"command": "pytest"},
-                      on_update=lambda r: R.write_outputs(r, str(out)), **kwargs)
+  res = R.run_results(workdir, R.ResultsSettings(**kwargs), config={"command": "pytest"},
+                      on_update=lambda r: R.write_outputs(r, str(out)))
   paths = R.write_outputs(res, str(out))
   for p in paths.values():
     assert pathlib.Path(p).stat().st_size > 0
@@ -91,10 +92,10 @@ def test_pipeline_writes_json_md_png_and_greedy_bleu_matches(workdir, tmp_path):
   assert (out / "speedup.png").read_bytes()[:4] == b"\x89PNG"
 
   # --resume: every row is present, nothing runs again; other settings are refused
-  again = R.run_results(workdir, existing=saved, **kwargs)
+  again = R.run_results(workdir, R.ResultsSettings(**kwargs), existing=saved)
   assert [r["wall_s"] for r in again["rows"]] == [r["wall_s"] for r in saved["rows"]]
   with pytest.raises(R.ResultsError, match="other settings"):
-    R.run_results(workdir, existing=saved, **{**kwargs, "limit": 5})
+    R.run_results(workdir, R.ResultsSettings(**{**kwargs, "limit": 5}), existing=saved)
 
 
 def test_quality_table_every_model_alone_on_the_split(workdir, tmp_path):
@@ -156,7 +157,9 @@ def test_larger_pair_tables_by_name_in_bfloat16(workdir, tmp_path):
   model in bfloat16, the headline with c and verify cost from results/<name>, and README
   spliced from it; greedy output still the target's."""
   import shutil
-  from specdec_jax.tools.results import __main__ as main, headline
+
+  from specdec_jax.tools.results import __main__ as main
+  from specdec_jax.tools.results import headline
   work = shutil.copytree(workdir, tmp_path / "work")
   shutil.copytree(work / "drafter", work / "aligned_small")
   readme = tmp_path / "README.md"
@@ -184,10 +187,11 @@ def test_larger_pair_tables_by_name_in_bfloat16(workdir, tmp_path):
   block = headline.headline(str(tmp_path / "results"), "demo-large")
   assert "| c | verify cost |" in block and "`aligned_small` the bundled 2M drafter" in block
   r = rows["B1/aligned_small/g2"]
-  assert f"| {r['verify_cost']:.2f} |" in block
+  assert f"| {verify_cost_text(r['verify_cost'])} |" in block
   assert block in readme.read_text() and "old" not in readme.read_text()
   assert not (tmp_path / "results" / "demo").exists()
   with pytest.raises(R.ResultsError, match="other settings .*dtype"):
-    R.run_results(work, existing=res, batch_sizes=(1,), variants=("aligned_small",),
-                  gammas=(2,), table_drafters=(), limit=4, max_new_tokens=6, repeats=1,
-                  timing_steps=2, progress=False)
+    R.run_results(work, R.ResultsSettings(batch_sizes=(1,), variants=("aligned_small",),
+                                          gammas=(2,), table_drafters=(), limit=4,
+                                          max_new_tokens=6, repeats=1, timing_steps=2,
+                                          progress=False), existing=res)

@@ -16,15 +16,16 @@ import ml_dtypes
 import numpy as np
 import pytest
 from flax.traverse_util import flatten_dict
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from loopback import run_child
 
 import specdec_jax as sd
 from specdec_jax import sharding
-from loopback import run_child
 
 HERE = pathlib.Path(__file__).resolve().parent
 METHODS = ("generate", "speculative", "sample", "sample_again", "speculative_sample", "bild",
-           "blockwise")
+           "blockwise", "beam")
 # on 2x4 only, against one device's `generate`: greedy with the n-gram and prompt-lookup
 # drafters and with adaptive gamma
 MESH_ONLY = ("ngram", "prompt_lookup", "adaptive")
@@ -232,9 +233,10 @@ def test_params_really_sharded(report, mesh, path, spec, shard):
 def test_every_param_follows_its_spec(report):
   """Per-device shard shape = full shape / mesh axis size, for every parameter and mesh."""
   for mesh, entry in report["meshes"].items():
-    sizes = dict(zip(("data", "model"), map(int, mesh.split("/")[0].split("x"))))
+    sizes = dict(zip(("data", "model"), map(int, mesh.split("/")[0].split("x")), strict=True))
     for path, placed in entry["params"].items():
-      want = [n // (sizes[a] if a else 1) for n, a in zip(placed["shape"], placed["spec"])]
+      want = [n // (sizes[a] if a else 1)
+              for n, a in zip(placed["shape"], placed["spec"], strict=True)]
       assert placed["shard_shapes"] == [want], (mesh, path)
 
 
@@ -256,9 +258,10 @@ def test_drafter_replicated_inputs_by_batch(report, mesh):
 ])
 def test_mesh_equals_single_device(report, mesh, methods):
   """Greedy (generate, speculative with a model, n-gram or prompt-lookup drafter and with
-  adaptive gamma, BiLD at threshold 1, blockwise) and sampling with a fixed rng: the tokens
-  of the single-device run (its `generate`'s for the n-gram, prompt-lookup and adaptive
-  runs), and greedy methods equal `generate` on the mesh."""
+  adaptive gamma, BiLD at threshold 1, blockwise), beam search (its best beam) and
+  sampling with a fixed rng: the tokens of the single-device run (its `generate`'s for the
+  n-gram, prompt-lookup and adaptive runs), and greedy methods equal `generate` on the
+  mesh."""
   entry = report["meshes"][mesh]
   assert sorted(entry["equal_single"]) == sorted(methods)
   assert all(entry["equal_single"].values()), entry["equal_single"]
@@ -327,7 +330,7 @@ def test_load_reads_only_each_devices_block(report, load):
     assert max(r["calls"]) == r["nbytes"] // r["blocks"], (key, r)
     split += r["blocks"] > 1
   mesh = load.split("/")[0]
-  sizes = dict(zip(("data", "model"), map(int, mesh.split("x"))))
+  sizes = dict(zip(("data", "model"), map(int, mesh.split("x")), strict=True))
   placed = report["meshes"][f"{mesh}/RULES_1D"]["params"]
   assert split == sum(any(a and sizes[a] > 1 for a in p["spec"]) for p in placed.values())
   assert split >= (38 if sizes["model"] > 1 else 0)  # all but the norms (and relpos on 8)
@@ -458,7 +461,7 @@ def test_load_on_one_device_mesh_in_process():
   sharded = sd.load(str(FIXTURE / "legacy"), dtype="bfloat16", mesh=one_device())
   assert sharded.config == model.config
   for (path, a), b in zip(flatten_dict(model.params, sep="/").items(),
-                          jax.tree_util.tree_leaves(sharded.params)):
+                          jax.tree_util.tree_leaves(sharded.params), strict=True):
     assert a.dtype == b.dtype and bool((a == b).all()), path
     assert isinstance(b.sharding, NamedSharding)
 
@@ -519,5 +522,5 @@ def test_load_lm_into_shards(tmp_path):
     sharded = sd.load(source, mesh=one_device())
     assert sharded.config == model.config
     for a, b in zip(jax.tree_util.tree_leaves(model.params),
-                    jax.tree_util.tree_leaves(sharded.params)):
+                    jax.tree_util.tree_leaves(sharded.params), strict=True):
       assert a.dtype == b.dtype and bool((a == b).all())

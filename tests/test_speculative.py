@@ -3,10 +3,10 @@
 import jax
 import numpy as np
 import pytest
+from conftest import peaked, perturbed, ragged_tokens
 
 import specdec_jax as sd
-from specdec_jax.decoding import engine
-from conftest import peaked, perturbed, ragged_tokens
+from specdec_jax.rounds import engine
 
 MAX_NEW = 11   # not a multiple of gamma + 1 for gamma in {1, 2, 5}
 
@@ -150,30 +150,6 @@ def test_adaptive_gamma_shrinks_for_a_bad_drafter(target, encoder_tokens):
                                      max_new_tokens=MAX_NEW, adaptive=sd.AdaptiveGamma(c=0.2))
   assert int(adaptive.stats["drafted"]) < int(fixed.stats["drafted"])
   assert int(adaptive.stats["drafter_calls"]) < int(fixed.stats["drafter_calls"])
-
-
-def test_adaptive_choice_follows_theory():
-  rule = sd.AdaptiveGamma(c=0.05)
-  alphas = np.array([0.1, 0.6, 0.8, 0.95], np.float32)
-  got = np.asarray(rule.choose(jax.numpy.asarray(alphas), 10))
-  want = [sd.theory.optimal_gamma(float(a), 0.05, max_gamma=10)[0] for a in alphas]
-  np.testing.assert_array_equal(got, want)
-
-
-def test_adaptive_choice_with_measured_verify_costs():
-  """With dear wide verify calls the policy picks a smaller gamma than Theorem 8's, and
-  exactly the gamma `theory.walltime_improvement_measured` ranks first."""
-  v = (1.1, 1.4, 1.9, 2.5, 3.0)
-  rule = sd.AdaptiveGamma(c=0.05, verify_cost=v)
-  for alpha in (0.3, 0.6, 0.8, 0.95):
-    want = 1 + int(np.argmax([sd.theory.walltime_improvement_measured(alpha, g, 0.05, v[g - 1])
-                              for g in range(1, 6)]))
-    assert rule.gammas([alpha], 5) == [want]
-  assert rule.gammas([0.8], 5)[0] < sd.AdaptiveGamma(c=0.05).gammas([0.8], 5)[0]
-  assert sd.AdaptiveGamma(c=0.05, verify_cost=(1.0,)).gammas([0.8], 8) == \
-      sd.AdaptiveGamma(c=0.05).gammas([0.8], 8)           # a constant 1 is Theorem 8
-  with pytest.raises(sd.InputError, match="verify_cost"):
-    sd.AdaptiveGamma(verify_cost=(1.0, 0.0))
 
 
 def test_measured_adaptive_gamma_keeps_greedy_equivalence(target, encoder_tokens, baseline):

@@ -135,6 +135,7 @@ def test_compare_script_rejects_an_unknown_dtype(tmp_path):
 def test_compare_script_passes_the_dtype_through(monkeypatch, tmp_path):
   """--dtype reaches both the loader and the comparison (no T5X: both stubbed)."""
   import importlib.util
+
   from specdec_jax.tools import models
   spec = importlib.util.spec_from_file_location("compare_t5x", SCRIPT)
   script = importlib.util.module_from_spec(spec)
@@ -156,6 +157,7 @@ def test_bfloat16_compare_model_computes_in_bfloat16():
   """load_model's config: models cast only the params; the comparison also needs
   bfloat16 activations (what sd.load(dtype="bfloat16") gives)."""
   import jax
+
   from specdec_jax.tools.models import load_model
   loaded = load_model("config:t5_1_1_tiny", "bfloat16")
   model = t5x_bench._compare_model(loaded, "bfloat16")

@@ -8,26 +8,30 @@ import pytest
 import sentencepiece as spm
 
 from specdec_jax.io.tokenizer import (
-    EOS_ID,
-    PAD_ID,
-    UNK_ID,
-    Tokenizer,
-    TokenizerError,
-    bundled_tokenizers,
-    load_tokenizer,
-    train_sentencepiece,
+  EOS_ID,
+  PAD_ID,
+  UNK_ID,
+  Tokenizer,
+  TokenizerError,
+  bundled_tokenizers,
+  load_tokenizer,
+  train_sentencepiece,
 )
 
 VOCAB_SIZE = 100
 
 _DE_SUBJECTS = ["Der Hund", "Die Katze", "Das Mädchen", "Der Bäcker", "Die Ärztin", "Ein Junge"]
 _DE_VERBS = ["sieht", "mag", "grüßt", "öffnet", "sucht", "malt"]
-_DE_OBJECTS = ["den Baum", "die Brücke", "das schöne Haus", "die große Übung", "den Apfel", "das Öl"]
-_DE_PLACES = ["heute", "morgen früh", "im Garten", "am Fluss", "ohne Grund", "jeden Sonntag", "während der Woche"]
+_DE_OBJECTS = ["den Baum", "die Brücke", "das schöne Haus", "die große Übung", "den Apfel",
+               "das Öl"]
+_DE_PLACES = ["heute", "morgen früh", "im Garten", "am Fluss", "ohne Grund", "jeden Sonntag",
+              "während der Woche"]
 _EN_SUBJECTS = ["The dog", "The cat", "The girl", "The baker", "The doctor", "A boy"]
 _EN_VERBS = ["sees", "likes", "greets", "opens", "looks for", "paints"]
-_EN_OBJECTS = ["the tree", "the bridge", "the nice house", "the big exercise", "the apple", "the oil"]
-_EN_PLACES = ["today", "early tomorrow", "in the garden", "by the river", "for no reason", "every Sunday", "during the week"]
+_EN_OBJECTS = ["the tree", "the bridge", "the nice house", "the big exercise", "the apple",
+               "the oil"]
+_EN_PLACES = ["today", "early tomorrow", "in the garden", "by the river", "for no reason",
+              "every Sunday", "during the week"]
 
 
 def _corpus() -> list[str]:
@@ -252,7 +256,8 @@ def test_training_is_deterministic(tmp_path, tok):
 
 
 def test_training_user_defined_symbols(tmp_path):
-  t = train_sentencepiece(_corpus(), tmp_path / "sym", vocab_size=80, user_defined_symbols=("<de>", "<en>"))
+  t = train_sentencepiece(_corpus(), tmp_path / "sym", vocab_size=80,
+                          user_defined_symbols=("<de>", "<en>"))
   assert t.processor.piece_to_id("<de>") == 3 and t.processor.piece_to_id("<en>") == 4
   ids = t.encode_one("<en> Der Hund", add_eos=False)
   assert 4 in ids and t.decode_one(ids) == "<en> Der Hund"

@@ -8,11 +8,12 @@ import statistics
 import jax
 import numpy as np
 import pytest
+from conftest import peaked, perturbed, ragged_tokens
 
 import specdec_jax as sd
-from conftest import peaked, perturbed, ragged_tokens
-from specdec_jax.decoding import stats as stats_lib
-from specdec_jax.tools import errors, methods, models, options, report, timing
+from specdec_jax.rounds import stats as stats_lib
+from specdec_jax.tools import decode_methods as methods
+from specdec_jax.tools import errors, models, options, report, timing
 from specdec_jax.tools.batching import Batch, cycled_rows, pad_rows, padded_batches, trim_padding
 
 GAMMA, MAX_NEW = 3, 8
@@ -101,7 +102,8 @@ def test_out_stats_is_a_readable_summary_of_host_numbers(pair, inputs):
   s = out.stats
   doc = stats_lib.summarize.__doc__
   numbers = {k: v for k, v in s.items() if k not in dict(out.info)}
-  assert set(numbers) <= set(stats_lib.SUMMARY) and len(numbers) >= 20
+  # the common statistics and speculative decoding's own (tests/test_method_stats.py)
+  assert set(numbers) == set(stats_lib.method_stats("speculative")) and len(numbers) == 17
   for name, value in numbers.items():
     assert f"{name} " in doc or f"{name}," in doc, f"{name} is not documented"
     assert type(value) in (int, float, list), (name, type(value))
@@ -139,8 +141,13 @@ def test_row_helpers():
   np.testing.assert_array_equal(pad_rows([[5, 6, 1]], 2), [[5, 6]])
   assert pad_rows([]).shape == (0, 1)
   np.testing.assert_array_equal(cycled_rows(np.array([[1], [2]]), 5)[:, 0], [1, 2, 1, 2, 1])
-  np.testing.assert_array_equal(trim_padding(np.array([[5, 1, 0, 0], [7, 0, 0, 0]])),
-                                [[5, 1], [7, 0]])
+  # trailing pad columns go down to a bucket width (powers of two from 8, within the input)
+  wide = np.zeros((2, 20), np.int32)
+  wide[0, :2], wide[1, 0] = (5, 1), 7
+  np.testing.assert_array_equal(trim_padding(wide), wide[:, :8])
+  wide[1, 8] = 3
+  np.testing.assert_array_equal(trim_padding(wide), wide[:, :16])
+  np.testing.assert_array_equal(trim_padding(wide[:, :5]), wide[:, :5])   # never past it
 
 
 # ----------------------------------------------------------------------------- dispatch
@@ -182,7 +189,8 @@ def test_method_settings_and_registry(pair):
   assert methods.Baseline().describe() == "baseline (sd.generate), greedy"
   assert methods.Baseline(sampling=sd.Sampling()).settings()["method"] == "baseline"
   assert methods.METHODS == {"baseline": methods.Baseline, "speculative": methods.Speculative,
-                             "bild": methods.Bild, "blockwise": methods.Blockwise}
+                             "bild": methods.Bild, "blockwise": methods.Blockwise,
+                             "beam": methods.Beam}
   assert methods.Baseline(exact=False).settings()["exact"] is False
   assert spec.uses_drafter and not methods.Baseline().uses_drafter
   with pytest.raises(TypeError):
@@ -309,8 +317,7 @@ def test_every_tool_error_is_a_specdec_error():
     assert issubclass(cls, sd.SpecdecError) and issubclass(cls, ValueError), cls
   assert issubclass(errors.MissingDataError, FileNotFoundError)
   assert issubclass(errors.T5XSourceError, errors.CompareError)
-  from specdec_jax.tools import bench, evaluation, hf_compare, results, t5x_bench, training
-  from specdec_jax.tools import data
+  from specdec_jax.tools import bench, data, evaluation, hf_compare, results, t5x_bench, training
   for module, name in ((bench, "BenchError"), (evaluation, "EvaluationError"),
                        (hf_compare, "CompareError"), (results, "ResultsError"),
                        (t5x_bench, "T5XSourceError"), (training, "TrainingError"),

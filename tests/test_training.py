@@ -87,7 +87,8 @@ def run_steps(model, batch, cfg, steps, teacher=None):
 
 def tree_equal(a, b):
   return all(np.array_equal(np.asarray(x), np.asarray(y))
-             for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+             for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b),
+                             strict=True))
 
 
 # ----------------------------------------------------------------------------- optimisation
@@ -167,7 +168,7 @@ def test_resume_continues_exactly(model, data, tmp_path):
   assert [h["step"] for h in hist_b2] == [3, 6]
   assert hist_b2[0] == hist_b1[0]
   assert hist_b2[1] == hist_a[-1]
-  on_disk = [json.loads(l) for l in (tmp_path / "b" / "history.jsonl").read_text().splitlines()]
+  on_disk = [json.loads(s) for s in (tmp_path / "b" / "history.jsonl").read_text().splitlines()]
   assert on_disk == hist_b2
 
   # a finished run resumes to itself without further steps

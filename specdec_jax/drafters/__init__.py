@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from specdec_jax.decoding.inputs import check_same_vocabulary
 from specdec_jax.drafters.lookup import LookupState, PromptLookupDrafter
 from specdec_jax.drafters.loop import DraftLoop, DraftState, NoProposals, Unsure
 from specdec_jax.drafters.model import ModelDrafter
 from specdec_jax.drafters.ngram import NGramDrafter
 from specdec_jax.errors import InputError
 from specdec_jax.models.model import Model
+from specdec_jax.rounds.inputs import check_same_vocabulary
+from specdec_jax.rounds.phases import Proposer
 
 __all__ = ["DraftLoop", "DraftState", "LookupState", "ModelDrafter", "NGramDrafter",
            "NoProposals", "PromptLookupDrafter", "Unsure", "as_drafter", "as_proposer"]
@@ -48,7 +49,7 @@ def check_same_family(target: Model, model: Any) -> None:
                    "a T5 for a T5)")
 
 
-def as_proposer(proposer: Any, target: Model) -> Any:
+def as_proposer(proposer: Any, target: Model) -> Proposer:
   """A proposer passes through; a `Model` or token-level drafter is wrapped in a `DraftLoop`."""
   if all(hasattr(proposer, a) for a in ("init", "propose", "update", "vocab_size")):
     check_same_vocabulary(target.config.vocab_size, proposer.vocab_size)

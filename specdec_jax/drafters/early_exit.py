@@ -15,9 +15,9 @@ import jax.numpy as jnp
 from flax import struct
 
 from specdec_jax.cache import DecoderCache
-from specdec_jax.rounds.buffer import last_tokens
 from specdec_jax.errors import InputError
 from specdec_jax.models.model import Model
+from specdec_jax.rounds.buffer import last_tokens
 
 Array = jax.Array
 

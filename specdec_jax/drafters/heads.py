@@ -35,8 +35,7 @@ FORMAT = "specdec-heads-v1"
 FILENAME = "heads.safetensors"
 
 
-@struct.dataclass
-class Heads:
+class Heads(struct.PyTreeNode):
   """Heads 2..h: params {"head_j": {"wi": [E, F], "wo": [F, E]}} and the base's fingerprint."""
 
   params: Any
@@ -104,7 +103,7 @@ def init_heads(model: Model, num_heads: int, rng: Array | int = 0,
   hidden_dim = hidden_dim or model.config.mlp_dim
   key = jax.random.PRNGKey(rng) if isinstance(rng, int) else rng
   params = {}
-  for j, k in zip(range(2, num_heads + 1), jax.random.split(key, num_heads - 1)):
+  for j, k in zip(range(2, num_heads + 1), jax.random.split(key, num_heads - 1), strict=True):
     k_in, k_out = jax.random.split(k)
     params[f"head_{j}"] = {
         "wi": jax.random.normal(k_in, (emb, hidden_dim), jnp.float32) / np.sqrt(emb),
@@ -114,7 +113,8 @@ def init_heads(model: Model, num_heads: int, rng: Array | int = 0,
 
 
 def head_states(heads: Heads, states: Array) -> Array:
-  """Final decoder states [..., E] -> the heads' states u_j [..., h - 1, E] (before the output layer)."""
+  """Final decoder states [..., E] -> the heads' states u_j [..., h - 1, E] (before the output
+  layer)."""
   dtype = states.dtype
   out = []
   for j in range(2, heads.num_heads + 1):
@@ -137,7 +137,8 @@ def check_heads(model: Model, heads: Heads) -> None:
                      f"{model.config.emb_dim}")
   if heads.base and heads.base != model_fingerprint(model):
     raise InputError(f"heads trained for another model (fingerprint {heads.base}, this model "
-                     f"{model_fingerprint(model)}); train heads for it with `specdec train --heads`")
+                     f"{model_fingerprint(model)}); train heads for it with "
+                     "`specdec train --heads`")
 
 
 def heads_path(path: str | pathlib.Path) -> pathlib.Path:
@@ -168,6 +169,7 @@ def load_heads(path: str | pathlib.Path, model: Model) -> Heads:
   name such as "demo-de-en/target".
   """
   from safetensors import safe_open
+
   from specdec_jax.io.checkpoints import resolve
   source = pathlib.Path(path)
   if not source.exists():
@@ -195,7 +197,7 @@ def load_heads(path: str | pathlib.Path, model: Model) -> Heads:
 
 def heads_loss(model: Model, heads: Heads, encoder_tokens: Array | None, targets: Array,
                weights: Array | None = None, freeze_model: bool = True,
-               rngs=None) -> tuple[Array, Array]:
+               rngs=None) -> tuple[Array, Array, Array]:
   """sum_h lambda_h L_h: cross-entropy of each head on the tokens it must predict.
 
   T5: targets int32 [B, T] decoder targets (0 = padding), the decoder input being them
@@ -216,6 +218,9 @@ def heads_loss(model: Model, heads: Heads, encoder_tokens: Array | None, targets
     states = model.hidden_states(targets, deterministic=deterministic, rngs=rngs)
     shift, pad = 1, model.config.pad_id
   else:
+    if encoder_tokens is None:
+      raise InputError("a T5 model's heads train on its encoder tokens and target tokens: "
+                       "heads_loss(model, heads, encoder_tokens, targets)")
     dec_in = jnp.concatenate([jnp.zeros_like(targets[:, :1]), targets[:, :-1]], axis=1)
     states = model.hidden_states(encoder_tokens, dec_in, deterministic=deterministic,
                                  rngs=rngs)

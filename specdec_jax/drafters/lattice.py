@@ -189,7 +189,7 @@ class NGramLM:
     if not 1 <= len(tokens) <= self.order:
       raise InputError(f"an order-{self.order} LM takes 1 to {self.order} token arrays "
                        f"(context..., next), got {len(tokens)}")
-    tokens = jnp.broadcast_arrays(*(jnp.asarray(t, jnp.int32) for t in tokens))
+    tokens = tuple(jnp.broadcast_arrays(*(jnp.asarray(t, jnp.int32) for t in tokens)))
     if len(tokens) == 1:
       return self.unigram[tokens[0]]
     if len(tokens) == 2:
@@ -201,6 +201,9 @@ class NGramLM:
     return jnp.where(found, log_p, self.bigram_log_alpha[prev] + self.unigram[nxt])
 
   def _trigram(self, prev2: Array, prev: Array, nxt: Array) -> Array:
+    if self.trigrams is None or self.contexts is None:
+      raise InputError(f"an order-{self.order} LM without trigram tables (trigrams, contexts) "
+                       "takes at most 2 token arrays")
     found, log_p = self.trigrams.lookup(jnp.stack([prev2, prev, nxt], -1))
     _, log_alpha = self.contexts.lookup(jnp.stack([prev2, prev], -1))    # 0 if unseen
     return jnp.where(found, log_p, log_alpha + self._bigram(prev, nxt))

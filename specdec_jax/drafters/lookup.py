@@ -17,8 +17,7 @@ Array = jax.Array
 _NEG = -1e9  # log-probability of "impossible" (finite: no NaNs under scaling)
 
 
-@struct.dataclass
-class LookupState:
+class LookupState(struct.PyTreeNode):
   encoder_tokens: Array  # [B, Le]
   pointer: Array         # [B] index into encoder_tokens of the next proposal, -1: none
   lengths: Array | None = None   # [B] a decoder-only prompt's lengths; None: T5 (0-padded)

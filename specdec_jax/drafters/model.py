@@ -8,8 +8,9 @@ import jax.numpy as jnp
 from flax import struct
 
 from specdec_jax.cache import DecoderCache
-from specdec_jax.rounds.buffer import last_tokens
+from specdec_jax.config.lm import LMConfig
 from specdec_jax.models.model import Model
+from specdec_jax.rounds.buffer import last_tokens
 
 Array = jax.Array
 
@@ -36,9 +37,9 @@ class ModelDrafter:
            lengths: Array | None = None) -> DecoderCache:
     """T5: run the encoder. Decoder-only: prefill the prompt [B, P] (`lengths` [B]) into
     `capacity` slots (capped at a learned position table, see `engine.cache_capacity`)."""
-    if not self.model.is_decoder_only:
-      return self.model.start(encoder_tokens, capacity)
     config = self.model.config
+    if not isinstance(config, LMConfig):
+      return self.model.start(encoder_tokens, capacity)
     if config.positions == "learned":
       capacity = min(capacity, config.max_positions)
     return self.model.start(encoder_tokens, capacity, lengths).anchored()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
 import jax
 import jax.numpy as jnp
@@ -14,8 +14,7 @@ from specdec_jax.errors import InputError
 Array = jax.Array
 
 
-@struct.dataclass
-class NGramDrafter:
+class NGramDrafter(struct.PyTreeNode):
   """Interpolated bigram/unigram table: q(.|a) = lam * bigram(.|a) + (1 - lam) * unigram.
 
   The bigram table is stored sparsely (the `top_k` most frequent followers of
@@ -35,9 +34,10 @@ class NGramDrafter:
 
   @classmethod
   def fit(cls, sequences: Iterable[Iterable[int]], vocab_size: int, top_k: int = 16,
-          lam: float = 0.9, start_id: int = 0, smoothing: float = 0.01) -> "NGramDrafter":
+          lam: float = 0.9, start_id: int | None = 0, smoothing: float = 0.01) -> "NGramDrafter":
     """Estimate tables from decoder token sequences (each implicitly preceded by `start_id`;
     None: by nothing, as a decoder-only LM's texts, whose first token follows no token)."""
+    pairs: Any
     pairs, unigram = [], np.full(vocab_size, smoothing, np.float64)
     for s in sequences:
       s = np.asarray([t for t in s if t != 0] if start_id == 0 else list(s), np.int64)

@@ -1,4 +1,5 @@
-"""Tokenizers: SentencePiece models (T5's or Llama's special ids), and Hugging Face ``tokenizer.json``.
+"""Tokenizers: SentencePiece models (T5's or Llama's special ids), and Hugging Face
+``tokenizer.json``.
 
 A :class:`Tokenizer` wraps a loaded ``sentencepiece.SentencePieceProcessor`` and reads its
 special ids from the model itself. Two conventions occur:
@@ -27,7 +28,7 @@ prepended, EOS ``</s>``).
 All kinds encode decoder-only prompts the same way, never appending EOS (an EOS would
 end the text the model is asked to continue)::
 
-    tok = load_tokenizer("path/to/hf-gpt2")               # a directory with tokenizer.json
+    tok = load_tokenizer("gpt2")         # a dir with tokenizer.json (hf download --local-dir)
     prompt, lengths = tok.encode_prompts(["Once upon", "The"])   # int32 [B, P], [B]
     check_tokenizer(tok, model)                           # vocabulary and EOS/BOS agree
     tok.decode_continuations(new_tokens)                  # texts, each cut at its first EOS
@@ -46,8 +47,8 @@ from typing import Any
 import numpy as np
 import sentencepiece as spm
 
+from specdec_jax import package_data
 from specdec_jax.errors import TokenizerError
-from specdec_jax.io import package_data
 
 PAD_ID = 0
 EOS_ID = 1
@@ -58,6 +59,11 @@ UNK_ID = 2
 # `tokenizer.model` (non-T5 ids) after it.
 MODEL_FILENAMES = ("spiece.model", "tokenizer.model", "sentencepiece.model")
 HF_FILENAME = "tokenizer.json"
+# Every file of a tokenizer kept beside a checkpoint: a SentencePiece model, a Hugging Face
+# tokenizer.json and the files naming its special tokens (`convert` copies them along;
+# `sd.save` and `convert --force` remove them with the model they belonged to).
+TOKENIZER_FILES = (*MODEL_FILENAMES, HF_FILENAME, "tokenizer_config.json",
+                   "special_tokens_map.json")
 # How far a model's embedding may extend past its tokenizer's vocabulary (padded to a
 # multiple of 64 or 128 for the hardware, as T5's 32100 -> 32128), in `check_tokenizer`.
 MAX_EMBEDDING_PADDING = 1024
@@ -89,7 +95,8 @@ class Tokenizer:
 
   @property
   def vocab_size(self) -> int:
-    """Number of pieces in the SentencePiece model (a T5 network may pad its embedding beyond this)."""
+    """Number of pieces in the SentencePiece model (a T5 network may pad its embedding beyond
+    this)."""
     return int(self.processor.get_piece_size())
 
   @property
@@ -125,9 +132,7 @@ class Tokenizer:
   def encode_one(self, text: str, add_eos: bool = True) -> list[int]:
     """Token ids of one string (no padding): BOS first when the model has one, EOS
     appended if ``add_eos``."""
-    if not isinstance(text, str):
-      raise TokenizerError(f"encode_one expects a str, got {type(text).__name__}")
-    ids = list(self.processor.encode(text, out_type=int))
+    ids = list(self.processor.encode(_check_text(text), out_type=int))
     return ([self.bos_id] if self.add_bos else []) + ids + ([self.eos_id] if add_eos else [])
 
   def encode(
@@ -217,7 +222,8 @@ class Tokenizer:
     bad = row[(row < 0) | (row >= self.vocab_size)]
     if bad.size:
       raise TokenizerError(
-          f"row {index} holds id {int(bad[0])} outside the tokenizer vocabulary [0, {self.vocab_size}) "
+          f"row {index} holds id {int(bad[0])} outside the tokenizer vocabulary "
+          f"[0, {self.vocab_size}) "
           f"(a model whose embedding is padded beyond the SentencePiece vocab produced it?)"
       )
     return self.processor.decode([int(t) for t in row])
@@ -233,9 +239,9 @@ def load_tokenizer(path_or_name: str | os.PathLike) -> "Tokenizer | HFTokenizer"
         ``tokenizer.json`` (an :class:`HFTokenizer`, with the special tokens of the
         directory's ``tokenizer_config.json``, ``special_tokens_map.json`` and
         ``config.json``), else ``tokenizer.model`` or ``sentencepiece.model``;
-      * the name of a bundled tokenizer, resolving to
-        ``specdec_jax/assets/<name>/spiece.model`` (or ``tokenizer.json``) inside the
-        package.
+      * the name of a bundled tokenizer ("demo-de-en"), resolving to
+        ``assets/<name>/spiece.model`` (or ``tokenizer.json``) of the installed
+        distribution that ships the group (``specdec-jax-demo-small``, ...).
 
   Raises:
     TokenizerError: the file is missing, unreadable, not a SentencePiece model,
@@ -249,18 +255,17 @@ def load_tokenizer(path_or_name: str | os.PathLike) -> "Tokenizer | HFTokenizer"
     return _load_file(_model_in_dir(path))
   if path.is_file():
     return load_hf_tokenizer(path) if path.suffix == ".json" else _load_file(path)
-  if isinstance(path_or_name, str) and _BUNDLED_NAME_RE.match(path_or_name) and not path.suffix == ".model":
+  if (isinstance(path_or_name, str) and _BUNDLED_NAME_RE.match(path_or_name)
+      and not path.suffix == ".model"):
     return _load_bundled(path_or_name)
   raise TokenizerError(f"tokenizer file or directory not found: {str(path)!r}")
 
 
 def bundled_tokenizers() -> list[str]:
-  """Names of tokenizers shipped in ``specdec_jax/assets/<name>/`` (a ``spiece.model`` or a
-  ``tokenizer.json``), sorted."""
-  root = package_data.assets()
-  if not root.is_dir():
-    return []
-  return sorted(d.name for d in root.iterdir() if d.is_dir()
+  """Names of the tokenizers shipped in ``assets/<name>/`` of the installed asset
+  distributions (a ``spiece.model`` or a ``tokenizer.json``), sorted."""
+  return sorted(d.name for root in package_data.installed_assets() if root.is_dir()
+                for d in root.iterdir() if d.is_dir()
                 and ((d / "spiece.model").is_file() or (d / HF_FILENAME).is_file()))
 
 
@@ -375,9 +380,7 @@ class HFTokenizer:
 
   def encode_one(self, text: str, add_eos: bool = False) -> list[int]:
     """Token ids of one string: BOS first if ``add_bos``; EOS last only if ``add_eos``."""
-    if not isinstance(text, str):
-      raise TokenizerError(f"encode_one expects a str, got {type(text).__name__}")
-    ids = self.processor.encode(text, add_special_tokens=False).ids
+    ids = self.processor.encode(_check_text(text), add_special_tokens=False).ids
     return ([self.bos_id] if self.add_bos else []) + list(ids) + ([self.eos_id] if add_eos else [])
 
   def encode(self, texts: Sequence[str], max_length: int | None = None, add_eos: bool = False,
@@ -522,7 +525,8 @@ def check_tokenizer(tok: "Tokenizer | HFTokenizer", model: Any,
   The model's vocabulary (``model.vocab_size`` or ``model.config.vocab_size``) must hold
   every tokenizer id and exceed the tokenizer's by less than ``max_padding`` (an embedding
   padded for the hardware); a decoder-only model's EOS (and BOS, when both name one) must
-  be the tokenizer's; a T5 model's SentencePiece model must have T5's special ids.
+  be the tokenizer's; a T5 model's SentencePiece model must have T5's special ids, and a
+  Hugging Face tokenizer its pad and EOS ids.
 
   Raises:
     TokenizerError: naming both sizes or both ids.
@@ -542,6 +546,13 @@ def check_tokenizer(tok: "Tokenizer | HFTokenizer", model: Any,
                              "generation would not stop (or start) where the model expects")
   elif isinstance(tok, Tokenizer):
     tok.require_t5()
+  else:   # a Hugging Face tokenizer on a T5 model: T5's pad and EOS ids, or it is another's
+    for name in ("eos_id", "pad_id"):
+      ours, theirs = getattr(tok, name), getattr(config, name, None)
+      if theirs is not None and ours != theirs:
+        raise TokenizerError(f"tokenizer {tok.path!r} has {name} {ours}, the T5 model "
+                             f"{theirs}: it is not this model's tokenizer (a decoder-only "
+                             "LM's?)")
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -574,7 +585,8 @@ class _SentenceStream:
         self.error = TokenizerError("train_sentencepiece got no non-empty sentences")
       raise
     if not isinstance(text, str):
-      self.error = TokenizerError(f"training text {self._index} is {type(text).__name__}, expected str")
+      self.error = TokenizerError(
+          f"training text {self._index} is {type(text).__name__}, expected str")
       raise StopIteration
     self._index += 1
     self._non_empty += bool(text.strip())
@@ -619,17 +631,17 @@ def _model_in_dir(directory: pathlib.Path) -> pathlib.Path:
 
 
 def _load_bundled(name: str) -> "Tokenizer | HFTokenizer":
-  group = package_data.assets(name) / name
-  resource = group / "spiece.model"
-  if not resource.is_file() and (group / HF_FILENAME).is_file():
+  root = package_data.assets(name)
+  group = None if root is None else root / name
+  if group is not None and (group / "spiece.model").is_file():
+    return _from_bytes((group / "spiece.model").read_bytes(), f"<bundled:{name}>")
+  if group is not None and (group / HF_FILENAME).is_file():
     return load_hf_tokenizer(pathlib.Path(str(group)))
-  if not resource.is_file():
-    available = ", ".join(bundled_tokenizers()) or "none"
-    raise TokenizerError(
-        f"no tokenizer file or directory {name!r}, and no bundled tokenizer of that name "
-        f"(bundled: {available})"
-    )
-  return _from_bytes(resource.read_bytes(), f"<bundled:{name}>")
+  available = ", ".join(bundled_tokenizers()) or "none"
+  raise TokenizerError(
+      f"no tokenizer file or directory {name!r}, and no bundled tokenizer of that name "
+      f"(bundled: {available})"
+  )
 
 
 def _check_texts(texts: Sequence[str]) -> Sequence[str]:
@@ -645,6 +657,22 @@ def _check_texts(texts: Sequence[str]) -> Sequence[str]:
   return texts
 
 
+def _check_text(text: Any) -> str:
+  """`text` if it is a str that UTF-8 can encode. A lone surrogate (what Python makes of
+  bytes that are not UTF-8 in a command line or a file read with errors="surrogateescape")
+  is not text: the tokenizers' native code would fail on it with an opaque error."""
+  if not isinstance(text, str):
+    raise TokenizerError(f"encode_one expects a str, got {type(text).__name__}")
+  try:
+    text.encode("utf-8")
+  except UnicodeEncodeError as e:
+    raise TokenizerError(
+        f"text {text[:40]!r} holds {text[e.start]!r} at position {e.start}, a lone surrogate "
+        "that is not Unicode text (bytes that were not UTF-8?): re-encode the input as "
+        "UTF-8") from None
+  return text
+
+
 def _check_max_length(max_length: int, add_eos: bool) -> int:
   least = 1 if add_eos else 0
   if int(max_length) != max_length or max_length < least:
@@ -653,7 +681,8 @@ def _check_max_length(max_length: int, add_eos: bool) -> int:
 
 
 def _fit_row(row: list[int], index: int, length: int, add_eos: bool, truncate: bool) -> list[int]:
-  """Returns `row` if it fits in `length`, its truncation (EOS kept last) if allowed, else raises."""
+  """Returns `row` if it fits in `length`, its truncation (EOS kept last) if allowed, else
+  raises."""
   if len(row) <= length:
     return row
   if not truncate:

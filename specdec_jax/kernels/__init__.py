@@ -20,10 +20,12 @@ Built on first use with the system C++ compiler (see `build`), for AVX-512F or A
 (with FMA; same results from either); where the backend is not the CPU, the CPU has
 neither, there is no compiler, the build fails, or SPECDEC_CPU_KERNELS=0,
 `available()` is False and the models use XLA's ops.
-Which product of a decode request (the encoder and cross-attention K/V of
-`Model.start`, every cached decode call) runs on them is decided in one place,
-`dispatch` (its `Policy`); the weights are packed for them by an explicit step,
-`sd.pack(model)` (`models.packing`). Teacher-forced passes keep XLA's dot and attention.
+These are the `cpu` backend of `backends` (with `gpu`: Pallas kernels for NVIDIA
+Hopper, `kernels.gpu`; and `xla`: none). Which product of a decode request (the encoder
+and cross-attention K/V of `Model.start`, every cached decode call) runs on which
+backend's kernels is decided in one place, `dispatch` (its `Policy`); the weights are
+packed for one backend by an explicit step, `sd.pack(model, kernels=...)` or
+`sd.load(..., kernels=...)` (`models.packing`). Teacher-forced passes keep XLA's ops.
 """
 
 from specdec_jax.kernels.build import ENV_VAR, Status, available, status

@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 import warnings
 
 import jax
@@ -180,7 +181,9 @@ def _build_in(directory: pathlib.Path, stem: str, sources: dict[str, bytes], com
     fcntl.flock(lock, fcntl.LOCK_EX)      # another process may be building the same file
     if path.exists():
       return path
-    _log.info("specdec_jax: building the CPU decode kernels into %s (once)", path)
+    _log.info("specdec_jax: building the CPU decode kernels (first run only; cached in %s)",
+              directory)
+    t0 = time.perf_counter()
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=directory)
     os.close(fd)
     try:
@@ -195,6 +198,7 @@ def _build_in(directory: pathlib.Path, stem: str, sources: dict[str, bytes], com
         tail = "\n".join(out.stderr.decode(errors="replace").strip().splitlines()[-8:])
         raise RuntimeError(f"building {', '.join(SOURCES)} failed ({' '.join(cmd)}):\n{tail}")
       os.replace(tmp, path)
+      _log.info("specdec_jax: built the CPU decode kernels in %.1f s", time.perf_counter() - t0)
     finally:
       with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)

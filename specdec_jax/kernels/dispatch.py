@@ -2,16 +2,17 @@
 
 A *product* is what a layer computes with weights in a decode request (`Model.start`,
 a cached `Model.decode`): a matmul (a Dense, a fused Q/K/V, the output layer), an
-RMSNorm's sum of squares (as x^2 @ ones), or an attention. The layers call `dot`,
-`mean_square` and `attention` for every product; each runs the CPU kernel when the
-request carries the product's packed operand (`COLLECTION`), else XLA's ops.
+RMSNorm's sum of squares, or an attention. The layers call `dot`, `mean_square` and
+`attention` for every product; each runs the kernel of the backend (`backends`: "cpu",
+"gpu") whose packed operand (`Packed`) the request carries in `COLLECTION`, else
+XLA's ops.
 
-Which products get packed is the `Policy`'s call, made once, at packing
-(`models.packing.pack`):
+Which products get packed, for which backend, is the `Policy`'s call, made once, at
+packing (`models.packing.pack`, `sd.pack(model, kernels=...)`, `sd.load(kernels=...)`):
 
-    policy = dispatch.policy()                  # from SPECDEC_CPU_KERNELS, backend, CPU, build
+    policy = dispatch.policy("auto", params)    # backends.choose: cpu, gpu or xla here
     policy.route(product, stored_dtype)         # None: on the kernels; else why it is on XLA
-    dispatch.width_invariant(model)             # every product of its decode on a kernel?
+    dispatch.width_invariant(model)             # every product of its decode invariant?
 
 Teacher-forced passes (`Model.forward`) never carry the collection: they run XLA.
 """
@@ -27,15 +28,13 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specdec_jax.kernels import build
-from specdec_jax.kernels.row_attention import attention as attention_kernel
-from specdec_jax.kernels.skinny import dot as dot_kernel
+from specdec_jax.errors import InputError
+from specdec_jax.kernels import backends
 
 Array = jax.Array
 
 COLLECTION = "decode_weights"   # flax collection of packed operands, at each product's key
-KINDS = ("dot", "sum_squares", "attention")
-_KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+KINDS = backends.KINDS
 
 
 class Product(NamedTuple):
@@ -63,81 +62,120 @@ class Product(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
-  """Which products run on the kernels (hashable: a static value).
+  """Which products run on which backend's kernels (hashable: a static value).
 
-  kernels: the kernels are built and enabled here (`kernels.status()`).
-  reason: why (or why not).
+  backend: "cpu", "gpu" or "xla" (`backends`).
+  reason: why this backend (`backends.Backend.status`, or why not the one asked for).
   xla: product names ("decoder/layers_0/mlp/wo/kernel") kept on XLA whatever else holds.
   """
 
-  kernels: bool
+  backend: str
   reason: str
   xla: frozenset[str] = frozenset()
+
+  @property
+  def kernels(self) -> bool:
+    """Whether any product can run on a kernel (the backend is not "xla")."""
+    return bool(backends.get(self.backend).kinds)
 
   def route(self, product: Product, stored_dtype=None) -> str | None:
     """None when `product` runs on a kernel; else the reason it runs on XLA.
 
     stored_dtype: the dtype of its weights as stored (a "dot"'s sources).
     """
-    if not self.kernels:
+    if product.kind not in KINDS:
+      raise ValueError(f"unknown product kind {product.kind!r} ({product.name})")
+    backend = backends.get(self.backend)
+    if not backend.kinds:
       return self.reason
     if product.name in self.xla:
       return "kept on XLA by the policy"
-    if product.kind not in KINDS:
-      raise ValueError(f"unknown product kind {product.kind!r} ({product.name})")
+    if product.kind not in backend.kinds:
+      return f"no {self.backend} kernel for {product.kind}"
     if product.kind == "sum_squares":
       return None                            # float32 whatever the model's dtype
     dtypes = {jnp.dtype(product.dtype)}
     if product.kind == "dot":
       dtypes.add(jnp.dtype(stored_dtype))
-    if not dtypes <= set(_KERNEL_DTYPES):
-      return f"no kernel for {', '.join(sorted(d.name for d in dtypes))}"
+    if not dtypes <= set(backend.dtypes):
+      return f"no {self.backend} kernel for {', '.join(sorted(d.name for d in dtypes))}"
     return None
 
 
-def policy(xla=(), params=None) -> Policy:
-  """The policy of this process now: `kernels.status()` (env SPECDEC_CPU_KERNELS, the
-  backend, the CPU, the build); with `params`, also their placement (the kernels run
-  on one CPU device). xla: product names to keep on XLA."""
-  status = build.status()
-  if status.available and params is not None and not on_one_cpu(params):
-    return Policy(False, "params are not on one CPU device", frozenset(xla))
-  return Policy(status.available, status.reason, frozenset(xla))
+def policy(kernels: str = "auto", params=None, xla=()) -> Policy:
+  """The policy for `kernels` ("auto", "cpu", "gpu", "xla"; `backends.choose`) and `params`.
+
+  A backend named explicitly that cannot run here raises `InputError` (the CPU kernels
+  unbuilt or disabled, params on several devices); "auto" falls back to "xla".
+  xla: product names to keep on XLA.
+  """
+  name = backends.choose(kernels, params)
+  backend = backends.get(name)
+  available, reason = backend.status()
+  if not available:
+    raise InputError(f"kernels={kernels!r}: the {name} kernels are unavailable: {reason}")
+  devices = backends.placement(params)
+  if backend.needs_one_device and len(devices) > 1:
+    raise InputError(f"kernels={kernels!r}: the {name} kernels need the params on one device, "
+                     f"they are on {len(devices)}; use kernels='xla' (or 'auto')")
+  if name == "cpu" and any(d.platform != "cpu" for d in devices):
+    raise InputError(f"kernels='cpu': the params are on {sorted({d.platform for d in devices})}, "
+                     f"not on the CPU")
+  if kernels == "auto" and name == "xla":
+    reason = "auto: " + _why_xla(params)
+  return Policy(name, reason, frozenset(xla))
 
 
-def on_one_cpu(tree) -> bool:
-  """Every jax.Array leaf of `tree` lives on one and the same CPU device."""
-  devices = set()
-  for x in jax.tree_util.tree_leaves(tree):
-    if isinstance(x, jax.Array):
-      devices |= set(x.sharding.device_set)
-  return len(devices) <= 1 and all(d.platform == "cpu" for d in devices)
+def _why_xla(params) -> str:
+  """Why "auto" chose XLA's ops here."""
+  if len(backends.placement(params)) > 1:
+    return "params on several devices"
+  if jax.default_backend() == "cpu":
+    return backends.get("cpu").status()[1]
+  return f"no kernels for the {jax.default_backend()} backend"
+
+
+@struct.dataclass
+class Packed:
+  """One product's packed operand in `COLLECTION`, with the backend it is packed for.
+
+  operand: the backend's packing of its weights (an attention: an empty [0] int8 marker).
+  backend: static; the layers run this backend's kernel on `operand`.
+  """
+
+  operand: Array
+  backend: str = struct.field(pytree_node=False, default="cpu")
 
 
 @struct.dataclass
 class DecodeWeights:
   """A Model's packed decode operands (`Model.decode_weights`; `models.packing.pack`).
 
-  weights: the `COLLECTION` tree: at each kernel product's key, its packed weight
-    (`kernels.pack`); an attention's entry is an empty [0] int8 marker.
+  weights: the `COLLECTION` tree: at each kernel product's key, its `Packed` operand.
   xla: static ((name, reason), ...) of the products of the decode left on XLA.
   policy: the `Policy` it was packed under (static).
+  products: static, the products packed (on the policy's backend).
   """
 
   weights: Any
   xla: tuple[tuple[str, str], ...] = struct.field(pytree_node=False, default=())
   policy: Policy | None = struct.field(pytree_node=False, default=None)
+  products: tuple[Product, ...] = struct.field(pytree_node=False, default=())
 
 
 def width_invariant(model) -> bool:
-  """Whether every product of `model`'s decode runs on a kernel: a k-token call then
-  computes each token by the ops of a 1-token call (bitwise equal logits).
+  """Whether every product of `model`'s decode runs on a kernel its backend makes width-
+  and batch-invariant (`backends.Backend.invariant`): a k-token call then computes each
+  token by the ops of a 1-token call (bitwise equal logits).
 
   XLA's dot picks other kernels for k >= 2 rows than for 1, so one product on XLA is
   enough for rows to round differently (exact mode then pads every call to one width).
   """
   weights = getattr(model, "decode_weights", None)
-  return weights is not None and not weights.xla
+  if weights is None or weights.xla or weights.policy is None:
+    return False
+  invariant = backends.get(weights.policy.backend).invariant
+  return all(p.kind in invariant for p in weights.products)
 
 
 # ----------------------------------------------------------------------------- the layers' calls
@@ -162,7 +200,7 @@ def param_path(module, name: str) -> tuple[str, ...]:
   return tuple(module.scope.path) + (name,)
 
 
-def _packed(module, product: Product) -> Array | None:
+def _packed(module, product: Product) -> Packed | None:
   """The product's packed operand in this request, or None (run XLA's ops)."""
   stack = getattr(_local, "found", None)
   if stack:
@@ -183,18 +221,18 @@ def dot(module, name: str, x: Array, sources, n: int, dtype, xla: Callable[[], A
   wp = _packed(module, product)
   if wp is None:
     return xla()
-  return dot_kernel(x.astype(dtype), wp, n).astype(dtype)
+  return backends.get(wp.backend).kernel("dot")(x.astype(dtype), wp.operand, n).astype(dtype)
 
 
 def mean_square(module, x: Array, scale: str = "scale") -> Array:
-  """mean(x^2) over the last axis, float32 [..., K] -> [..., 1]; on the kernel as
+  """mean(x^2) over the last axis, float32 [..., K] -> [..., 1]; on the kernels as
   x^2 @ ones [K, 1] (a fixed accumulation order per row, as the products have)."""
   product = Product(tuple(module.scope.path) + ("sum_squares",), "sum_squares",
                     (param_path(module, scale),))
   ones = _packed(module, product)
   if ones is None:
     return jnp.mean(jnp.square(x), axis=-1, keepdims=True)
-  return dot_kernel(jnp.square(x), ones, 1) / x.shape[-1]
+  return backends.get(ones.backend).kernel("sum_squares")(x, ones.operand) / x.shape[-1]
 
 
 def attention(module, q: Array, k: Array, v: Array, bias: Array, dtype,
@@ -202,6 +240,8 @@ def attention(module, q: Array, k: Array, v: Array, bias: Array, dtype,
   """q [B, H, T, Dh], k/v [B, H, S, Dh], bias [B|1, H|1, T|1, S] -> [B, T, H, Dh] `dtype`;
   the attention kernel when packed (every query row computed alike), else `xla()`."""
   product = Product(tuple(module.scope.path) + ("attention",), "attention", (), jnp.dtype(dtype))
-  if _packed(module, product) is None:
+  marker = _packed(module, product)
+  if marker is None:
     return xla()
-  return attention_kernel(jnp.swapaxes(q, 1, 2), k, v, bias).astype(dtype)
+  attend = backends.get(marker.backend).kernel("attention")
+  return attend(jnp.swapaxes(q, 1, 2), k, v, bias).astype(dtype)

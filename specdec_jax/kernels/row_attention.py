@@ -22,8 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.kernels import build
-from specdec_jax.kernels import work
+from specdec_jax.kernels import build, work
 
 Array = jax.Array
 
@@ -50,7 +49,7 @@ def attention(q: Array, k: Array, v: Array, bias: Array) -> Array:
     raise ValueError(f"attention: k {list(k.shape)} / v {list(v.shape)} are not [B, H, S, D] "
                      f"= [{b}, {h}, S, {d}] of q {list(q.shape)}")
   if bias.ndim != 4 or bias.shape[3] != s or any(
-      n not in (1, full) for n, full in zip(bias.shape[:3], (b, h, t))):
+      n not in (1, full) for n, full in zip(bias.shape[:3], (b, h, t), strict=True)):
     raise ValueError(f"attention: bias {list(bias.shape)} is not [B|1, H|1, T|1, S] = "
                      f"[{b}|1, {h}|1, {t}|1, {s}]")
   if k.dtype != v.dtype or jnp.dtype(k.dtype) != jnp.bfloat16:

@@ -18,8 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.kernels import build
-from specdec_jax.kernels import work
+from specdec_jax.kernels import build, work
 
 Array = jax.Array
 
@@ -82,3 +81,25 @@ def dot(x: Array, wp: Array, n: int) -> Array:
   m = int(np.prod(x.shape[:-1], dtype=np.int64))
   return call(x.astype(jnp.float32), wp, nthreads=np.int64(threads(m, k, n, wp.dtype)),
               chunks=np.int64(work.CHUNKS), prefetch=np.int64(PREFETCH))
+
+
+def pack_dtype(w: Array, dtype) -> jnp.dtype:
+  """The CPU panels' dtype for weights `w` computed in `dtype` (both float32 or bfloat16).
+
+  bfloat16 where the activations are bfloat16 or the weights are; float32 weights that
+  bfloat16 holds exactly (checkpoints stored in bfloat16, such as the bundled demo
+  pair, loaded as float32) pack as bfloat16 too: the kernel widens them back to the
+  same float32 values and runs the same FMA sequence, so the results are bitwise those
+  of float32 panels, from half the bytes (a batch-1 step streams every weight). This
+  depends on the values: params moved off the bfloat16 grid repack wide.
+  """
+  if jnp.dtype(dtype) == jnp.bfloat16 or w.dtype == jnp.bfloat16 or bfloat16_exact(w):
+    return jnp.dtype(jnp.bfloat16)
+  return jnp.dtype(jnp.float32)
+
+
+def bfloat16_exact(w: Array) -> bool:
+  """Whether bfloat16 holds every float32 value of `w` bit for bit: the low 16 bits are
+  zero (a test of the bits, so subnormals and NaN payloads are judged by what the
+  kernel will read, whatever the floating-point mode)."""
+  return not np.any(np.asarray(w, np.float32).view(np.uint32) & 0xFFFF)

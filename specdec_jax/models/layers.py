@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import flax.linen as nn
 import jax
@@ -96,8 +96,9 @@ class Init:
       return jnp.zeros(shape, dtype)
     if self.kind == "normal":
       return jax.random.normal(key, shape, dtype) * self.scale
-    mode, distribution = {"fan_in_normal": ("fan_in", "normal"),
-                          "fan_avg_uniform": ("fan_avg", "uniform")}[self.kind]
+    modes: dict[str, tuple[Literal["fan_in", "fan_avg"], Literal["normal", "uniform"]]] = {
+        "fan_in_normal": ("fan_in", "normal"), "fan_avg_uniform": ("fan_avg", "uniform")}
+    mode, distribution = modes[self.kind]
     return nn.initializers.variance_scaling(1.0, mode, distribution)(key, shape, dtype) \
         * self.scale
 
@@ -216,7 +217,7 @@ class LayerNorm(nn.Module):
     x = x.astype(jnp.float32)
     x = x - jnp.mean(x, axis=-1, keepdims=True)
     y = x * jax.lax.rsqrt(dispatch.mean_square(self, x) + self.epsilon)
-    return (y * scale + bias).astype(self.dtype)
+    return (y * jnp.asarray(scale) + jnp.asarray(bias)).astype(self.dtype)
 
 
 class Embed(nn.Module):
@@ -404,13 +405,15 @@ class MlpBlock(nn.Module):
   @nn.compact
   def __call__(self, x: Array) -> Array:
     """[B, T, E] -> [B, T, E]."""
-    acts = {"relu": nn.relu, "linear": lambda h: h, "silu": nn.silu,
+    acts: dict[str, Callable[[Array], Array]] = {
+            "relu": nn.relu, "linear": lambda h: h, "silu": nn.silu,
             "gelu": functools.partial(nn.gelu, approximate=self.gelu_approximate),
             "gelu_exact": functools.partial(nn.gelu, approximate=False)}
     wi = [Dense(x.shape[-1], self.mlp_dim, ("embed", "mlp"), self.dtype, use_bias=self.use_bias,
                 name=n) for n in mlp_kernel_names(self.activations)]
     branches = fused_dense(self, "wi", x, wi, self.dtype, self.fuse)
-    h = functools.reduce(jnp.multiply, [acts[a](y) for a, y in zip(self.activations, branches)])
+    h = functools.reduce(jnp.multiply, [acts[a](y) for a, y in zip(self.activations, branches,
+                                                                   strict=True)])
     # T5X's MlpBlock: the hidden layer split as wi's columns, so wo sums partial products
     h = with_logical_constraint(h, ("batch", "length", "mlp"), self.partitioner)
     return Dense(self.mlp_dim, x.shape[-1], ("mlp", "embed"), self.dtype, use_bias=self.use_bias,

@@ -46,10 +46,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import cache as cache_lib
+from specdec_jax.config.lm import LMConfig
 from specdec_jax.errors import InputError
-from specdec_jax.models.layers import (EMBEDDING_INIT, Dense, Embed, LayerNorm, MlpBlock,
-                                       MultiHeadAttention, RMSNorm, attention_bias)
-from specdec_jax.models.lm_config import LMConfig
+from specdec_jax.models.layers import (
+  EMBEDDING_INIT,
+  Dense,
+  Embed,
+  LayerNorm,
+  MlpBlock,
+  MultiHeadAttention,
+  RMSNorm,
+  attention_bias,
+)
 
 Array = jax.Array
 
@@ -262,7 +270,8 @@ class Decoder(nn.Module):
       mask = cache_lib.tree_mask(start, slots, visible, cache.capacity)
     exits = None if num_layers is None else (num_layers,)
     (hidden,), new = self.run(tokens, positions, attention_bias(mask), lambda y: y,
-                              list(zip(cache.self_key, cache.self_value)), slots, exits)
+                              list(zip(cache.self_key, cache.self_value, strict=True)), slots,
+                              exits)
     run = len(new)
     cache = cache.replace(self_key=tuple(k for k, _ in new) + cache.self_key[run:],
                           self_value=tuple(v for _, v in new) + cache.self_value[run:],
@@ -321,7 +330,7 @@ class DecoderOnly(nn.Module):
     return self.decoder.logits(hidden)
 
 
-def check_prompt(tokens, lengths, capacity: int, config: LMConfig) -> np.ndarray:
+def check_prompt(tokens, lengths, capacity: int, config: LMConfig) -> np.ndarray | Array:
   """Lengths [B] int32 of right-padded prompts [B, P] (given or `prompt_lengths`), checked
   against the prompt, the cache `capacity` and a learned position table."""
   shape = tokens.shape

@@ -17,11 +17,12 @@ calls take the prompt where T5's take the encoder input:
     tok = lm.first_tokens(prompt)[:, None]        # [B, 1]: each row's last prompt token
     logits, cache = lm.decode(tok, cache)
 
-Decode requests (`start`, cached `decode`) run each product on a CPU kernel or on
-XLA's ops as `specdec_jax.kernels.dispatch` decides; the kernels read weights packed
-for them by an explicit step, `sd.pack(model)` (`models.packing`), which returns a
-Model carrying them in `decode_weights`. `start` / `decode` pack on the fly when given
-an unpacked Model outside a trace; `params` keeps T5X's tree either way.
+Decode requests (`start`, cached `decode`) run each product on a kernel or on XLA's ops
+as `specdec_jax.kernels.dispatch` decides; the kernels read weights packed for one
+backend (cpu, gpu; `kernels.backends`) by an explicit step, `sd.pack(model, kernels=)`
+or `sd.load(..., kernels=)` (`models.packing`), which returns a Model carrying them in
+`decode_weights`. An unpacked Model (`init_model`'s) runs XLA's ops; `params` keeps
+T5X's tree either way.
 """
 
 from __future__ import annotations
@@ -31,17 +32,18 @@ import functools
 from typing import Any
 
 import flax.linen as nn
-from flax.traverse_util import flatten_dict, unflatten_dict
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
+from flax.traverse_util import flatten_dict, unflatten_dict
 
 from specdec_jax import cache as cache_lib
 from specdec_jax.config import T5Config
+from specdec_jax.config.lm import LMConfig
 from specdec_jax.errors import InputError
 from specdec_jax.kernels import dispatch
 from specdec_jax.models import layers, lm
-from specdec_jax.models.lm_config import LMConfig
 from specdec_jax.models.t5 import Transformer
 
 Array = jax.Array
@@ -101,7 +103,7 @@ def _decode(model, tokens, cache, num_layers=None, positions=None, visible=None)
 @dataclasses.dataclass(frozen=True)
 class Model:
   """A T5 encoder-decoder or a decoder-only LM: `config` (static; `T5Config` or `LMConfig`),
-  `params` (T5X tree names), once packed (`pack`) `decode_weights`
+  `params` (T5X tree names), once packed (`sd.pack`) `decode_weights`
   (`dispatch.DecodeWeights`; None when unpacked), and once placed on a mesh
   (`sd.shard`, `sd.load(mesh=)`) its `partitioner` (static; `sd.sharding.Partitioner`:
   the mesh and rules its activations are constrained by; None on one device).
@@ -109,7 +111,8 @@ class Model:
   A pytree whose leaves are `params`, then the packed weights' (none when unpacked).
   """
 
-  config: Config = struct.field(pytree_node=False)
+  # dataclasses.field (struct.field's result): mypy then sees that config has no default
+  config: Config = dataclasses.field(metadata={"pytree_node": False})
   params: Any
   decode_weights: Any = None
   partitioner: Any = struct.field(pytree_node=False, default=None)
@@ -120,19 +123,15 @@ class Model:
       updates["decode_weights"] = None
     return dataclasses.replace(self, **updates)
 
-  def pack(self, policy: dispatch.Policy | None = None) -> "Model":
-    """This Model with its decode products packed for the CPU kernels (`packing.pack_model`)."""
-    from specdec_jax.models import packing
-    return packing.pack_model(self, policy)
-
   @property
   def width_invariant_decode(self) -> bool:
     """Whether a cached decode call computes each of its k tokens by the ops of a
     1-token call: a k-token call's logits are then bitwise k sequential 1-token calls.
 
-    True when every product of the decode runs on a kernel (`dispatch.width_invariant`:
-    a packed Model with no product left on XLA). XLA's dot picks other kernels for
-    k >= 2 rows than for 1 (the engine's exact mode then pads every call to one width).
+    True when every product of the decode runs on a kernel its backend makes invariant
+    (`dispatch.width_invariant`: packed for cpu or gpu, no product left on XLA). XLA's
+    dot picks other kernels for k >= 2 rows than for 1 (the engine's exact mode then
+    pads every call to one width).
     """
     return dispatch.width_invariant(self)
 
@@ -170,10 +169,10 @@ class Model:
     """[B, Le] int32 -> encoder output [B, Le, E]."""
     if self.is_decoder_only:
       raise InputError("a decoder-only model has no encoder: use start(prompt, capacity)")
-    return _encode(self.pack(), encoder_tokens)
+    return _encode(self, encoder_tokens)
 
   def start(self, encoder_tokens: Array, capacity: int,
-            lengths: Array | None = None) -> cache_lib.DecoderCache:
+            lengths: Array | np.ndarray | None = None) -> cache_lib.DecoderCache:
     """The cache a request decodes from, of `capacity` self-attention positions.
 
     T5: run the encoder once over `encoder_tokens` [B, Le] (cross K/V cached; the decoder
@@ -181,14 +180,14 @@ class Model:
     [B]: default `lm.prompt_lengths`, one past each row's last non-pad token); the cache
     then holds each row's prompt but its last token, which `first_tokens` gives.
     """
-    if not self.is_decoder_only:
+    if not isinstance(self.config, LMConfig):
       if lengths is not None:
         raise InputError("lengths= is for decoder-only prompts; a T5 encoder input is masked "
                          "by its pad tokens")
-      return _start(self.pack(), encoder_tokens, capacity)
+      return _start(self, encoder_tokens, capacity)
     check_tokens(encoder_tokens, self.config, "prompt tokens")
     lengths = lm.check_prompt(encoder_tokens, lengths, capacity, self.config)
-    return _prefill(self.pack(), jnp.asarray(encoder_tokens, jnp.int32),
+    return _prefill(self, jnp.asarray(encoder_tokens, jnp.int32),
                     jnp.asarray(lengths, jnp.int32), capacity)
 
   def prompt_lengths(self, tokens: Array) -> Array:
@@ -198,14 +197,14 @@ class Model:
       return jnp.asarray(lm.prompt_lengths(tokens, self.config.pad_id))
     return jnp.sum(jnp.asarray(tokens) != self.config.pad_id, axis=1).astype(jnp.int32)
 
-  def first_tokens(self, inputs: Array, lengths: Array | None = None) -> Array:
+  def first_tokens(self, inputs: Array, lengths: Array | np.ndarray | None = None) -> Array:
     """[B] int32: the token each row feeds to its first `decode` after `start`.
 
     T5: `decoder_start_id` everywhere. A decoder-only model: the prompt's last token,
     inputs[b, lengths[b] - 1] (`lengths` as in `start`).
     """
     inputs = jnp.asarray(inputs, jnp.int32)
-    if not self.is_decoder_only:
+    if not isinstance(self.config, LMConfig):
       return jnp.full((inputs.shape[0],), self.config.decoder_start_id, jnp.int32)
     if lengths is None:
       lengths = lm.prompt_lengths(inputs, self.config.pad_id)
@@ -219,7 +218,7 @@ class Model:
     `exit_layer`: read the logits after that many decoder layers (shared final norm
     and output layer: an early exit); only those layers' buffers are written.
     """
-    logits, _, cache = _decode(self.pack(), tokens, cache, exit_layer)
+    logits, _, cache = _decode(self, tokens, cache, exit_layer)
     return logits, cache
 
   def decode_with_hidden(self, tokens: Array, cache: cache_lib.DecoderCache, *,
@@ -231,7 +230,7 @@ class Model:
     `positions` [B, k] / `visible` [B | 1, k, k]: the k new tokens form a tree (several
     drafts after one shared token; see `cache.tree_mask`).
     """
-    return _decode(self.pack(), tokens, cache, None, positions, visible)
+    return _decode(self, tokens, cache, None, positions, visible)
 
   def exit_logits(self, encoder_tokens: Array, decoder_input_tokens: Array | None = None,
                   exits: tuple[int, ...] = (), deterministic: bool = True, rngs=None):
@@ -328,7 +327,8 @@ def init_model(config: Config, rng: Array | int = 0, dtype=None, shardings: Any 
   query_dim = 1 if isinstance(config, LMConfig) else config.head_dim
   where = flatten_dict(shardings) if shardings is not None else {}
   params = {}
-  for key, (path, leaf) in zip(jax.random.split(rng, len(abstract)), sorted(abstract.items())):
+  for key, (path, leaf) in zip(jax.random.split(rng, len(abstract)), sorted(abstract.items()),
+                               strict=True):
     params[path] = _init_leaf(layers.initializer_for(path, query_dim), key, leaf.shape,
                               jnp.dtype(dtype), where.get(path))
   return Model(config=config.replace(dtype=jnp.dtype(dtype).name), params=unflatten_dict(params))

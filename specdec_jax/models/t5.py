@@ -23,8 +23,16 @@ import numpy as np
 
 from specdec_jax import cache as cache_lib
 from specdec_jax.config import T5Config
-from specdec_jax.models.layers import (Dense, Embed, MlpBlock, MultiHeadAttention, RMSNorm,
-                                       RelativePositionBias, attention_bias)
+from specdec_jax.errors import InputError
+from specdec_jax.models.layers import (
+  Dense,
+  Embed,
+  MlpBlock,
+  MultiHeadAttention,
+  RelativePositionBias,
+  RMSNorm,
+  attention_bias,
+)
 
 Array = jax.Array
 
@@ -204,15 +212,19 @@ class Decoder(nn.Module):
       self_bias = attention_bias(cache_lib.causal_mask(slots, cache.capacity),
                                  self.relpos_bias.causal(slots, cache.capacity))
     else:
+      if visible is None:
+        raise InputError("decode: tree positions= need visible= (which new tokens each sees)")
       k_pos = cache_lib.key_positions(slots, positions, cache.capacity)
       self_bias = attention_bias(cache_lib.tree_mask(cache.length, slots, visible, cache.capacity),
                                  self.relpos_bias.causal(positions, cache.capacity, k_pos))
     cross = cache.cross
+    if cross is None:
+      raise InputError("a T5 decode needs the cache `start` made (its encoder keys and values)")
     cross_bias = attention_bias(cross.mask[:, None, None, :])
-    kv_caches = list(zip(cache.self_key, cache.self_value))
+    kv_caches = list(zip(cache.self_key, cache.self_value, strict=True))
     exits = None if num_layers is None else (num_layers,)
-    (hidden,), new = self._run(tokens, list(zip(cross.key, cross.value)), self_bias, cross_bias,
-                               lambda y: y, kv_caches, slots, exits)
+    (hidden,), new = self._run(tokens, list(zip(cross.key, cross.value, strict=True)), self_bias,
+                               cross_bias, lambda y: y, kv_caches, slots, exits)
     run = len(new)
     cache = cache.replace(self_key=tuple(k for k, _ in new) + cache.self_key[run:],
                           self_value=tuple(v for _, v in new) + cache.self_value[run:],

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specdec_jax.decoding.stats import DecodeStats, summarize
+from specdec_jax.rounds.stats import DecodeStats, summarize
 
 Array = jax.Array
 

@@ -24,8 +24,7 @@ from specdec_jax.sampling import SamplingSettings
 Array = jax.Array
 
 
-@struct.dataclass
-class RoundContext:
+class RoundContext(struct.PyTreeNode):
   """What a proposer may read at the start of a round.
 
   Attributes:
@@ -51,8 +50,7 @@ class RoundContext:
     return self.limit > 0
 
 
-@struct.dataclass
-class Proposal:
+class Proposal(struct.PyTreeNode):
   """Up to G proposed tokens per row.
 
   Attributes:
@@ -137,7 +135,9 @@ class RoundOutcome:
 class Proposer(Protocol):
   """Anything that proposes tokens for the target to verify (a pytree: it passes through jit)."""
 
-  vocab_size: int
+  @property
+  def vocab_size(self) -> int:
+    """V, the vocabulary it proposes from (a field or a property)."""
 
   def init(self, encoder_tokens: Array, capacity: int, lengths: Array | None = None) -> Any:
     """State before the first round (e.g. a drafter's cache of `capacity` positions).

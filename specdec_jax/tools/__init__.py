@@ -14,10 +14,21 @@ Each tool is built from pieces written once here:
     errors     the tools' errors, every one a `specdec_jax.errors.SpecdecError`
 """
 
-from specdec_jax.tools.errors import (BenchError, CLIError, CompareError, DataError,
-                                      EvaluationError, FileAccessError, MissingDataError,
-                                      OptionError, PromptError, ResultsError, T5XSourceError,
-                                      ToolError, TrainingError)
+from specdec_jax.tools.errors import (
+  BenchError,
+  CLIError,
+  CompareError,
+  DataError,
+  EvaluationError,
+  FileAccessError,
+  MissingDataError,
+  OptionError,
+  PromptError,
+  ResultsError,
+  T5XSourceError,
+  ToolError,
+  TrainingError,
+)
 
 __all__ = ["BenchError", "CLIError", "CompareError", "DataError", "EvaluationError",
            "FileAccessError", "MissingDataError", "OptionError", "PromptError", "ResultsError",

@@ -47,19 +47,33 @@ def cycled_rows(rows: np.ndarray, batch: int) -> np.ndarray:
   return rows[np.arange(batch) % len(rows)]
 
 
-def pad_rows(rows: Sequence[Sequence[int]], length: int | None = None) -> np.ndarray:
+def pad_rows(rows: Sequence[Sequence[int] | np.ndarray] | np.ndarray,
+             length: int | None = None) -> np.ndarray:
   """Rows of ids -> int32 [N, length] right-padded with 0 and cut at `length`
   (default: the longest row, at least 1)."""
   if length is None:
     length = max([len(r) for r in rows] + [1])
   out = np.zeros((len(rows), length), np.int32)
-  for i, r in enumerate(rows):
-    r = np.asarray(r)[:length]
+  for i, row in enumerate(rows):
+    r = np.asarray(row)[:length]
     out[i, :len(r)] = r
   return out
 
 
+def bucket_width(used: int, limit: int) -> int:
+  """The width of a batch whose prompts use `used` columns: the next power of two from 8,
+  at most `limit` (the whole input's width) and at least `used`. A corpus in small batches
+  then compiles its decode for a few widths, not one per prompt length; the extra pad
+  columns are masked (the outputs stay the same, bitwise).
+
+  >>> [bucket_width(n, 40) for n in (1, 8, 9, 13, 17, 33, 40)]
+  [8, 8, 16, 16, 32, 40, 40]
+  """
+  return max(used, min(limit, max(8, 1 << max(used - 1, 0).bit_length())))
+
+
 def trim_padding(tokens: np.ndarray) -> np.ndarray:
-  """Drop all-pad (0) trailing columns: a batch of short prompts need not pay for a long one."""
+  """Drop all-pad (0) trailing columns down to a `bucket_width`: a batch of short prompts
+  need not pay for a long one, and batches of similar lengths share one compiled shape."""
   used = np.flatnonzero(np.any(np.asarray(tokens) != 0, axis=0))
-  return tokens[:, :int(used[-1]) + 1 if used.size else 1]
+  return tokens[:, :bucket_width(int(used[-1]) + 1 if used.size else 1, tokens.shape[1])]

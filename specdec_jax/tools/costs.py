@@ -17,7 +17,8 @@ run concurrently with anything else.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Iterable
+import statistics
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import jax
 import jax.numpy as jnp
@@ -29,7 +30,10 @@ from specdec_jax.models.model import Model
 from specdec_jax.tools.batching import cycled_rows
 from specdec_jax.tools.errors import BenchError
 from specdec_jax.tools.prompts import random_prompts
-from specdec_jax.tools.timing import median_call_seconds
+from specdec_jax.tools.timing import median_call_seconds, time_rounds
+
+if TYPE_CHECKING:
+  from specdec_jax.methods.adaptive import AdaptiveGamma
 
 
 @functools.partial(jax.jit, static_argnames=("steps",))
@@ -92,7 +96,7 @@ class StepTimer(_Timer):
     if cache.capacity < k:
       raise BenchError(f"cache capacity {cache.capacity} < k {k}")
     batch = cache.batch_size
-    self.model, self.k, self.steps = model.pack(), k, steps   # a jit argument: packed here
+    self.model, self.k, self.steps = model, k, steps   # as given: packed or not (sd.pack)
     self.cache = cache.with_length(jnp.full((batch,), (cache.capacity - k) // 2, jnp.int32))
     self.tokens = jnp.asarray(random_prompts(batch, k, model.config.vocab_size, seed + 1))
     self.compiled = False
@@ -172,20 +176,73 @@ def time_decode_step(model, batch: int, k: int, *, encoder_tokens=None, encoder_
   return StepTimer(model, cache, k, steps, seed).compile().time(repeats)
 
 
+#: The footnote of a verify cost shown as "1.00*" (`verify_cost_text`).
+VERIFY_NOISE_NOTE = ("*: measured below 1.0, which is timing noise (a wider target call does "
+                     "not cost less than a 1-token one): shown, and used, as 1.00")
+
+
+def verify_cost_floor(verify_cost: float) -> float:
+  """The verify cost a prediction uses: the measured one, at least 1.0 (below is noise)."""
+  return max(float(verify_cost), 1.0)
+
+
+def verify_cost_text(verify_cost: float | None, digits: int = 2) -> str:
+  """A measured verify cost as reports show it: "1.15", "1.00*" for one below 1.0 (timing
+  noise, footnoted by VERIFY_NOISE_NOTE), "—" for None.
+
+  >>> verify_cost_text(1.153), verify_cost_text(0.9), verify_cost_text(None)
+  ('1.15', '1.00*', '—')
+  """
+  if verify_cost is None:
+    return "—"
+  v = float(verify_cost)
+  return f"{1.0:.{digits}f}*" if v < 1.0 else f"{v:.{digits}f}"
+
+
+def relative_costs(timers: dict[tuple, _Timer], repeats: int = 5,
+                   base: tuple = ("target", 1)) -> dict[tuple, float]:
+  """Each timer's step time over `base`'s: the median over `repeats` alternating rounds
+  (`timing.time_rounds`) of the round's ratio, so a drift of the machine moves both sides
+  of a ratio alike. Compiles the timers not compiled yet."""
+  if repeats < 1:
+    raise BenchError(f"repeats must be >= 1, got {repeats}")
+  for timer in timers.values():
+    if not getattr(timer, "compiled", False):
+      timer.compile()
+  timed = time_rounds({key: timer._run for key, timer in timers.items()}, repeats)
+  per_step = {key: [t / timers[key].steps for t in timed[key]["times_s"]] for key in timers}
+  return {key: statistics.median(x / y for x, y in zip(per_step[key], per_step[base], strict=True))
+          for key in timers}
+
+
 def predictions(alpha: float, gamma: int, c: float, verify_cost: float,
                 speedup: float) -> dict[str, Any]:
   """The step costs of a speculative row and what the theory predicts from them.
 
-  predicted_speedup = theory.walltime_improvement_measured(alpha, gamma, c, verify_cost);
+  predicted_speedup = theory.walltime_improvement_measured(alpha, gamma, c, verify_cost)
+  with the verify cost at least 1.0 (`verify_cost_floor`: below it is timing noise);
   predicted_speedup_theorem8 assumes verification free; expected_block_efficiency =
   theory.expected_tokens_per_call(alpha, gamma); measured_over_predicted = speedup / predicted.
   """
-  predicted = float(theory.walltime_improvement_measured(alpha, gamma, c, verify_cost))
+  predicted = float(theory.walltime_improvement_measured(alpha, gamma, c,
+                                                        verify_cost_floor(verify_cost)))
   return {"c": c, "verify_cost": verify_cost,
           "expected_block_efficiency": float(theory.expected_tokens_per_call(alpha, gamma)),
           "predicted_speedup": predicted,
           "predicted_speedup_theorem8": float(theory.walltime_improvement(alpha, gamma, c)),
           "measured_over_predicted": speedup / predicted}
+
+
+def shown_predictions(row: dict[str, Any]) -> dict[str, Any]:
+  """A result row's predicted_speedup and measured_over_predicted as a table shows them:
+  recomputed by `predictions` (verify cost floored at 1.0) where the stored ones were made
+  from a verify cost below 1.0 (timing noise); the stored ones otherwise."""
+  keys = ("predicted_speedup", "measured_over_predicted")
+  v = row.get("verify_cost")
+  if v is None or float(v) >= 1.0 or any(row.get(k) is None for k in ("alpha", "gamma", "c")):
+    return {k: row.get(k) for k in keys}
+  p = predictions(row["alpha"], int(row["gamma"]), row["c"], v, row["speedup"])
+  return {k: p[k] for k in keys}
 
 
 def explain_run(target, drafter, gamma: int, encoder_tokens, stats: dict[str, Any], *,
@@ -196,34 +253,40 @@ def explain_run(target, drafter, gamma: int, encoder_tokens, stats: dict[str, An
   Measures, at the run's batch size (`encoder_tokens` [B, Le], the run's first batch),
   c = one drafter step / one 1-token target step and verify_cost = one target call of
   `call_tokens` tokens (default gamma + 1, the width the run's verify calls had) / one
-  1-token call, and combines them with the run's counters (`stats`, as `DecodeOutput.stats`
-  or a merged corpus's):
+  1-token call, each the median ratio of `repeats` alternating rounds (`relative_costs`),
+  and combines them with the run's counters (`stats`, as `DecodeOutput.stats` or a merged
+  corpus's):
 
-      expected = tokens_per_target_call / (drafts_per_target_call * c + verify_cost)
+      round_cost = drafts_per_target_call * c + max(verify_cost, 1)    # in target steps
+      expected = tokens_per_target_call / round_cost
 
-  the speedup over the target alone if a round cost nothing but its model calls (the
-  accounting behind Theorem 8, with the measured counts instead of alpha). A measured
-  speedup below it is the rounds' own work: acceptance, cache moves, the loop.
+  `expected` is the speedup over the target alone if a round cost nothing but its model
+  calls (the accounting behind Theorem 8, with the measured counts instead of alpha); a
+  measured speedup below it is the rounds' own work: acceptance, cache moves, the loop.
+  `verify_cost_noise`: the measured verify cost was below 1.0 (timing noise).
 
       >>> import specdec_jax as sd, numpy as np
       >>> target = sd.load("config:t5_1_1_tiny")
       >>> stats = {"tokens_per_target_call": 2.0, "drafter_calls": 30, "target_calls": 10}
       >>> r = explain_run(target, target, 3, np.array([[5, 6, 1]]), stats, capacity=16,
       ...                 repeats=1, steps=2)
-      >>> sorted(r), r["drafts_per_target_call"]
-      (['c', 'call_tokens', 'drafts_per_target_call', 'expected_speedup', 'tokens_per_target_call', 'verify_cost'], 3.0)
+      >>> sorted(r)[:4], r["drafts_per_target_call"]
+      (['c', 'call_tokens', 'drafts_per_target_call', 'expected_speedup'], 3.0)
+      >>> sorted(r)[4:]
+      ['repeats', 'round_cost', 'tokens_per_target_call', 'verify_cost', 'verify_cost_noise']
   """
   k = gamma + 1 if call_tokens is None else call_tokens
   timers = cost_timers(target, {"drafter": drafter}, [k - 1], encoder_tokens=encoder_tokens,
                        capacity=max(capacity, k), steps=steps)
-  seconds = time_costs(timers, repeats)
-  c = seconds[("drafter", "drafter")] / seconds[("target", 1)]
-  verify_cost = seconds[("target", k)] / seconds[("target", 1)]
+  ratio = relative_costs(timers, repeats)
+  c, verify_cost = ratio[("drafter", "drafter")], ratio[("target", k)]
   per_call = float(stats["tokens_per_target_call"])
   drafts = float(stats["drafter_calls"]) / max(float(stats["target_calls"]), 1.0)
-  return {"c": c, "verify_cost": verify_cost, "call_tokens": k,
-          "tokens_per_target_call": per_call, "drafts_per_target_call": drafts,
-          "expected_speedup": per_call / (drafts * c + verify_cost)}
+  round_cost = drafts * c + verify_cost_floor(verify_cost)
+  return {"c": c, "verify_cost": verify_cost, "verify_cost_noise": verify_cost < 1.0,
+          "call_tokens": k, "repeats": repeats, "tokens_per_target_call": per_call,
+          "drafts_per_target_call": drafts, "round_cost": round_cost,
+          "expected_speedup": per_call / round_cost}
 
 
 def measured_adaptive_gamma(target, drafter, encoder_tokens, gamma_max: int, *,
@@ -233,7 +296,7 @@ def measured_adaptive_gamma(target, drafter, encoder_tokens, gamma_max: int, *,
   over one 1-token target step, verify_cost = (v(2), ..., v(gamma_max + 1)), at the batch
   size of `encoder_tokens` [B, Le] (the policy then picks small gammas where wide verify
   calls are dear, e.g. a CPU at batch 8). `policy`: AdaptiveGamma's other fields."""
-  from specdec_jax.decoding.adaptive import AdaptiveGamma
+  from specdec_jax.methods.adaptive import AdaptiveGamma
   gammas = range(1, gamma_max + 1)
   seconds = time_costs(cost_timers(target, {"drafter": drafter}, gammas,
                                    encoder_tokens=encoder_tokens,

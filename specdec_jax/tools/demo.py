@@ -28,7 +28,8 @@ import numpy as np
 
 import specdec_jax as sd
 from specdec_jax import config as config_lib
-from specdec_jax.decoding.autoregressive import generate
+from specdec_jax import package_data
+from specdec_jax.methods.functional import generate
 from specdec_jax.models.model import Model, init_model
 from specdec_jax.tools import training
 from specdec_jax.tools.batching import padded_batches
@@ -49,8 +50,17 @@ STAGE_KEYS = {"target": {"config"}, "drafter": {"config"},
               **{name: {"init", "examples"} for name in ALIGNED}}
 #: Keys of the optional "bundle" section (default: the demo-de-en pair into ASSETS).
 BUNDLE_KEYS = {"assets", "models", "heads", "max_wheel_mb"}
-ASSETS = pathlib.Path(__file__).resolve().parents[1] / "assets" / "demo-de-en"
 REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def source_assets(group: str) -> pathlib.Path:
+  """Where a bundle stage writes `group`: its assets directory in this repository's copy of
+  the distribution that ships it (`package_data.SEPARATE`), installed from there."""
+  module, _, source = package_data.SEPARATE[group]
+  return REPO / source / module / "assets" / group
+
+
+ASSETS = source_assets("demo-de-en")
 
 
 def _target_outputs(workdir: pathlib.Path, target: Model, inputs: np.ndarray,
@@ -278,7 +288,7 @@ def run_pipeline(recipe_path: str | pathlib.Path, workdir: str | pathlib.Path,
       start = results.get("drafter") or sd.load(str(workdir / "drafter" / "final"))
       start = start.replace(config=start.config.replace(
           dropout_rate=config_for("drafter").dropout_rate))
-      upstream = ("target", "drafter")
+      upstream: tuple[str, ...] | dict = ("target", "drafter")
     else:
       _check_vocabulary(workdir, init)
       start, upstream = _load_init(workdir, init)
@@ -317,7 +327,8 @@ MAX_WHEEL_MB = 95.0
 def bundle_recipe(workdir: str | pathlib.Path, section: dict) -> pathlib.Path:
   """`bundle` as a recipe's optional "bundle" section sets it; the assets directory.
 
-  {"assets": dir relative to the repository (default: the package's demo-de-en),
+  {"assets": dir relative to the repository (default: ASSETS, specdec-jax-demo-small's
+   demo-de-en),
    "models": {asset name: stage}, "heads": asset name that gets the heads stage's heads,
    "max_wheel_mb": limit on the assets' compressed size}
   """

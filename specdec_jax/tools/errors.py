@@ -2,7 +2,7 @@
 
     try:
       cli.main(["decode", "--model", "nowhere", "5 1"])
-    except sd.SpecdecError as e:        # never reached: main reports it and returns 2
+    except sd.SpecdecError as e:        # never reached: main reports it and returns 1
       ...
 
 A tool raises the subclass of its concern; a caller catches `SpecdecError` (what

@@ -32,16 +32,22 @@ import jax
 import numpy as np
 
 from specdec_jax import sampling as sampling_lib
+from specdec_jax.io.tokenizer import check_tokenizer
 from specdec_jax.models.model import Model
 from specdec_jax.tools import models
 from specdec_jax.tools.batching import padded_batches
 from specdec_jax.tools.data import prepare
+from specdec_jax.tools.data.de_en import SPLITS
+from specdec_jax.tools.decode_methods import (
+  Baseline,
+  DecodeMethod,
+  Speculative,
+  decode_corpus,
+  totals,
+)
 from specdec_jax.tools.errors import EvaluationError
-from specdec_jax.tools.methods import (Baseline, DecodeMethod, Speculative, decode_corpus,
-                                      totals)
 from specdec_jax.tools.options import make_sampling
 from specdec_jax.tools.report import to_jsonable
-
 
 # ----------------------------------------------------------------------------- inputs
 
@@ -51,10 +57,23 @@ def is_jsonl(data) -> bool:
   return isinstance(data, (str, pathlib.Path)) and str(data).endswith(".jsonl")
 
 
+def check_split(data, split: str) -> None:
+  """EvaluationError unless `split` names a split of `data`: one of `SPLITS` ("test" alone
+  for a `.jsonl` file, which is one split). Cheap: the tools call it before loading models."""
+  if split not in SPLITS:
+    raise EvaluationError(f"there is no split {split!r}: a prepared data directory holds "
+                          f"{', '.join(SPLITS)}")
+  if is_jsonl(data) and split != "test":
+    raise EvaluationError(f"split {split!r}: a .jsonl file of pairs is one split (evaluated "
+                          "as 'test'); the splits are a prepared data directory's")
+
+
 def resolve_split(data, split: str = "test", tokenizer=None
                   ) -> tuple[dict, pathlib.Path | None]:
   """(split dict {'inputs', 'targets', 'pairs'}, data dir or None) from a dir, a `.jsonl`
   file of pairs (tokenised with `tokenizer`, default the bundled demo one) or a split dict."""
+  if not isinstance(data, dict):
+    check_split(data, split)
   if isinstance(data, dict):
     missing = {"inputs", "pairs"} - set(data)
     if missing:
@@ -105,7 +124,7 @@ def resolve_drafter(drafter, target: Model, data_dir: pathlib.Path | None,
 def detokenize(tokens: np.ndarray, lengths: np.ndarray, tokenizer) -> list[str]:
   """Texts of decoded rows; ids beyond the SentencePiece vocabulary show as <unk>."""
   texts = []
-  for row, n in zip(np.asarray(tokens), np.asarray(lengths)):
+  for row, n in zip(np.asarray(tokens), np.asarray(lengths), strict=True):
     row = row[:int(n)]
     if tokenizer.unk_id is None:     # a tokenizer without <unk>: such ids are dropped
       row = row[row < tokenizer.vocab_size]
@@ -197,8 +216,12 @@ def evaluate(model: Model, data, *, split: str = "test", method: str = "greedy",
   _check_sizes(batch_size, gamma, max_new_tokens, limit)
   sampling = resolve_sampling(method, sampling)
   tokenizer = data_tokenizer(data, None) if tokenizer is None and is_jsonl(data) else tokenizer
+  if tokenizer is not None:    # before it encodes a .jsonl file: another model's is refused
+    check_tokenizer(tokenizer, model)
   inputs, references, data_dir, width = split_inputs(data, split, limit, tokenizer)
-  tokenizer = data_tokenizer(data, data_dir) if tokenizer is None else tokenizer
+  if tokenizer is None:
+    tokenizer = data_tokenizer(data, data_dir)
+    check_tokenizer(tokenizer, model)
   max_new_tokens = width if max_new_tokens is None else max_new_tokens
   if decode_method is None:
     drafter = resolve_drafter(drafter, model, data_dir, train_targets)
@@ -224,7 +247,8 @@ def evaluate(model: Model, data, *, split: str = "test", method: str = "greedy",
           "speculative": decode_method.kind == "speculative",
           "gamma": gamma if decode_method.kind == "speculative" else None,
           "settings": decode_method.settings(),
-          "stats": to_jsonable(totals(corpus.stats)), "hypotheses": hypotheses, "references": references}
+          "stats": to_jsonable(totals(corpus.stats)), "hypotheses": hypotheses,
+          "references": references}
 
 
 # ----------------------------------------------------------------------------- perplexity

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import pathlib
+from typing import Any
 
 import numpy as np
 
@@ -241,7 +242,7 @@ def run_pipeline(recipe_path: str | pathlib.Path, workdir: str | pathlib.Path,
   if "ngram" in stages:
     log_path = ngram_path.with_suffix(".json")
     # The tables are current for the same data and fit settings (context <s>: start_id 1).
-    settings = {"upstream": upstream, "start_id": 1,
+    settings: dict[str, Any] = {"upstream": upstream, "start_id": 1,
                 "top_k": int((recipe.get("ngram") or {}).get("top_k", 64))}
     if not ngram_path.exists() or not log_path.exists() \
         or read_json(log_path, "n-gram log") != settings:
@@ -258,7 +259,7 @@ def evaluate_all(workdir: str | pathlib.Path, split: str = "validation") -> dict
   exist), written to workdir/eval.json."""
   workdir = pathlib.Path(workdir)
   tokens = load_tokens(workdir / "data", split)
-  out = {"split": split, "sequences": int(len(tokens)),
+  out: dict[str, Any] = {"split": split, "sequences": int(len(tokens)),
          "tokens": int((tokens[:, 1:] > 0).sum()), "perplexity": {}, "num_params": {}}
   for name in ("target", "drafter"):
     if (workdir / name / "final").is_dir():
@@ -276,7 +277,7 @@ def load_models(workdir: str | pathlib.Path) -> tuple[Model, dict]:
   """(target, {"drafter": the small LM, "unigram": ..., "bigram": ...}) of a workdir."""
   workdir = pathlib.Path(workdir)
   target = sd.load(str(workdir / "target" / "final"))
-  drafters = {"drafter": sd.load(str(workdir / "drafter" / "final"))}
+  drafters: dict[str, Any] = {"drafter": sd.load(str(workdir / "drafter" / "final"))}
   drafters.update(load_ngrams(workdir / "ngram" / "tables.npz"))
   return target, drafters
 
@@ -348,6 +349,7 @@ def teacher_forced_alpha(target: Model, drafter, tokens, lengths=None,
     {"alpha", "alpha_without_eos", "positions"}.
   """
   import jax.numpy as jnp
+
   from specdec_jax.models import lm
   tokens = np.asarray(tokens, np.int32)
   lengths = (lm.prompt_lengths(tokens, target.config.pad_id) if lengths is None
@@ -385,7 +387,7 @@ def decoded_alpha(target: Model, drafter, prompts, prompt_lengths, temperature: 
   new, n = np.asarray(out.tokens), np.asarray(out.lengths)
   path = np.full((len(prompts), prompts.shape[1] + new.shape[1]), target.config.pad_id,
                  np.int32)
-  for b, (p, k) in enumerate(zip(starts, n)):
+  for b, (p, k) in enumerate(zip(starts, n, strict=True)):
     path[b, :p], path[b, p:p + k] = prompts[b, :p], new[b, :k]
   a = teacher_forced_alpha(target, drafter, path, lengths=starts + n,
                            temperature=temperature, start=starts)
@@ -505,11 +507,14 @@ def write_results(workdir: str | pathlib.Path, out_dir: str | pathlib.Path,
   return out_dir / "alpha.md"
 
 
-def bundle(workdir: str | pathlib.Path, assets: pathlib.Path = demo.ASSETS.parent / "demo-en-lm"
-           ) -> pathlib.Path:
-  """Ship the trained pair into the package assets in bfloat16, with its tokenizer:
+LM_ASSETS = demo.source_assets("demo-en-lm")   # bundle's default destination
+
+
+def bundle(workdir: str | pathlib.Path, assets: pathlib.Path = LM_ASSETS) -> pathlib.Path:
+  """Ship the trained pair into specdec-jax-demo-small's assets in bfloat16, with its tokenizer:
   `sd.load("demo-en-lm/target")`, `"demo-en-lm/drafter"`, `sd.load_tokenizer("demo-en-lm")`."""
   import shutil
+
   from specdec_jax.io.checkpoints import save_checkpoint
   workdir, assets = pathlib.Path(workdir), pathlib.Path(assets)
   assets.mkdir(parents=True, exist_ok=True)
@@ -538,7 +543,8 @@ def main(argv=None) -> int:
   parser.add_argument("--decoded", action="store_true",
                       help="also measure alpha while speculative decoding (sd.decode)")
   parser.add_argument("--bundle", action="store_true",
-                      help="ship the trained pair into the package assets (demo-en-lm)")
+                      help="ship the trained pair into specdec-jax-demo-small's assets "
+                           "(demo-en-lm)")
   args = parser.parse_args(argv)
   stages = "all" if args.stages == "all" else args.stages.split(",")
   run_pipeline(args.recipe, args.workdir, stages)

@@ -56,7 +56,7 @@ def _config_model(name: str, overrides: dict[str, Any], dtype: str | None, mesh=
     model = sd.init_model(config, 0, dtype, shardings=shardings)
     if mesh is not None:   # its activations constrained by the same rules (sd.sharding)
       model = model.replace(partitioner=sd.sharding.partitioner(mesh))
-    _CONFIG_MODELS[key] = model
+    _CONFIG_MODELS[key] = sd.pack(model)   # the kernels "auto" picks, as sd.load packs
   return _CONFIG_MODELS[key]
 
 

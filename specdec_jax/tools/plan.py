@@ -48,9 +48,9 @@ from jax.sharding import AbstractMesh, PartitionSpec
 from specdec_jax import sharding
 from specdec_jax.cache import CrossKV, DecoderCache
 from specdec_jax.config import T5Config, get_config
-from specdec_jax.decoding.engine import EXACT_WIDTH
 from specdec_jax.errors import ConfigError
 from specdec_jax.models.model import module_for
+from specdec_jax.rounds.engine import EXACT_WIDTH
 
 GiB = 1 << 30
 
@@ -96,7 +96,7 @@ def abstract_mesh(data: int = 1, model: int = 1) -> AbstractMesh:
 def _per_device(shape, spec, mesh) -> int:
   """Elements per device of an array [shape] split by `spec` (a PartitionSpec) on `mesh`."""
   n = 1
-  for dim, axis in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+  for dim, axis in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec)), strict=True):
     n *= dim // mesh.shape[axis] if axis is not None else dim
   return n
 
@@ -149,8 +149,10 @@ def cache_layout(config: T5Config, batch: int, mesh, split_heads: bool = True
   b = _split(batch, mesh, "data")
   h = _split(config.num_heads, mesh, "model") if split_heads else None
   kv = (PartitionSpec(b, h),) * config.num_decoder_layers
-  return DecoderCache(self_key=kv, self_value=kv, length=PartitionSpec(),
-                      cross=CrossKV(key=kv, value=kv, mask=PartitionSpec(b)))
+  # (ignored arg-type: the cache's tree with a PartitionSpec at each array's place)
+  cross = CrossKV(key=kv, value=kv, mask=PartitionSpec(b))  # type: ignore[arg-type]
+  return DecoderCache(self_key=kv, self_value=kv, length=PartitionSpec(),  # type: ignore[arg-type]
+                      cross=cross)
 
 
 def cache_bytes(config: T5Config, batch: int, capacity: int, max_input_len: int, dtype: str,
@@ -292,8 +294,10 @@ def config_of(spec: str) -> T5Config:
   if fmt == resolve.SPECDEC:
     return native.read_config(directory)
   if fmt == resolve.HF:
-    return config_from_hf_dict(resolve.read_json(directory, "config.json"),
-                               source=f"{directory}/config.json")
+    hf_config = resolve.read_json(directory, "config.json")
+    if hf_config is None:
+      raise ConfigError(f"{directory}/config.json: not found (a Hugging Face dir needs it)")
+    return config_from_hf_dict(hf_config, source=f"{directory}/config.json")
   # an Orbax state/ dir: its config.json is searched from the step dir up
   start = resolve.parent(directory) if resolve.has_file(directory, "_METADATA") else directory
   found = resolve.find_config_json(start)

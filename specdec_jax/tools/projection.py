@@ -37,8 +37,6 @@ import sys
 from typing import Any, Sequence
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
 from specdec_jax import theory
 from specdec_jax.tools.costs import StepTimer, started_cache
@@ -110,7 +108,7 @@ def measure_alpha(target, drafter, texts: Sequence[str], tokenizer, gamma: int =
   """Greedy speculative decoding of `texts`: alpha (mean sum_x min(p, q) over scored
   drafts, merged over all rows) and tokens per target call."""
   import specdec_jax as sd
-  from specdec_jax.decoding import stats as stats_lib
+  from specdec_jax.rounds import stats as stats_lib
   outputs = []
   for i in range(0, len(texts), batch):
     enc = tokenizer.encode(list(texts[i:i + batch]))
@@ -127,7 +125,7 @@ def demo_alpha(limit: int = 64, gamma: int = 4, max_new_tokens: int = 20) -> dic
   import specdec_jax as sd
   if not DEMO_PAIRS_FILE.is_file():
     raise BenchError(f"{DEMO_PAIRS_FILE} not found: pass --alpha instead")
-  texts = [json.loads(l)["de"] for l in DEMO_PAIRS_FILE.read_text().splitlines() if l.strip()]
+  texts = [json.loads(s)["de"] for s in DEMO_PAIRS_FILE.read_text().splitlines() if s.strip()]
   out = measure_alpha(sd.load("demo-de-en/target"), sd.load("demo-de-en/drafter"),
                       texts[:limit], sd.load_tokenizer("demo-de-en"), gamma, max_new_tokens)
   out["source"] = f"demo-de-en target + drafter, {DEMO_PAIRS_FILE.name}, float32, greedy"
@@ -275,7 +273,7 @@ def plot(res: dict[str, Any], path: str) -> None:
   fig = Figure(figsize=(12, 4.5), dpi=110)
   FigureCanvasAgg(fig)
   ax1, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-  styles = {b: s for b, s in zip(res["config"]["batches"], ("-", "--", ":", "-."))}
+  styles = {b: s for b, s in zip(res["config"]["batches"], ("-", "--", ":", "-."), strict=False)}
   for i, (name, per) in enumerate(res["measured"].items()):
     for b, m in per.items():
       ks = sorted(int(k) for k in m["verify_cost"])
@@ -317,7 +315,7 @@ def _pair(text: str) -> tuple[str, str, str]:
   parts = text.split(",")
   if len(parts) != 3:
     raise argparse.ArgumentTypeError(f"--pair takes LABEL,TARGET,DRAFTER, got {text!r}")
-  return tuple(parts)
+  return parts[0], parts[1], parts[2]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,7 +21,7 @@ from typing import Sequence
 import numpy as np
 
 from specdec_jax.io.tokenizer import check_tokenizer
-from specdec_jax.tools.batching import Batch, pad_rows, padded_batches
+from specdec_jax.tools.batching import Batch, bucket_width, pad_rows, padded_batches
 from specdec_jax.tools.errors import PromptError
 from specdec_jax.tools.report import read_text
 
@@ -113,16 +113,19 @@ def _id_rows(prompts: Sequence[str], vocab_size: int) -> list[list[int]]:
 
 
 def encode_prompts(prompts: Sequence[str], tokenizer, vocab_size: int,
-                   length: int | None = None) -> np.ndarray:
+                   length: int | None = None, config=None) -> np.ndarray:
   """Text prompts -> int32 [B, L] (EOS-terminated, 0-padded) with `tokenizer`, or token ids.
 
-  With `length`, every row is padded or cut to it.
+  With `length`, every row is padded or cut to it. With the T5 model's `config`, the
+  tokenizer is checked against it (`check_tokenizer`: sizes and special ids).
   """
   if tokenizer is None:
     return pad_rows(parse_token_ids(prompts, vocab_size), length)
   if tokenizer.vocab_size > vocab_size:
     raise PromptError(f"tokenizer {tokenizer.path!r} has {tokenizer.vocab_size} pieces but the "
                       f"model vocabulary has only {vocab_size}: they do not belong together")
+  if config is not None:
+    check_tokenizer(tokenizer, config)
   if length is None:
     return np.asarray(tokenizer.encode(list(prompts)), np.int32)
   return np.asarray(tokenizer.encode(list(prompts), max_length=length, truncate=True), np.int32)
@@ -144,7 +147,7 @@ def encode_lm_prompts(prompts: Sequence[str], tokenizer, config,
   else:
     check_tokenizer(tokenizer, config)
     rows = [tokenizer.encode_one(text, add_eos=False) for text in prompts]
-    for i, (text, row) in enumerate(zip(prompts, rows), 1):
+    for i, (text, row) in enumerate(zip(prompts, rows, strict=True), 1):
       if not row:
         raise PromptError(f"prompt {i} ({text!r}) encodes to no tokens: a decoder-only model "
                           "needs at least one token to continue")
@@ -158,13 +161,40 @@ def encode_lm_prompts(prompts: Sequence[str], tokenizer, config,
   return tokens, lengths
 
 
+def lm_token_budget(lengths: np.ndarray, config, max_new_tokens: int) -> int:
+  """New tokens per row that fit a decoder-only model: `max_new_tokens`, lowered so the
+  longest prompt (lengths [N]) plus them fit `config.max_positions` (its learned table, or
+  the rotary positions it was trained on). PromptError naming a prompt that leaves no room."""
+  limit = int(config.max_positions)
+  lengths = np.asarray(lengths)
+  long = np.flatnonzero(lengths >= limit)
+  if long.size:
+    i = int(long[0])
+    raise PromptError(f"prompt {i + 1} holds {int(lengths[i])} tokens, but the model has "
+                      f"{limit} positions (max_positions): a prompt may hold at most "
+                      f"{limit - 1}, leaving room for one new token; shorten it")
+  return min(int(max_new_tokens), limit - int(lengths.max(initial=0)))
+
+
+def missing_eos(tokens: np.ndarray, eos_id: int, pad_id: int = 0) -> list[int]:
+  """Indices of the rows of T5 encoder inputs [N, L] whose last non-pad token is not EOS."""
+  rows = []
+  for i, row in enumerate(np.asarray(tokens)):
+    real = row[row != pad_id]
+    if real.size and real[-1] != eos_id:
+      rows.append(i)
+  return rows
+
+
 def lm_batches(tokens: np.ndarray, lengths: np.ndarray,
                batch_size: int) -> tuple[list[Batch], list[np.ndarray]]:
   """Prompts [N, P] and lengths [N] in `padded_batches` of `batch_size` rows, each batch
-  cut to its longest prompt; (batches, their int32 [batch_size] prompt lengths)."""
+  cut to its longest prompt's `bucket_width`; (batches, their int32 [batch_size] prompt
+  lengths)."""
   batches = padded_batches(tokens, batch_size)
   sizes = [b.tokens[:, 0] for b in padded_batches(np.asarray(lengths)[:, None], batch_size)]
-  return ([Batch(b.tokens[:, :int(n.max())], b.real) for b, n in zip(batches, sizes)],
+  width = lambda n: bucket_width(int(n.max()), tokens.shape[1])
+  return ([Batch(b.tokens[:, :width(n)], b.real) for b, n in zip(batches, sizes, strict=True)],
           [np.asarray(n, np.int32) for n in sizes])
 
 
@@ -177,7 +207,7 @@ def file_prompts(path: str, length: int, tokenizer, vocab_size: int,
   lines = read_prompt_lines([], path)
   if config is not None and getattr(config, "is_decoder_only", False):
     return encode_lm_prompts(lines, tokenizer, config, length)[0]
-  return encode_prompts(lines, tokenizer, vocab_size, length)
+  return encode_prompts(lines, tokenizer, vocab_size, length, config)
 
 
 def random_prompts(batch: int, length: int, vocab_size: int, seed: int = 0) -> np.ndarray:

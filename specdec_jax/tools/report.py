@@ -77,6 +77,22 @@ def make_dirs(path) -> None:
     raise _access_error(e, path, "create directory") from None
 
 
+def check_output_dir(path, flag: str) -> None:
+  """FileAccessError now, before any work, if directory `path` (given as `flag`) could not be
+  written later: it or an ancestor is a file, or the nearest existing ancestor is not
+  writable. Nothing is created."""
+  path = os.path.abspath(os.fspath(path))
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise FileAccessError(f"{flag} {path!r} is a file, not a directory")
+  existing = path
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise FileAccessError(f"{flag} {path!r}: {existing!r} is a file, not a directory")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise FileAccessError(f"{flag} {path!r}: cannot write in {existing!r} (permission denied)")
+
+
 def atomic_write(path, text: str) -> None:
   """Write `text` to `path` via `path.tmp` and a rename (creating the directory)."""
   path = os.fspath(path)

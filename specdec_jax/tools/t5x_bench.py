@@ -26,6 +26,12 @@ two implementations round differently (accumulation orders, where the casts sit)
 so a near-tie can flip a token, and every later token of that row then follows a
 different prefix: we report the agreement (`token_agreement`) instead.
 
+Beam search (`beam=(K, alpha)`): T5X's side is ``t5x.decoding.beam_search`` as
+``predict_batch_with_aux`` calls it (the encoder output and its tokens expanded to B*K
+rows by ``flat_batch_beam_expand``, the empty cache of B rows expanded by the search
+itself), ours `sd.Beam`; every beam's tokens are compared (EOS off: no beam finishes,
+both return their live beams after `steps`).
+
 Timing: both functions are compiled first (excluded), then `repeats` rounds
 alternate the two (`timing.time_rounds`); we report medians and the ratio
 ours / T5X per batch size (< 1 means we are faster).
@@ -37,16 +43,17 @@ import importlib.util
 import pathlib
 import sys
 import types
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax.config import T5Config
 from specdec_jax.models.model import Model
 from specdec_jax.tools.batching import cycled_rows
+from specdec_jax.tools.decode_methods import Baseline, Beam
 from specdec_jax.tools.errors import CompareError, T5XSourceError
-from specdec_jax.tools.methods import Baseline
 from specdec_jax.tools.models import DTYPES
 from specdec_jax.tools.prompts import random_prompts
 from specdec_jax.tools.report import machine_info
@@ -73,6 +80,8 @@ def load_t5x(src: str | pathlib.Path) -> types.SimpleNamespace:
     name = rel[:-3].replace("/", ".")
     if name not in sys.modules:
       spec = importlib.util.spec_from_file_location(name, root / rel)
+      if spec is None or spec.loader is None:
+        raise T5XSourceError(f"{root / rel}: not a Python module file")
       module = importlib.util.module_from_spec(spec)
       sys.modules[name] = module
       spec.loader.exec_module(module)
@@ -91,6 +100,8 @@ def t5x_network(t5x, model: Model):
   """T5X's `network.Transformer` with our model's architecture and compute dtype
   (float32 or bfloat16, `model.config.dtype`), no dropout."""
   c = model.config
+  if not isinstance(c, T5Config):
+    raise CompareError("the T5X comparison is for T5 encoder-decoders, not decoder-only LMs")
   _check_dtype(c.dtype)
   if not c.gelu_approximate:
     raise CompareError("the T5X comparison needs tanh-approximate gelu (T5X's only gelu)")
@@ -129,6 +140,34 @@ def t5x_greedy_fn(t5x, module, batch: int, prompt_len: int, steps: int):
         jnp.zeros(shape, jnp.int32), cache, tokens_to_logits, eos_id=-1,
         decode_rng=jax.random.PRNGKey(0), num_decodes=1, temperature=0.0)
     return tokens[:, -1]    # best of the (single) decode, ascending order
+
+  return jax.jit(run)
+
+
+def t5x_beam_fn(t5x, module, batch: int, steps: int, num_beams: int, alpha: float):
+  """jitted (params, encoder_tokens [B, Le]) -> every beam [B, K, steps], T5X's way
+  (`EncoderDecoderModel.predict_batch_with_aux` with `decode_fn=beam_search`)."""
+  shape = (batch, steps)
+  expand = lambda x: t5x.decoding.flat_batch_beam_expand(x, num_beams)
+
+  def run(params, encoder_tokens):
+    encoded = module.apply({"params": params}, encoder_tokens, enable_dropout=False,
+                           method=module.encode)
+    _, variables = module.apply({"params": params}, jnp.ones_like(encoder_tokens),
+                                jnp.ones(shape, jnp.int32), jnp.ones(shape, jnp.int32),
+                                mutable=["cache"], decode=True, enable_dropout=False)
+
+    def tokens_to_logits(state):
+      logits, new_vars = module.apply(
+          {"params": params, "cache": state.cache}, expand(encoded), expand(encoder_tokens),
+          state.cur_token, state.cur_token, enable_dropout=False, decode=True,
+          max_decode_length=steps, mutable=["cache"], method=module.decode)
+      return logits[:, 0], new_vars["cache"]
+
+    beams, _ = t5x.decoding.beam_search(
+        jnp.zeros(shape, jnp.int32), variables["cache"], tokens_to_logits, eos_id=-1,
+        num_decodes=num_beams, alpha=alpha)
+    return beams
 
   return jax.jit(run)
 
@@ -203,14 +242,18 @@ def _timed_row(methods, outputs, batch: int, steps: int, repeats: int, dtype: st
     row[f"{name}_ms_per_token"] = timed[name]["median_s"] / tokens * 1e3
   # Ratio of medians, and the per-round ratios (adjacent calls, so drift cancels).
   row["ratio"] = row["ours_ms_per_token"] / row["t5x_ms_per_token"]
-  row["round_ratios"] = [o / t for o, t in zip(row["ours_times_s"], row["t5x_times_s"])]
+  row["round_ratios"] = [o / t for o, t in zip(row["ours_times_s"], row["t5x_times_s"],
+                                               strict=True)]
   return row
 
 
 def run_t5x_compare(model: Model, t5x: types.SimpleNamespace, *, batch_sizes=(1, 8),
                     prompt_len: int = 32, steps: int = 32, repeats: int = 5,
-                    dtype: str | None = None, progress: bool = True) -> dict[str, Any]:
-  """Greedy ms/token of T5X (`t5x` from `load_t5x`) and `sd.generate` per batch size.
+                    dtype: str | None = None, progress: bool = True,
+                    beam: tuple[int, float] | None = None) -> dict[str, Any]:
+  """Greedy ms/token of T5X (`t5x` from `load_t5x`) and `sd.generate` per batch size;
+  with `beam` = (K, alpha), T5X's `beam_search` and `sd.Beam` instead (every beam's
+  tokens compared, flattened to [B, K * steps]).
 
   Same weights, same prompts, one process, both in `dtype` (float32 or bfloat16;
   None: `model.config.dtype`). float32 fails if the greedy tokens differ; bfloat16
@@ -226,12 +269,21 @@ def run_t5x_compare(model: Model, t5x: types.SimpleNamespace, *, batch_sizes=(1,
   bar = tqdm(total=len(batch_sizes) * (repeats * 2 + 2), desc="t5x compare", disable=not progress)
   for b in batch_sizes:
     enc = jnp.asarray(cycled_rows(prompts, b))
-    t5x_fn = t5x_greedy_fn(t5x, module, b, prompt_len, steps)
-    methods = {
-        "t5x": lambda: np.asarray(t5x_fn(params, enc)),
-        "ours": lambda: np.asarray(Baseline().decode(model, enc, max_new_tokens=steps,
-                                                     eos_id=-1).tokens),
-    }
+    ours: Callable[..., Any]    # two lambdas with other defaults: one type for both
+    if beam is None:
+      t5x_fn = t5x_greedy_fn(t5x, module, b, prompt_len, steps)
+      ours = lambda enc=enc: Baseline().decode(model, enc, max_new_tokens=steps,
+                                               eos_id=-1).tokens
+    else:
+      t5x_fn = t5x_beam_fn(t5x, module, b, steps, *beam)
+      method = Beam(num_beams=beam[0], alpha=beam[1])
+      ours = lambda enc=enc, method=method: method.decode(model, enc, max_new_tokens=steps,
+                                                          eos_id=-1).beams
+    flat = lambda x, b=b: np.asarray(x).reshape(b, -1)
+    # bound now: each iteration's closures are called within it, by name below
+    methods: dict[str, Callable[..., Any]] = {
+        "t5x": lambda enc=enc, flat=flat, fn=t5x_fn: flat(fn(params, enc)),
+        "ours": lambda flat=flat, ours=ours: flat(ours())}
     outputs = {}
     for name, fn in methods.items():    # compile + the tokens compared
       outputs[name] = fn()
@@ -240,6 +292,7 @@ def run_t5x_compare(model: Model, t5x: types.SimpleNamespace, *, batch_sizes=(1,
   bar.close()
   return {"model": {"config": model.config.to_dict(), "num_params": model.num_params()},
           "dtype": dtype, "prompt_len": prompt_len, "steps": steps, "repeats": repeats,
+          "beam": None if beam is None else {"num_beams": beam[0], "alpha": beam[1]},
           "machine": machine_info(), "rows": rows}
 
 
@@ -251,12 +304,15 @@ def _divergences(agreement: dict[str, Any]) -> str:
 def summary(results: dict[str, Any]) -> str:
   """The line above the table: setup, dtype, and what the tokens did."""
   m, dtype = results["model"], results.get("dtype", "float32")
+  beam = results.get("beam")
+  what = "Greedy decoding" if beam is None else (
+      f"Beam search ({beam['num_beams']} beams, alpha {beam['alpha']}; every beam compared)")
   if all(r["identical_tokens"] for r in results["rows"]):
-    tokens = "greedy tokens identical"
+    tokens = ("greedy" if beam is None else "beam") + " tokens identical"
   else:
     tokens = ("greedy tokens compared, not required identical (the two round differently "
               "in bfloat16; a row follows a different prefix after its first divergence)")
-  return (f"Greedy decoding, {m['num_params'] / 1e6:.1f}M params, {dtype} params and "
+  return (f"{what}, {m['num_params'] / 1e6:.1f}M params, {dtype} params and "
           f"activations, prompts of {results['prompt_len']} tokens, {results['steps']} new "
           f"tokens per row (EOS off), median of {results['repeats']} alternating rounds; "
           f"{tokens}.")
@@ -286,7 +342,8 @@ def plot(results: dict[str, Any], path: str) -> None:
   ax.bar(x + 0.2, [r["ours_ms_per_token"] for r in rows], 0.4, label="specdec-jax")
   ax.set_xticks(x, [f"batch {r['batch']}" for r in rows])
   ax.set_ylabel("ms per row-token")
-  ax.set_title(f"Greedy decode, same weights, {results.get('dtype', 'float32')}")
+  what = "Greedy decode" if results.get("beam") is None else "Beam search"
+  ax.set_title(f"{what}, same weights, {results.get('dtype', 'float32')}")
   ax.legend()
   fig.tight_layout()
   fig.savefig(path, dpi=120)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 
@@ -37,8 +37,8 @@ def median_call_seconds(run: Callable[[], Any], repeats: int) -> float:
   return statistics.median(timed_call(run)[0] for _ in range(repeats))
 
 
-def time_rounds(methods: dict[str, Callable[[], Any]], repeats: int,
-                tick: Callable[[], None] = _noop) -> dict[str, dict[str, Any]]:
+def time_rounds(methods: Mapping[Any, Callable[[], Any]], repeats: int,
+                tick: Callable[[], None] = _noop) -> dict[Any, dict[str, Any]]:
   """Time each method `repeats` times, rotating the order by one method per round.
 
   Returns {name: {"times_s": [...], "median_s": float, "output": its last result}}.

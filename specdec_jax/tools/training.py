@@ -21,7 +21,7 @@ import dataclasses
 import functools
 import json
 import pathlib
-from typing import Any, Iterator
+from typing import Any, Iterator, cast
 
 import jax
 import jax.numpy as jnp
@@ -63,8 +63,7 @@ class TrainConfig:
       raise TrainingError(f"TrainConfig.length_bucket must be >= 0, got {self.length_bucket}")
 
 
-@struct.dataclass
-class TrainState:
+class TrainState(struct.PyTreeNode):
   step: Array
   params: Any
   opt_state: Any
@@ -126,9 +125,10 @@ def loss_fn(params, config, batch: dict, rng: Array, label_smoothing: float = 0.
   teacher_probs: [B, Ld, V] soft targets (distillation) replacing the one-hot labels.
   """
   targets = batch["targets"]
-  logits = module_for(config).apply(
+  # cast: flax types apply's result as (output, state) too; without mutable= it is the output
+  logits = cast(Array, module_for(config).apply(
       {"params": params}, batch["inputs"], shift_right(targets, config.decoder_start_id),
-      deterministic=config.dropout_rate == 0.0, rngs={"dropout": rng})
+      deterministic=config.dropout_rate == 0.0, rngs={"dropout": rng}))
   if teacher_probs is None:
     labels = jax.nn.one_hot(targets, config.vocab_size)
     if label_smoothing:
@@ -169,9 +169,9 @@ def lm_loss_fn(params, config, batch: dict, rng: Array, pad_id: int | None = Non
   """
   pad_id = config.pad_id if pad_id is None else pad_id
   targets = batch["targets"]
-  logits = module_for(config).apply({"params": params}, batch["inputs"],
-                                    deterministic=config.dropout_rate == 0.0,
-                                    rngs={"dropout": rng})
+  logits = cast(Array, module_for(config).apply({"params": params}, batch["inputs"],
+                                                deterministic=config.dropout_rate == 0.0,
+                                                rngs={"dropout": rng}))     # (see loss_fn)
   mask = (targets != pad_id).astype(jnp.float32)
   loss = _masked_mean(optax.softmax_cross_entropy_with_integer_labels(logits, targets), mask)
   accuracy = _masked_mean((jnp.argmax(logits, -1) == targets).astype(jnp.float32), mask)
@@ -212,10 +212,10 @@ class EarlyExitLoss:
   def __call__(self, params, batch: dict, rng: Array):
     targets = batch["targets"]
     exits = (self.exit_layer, self.config.num_decoder_layers)
-    logits = module_for(self.config).apply(
+    logits = cast(tuple[Array, ...], module_for(self.config).apply(     # (see loss_fn)
         {"params": params}, batch["inputs"], shift_right(targets, self.config.decoder_start_id),
         exits, self.config.dropout_rate == 0.0, rngs={"dropout": rng},
-        method=module_for(self.config).__class__.exit_logits)
+        method=module_for(self.config).__class__.exit_logits))
     mask = (targets > 0).astype(jnp.float32)
     per = [_masked_mean(optax.softmax_cross_entropy_with_integer_labels(lg, targets), mask)
            for lg in logits]
@@ -298,26 +298,11 @@ def batches(inputs: np.ndarray, targets: np.ndarray, batch_size: int, seed: int,
   while True:
     idx = batch_indices(len(inputs), batch_size, seed, step, lengths)
     x, y = inputs[idx], targets[idx]
-    if length_bucket:
+    if lengths is not None:     # length_bucket > 0
       width = -(-max(int(lengths[idx].max()), 1) // length_bucket) * length_bucket
       x, y = x[:, :width], y[:, :width]
     yield {"inputs": jnp.asarray(x), "targets": jnp.asarray(y)}
     step += 1
-
-
-def evaluate_loss(model: Model, inputs: np.ndarray, targets: np.ndarray,
-                  batch_size: int = 256) -> float:
-  """Token-level cross-entropy of `model` on a dataset (no dropout)."""
-  cfg = model.config.replace(dropout_rate=0.0)
-  fn = jax.jit(lambda p, b: loss_fn(p, cfg, b, jax.random.PRNGKey(0))[0])
-  total, weight = 0.0, 0.0
-  for i in range(0, len(inputs), batch_size):
-    b = {"inputs": jnp.asarray(inputs[i:i + batch_size]),
-         "targets": jnp.asarray(targets[i:i + batch_size])}
-    n = float((targets[i:i + batch_size] > 0).sum())
-    total += float(fn(model.params, b)) * n
-    weight += n
-  return total / max(weight, 1.0)
 
 
 def _checkpoint_manager(directory: pathlib.Path, keep: int = 2):

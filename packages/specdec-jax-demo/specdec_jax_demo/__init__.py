@@ -1,6 +1,6 @@
 """specdec-jax's larger demo models as package data: ``assets/demo-de-en-large/``.
 
-Nothing to import: `specdec_jax.io.package_data` finds this package and resolves the names
+Nothing to import: `specdec_jax.package_data` finds this package and resolves the names
 ``sd.load("demo-de-en-large/target")``, ``sd.load("demo-de-en-large/drafter")`` and
 ``sd.load_tokenizer("demo-de-en-large")`` to its files.
 """

@@ -10,7 +10,8 @@ The tree is a nested dict of arrays with exactly T5X's names and 2-D kernels, e.
 - Hugging Face T5/mT5 dirs with safetensors weights, or hub ids "org/name" (``hf``), and
   decoder-only GPT-2 / Llama dirs (``hf_lm``, an `LMConfig` and the LM tree);
 - this package's own format written by ``save_checkpoint`` (``native``);
-- bundled names under ``specdec_jax/assets/`` such as "demo-de-en/target".
+- bundled names such as "demo-de-en/target", shipped by the demo distributions
+  (``packages/specdec-jax-demo-small``, ...; see ``specdec_jax.package_data``).
 
 Every user-caused failure raises ``CheckpointError`` naming the file and the problem.
 Nothing is ever unpickled.
@@ -24,15 +25,28 @@ from typing import Any
 
 import numpy as np
 
-from specdec_jax.io.checkpoints import (hf, hf_lm, leaves, native, resolve, t5x_legacy, t5x_orbax,
-                                        tree)
+from specdec_jax.config import T5Config
+from specdec_jax.config.lm import LMConfig
+from specdec_jax.errors import ConfigError
+from specdec_jax.io.checkpoints import (
+  hf,
+  hf_lm,
+  leaves,
+  native,
+  resolve,
+  t5x_legacy,
+  t5x_orbax,
+  tree,
+)
 from specdec_jax.io.checkpoints.errors import CheckpointError
-from specdec_jax.io.checkpoints.hf import (config_from_hf_dict, config_to_hf_dict,
-                                        hf_to_t5x_params, t5x_to_hf_state_dict)
+from specdec_jax.io.checkpoints.hf import (
+  config_from_hf_dict,
+  config_to_hf_dict,
+  hf_to_t5x_params,
+  t5x_to_hf_state_dict,
+)
 from specdec_jax.io.checkpoints.resolve import FORMATS, bundled_names, detect_format
 from specdec_jax.io.checkpoints.tree import expected_shapes, flatten, infer_config, unflatten
-from specdec_jax.config import ConfigError, T5Config
-from specdec_jax.models.lm_config import LMConfig
 
 __all__ = [
     "CheckpointError", "FORMATS", "load_checkpoint", "save_checkpoint", "export_hf",
@@ -98,6 +112,8 @@ def load_checkpoint(path_or_name: str | os.PathLike,
   fmt, directory = resolve.locate(location)
   stored, origin, flat = _read(fmt, directory, need_config=config is None)
   final = config if config is not None else stored
+  if final is None:
+    raise CheckpointError(f"{directory} ({fmt}): no config given, stored or inferred")
   tree.validate(flat, final, f"{directory} ({fmt}, {origin})")
   return final, tree.unflatten(flat)
 
@@ -160,7 +176,8 @@ def export_hf(path: str | os.PathLike, config: T5Config | LMConfig,
   return hf.export_hf(path, config, params)
 
 
-def save_checkpoint(path: str | os.PathLike, config: T5Config, params: Mapping[str, Any],
+def save_checkpoint(path: str | os.PathLike, config: T5Config | LMConfig,
+                    params: Mapping[str, Any],
                     dtype: str | None = None) -> str:
   """Write ``params`` as a specdec-jax dir (specdec_config.json + params.safetensors).
 

@@ -26,9 +26,10 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
+from specdec_jax.config import T5Config
+from specdec_jax.errors import ConfigError
 from specdec_jax.io.checkpoints import leaves, resolve, tree
 from specdec_jax.io.checkpoints.errors import CheckpointError
-from specdec_jax.config import ConfigError, T5Config
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -91,7 +92,7 @@ def activation_to_hf(config: T5Config) -> str:
 def _get(hf_config: Mapping[str, Any], key: str) -> Any:
   value = hf_config.get(key)
   if value is None:
-    defaults = _HF_DEFAULTS.get(hf_config.get("model_type"), _HF_DEFAULTS["t5"])
+    defaults = _HF_DEFAULTS.get(hf_config.get("model_type", "t5"), _HF_DEFAULTS["t5"])
     value = defaults.get(key, _COMMON_DEFAULTS.get(key))
   return value
 
@@ -307,17 +308,17 @@ def _bin_files(names: list[str]) -> list[str]:
   return [n for n in names if re.fullmatch(r"pytorch_model.*\.bin(\.index\.json)?", n)]
 
 
-def weight_files(directory: str) -> dict[str, list[str] | None]:
+def weight_files(directory: str) -> Mapping[str, list[str] | None]:
   """{safetensors file: tensor names it must hold (None: all)} for a HF dir."""
   names = resolve.list_dir(directory)
   if WEIGHTS_NAME in names:
     return {WEIGHTS_NAME: None}
   if INDEX_NAME in names:
     index = resolve.read_json(directory, INDEX_NAME)
-    weight_map = index.get("weight_map")
+    weight_map = None if index is None else index.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
       raise CheckpointError(f"{os.path.join(directory, INDEX_NAME)}: no 'weight_map'")
-    files: dict[str, list[str] | None] = {}
+    files: dict[str, list[str]] = {}
     for tensor, file in weight_map.items():
       files.setdefault(file, []).append(tensor)
     return files
@@ -389,7 +390,8 @@ def safetensors_leaves(path: str, names: list[str] | None = None) -> dict[str, l
       if absent:
         raise CheckpointError(f"{path}: missing tensors listed in the index: {absent[:8]}")
       heads = {k: f.get_slice(k) for k in (names if names is not None else keys)}
-      meta = {k: (tuple(h.get_shape()), _SAFETENSORS_DTYPES.get(h.get_dtype()))
+      meta: dict[str, tuple[tuple[int, ...], Any]] = {  # dtype None: refused below
+          k: (tuple(h.get_shape()), _SAFETENSORS_DTYPES.get(h.get_dtype()))
               for k, h in heads.items()}
   except CheckpointError:
     raise
@@ -431,8 +433,8 @@ def open_leaves(directory: str) -> tuple[T5Config, dict[str, leaves.Leaf]]:
     raise CheckpointError(f"{source}: not found; a Hugging Face T5 dir needs its config.json")
   _model_type(hf_config, source)
   state: dict[str, leaves.Leaf] = {}
-  for file, names in files.items():
-    state.update(safetensors_leaves(os.path.join(directory, file), names))
+  for file, tensors in files.items():
+    state.update(safetensors_leaves(os.path.join(directory, file), tensors))
   names = checked_names(state, hf_config, directory)
   if "shared.weight" not in state:
     raise CheckpointError(f"{directory}: shared.weight (the token embedding) is missing")

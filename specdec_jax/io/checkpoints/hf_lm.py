@@ -37,10 +37,10 @@ from typing import Any
 import numpy as np
 import safetensors.numpy
 
+from specdec_jax.config.lm import LMConfig
 from specdec_jax.errors import ConfigError
 from specdec_jax.io.checkpoints import hf, leaves, resolve, tree
 from specdec_jax.io.checkpoints.errors import CheckpointError
-from specdec_jax.models.lm_config import LMConfig
 
 MODEL_TYPES = ("gpt2", "llama")
 ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
@@ -179,6 +179,7 @@ def config_to_hf_dict(config: LMConfig, dtype: str | None = None) -> dict[str, A
   kind = hf_model_type(config)
   ids = dict(bos_token_id=config.bos_id, eos_token_id=config.eos_id,
              pad_token_id=config.pad_id, tie_word_embeddings=config.tie_embeddings)
+  d: dict[str, Any]
   if kind == "gpt2":
     d = dict(vocab_size=config.vocab_size, n_positions=config.max_positions,
              n_embd=config.emb_dim, n_layer=config.num_layers, n_head=config.num_heads,
@@ -207,7 +208,7 @@ def name_map(config: LMConfig) -> list[tuple[str, tuple[str, ...], str]]:
   """(HF name, our flat keys, op) for every parameter but the output layer. op: "copy",
   "transpose" ([out, in] -> [in, out]) or "split" (GPT-2's c_attn: the last axis in three)."""
   kind = hf_model_type(config)
-  names = []
+  names: list[tuple[str, tuple[str, ...], str]] = []
   if kind == "gpt2":
     names += [("transformer.wte.weight", ("token_embedder/embedding",), "copy"),
               ("transformer.wpe.weight", ("position_embedder/embedding",), "copy")]
@@ -274,7 +275,7 @@ def hf_to_params(state: Mapping[str, np.ndarray], config: LMConfig,
     if op == "transpose":
       flat[keys[0]] = np.ascontiguousarray(w.T)
     elif op == "split":
-      for key, part in zip(keys, np.split(w, 3, axis=-1)):
+      for key, part in zip(keys, np.split(w, 3, axis=-1), strict=True):
         flat[key] = np.ascontiguousarray(part)
     else:
       flat[keys[0]] = w
@@ -304,7 +305,7 @@ def params_to_hf_state_dict(params: Mapping[str, Any], config: LMConfig) -> dict
   return state
 
 
-def _normalise_names(state: dict[str, np.ndarray], kind: str) -> dict[str, np.ndarray]:
+def _normalise_names(state: dict[str, Any], kind: str) -> dict[str, Any]:
   """GPT-2 files saved from the bare `GPT2Model` (the original "gpt2" on the Hub) lack the
   "transformer." prefix."""
   if kind == "gpt2" and not any(k.startswith("transformer.") for k in state):
@@ -383,8 +384,8 @@ def open_leaves(directory: str) -> tuple[LMConfig, dict[str, leaves.Leaf]]:
   kind = model_type(hf_config, source)
   config = config_from_hf_dict(hf_config, source=source)
   state: dict[str, leaves.Leaf] = {}
-  for file, names in files.items():
-    state.update(hf.safetensors_leaves(os.path.join(directory, file), names))
+  for file, tensors in files.items():
+    state.update(hf.safetensors_leaves(os.path.join(directory, file), tensors))
   state = _normalise_names(state, kind)
   head, emb = state.get("lm_head.weight"), state.get(_embedding_name(config))
   tie = bool(_get(hf_config, "tie_word_embeddings"))

@@ -61,7 +61,7 @@ def normalize(index: Any, shape: tuple[int, ...]) -> Index:
   """A device's index (slices, possibly `slice(None)`) as explicit [start, stop) slices."""
   index = tuple(index) + (slice(None),) * (len(shape) - len(tuple(index)))
   out = []
-  for s, n in zip(index, shape):
+  for s, n in zip(index, shape, strict=True):
     start, stop, step = s.indices(n)
     if step != 1:
       raise ValueError(f"a shard index has step {step}, expected 1")

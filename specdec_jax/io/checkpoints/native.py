@@ -16,9 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 import safetensors.numpy
 
+from specdec_jax.config import T5Config
+from specdec_jax.config.lm import LMConfig
+from specdec_jax.errors import ConfigError
 from specdec_jax.io.checkpoints import hf, resolve, tree
 from specdec_jax.io.checkpoints.errors import CheckpointError
-from specdec_jax.config import ConfigError, T5Config
+from specdec_jax.io.tokenizer import TOKENIZER_FILES
 
 FORMAT, VERSION = "specdec-jax", 1
 CONFIG_NAME = resolve.SPECDEC_CONFIG
@@ -44,13 +47,19 @@ def _dtype_name(flat: Mapping[str, np.ndarray]) -> str:
   return names.pop() if len(names) == 1 else "mixed"
 
 
-def save(path: str | os.PathLike, config: T5Config, params: Mapping[str, Any],
+def save(path: str | os.PathLike, config: T5Config | LMConfig, params: Mapping[str, Any],
          dtype: str | None = None) -> str:
-  """Write ``params`` (nested or flat, validated against ``config``) to dir ``path``."""
+  """Write ``params`` (nested or flat, validated against ``config``) to dir ``path``.
+
+  Over a checkpoint of ours with another config (another model), the tokenizer files there
+  (`TOKENIZER_FILES`) are removed: they belonged to the old model, and `load_tokenizer(path)`
+  would pair them with the new one. The same config (a re-save, another dtype) keeps them.
+  """
   path = os.fspath(path)
   check_save_target(path)
   flat = cast_floating(tree.flatten(params), dtype)
   tree.validate(flat, config, "params to save")
+  _remove_stale_tokenizer(path, config)
   os.makedirs(path, exist_ok=True)
   meta = {"format": FORMAT, "version": VERSION, "config": config.to_dict(),
           "dtype": _dtype_name(flat)}
@@ -62,6 +71,21 @@ def save(path: str | os.PathLike, config: T5Config, params: Mapping[str, Any],
     json.dump(meta, f, indent=1)
   os.replace(config_tmp, os.path.join(path, CONFIG_NAME))
   return path
+
+
+def _remove_stale_tokenizer(path: str, config: T5Config | LMConfig) -> None:
+  """Remove the tokenizer files of another model's checkpoint of ours in dir `path`."""
+  if not os.path.isfile(os.path.join(path, CONFIG_NAME)):
+    return
+  try:
+    old = read_config(path).replace(dtype=config.dtype)
+  except CheckpointError:
+    old = None    # unreadable: another model as far as anyone can tell
+  if old == config:
+    return
+  for name in TOKENIZER_FILES:
+    if os.path.isfile(os.path.join(path, name)):
+      os.remove(os.path.join(path, name))
 
 
 def check_save_target(path: str) -> None:
@@ -105,7 +129,7 @@ def read_config(directory: str) -> T5Config:
     raise CheckpointError(f"{source}: no 'config' object")
   try:
     if "family" in meta["config"]:   # a decoder-only LM (models.lm_config)
-      from specdec_jax.models.lm_config import LMConfig
+      from specdec_jax.config.lm import LMConfig
       return LMConfig.from_dict(meta["config"])
     return T5Config.from_dict(meta["config"])
   except (ConfigError, TypeError) as e:

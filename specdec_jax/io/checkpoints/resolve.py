@@ -15,7 +15,7 @@ from typing import Any
 
 import tensorstore as ts
 
-from specdec_jax.io import package_data
+from specdec_jax import package_data
 from specdec_jax.io.checkpoints.errors import CheckpointError
 
 T5X_LEGACY, T5X_ORBAX, HF, SPECDEC = "t5x_legacy", "t5x_orbax", "hf", "specdec"
@@ -30,16 +30,26 @@ HF_WEIGHTS_RE = re.compile(
     r"(model.*\.safetensors(\.index\.json)?|pytorch_model.*\.bin(\.index\.json)?)")
 
 
-def default_assets_dir(name: str | None = None) -> pathlib.Path:
-  """``specdec_jax/assets/`` of the installed package (package data, via importlib.resources),
-  or the separate package's that ships `name`'s group (`package_data.SEPARATE`)."""
-  root = package_data.assets_path(name)
-  if root is None:
-    raise CheckpointError(
-        f"bundled checkpoints are read from disk, but specdec_jax is imported from "
-        f"{package_data.assets(name)} (not a directory); install the package as files "
-        "(pip install)")
-  return root
+def default_assets_dir(name: str | None) -> pathlib.Path | None:
+  """The ``assets/`` directory of the installed distribution that ships `name`'s group
+  (package data, via importlib.resources; `package_data.SEPARATE`), or None when no
+  distribution ships a group of that name.
+
+  Raises:
+    MissingAssets: the group's distribution is not installed.
+    CheckpointError: it is installed but not as files (checkpoints are read by path).
+  """
+  root = package_data.assets(name)
+  if root is None or isinstance(root, pathlib.Path):
+    return root
+  raise CheckpointError(
+      f"bundled checkpoints are read from disk, but {name!r} is imported from {root} (not a "
+      "directory); install its package as files (pip install)")
+
+
+def _installed_roots() -> list[pathlib.Path]:
+  """The ``assets/`` directories on disk of the installed asset distributions."""
+  return [root for root in package_data.installed_assets() if isinstance(root, pathlib.Path)]
 
 
 def is_gcs(path: str) -> bool:
@@ -220,8 +230,11 @@ def find_config_json(checkpoint_dir: str, levels_up: int = 2) -> tuple[str, dict
 
 
 def bundled_names(assets_dir: pathlib.Path | None = None, max_depth: int = 3) -> list[str]:
-  """Names ("demo-de-en/target") of the checkpoint dirs under the package assets dir."""
-  root = pathlib.Path(assets_dir) if assets_dir is not None else default_assets_dir()
+  """Names ("demo-de-en/target") of the checkpoint dirs under `assets_dir`, by default under
+  every installed asset distribution's (sorted)."""
+  if assets_dir is None:
+    return sorted(n for root in _installed_roots() for n in bundled_names(root, max_depth))
+  root = pathlib.Path(assets_dir)
   names: list[str] = []
 
   def walk(directory: pathlib.Path, depth: int) -> None:
@@ -251,10 +264,11 @@ def hub_download(repo_id: str) -> str:
         "Face Hub needs huggingface_hub (pip install 'specdec-jax[hub]')") from e
   try:
     return str(huggingface_hub.snapshot_download(repo_id, allow_patterns=HUB_PATTERNS))
-  except Exception as e:
+  except Exception as e:   # offline, unknown repo, gated, ...: one line, not the HTTP stack
+    reason = (str(e).strip().splitlines() or [""])[0]
     raise CheckpointError(
         f"{repo_id!r} is not a local path or a bundled name, and downloading it from the "
-        f"Hugging Face Hub failed: {type(e).__name__}: {e}") from e
+        f"Hugging Face Hub failed: {type(e).__name__}: {reason}") from None
 
 
 def resolve(path_or_name: str | os.PathLike, assets_dir: pathlib.Path | None = None) -> str:
@@ -272,14 +286,15 @@ def resolve(path_or_name: str | os.PathLike, assets_dir: pathlib.Path | None = N
   root = pathlib.Path(assets_dir) if assets_dir is not None else default_assets_dir(name)
   relative = pathlib.PurePosixPath(name)
   safe = bool(name) and not relative.is_absolute() and ".." not in relative.parts
-  if safe and (root / relative).is_dir():
+  if root is not None and safe and (root / relative).is_dir():
     return str(root / relative)
   if _looks_like_path(name):
     raise CheckpointError(f"{name}: no such file or directory")
-  bundled = bundled_names(root)
-  in_bundled_group = safe and (root / relative.parts[0]).is_dir()
+  in_bundled_group = root is not None and safe and (root / relative.parts[0]).is_dir()
   if _HUB_ID_RE.fullmatch(name) and not in_bundled_group:
     return hub_download(name)
+  bundled = bundled_names(root)
+  where = f" under {root}" if root is not None else ""
   raise CheckpointError(
       f"{name!r} is not an existing path, a bundled name or a Hugging Face Hub id (org/name); "
-      f"bundled names under {root}: {', '.join(bundled) if bundled else 'none'}")
+      f"bundled names{where}: {', '.join(bundled) if bundled else 'none'}")

@@ -10,8 +10,10 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from specdec_jax.config import T5Config, mlp_kernel_names
+from specdec_jax.config.lm import LMConfig
+from specdec_jax.errors import ConfigError
 from specdec_jax.io.checkpoints.errors import CheckpointError
-from specdec_jax.config import ConfigError, T5Config, mlp_kernel_names
 
 _ATTENTION_PARTS = ("query", "key", "value", "out")
 _LAYER_RE = re.compile(r"^(encoder|decoder)/layers_(\d+)/")
@@ -43,22 +45,23 @@ def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _attention_shapes(prefix: str, emb: int, joined: int) -> dict[str, tuple[int, ...]]:
-  shapes = {f"{prefix}/{part}/kernel": (emb, joined) for part in _ATTENTION_PARTS[:3]}
+  shapes: dict[str, tuple[int, ...]] = {f"{prefix}/{part}/kernel": (emb, joined)
+                                        for part in _ATTENTION_PARTS[:3]}
   shapes[f"{prefix}/out/kernel"] = (joined, emb)
   return shapes
 
 
 def _mlp_shapes(prefix: str, config: T5Config) -> dict[str, tuple[int, ...]]:
   e, m = config.emb_dim, config.mlp_dim
-  shapes = {f"{prefix}/{name}/kernel": (e, m)
-            for name in mlp_kernel_names(config.mlp_activations)}
+  shapes: dict[str, tuple[int, ...]] = {f"{prefix}/{name}/kernel": (e, m)
+                                        for name in mlp_kernel_names(config.mlp_activations)}
   shapes[f"{prefix}/wo/kernel"] = (m, e)
   return shapes
 
 
-def expected_shapes(config: T5Config) -> dict[str, tuple[int, ...]]:
+def expected_shapes(config: T5Config | LMConfig) -> dict[str, tuple[int, ...]]:
   """Flat key -> shape of every parameter the config implies (T5X names, 2-D kernels)."""
-  if getattr(config, "is_decoder_only", False):   # an LMConfig: its module's tree
+  if isinstance(config, LMConfig):   # its module's tree
     from specdec_jax.models import lm
     return lm.param_shapes(config)
   e, hkv = config.emb_dim, config.joined_kv
@@ -94,7 +97,7 @@ def _short_list(items: list[str], limit: int = 12) -> str:
   return ", ".join(items[:limit]) + more
 
 
-def validate(flat: Mapping[str, Any], config: T5Config, source: str) -> None:
+def validate(flat: Mapping[str, Any], config: T5Config | LMConfig, source: str) -> None:
   """Raise CheckpointError unless ``flat`` holds exactly the config's keys with its shapes."""
   expected = expected_shapes(config)
   missing = sorted(set(expected) - set(flat))
@@ -150,7 +153,7 @@ def infer_config(flat: Mapping[str, Any], source: str) -> T5Config:
   mlp = _shape(flat, "encoder/layers_0/mlp/wo/kernel", source)[0]
   n_wi = sum(1 for k in flat if re.fullmatch(r"encoder/layers_0/mlp/wi(_\d+)?/kernel", k))
   if "encoder/layers_0/mlp/wi/kernel" in flat:
-    activations = ("relu",)
+    activations: tuple[str, ...] = ("relu",)
   elif n_wi == 2:
     activations = ("gelu", "linear")
   else:

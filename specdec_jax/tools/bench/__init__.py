@@ -34,19 +34,31 @@ or lines of `--prompts-file` (text with `--tokenizer`, else token ids), padded o
 to `prompt_len`, cycled when the file has fewer lines than the batch. Random-weight
 models ("config:NAME") give alpha ~ 0: the numbers then measure the machinery's cost.
 
-    results = run_bench(target, drafter, batch_sizes=(1,), gammas=(1, 3), modes=("greedy",))
+    results = run_bench(target, drafter, BenchSettings(batch_sizes=(1,), gammas=(1, 3),
+                                                       modes=("greedy",)))
     write_report(results, "bench_out")     # bench.json, bench.md, bench.png
 """
 
-from specdec_jax.tools.bench.report import (TABLE_COLUMNS, markdown_report, markdown_table,
-                                            plot, write_report)
-from specdec_jax.tools.bench.run import (DEFINITIONS, RESUME_KEYS, SCHEMA_VERSION,
-                                         measure_costs, run_bench)
+from specdec_jax.tools.bench.report import (
+  TABLE_COLUMNS,
+  markdown_report,
+  markdown_table,
+  plot,
+  write_report,
+)
+from specdec_jax.tools.bench.run import (
+  DEFINITIONS,
+  RESUME_KEYS,
+  SCHEMA_VERSION,
+  BenchSettings,
+  measure_costs,
+  run_bench,
+)
 from specdec_jax.tools.costs import StepTimer, time_decode_step
 from specdec_jax.tools.errors import BenchError
 
 DESCRIPTION = __doc__.split("\n\n    results =")[0]
 
-__all__ = ["BenchError", "DEFINITIONS", "DESCRIPTION", "RESUME_KEYS", "SCHEMA_VERSION",
-           "StepTimer", "TABLE_COLUMNS", "markdown_report", "markdown_table",
+__all__ = ["BenchError", "BenchSettings", "DEFINITIONS", "DESCRIPTION", "RESUME_KEYS",
+           "SCHEMA_VERSION", "StepTimer", "TABLE_COLUMNS", "markdown_report", "markdown_table",
            "measure_costs", "plot", "run_bench", "time_decode_step", "write_report"]

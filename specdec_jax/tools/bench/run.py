@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -16,15 +16,19 @@ import numpy as np
 
 from specdec_jax.tools import costs as costs_lib
 from specdec_jax.tools.batching import cycled_rows
+from specdec_jax.tools.decode_methods import (
+  EXTRA_STATS,
+  Baseline,
+  DecodeMethod,
+  Speculative,
+  stats_row,
+)
 from specdec_jax.tools.errors import BenchError
-from specdec_jax.tools.methods import (EXTRA_STATS, Baseline, DecodeMethod, Speculative,
-                                      stats_row)
 from specdec_jax.tools.models import resolve_drafter
 from specdec_jax.tools.options import MODES, make_sampling
 from specdec_jax.tools.prompts import random_prompts
 from specdec_jax.tools.report import machine_info, utc_now
-from specdec_jax.tools.timing import (default_compile_workers, run_parallel, time_rounds,
-                                      timed_call)
+from specdec_jax.tools.timing import default_compile_workers, run_parallel, time_rounds, timed_call
 
 SCHEMA_VERSION = 1
 
@@ -167,7 +171,9 @@ def _entry(batch: int, mode: str, method: DecodeMethod, timed: dict[str, Any],
   wall = timed["median_s"]
   speculative = method.kind == "speculative"
   entry = {"batch_size": batch, "mode": mode, "method": method.kind,
-           "gamma": method.gamma if speculative else None, "label": label,
+           # (ignored attr-defined: a speculative method, perhaps wrapped by OnMesh, has gamma)
+           "gamma": method.gamma if speculative else None,  # type: ignore[attr-defined]
+           "label": label,
            "generated_tokens": generated, "wall_s_median": wall, "wall_s": timed["times_s"],
            "first_call_s": first_call_s, "ms_per_token": 1e3 * wall / max(generated, 1),
            "tokens_per_s": generated / wall if wall > 0 else None}
@@ -213,7 +219,7 @@ class _Run:
       return dataclasses.replace(self.extras[item](sampling), exact=self.exact)
     return Speculative(drafter=self.drafter, gamma=item, sampling=sampling, exact=self.exact)
 
-  def methods(self, batch: int, mode: str, todo) -> dict[str, Callable[[], Any]]:
+  def methods(self, batch: int, mode: str, todo) -> Mapping[str, Callable[[], Any]]:
     """{"baseline" / "gamma=G" / label: a call decoding the group's batch} for the missing
     entries."""
     sampling, enc, out = make_sampling(mode), self.encoder(batch), {}
@@ -230,13 +236,14 @@ class _Run:
     timers = dict(zip(cost_batches, run_parallel(
         [functools.partial(costs_lib.cost_timers, self.target, {"drafter": self.drafter},
                            self.gammas, encoder_tokens=self.encoder(b), capacity=self.capacity,
-                           steps=self.timing_steps) for b in cost_batches], workers, tick)))
+                           steps=self.timing_steps) for b in cost_batches], workers, tick),
+                         strict=True))
     warm = [(key, name, fn) for key, methods in groups.items() for name, fn in methods.items()]
     tasks = [timer.compile for b in cost_batches for timer in timers[b].values()]
     n_timers = len(tasks)
     tasks += [functools.partial(timed_call, fn) for _, _, fn in warm]
     done = run_parallel(tasks, workers, tick)[n_timers:]
-    return timers, {(key, name): s for (key, name, _), (s, _) in zip(warm, done)}
+    return timers, {(key, name): s for (key, name, _), (s, _) in zip(warm, done, strict=True)}
 
   def group_entries(self, batch, mode, todo, timed, first, results, costs):
     """The group's new entries (its baseline from `results` when already there)."""
@@ -275,56 +282,86 @@ def _config(settings, target, drafter, prompts, **values) -> dict[str, Any]:
   return config
 
 
-def run_bench(target, drafter=None, *, batch_sizes: Sequence[int] = (1, 8),
-              gammas: Sequence[int] = (1, 3, 5, 7), modes: Sequence[str] = MODES,
-              prompt_len: int = 32, max_new_tokens: int = 64, repeats: int = 5, seed: int = 0,
-              prompts: np.ndarray | None = None, baseline_only: bool = False,
-              ignore_eos: bool = False, timing_steps: int = 16,
-              settings: dict[str, Any] | None = None, existing: dict[str, Any] | None = None,
-              progress: bool = True, compile_workers: int | None = None,
-              on_update: Callable[[dict[str, Any]], None] | None = None,
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BenchSettings:
+  """What `run_bench` measures and how.
+
+  Attributes:
+    batch_sizes: rows per decode call, each timed on its own.
+    gammas: drafts per round of speculative decoding (none with `baseline_only`).
+    modes: "greedy" and/or "sample" (temperature 1).
+    prompt_len: random prompts' length (encoder tokens, the last one EOS).
+    max_new_tokens: tokens decoded per row at most.
+    repeats: timed rounds; the median is reported.
+    seed: the random prompts' and sampling's seed.
+    baseline_only: time the target alone (no drafter needed).
+    ignore_eos: decode exactly `max_new_tokens` per row (eos_id=-1) in every method.
+    timing_steps: decode steps per jitted loop when measuring c and verify costs.
+    compile_workers: concurrent warm-up (compiling) calls before any timing; None:
+      `default_compile_workers()`. Timed calls always run one at a time.
+    exact: every method's `exact` (None: the library default, exact greedy calls; False:
+      natural call widths, faster on CPU).
+    progress: show a progress bar (stderr).
+  """
+
+  batch_sizes: Sequence[int] = (1, 8)
+  gammas: Sequence[int] = (1, 3, 5, 7)
+  modes: Sequence[str] = MODES
+  prompt_len: int = 32
+  max_new_tokens: int = 64
+  repeats: int = 5
+  seed: int = 0
+  baseline_only: bool = False
+  ignore_eos: bool = False
+  timing_steps: int = 16
+  compile_workers: int | None = None
+  exact: bool | None = None
+  progress: bool = True
+
+
+def run_bench(target, drafter=None, settings: BenchSettings = BenchSettings(), *,
+              prompts: np.ndarray | None = None, config: dict[str, Any] | None = None,
+              existing: dict[str, Any] | None = None,
+              on_update: Callable[[dict[str, Any]], object] | None = None,
               extras: dict[str, Callable[[Any], DecodeMethod]] | None = None,
-              exact: bool | None = None,
               place_inputs: Callable[[jax.Array], jax.Array] | None = None) -> dict[str, Any]:
   """Benchmark baseline vs speculative decoding (and `extras`); returns the bench.json dict.
 
   Args:
-    target, drafter: `Model`s (drafter may be None with `baseline_only`).
+    target, drafter: `Model`s (drafter may be None with `settings.baseline_only`).
+    settings: what is measured and how (`BenchSettings`).
     prompts: [N, L] encoder tokens; default `random_prompts(max batch, prompt_len, V, seed)`.
-    ignore_eos: decode exactly `max_new_tokens` per row (eos_id=-1) in every method.
-    settings: descriptive settings stored under "config" (model names, overrides, ...).
+    config: descriptive settings stored under "config" (model names, overrides, ...).
     existing: a previous bench.json dict; its entries with the same (batch, mode, gamma)
       are kept and not re-run (--resume). Its baselines serve the speedups of new gammas.
     on_update: called with the results so far after each (batch, mode) group.
-    compile_workers: concurrent warm-up (compiling) calls before any timing; default
-      `default_compile_workers()`. Timed calls always run one at a time.
     extras: {label: sampling -> DecodeMethod}, more methods timed in every (batch, mode)
       group beside the baseline (BiLD, blockwise decoding, ...); entries carry the label.
-    exact: every method's `exact` (None: the library default, exact greedy calls; False:
-      natural call widths, faster on CPU).
     place_inputs: encoder tokens [B, L] -> placed (e.g. `sd.sharding.shard_batch` on a
       mesh); None: as they are.
   """
+  s = settings
   extras = dict(extras or {})
-  batch_sizes = [int(b) for b in batch_sizes]
-  gammas = [] if baseline_only else sorted({int(g) for g in gammas})
-  modes = list(modes)
-  _check_settings(target, drafter, batch_sizes, gammas, modes, repeats, max_new_tokens,
-                  timing_steps, baseline_only)
+  batch_sizes = [int(b) for b in s.batch_sizes]
+  gammas = [] if s.baseline_only else sorted({int(g) for g in s.gammas})
+  modes = list(s.modes)
+  _check_settings(target, drafter, batch_sizes, gammas, modes, s.repeats, s.max_new_tokens,
+                  s.timing_steps, s.baseline_only)
   if prompts is None:
-    prompts = random_prompts(max(batch_sizes), prompt_len, target.config.vocab_size, seed)
+    prompts = random_prompts(max(batch_sizes), s.prompt_len, target.config.vocab_size, s.seed)
   prompts = np.asarray(prompts, np.int32)
-  workers = default_compile_workers() if compile_workers is None else max(1, compile_workers)
-  config = _config(settings, target, drafter, prompts, batch_sizes=batch_sizes, gammas=gammas,
-                   modes=modes, max_new_tokens=max_new_tokens, repeats=repeats, seed=seed,
-                   baseline_only=baseline_only, ignore_eos=ignore_eos,
-                   timing_steps=timing_steps, compile_workers=workers,
-                   extras=list(extras), exact=exact)
+  workers = (default_compile_workers() if s.compile_workers is None
+             else max(1, s.compile_workers))
+  config = _config(config, target, drafter, prompts, batch_sizes=batch_sizes, gammas=gammas,
+                   modes=modes, max_new_tokens=s.max_new_tokens, repeats=s.repeats,
+                   seed=s.seed, baseline_only=s.baseline_only, ignore_eos=s.ignore_eos,
+                   timing_steps=s.timing_steps, compile_workers=workers,
+                   extras=list(extras), exact=s.exact)
   results, kept_costs = _start_results(config, existing)
   plan = _plan(batch_sizes, modes, [*gammas, *extras], {_key(e) for e in results["results"]})
-  run = _Run(target, drafter, prompts, gammas, max_new_tokens, timing_steps, seed, ignore_eos,
-             extras, exact, place_inputs)
-  _execute(run, plan, results, kept_costs, repeats, workers, progress, on_update)
+  run = _Run(target, drafter, prompts, gammas, s.max_new_tokens, s.timing_steps, s.seed,
+             s.ignore_eos, extras, s.exact, place_inputs)
+  _execute(run, plan, results, kept_costs, s.repeats, workers, s.progress, on_update)
   results["results"].sort(key=_sort_key(results["config"]["modes"], list(extras)))
   results["projections"] = [p for c in results["costs"] for p in costs_lib.projections(c)]
   return results

@@ -20,33 +20,52 @@ plan.
 Each subcommand is a module of this package whose `add(subparsers)` adds its parser and
 sets `func(args) -> int`; `COMMANDS` lists them.
 
-Bad input (unknown model or config, invalid sampling or gamma, malformed prompts, a
-drafter whose vocabulary differs from the target's, a missing file, ...) raises a
-`specdec_jax.errors.SpecdecError` wherever it is found; `main` catches that one class,
-prints one line ``specdec <command>: error: <message>`` on stderr and returns exit code
-2, like argparse's own usage errors. Anything else is a bug and keeps its traceback.
-`main` returns the exit code instead of raising SystemExit, so tests and scripts can
-call `main([...])` directly.
+Exit codes: 0 done; 1 a `specdec_jax.errors.SpecdecError` (bad input found anywhere:
+an unknown model or config, invalid sampling or gamma, malformed prompts, a drafter whose
+vocabulary differs from the target's, a missing file, ...), reported as one line
+``specdec <command>: error: <message>`` on stderr; 2 a command line that does not parse
+(argparse's usage errors); 130 interrupted (Ctrl-C). Anything else is a bug and keeps its
+traceback. `main` returns the exit code instead of raising SystemExit, so tests and
+scripts can call `main([...])` directly.
+
+stdout carries only a command's results (decode: the outputs, or one JSON object with
+--json); every log, ours, JAX's and C++ libraries' (Gloo's connection lines with several
+processes), goes to stderr (`streams.results_stdout`).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 from typing import Sequence
 
 from specdec_jax.errors import SpecdecError
 from specdec_jax.tools.cli import bench, convert, decode, evaluate, plan, sweep, train
+from specdec_jax.tools.cli.streams import results_stdout
 
-EXIT_OK, EXIT_USAGE, EXIT_INTERRUPTED = 0, 2, 130
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 #: One module per subcommand, in the order `specdec --help` lists them.
 COMMANDS = (decode, convert, bench, train, evaluate, sweep, plan)
 
 
+def version() -> str:
+  """The installed specdec-jax distribution's version."""
+  try:
+    return importlib.metadata.version("specdec-jax")
+  except importlib.metadata.PackageNotFoundError:
+    return "unknown (specdec-jax is not installed: run from a source tree)"
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
-      prog="specdec", description="Speculative decoding for T5 encoder-decoders in JAX.")
+      prog="specdec",
+      description="Speculative decoding in JAX (speculative sampling, BiLD, blockwise parallel "
+      "drafts, the autoregressive baseline) for T5 encoder-decoders and decoder-only LMs "
+      "(GPT-2, Llama-style): T5X and Hugging Face checkpoints, ours, or the bundled pairs "
+      "demo-de-en (T5, De->En) and demo-en-lm (a Llama-style English LM).")
+  parser.add_argument("--version", action="version", version=f"specdec {version()}")
   subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
   for command in COMMANDS:
     command.add(subparsers)
@@ -67,10 +86,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return e.code if isinstance(e.code, int) else EXIT_USAGE
   args.argv = list(sys.argv[1:] if argv is None else argv)
   try:
-    return int(args.func(args) or EXIT_OK)
+    with results_stdout(keep=argv is None):   # the process entry: stdout stays results-only
+      return int(args.func(args) or EXIT_OK)
   except SpecdecError as e:
     print(f"specdec {args.command}: error: {error_line(e)}", file=sys.stderr)
-    return EXIT_USAGE
+    return EXIT_ERROR
   except KeyboardInterrupt:
-    print("specdec: interrupted", file=sys.stderr)
+    print(f"specdec {args.command}: interrupted", file=sys.stderr)
     return EXIT_INTERRUPTED

@@ -8,18 +8,19 @@ from specdec_jax.tools.models import DTYPES
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-  """Shows a flag's default unless it is None or False (unset, or an off switch)."""
+  """Shows a flag's default unless it is None or a bool (unset, or a switch whose help
+  says which way it defaults)."""
 
   def _get_help_string(self, action):
-    if action.default is None or action.default is False:
+    if action.default is None or isinstance(action.default, bool):
       return action.help
     return super()._get_help_string(action)
 
 
 def add_dtype_flag(p: argparse.ArgumentParser) -> None:
   p.add_argument("--dtype", choices=DTYPES, default="float32",
-                 help="compute dtype: parameters AND activations (default float32, as T5X "
-                 "and HF load; bfloat16 halves memory; logits stay float32)")
+                 help="compute dtype of parameters and activations (float32 as T5X and HF "
+                 "load; bfloat16 halves memory; logits stay float32)")
 
 
 def add_drafter_flag(p: argparse.ArgumentParser, extra: str) -> None:

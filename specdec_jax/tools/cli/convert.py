@@ -13,8 +13,8 @@ import sys
 
 import specdec_jax as sd
 from specdec_jax.io import checkpoints
-from specdec_jax.io.checkpoints import resolve
-from specdec_jax.io.tokenizer import HF_FILENAME, MODEL_FILENAMES
+from specdec_jax.io.checkpoints import native, resolve
+from specdec_jax.io.tokenizer import TOKENIZER_FILES
 from specdec_jax.tools.errors import CLIError, FileAccessError
 from specdec_jax.tools.models import load_model
 from specdec_jax.tools.report import make_dirs
@@ -23,16 +23,41 @@ from specdec_jax.tools.report import make_dirs
 def _check_destination(src: str, dst: str, force: bool) -> None:
   if os.path.abspath(src) == os.path.abspath(dst):
     raise CLIError("SRC and DST are the same directory")
-  if os.path.isfile(dst) or (os.path.isdir(dst) and os.listdir(dst) and not force):
+  if os.path.exists(dst) and not os.path.isdir(dst):
+    raise CLIError(f"{dst!r} is a file: DST must be a directory (new, empty, or with "
+                   "--force one holding a checkpoint to replace)")
+  if os.path.isdir(dst) and os.listdir(dst) and not force:
     raise CLIError(f"{dst!r} exists and is not an empty directory (pass --force to "
-                   "write into it)")
+                   "replace the checkpoint in it)")
+  if force and os.path.isdir(dst):
+    fmt = resolve.format_of(dst)
+    if fmt in (resolve.T5X_LEGACY, resolve.T5X_ORBAX) or resolve.step_dirs(dst):
+      raise CLIError(f"{dst!r} holds a T5X checkpoint: --force replaces our format's or Hugging "
+                     "Face's files only; choose another DST")
 
 
-# A SentencePiece model (T5's spiece.model, Llama's tokenizer.model) and a Hugging Face
-# tokenizer.json with the files naming its special tokens; config.json is never copied
-# (the converted checkpoint writes its own).
-TOKENIZER_FILES = (*MODEL_FILENAMES, HF_FILENAME, "tokenizer_config.json",
-                   "special_tokens_map.json")
+def _replaced_files(dst: str) -> list[str]:
+  """The files in DST that the converted checkpoint replaces: any checkpoint of our format
+  or Hugging Face's, and the tokenizer that came with it. Left there, `sd.load` would read
+  the old checkpoint (ours wins over HF's) or pair the new one with the old tokenizer."""
+  ours = (resolve.SPECDEC_CONFIG, native.PARAMS_NAME)
+  hf_files = ("config.json", "generation_config.json")
+  return sorted(n for n in os.listdir(dst)
+                if os.path.isfile(os.path.join(dst, n))
+                and (n in ours or n in hf_files or n in TOKENIZER_FILES
+                     or resolve.HF_WEIGHTS_RE.fullmatch(n)))
+
+
+def _clear(dst: str) -> list[str]:
+  """Remove `_replaced_files(dst)`; their names."""
+  names = _replaced_files(dst) if os.path.isdir(dst) else []
+  for name in names:
+    try:
+      os.remove(os.path.join(dst, name))
+    except OSError as e:
+      raise FileAccessError(f"--force: cannot remove {os.path.join(dst, name)!r}: "
+                            f"{e.strerror or e}") from None
+  return names
 
 
 def _tokenizer_dirs(src: str) -> list[str]:
@@ -43,6 +68,8 @@ def _tokenizer_dirs(src: str) -> list[str]:
   if os.path.exists(src) or src.startswith("config:") or src not in resolve.bundled_names():
     return []
   root = resolve.default_assets_dir(src)
+  if root is None:
+    return []
   return [str(root / src), str(root / src.split("/")[0])]
 
 
@@ -65,6 +92,10 @@ def _copy_tokenizer(src: str, dst: str) -> list[str]:
 def run(args) -> int:
   _check_destination(args.src, args.dst, args.force)
   model = load_model(args.src, dtype=None, what="source")   # convert keeps the stored dtype
+  removed = _clear(args.dst) if args.force else []
+  if removed:
+    print(f"--force: removed {', '.join(removed)} from {args.dst} (the checkpoint and "
+          "tokenizer replaced)", file=sys.stderr)
   make_dirs(args.dst)
   if args.to == "hf":
     if args.dtype is not None:
@@ -96,5 +127,8 @@ def add(subparsers) -> None:
                  help="cast floating params (default: as stored)")
   p.add_argument("--to", choices=("specdec", "hf"), default="specdec",
                  help="specdec: our format (default); hf: a transformers directory")
-  p.add_argument("--force", action="store_true", help="write into a non-empty DST")
+  p.add_argument("--force", action="store_true",
+                 help="write into a non-empty DST, first removing the checkpoint there (our "
+                 "format's or Hugging Face's files and their tokenizer; other files are kept, "
+                 "a T5X checkpoint is refused)")
   p.set_defaults(func=run)

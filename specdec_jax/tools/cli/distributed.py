@@ -9,7 +9,7 @@ pod slices, SLURM, Open MPI); the three flags default to the environment variabl
 JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID.
 
 Every process reads the whole input; process 0 prints the outputs, in input order. Two
-layouts, chosen by the size of --mesh (`mesh_args.mesh_from_args`):
+layouts, chosen by the size of --mesh (`mesh_args.mesh_from_flag`):
 
 - a mesh of each process's own devices (D * M = the local device count), or no --mesh:
   data-parallel across processes. Each decodes its own contiguous block of rows
@@ -29,16 +29,26 @@ layouts, chosen by the size of --mesh (`mesh_args.mesh_from_args`):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import socket
+import time
+
 import jax
 import numpy as np
 
+from specdec_jax.errors import SpecdecError
 from specdec_jax.tools.batching import Batch
+from specdec_jax.tools.cli import liveness
+from specdec_jax.tools.decode_methods import Corpus
 from specdec_jax.tools.errors import CLIError
-from specdec_jax.tools.methods import Corpus
 
 ENV = {"coordinator": "JAX_COORDINATOR_ADDRESS", "num_processes": "JAX_NUM_PROCESSES",
        "process_id": "JAX_PROCESS_ID"}
+
+
+class CoordinatorError(CLIError):
+  """The processes could not be joined: no coordinator answered, or not all processes came."""
 
 
 def add_distributed_flags(p: argparse.ArgumentParser) -> None:
@@ -54,6 +64,13 @@ def add_distributed_flags(p: argparse.ArgumentParser) -> None:
   group.add_argument("--distributed", action="store_true",
                      help="initialise jax.distributed, detecting the cluster (TPU pod slices, "
                      "SLURM, Open MPI) when the flags above are not given")
+  group.add_argument("--coordinator-timeout", type=float, default=60.0, metavar="SECONDS",
+                     help="a process other than 0 gives up with an error when the coordinator's "
+                     "port does not open within this time; it also bounds jax.distributed's wait "
+                     "for every process to join (where JAX aborts the process)")
+  group.add_argument("--heartbeat-timeout", type=float, default=30.0, metavar="SECONDS",
+                     help="a process silent for this long is lost: the others stop with an "
+                     "error naming it (exit 1)")
 
 
 def _env_int(name: str) -> int | None:
@@ -65,27 +82,108 @@ def _env_int(name: str) -> int | None:
   return int(value)
 
 
-def initialize_from_args(args) -> bool:
-  """`jax.distributed.initialize` from the flags (before any JAX computation); whether it
-  was called. A partial set of --coordinator / --num-processes / --process-id is an
-  error naming the missing ones."""
-  coordinator = args.coordinator or os.environ.get(ENV["coordinator"])
-  processes = args.num_processes if args.num_processes is not None else _env_int(
-      "num_processes")
-  process = args.process_id if args.process_id is not None else _env_int("process_id")
-  given = {"--coordinator": coordinator, "--num-processes": processes,
-           "--process-id": process}
-  if not args.distributed and all(v is None for v in given.values()):
+@dataclasses.dataclass(frozen=True)
+class Processes:
+  """How this process joins the others (`jax.distributed`): the flags, or their
+  environment variables (`ENV`), unset as None.
+
+  Attributes:
+    coordinator: process 0's coordinator service, HOST:PORT.
+    num_processes: the number of processes.
+    process_id: this process's index in [0, num_processes).
+    detect: --distributed: initialise even with none of the above (cluster detection).
+    coordinator_timeout: seconds a process waits for the coordinator (and for every
+      process to join).
+    heartbeat_timeout: seconds of silence after which a process is lost.
+  """
+
+  coordinator: str | None = None
+  num_processes: int | None = None
+  process_id: int | None = None
+  detect: bool = False
+  coordinator_timeout: float = 60.0
+  heartbeat_timeout: float = 30.0
+
+
+def processes_from_args(args) -> Processes:
+  """The `Processes` of --coordinator, --num-processes, --process-id (each defaulting to
+  its environment variable) and --distributed."""
+  return Processes(
+      coordinator=args.coordinator or os.environ.get(ENV["coordinator"]),
+      num_processes=(args.num_processes if args.num_processes is not None
+                     else _env_int("num_processes")),
+      process_id=args.process_id if args.process_id is not None else _env_int("process_id"),
+      detect=bool(args.distributed),
+      coordinator_timeout=args.coordinator_timeout, heartbeat_timeout=args.heartbeat_timeout)
+
+
+def initialize(processes: Processes) -> bool:
+  """`jax.distributed.initialize` (before any JAX computation); whether it was called. A
+  partial set of --coordinator / --num-processes / --process-id is an error naming the
+  missing ones."""
+  given = {"--coordinator": processes.coordinator, "--num-processes": processes.num_processes,
+           "--process-id": processes.process_id}
+  if not processes.detect and all(v is None for v in given.values()):
     return False
   if any(v is not None for v in given.values()):
     missing = [flag for flag, v in given.items() if v is None]
-    if missing:
+    count, index = processes.num_processes, processes.process_id
+    if missing or count is None or index is None:
       raise CLIError(f"{', '.join(missing)} missing: --coordinator, --num-processes and "
                      "--process-id go together (or --distributed alone to detect the cluster)")
-    if processes < 1 or not 0 <= process < processes:
-      raise CLIError(f"--process-id {process} must be in [0, --num-processes {processes})")
-  jax.distributed.initialize(coordinator, processes, process)
+    if count < 1 or not 0 <= index < count:
+      raise CLIError(f"--process-id {index} must be in [0, --num-processes {count})")
+  for flag in ("coordinator_timeout", "heartbeat_timeout"):
+    if not getattr(processes, flag) > 0:
+      raise CLIError(f"--{flag.replace('_', '-')} must be positive, not "
+                     f"{getattr(processes, flag)}")
+  coordinator, process = processes.coordinator, processes.process_id
+  if coordinator and process != 0:    # jaxlib aborts (C++) when it finds no one: ask first
+    wait_for_coordinator(coordinator, processes.coordinator_timeout, process)
+  try:
+    jax.distributed.initialize(
+        coordinator, processes.num_processes, process,
+        initialization_timeout=max(1, int(processes.coordinator_timeout + 0.5)),
+        heartbeat_timeout_seconds=liveness.jax_heartbeat(processes.heartbeat_timeout),
+        shutdown_timeout_seconds=liveness.jax_heartbeat(processes.heartbeat_timeout))
+  except Exception as e:    # jaxlib raises its own runtime errors: one line of ours instead
+    if isinstance(e, SpecdecError):
+      raise
+    where = coordinator or "the detected coordinator"
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+    raise CoordinatorError(
+        f"process {process if process is not None else '?'} could not join the processes "
+        f"through the coordinator at {where} within --coordinator-timeout "
+        f"{processes.coordinator_timeout:g} s (is process 0 running there, with the same "
+        f"--num-processes?): {first}") from None
+  from jax._src import distributed as jax_distributed  # the client: no public accessor
+  liveness.start(jax_distributed.global_state.client, jax.process_index(),
+                 jax.process_count(), processes.heartbeat_timeout, coordinator)
   return True
+
+
+def wait_for_coordinator(address: str, timeout: float, process: int | None = None,
+                         poll: float = 0.5) -> None:
+  """Return once a TCP connection to `address` (HOST:PORT) opens; a CoordinatorError when
+  none did within `timeout` seconds. jax.distributed's own connect ends the process from
+  C++ (SIGABRT, a stack trace) when its time runs out, so this check speaks first."""
+  host, sep, port = address.rpartition(":")
+  if not sep or not port.isdigit():
+    raise CLIError(f"--coordinator {address!r} is not HOST:PORT")
+  host = host.strip("[]")      # an IPv6 literal [::1]
+  deadline = time.monotonic() + timeout
+  while True:
+    try:
+      with socket.create_connection((host, int(port)), timeout=max(0.1, min(poll * 4, timeout))):
+        return
+    except OSError as e:
+      if time.monotonic() + poll > deadline:
+        who = "" if process is None else f"process {process}: "
+        raise CoordinatorError(
+            f"{who}no coordinator answered at {address} within --coordinator-timeout "
+            f"{timeout:g} s ({e.strerror or e}): start process 0 there first, or check the "
+            "address") from None
+      time.sleep(poll)
 
 
 def process_rows(n: int, process: int, processes: int) -> tuple[int, int, int]:
@@ -123,7 +221,7 @@ def gather_corpus(corpus: Corpus) -> Corpus:
   outputs = multihost_utils.process_allgather(list(corpus.outputs))
   real = np.asarray(multihost_utils.process_allgather(np.asarray(corpus.real_rows, np.int32)))
   processes, batches = real.shape
-  merged = [jax.tree_util.tree_map(lambda x: np.asarray(x)[p], outputs[b])
+  merged = [jax.tree_util.tree_map(lambda x, p=p: np.asarray(x)[p], outputs[b])
             for p in range(processes) for b in range(batches)]
   return Corpus(tuple(merged), tuple(int(r) for r in real.reshape(-1)))
 

@@ -2,12 +2,14 @@
 (`--metric perplexity`) a decoder-only model's perplexity on texts (BiLD's LM metric).
 
     specdec eval --model runs/demo/target/final --data runs/demo/data --drafter ngram
-    specdec eval --metric perplexity --model hf-gpt2 --tokenizer hf-gpt2 --data wiki.txt
+    specdec eval --metric perplexity --model demo-en-lm/target --tokenizer demo-en-lm \
+        --data texts.txt
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -18,12 +20,22 @@ import numpy as np
 import specdec_jax as sd
 from specdec_jax.tools import evaluation
 from specdec_jax.tools.cli.args import add_drafter_flag, add_dtype_flag
-from specdec_jax.tools.cli.mesh_args import (add_mesh_flag, check_batch, mesh_from_args,
-                                             place_method, load_target)
-from specdec_jax.tools.cli.method_args import (EARLY_EXIT, add_method_flags, build_method,
-                                               check_method_flags, sampling_from_method_args)
+from specdec_jax.tools.cli.mesh_args import (
+  add_mesh_flag,
+  check_batch,
+  load_target,
+  mesh_from_flag,
+  place_method,
+)
+from specdec_jax.tools.cli.method_args import (
+  MethodChoice,
+  add_method_flags,
+  build_method,
+  method_from_args,
+)
+from specdec_jax.tools.cli.streams import emit
+from specdec_jax.tools.decode_methods import EXTRA_STATS
 from specdec_jax.tools.errors import CLIError, EvaluationError
-from specdec_jax.tools.methods import EXTRA_STATS
 from specdec_jax.tools.models import DRAFTER_KINDS, drafter_loader
 from specdec_jax.tools.options import check_at_least_one
 from specdec_jax.tools.prompts import encode_lm_prompts, read_texts
@@ -57,111 +69,177 @@ def _report(result: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
-def _method(args, model, data: str, mesh):
-  """The method of the flags; an "ngram" drafter is fitted on the data's train split."""
-  load = drafter_loader(args.dtype)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalRun:
+  """What `specdec eval` scores and how, beside the method (`MethodChoice`).
+
+  Attributes:
+    metric: "bleu" (BLEU and chrF of translations) or "perplexity" (an LM's).
+    model: the model: a checkpoint dir, a bundled name or config:NAME.
+    data: a prepared data dir or a .jsonl file (perplexity: a text or .jsonl file).
+    split: the split of a data dir.
+    tokenizer: None: the data dir's spiece.model.
+    limit: only the first `limit` pairs (texts).
+    batch_size: rows per decode call.
+    max_new_tokens: None: the split's target length.
+    max_length: perplexity: texts cut at this many tokens (None: the model's positions).
+    seed: the PRNG seed of sampling.
+    dtype: the models' compute dtype.
+    mesh: "data=D,model=M" (None: one device).
+    warmup: decode the first batch once untimed, so the timing excludes compilation.
+    json: print one JSON object instead of the report.
+  """
+
+  metric: str = "bleu"
+  model: str
+  data: str
+  split: str = "test"
+  tokenizer: str | None = None
+  limit: int | None = None
+  batch_size: int = 32
+  max_new_tokens: int | None = None
+  max_length: int | None = None
+  seed: int = 0
+  dtype: str = "float32"
+  mesh: str | None = None
+  warmup: bool = True
+  json: bool = False
+
+  def __post_init__(self):
+    check_at_least_one(batch_size=self.batch_size, limit=self.limit,
+                       max_new_tokens=self.max_new_tokens, max_length=self.max_length)
+
+
+def from_args(args) -> tuple[MethodChoice | None, EvalRun]:
+  """The typed settings of the flags (no method for perplexity), checked before any model
+  is loaded: where the command line's namespace stops."""
+  choice = None
+  if args.metric == "perplexity":
+    given = [flag for flag, value in (("--drafter", args.drafter), ("--method", args.method))
+             if value is not None]
+    if given:
+      raise CLIError(f"{', '.join(given)}: --metric perplexity scores the model alone")
+  else:
+    choice = method_from_args(args)
+  return choice, EvalRun(
+      metric=args.metric, model=args.model, data=args.data, split=args.split,
+      tokenizer=args.tokenizer, limit=args.limit, batch_size=args.batch_size,
+      max_new_tokens=args.max_new_tokens, max_length=args.max_length, seed=args.seed,
+      dtype=args.dtype, mesh=args.mesh, warmup=args.warmup, json=args.json)
+
+
+def _drafter_flag(choice: MethodChoice) -> str:
+  """--drafter, which speculative and BiLD need (a `MethodChoice` built in code may lack it)."""
+  if choice.drafter is None:
+    raise CLIError(f"--method {choice.name} needs --drafter")
+  return choice.drafter
+
+
+def _method(choice: MethodChoice, model, run: EvalRun, mesh):
+  """The tools method of `choice`; an "ngram" drafter is fitted on the data's train split,
+  an n-gram rescorer named "data" too."""
+  load = drafter_loader(run.dtype)
   drafter = None
-  if args.method == "speculative":
-    drafter = args.drafter if args.drafter in DRAFTER_KINDS else load(args.drafter)
-    data_dir = None if evaluation.is_jsonl(data) else pathlib.Path(data)
+  if choice.name == "speculative":
+    drafter = choice.drafter if choice.drafter in DRAFTER_KINDS else load(_drafter_flag(choice))
+    data_dir = None if evaluation.is_jsonl(run.data) else pathlib.Path(run.data)
     drafter = evaluation.resolve_drafter(drafter, model, data_dir)
-  elif args.method == "bild" and not args.drafter.startswith(EARLY_EXIT):
-    drafter = load(args.drafter)
-  if args.rescoring == "ngram" and args.rescorer == "data":
-    args.rescorer = data
-  method = build_method(args, model, sampling_from_method_args(args), drafter, load)
-  early_exit = args.method == "bild" and args.drafter.startswith(EARLY_EXIT)
-  return place_method(method, mesh, keep=("small",) if early_exit else ())
+  elif choice.name == "bild" and not choice.early_exit:
+    drafter = load(_drafter_flag(choice))
+  if (choice.rescorer == "data" and isinstance(choice.value, sd.Blockwise)
+      and choice.value.rescoring == "ngram"):
+    choice = dataclasses.replace(choice, rescorer=run.data)
+  method = build_method(choice, model, run.model, drafter, load)
+  return place_method(method, mesh, keep=("small",) if choice.early_exit else ())
 
 
-def perplexity(args) -> dict[str, Any]:
+def perplexity(run: EvalRun) -> dict[str, Any]:
   """Per-token perplexity of --model on the texts of --data (`evaluation.perplexity`): each
   text encoded as a prompt is (BOS as the tokenizer has it, no EOS), cut at --max-length
   (default: the model's max_positions) tokens, every token after the first scored."""
-  if not os.path.isfile(args.data):
-    raise CLIError(f"--data {args.data!r}: --metric perplexity reads a text file (one text "
+  if not os.path.isfile(run.data):
+    raise CLIError(f"--data {run.data!r}: --metric perplexity reads a text file (one text "
                    "per line) or a .jsonl file (one JSON string or {\"text\": ...} per line)")
-  texts = read_texts(args.data)[:args.limit]
+  texts = read_texts(run.data)[:run.limit]
   if not texts:
-    raise EvaluationError(f"--data {args.data!r} holds no texts")
-  tokenizer = sd.load_tokenizer(args.tokenizer) if args.tokenizer else None
-  model = load_target(args.model, args.dtype, None, what="model")
-  if not model.is_decoder_only:
+    raise EvaluationError(f"--data {run.data!r} holds no texts")
+  tokenizer = sd.load_tokenizer(run.tokenizer) if run.tokenizer else None
+  model = load_target(run.model, run.dtype, None, what="model")
+  if not isinstance(model.config, sd.LMConfig):   # not decoder-only
     raise CLIError("--metric perplexity scores decoder-only models (GPT-2, Llama); "
-                   f"{args.model} is a T5 encoder-decoder: score it with BLEU / chrF")
-  limit = args.max_length or model.config.max_positions
+                   f"{run.model} is a T5 encoder-decoder: score it with BLEU / chrF")
+  limit = run.max_length or model.config.max_positions
   tokens, lengths = encode_lm_prompts(texts, tokenizer, model.config)
   cut = int((lengths > limit).sum())
   tokens, lengths = tokens[:, :limit], np.minimum(lengths, limit)
   if tokens.shape[1] < 2:
     raise EvaluationError("every text is one token long: nothing to predict")
-  result = evaluation.perplexity(model, tokens, lengths, batch_size=args.batch_size)
+  result = evaluation.perplexity(model, tokens, lengths, batch_size=run.batch_size)
   return {**result, "truncated": cut, "max_length": limit}
 
 
-def _run_perplexity(args) -> int:
-  given = [flag for flag, value in (("--drafter", args.drafter), ("--method", args.method))
-           if value is not None]
-  if given:
-    raise CLIError(f"{', '.join(given)}: --metric perplexity scores the model alone")
-  check_at_least_one(batch_size=args.batch_size, limit=args.limit,
-                     max_length=args.max_length)
-  result = perplexity(args)
-  if args.json:
-    settings = {"metric": "perplexity", "model": args.model, "data": args.data,
-                "tokenizer": args.tokenizer, "limit": args.limit, "dtype": args.dtype}
-    print(json.dumps(to_jsonable({**result, "settings": settings})))
+def _run_perplexity(run: EvalRun) -> int:
+  result = perplexity(run)
+  if run.json:
+    settings = {"metric": "perplexity", "model": run.model, "data": run.data,
+                "tokenizer": run.tokenizer, "limit": run.limit, "dtype": run.dtype}
+    emit(json.dumps(to_jsonable({**result, "settings": settings})))
   else:
-    print(f"{args.model} on {args.data}: perplexity")
-    print(f"perplexity           {result['perplexity']:.3f}")
-    print(f"nll                  {result['nll']:.4f}   (nats per token)")
-    print(f"tokens scored        {result['tokens']} (every token after each text's first)")
-    print(f"texts                {result['sequences']}"
-          + (f" ({result['truncated']} cut at {result['max_length']} tokens)"
-             if result["truncated"] else ""))
+    emit(f"{run.model} on {run.data}: perplexity")
+    emit(f"perplexity           {result['perplexity']:.3f}")
+    emit(f"nll                  {result['nll']:.4f}   (nats per token)")
+    emit(f"tokens scored        {result['tokens']} (every token after each text's first)")
+    emit(f"texts                {result['sequences']}"
+         + (f" ({result['truncated']} cut at {result['max_length']} tokens)"
+            if result["truncated"] else ""))
   return 0
 
 
 def run(args) -> int:
-  if args.metric == "perplexity":
-    return _run_perplexity(args)
-  check_method_flags(args)
-  check_at_least_one(batch_size=args.batch_size, limit=args.limit,
-                     max_new_tokens=args.max_new_tokens)
-  mesh = mesh_from_args(args)
-  check_batch(args.batch_size, mesh)
-  sampling = sampling_from_method_args(args)
-  if evaluation.is_jsonl(args.data):
-    if not os.path.isfile(args.data):
-      raise CLIError(f"--data {args.data!r}: no such file")
-    if args.drafter == "ngram" or getattr(args, "rescorer", None) == "data":
+  return evaluate(*from_args(args))
+
+
+def evaluate(choice: MethodChoice | None, run: EvalRun) -> int:
+  """`specdec eval` on typed settings: score, print the report (or JSON)."""
+  if run.metric == "perplexity":
+    return _run_perplexity(run)
+  if choice is None:
+    raise CLIError(f"--metric {run.metric} scores a decoding method: choice is None")
+  mesh = mesh_from_flag(run.mesh)
+  check_batch(run.batch_size, mesh)
+  sampling = choice.sampling
+  if evaluation.is_jsonl(run.data):
+    if not os.path.isfile(run.data):
+      raise CLIError(f"--data {run.data!r}: no such file")
+    if choice.drafter == "ngram" or choice.rescorer == "data":
       raise CLIError("the n-gram drafter / rescorer is fitted on a prepared data dir's train "
                      "split; a .jsonl file has none (use a model drafter, or --data DIR)")
-  elif not os.path.isdir(args.data):
-    raise CLIError(f"--data {args.data!r} is neither a .jsonl file of pairs nor a directory "
+  elif not os.path.isdir(run.data):
+    raise CLIError(f"--data {run.data!r} is neither a .jsonl file of pairs nor a directory "
                    "(prepare one with `specdec train --stages data`)")
-  tokenizer = sd.load_tokenizer(args.tokenizer) if args.tokenizer else None
-  model = load_target(args.model, args.dtype, mesh, what="model")
+  evaluation.check_split(run.data, run.split)
+  tokenizer = sd.load_tokenizer(run.tokenizer) if run.tokenizer else None
+  model = load_target(run.model, run.dtype, mesh, what="model")
   if model.is_decoder_only:
-    raise CLIError(f"{args.model} is a decoder-only LM: BLEU / chrF score translations of a "
+    raise CLIError(f"{run.model} is a decoder-only LM: BLEU / chrF score translations of a "
                    "T5 data split; score an LM with --metric perplexity (or continuations "
                    "with specdec sweep-bild --tokenizer)")
-  method = _method(args, model, args.data, mesh)
+  method = _method(choice, model, run, mesh)
   result = evaluation.evaluate(
-      model, args.data, split=args.split, method="greedy" if sampling.is_greedy else "sample",
-      sampling=sampling, gamma=getattr(method, "gamma", 5), batch_size=args.batch_size,
-      max_new_tokens=args.max_new_tokens, limit=args.limit, tokenizer=tokenizer,
-      seed=args.seed, warmup=args.warmup, decode_method=method)
+      model, run.data, split=run.split, method="greedy" if sampling.is_greedy else "sample",
+      sampling=sampling, gamma=getattr(method, "gamma", 5), batch_size=run.batch_size,
+      max_new_tokens=run.max_new_tokens, limit=run.limit, tokenizer=tokenizer,
+      seed=run.seed, warmup=run.warmup, decode_method=method)
   result.pop("references")
-  if args.json:
-    settings = {**result.pop("settings"), "model": args.model, "data": args.data,
-                "split": args.split, "drafter": args.drafter, "dtype": args.dtype,
-                "seed": args.seed, "mesh": args.mesh}
-    print(json.dumps(to_jsonable({**result, "settings": settings})))
+  if run.json:
+    settings = {**result.pop("settings"), "model": run.model, "data": run.data,
+                "split": run.split, "drafter": choice.drafter, "dtype": run.dtype,
+                "seed": run.seed, "mesh": run.mesh}
+    emit(json.dumps(to_jsonable({**result, "settings": settings})))
   else:
     kind = method.describe().rsplit(",", 1)[0]
-    print(f"{args.model} on {args.data} [{args.split}]: {kind}, {result['sampling']}")
-    print(_report(result))
+    emit(f"{run.model} on {run.data} [{run.split}]: {kind}, {result['sampling']}")
+    emit(_report(result))
   return 0
 
 
@@ -183,7 +261,9 @@ def add(subparsers) -> None:
                  help="prepared data dir (spiece.model, {split}.npz/.jsonl), or a .jsonl file "
                  "of {\"de\", \"en\"} pairs such as tests/data/demo_test_pairs.jsonl "
                  "(tokenised with --tokenizer, default the bundled demo-de-en one)")
-  p.add_argument("--split", default="test", help="train, validation or test (default: test)")
+  p.add_argument("--split", default="test",
+                 help="train, validation or test (default: test); a .jsonl file is one split, "
+                 "test")
   add_drafter_flag(p, "bigram tables fitted on the data's train targets")
   add_method_flags(p)
   p.add_argument("--limit", type=int, help="evaluate only the first N pairs")

@@ -21,7 +21,7 @@ import jax
 from jax.sharding import Mesh
 
 import specdec_jax as sd
-from specdec_jax.decoding import methods as core
+from specdec_jax import methods as core
 from specdec_jax.sharding import MESH_AXES
 from specdec_jax.tools.errors import CLIError
 from specdec_jax.tools.models import load_model
@@ -64,8 +64,9 @@ def add_mesh_flag(p: argparse.ArgumentParser) -> None:
                  "one device)")
 
 
-def mesh_from_args(args) -> Mesh | None:
-  """The `Mesh` of --mesh (None without it), checked before any model is loaded.
+def mesh_from_flag(mesh: str | None) -> Mesh | None:
+  """The `Mesh` of `--mesh data=D,model=M` (None without it), checked before any model is
+  loaded.
 
   One process: over `jax.devices()` (D * M must be the device count). Several processes
   (`distributed`): D * M = `jax.device_count()`, every process's devices, is one GLOBAL
@@ -73,16 +74,17 @@ def mesh_from_args(args) -> Mesh | None:
   `jax.local_device_count()` is a mesh of this process's devices (data-parallel across
   processes: each decodes its own block of rows). Any other size is a CLIError naming both.
   """
-  if getattr(args, "mesh", None) is None:
+  if mesh is None:
     return None
-  sizes = parse_mesh(args.mesh)
+  sizes = parse_mesh(mesh)
   wanted = sizes["data"] * sizes["model"]
   local, world = jax.local_device_count(), jax.device_count()
   if jax.process_count() == 1 or wanted == world:
-    return sd.make_mesh(**sizes)     # (several processes: process 0's devices come first)
+    # (several processes: process 0's devices come first)
+    return sd.make_mesh(data=sizes["data"], model=sizes["model"])
   if wanted == local:
     return sd.make_mesh(**sizes, devices=jax.local_devices())
-  raise CLIError(f"--mesh {args.mesh}: data * model = {wanted}, but {jax.process_count()} "
+  raise CLIError(f"--mesh {mesh}: data * model = {wanted}, but {jax.process_count()} "
                  f"processes have {world} devices ({local} on this one): give {world} for "
                  f"one mesh over every process, or {local} for a mesh per process")
 
@@ -106,11 +108,6 @@ def load_target(spec: str, dtype: str | None, mesh: Mesh | None, what: str = "mo
   """The target `spec` (`models.load_model`), on a mesh loaded straight into its shards:
   no parameter is ever whole on one device (T5-XXL does not fit one)."""
   return load_model(spec, dtype, what=what, overrides=overrides, mesh=mesh)
-
-
-def place_target(target: sd.Model, mesh: Mesh | None) -> sd.Model:
-  """An already loaded target split over `mesh` (`sd.shard`); itself without a mesh."""
-  return target if mesh is None else sd.shard(target, mesh)
 
 
 def place_method(method: Any, mesh: Mesh | None, keep: tuple[str, ...] = ()) -> Any:
@@ -145,8 +142,3 @@ class OnMesh:
 
   def __repr__(self) -> str:
     return f"OnMesh({self.method!r}, {dict(self.mesh.shape)})"
-
-
-def mesh_label(mesh: Mesh | None) -> str | None:
-  """"data=2,model=4" (None: one device), for reports."""
-  return None if mesh is None else ",".join(f"{a}={mesh.shape[a]}" for a in MESH_AXES)

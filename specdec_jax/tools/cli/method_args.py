@@ -7,19 +7,25 @@
                                    (the target read after K decoder layers)
     --method blockwise             prediction heads (--heads, default: those saved with
                                    --model), --lattice-k, --num-drafts, --rescoring
+    --method beam                  T5X's beam search: --num-beams, --alpha (greedy only)
     --sampling greedy|sample       how every method picks tokens (default: greedy, or
                                    sample if --temperature / --top-k / --top-p is given)
 
 The algorithm (`--method`) and the sampling mode (`--sampling`) are separate choices: any
 method greedy or sampled.
 
+The flags stop here: `method_from_args` checks them and returns a `MethodChoice` (the core
+method value with its settings, its models still None, the sampling, and the names of the
+models to load); `build_method` turns that into the tools method once the target is loaded.
+
 The flags of every method's settings are derived from the core method values
 (`sd.Speculative`, `sd.BiLD`, `sd.Blockwise`; `CORE`): one flag per setting, named after
 the field (`--fallback-threshold`), typed and defaulted by it, its help taken from the
-class's "Attributes:" docs, its value checked by the class itself before any model is
-loaded. `FLAG_NAMES` renames those that would clash or read badly (`--lattice-k`: the
-lattice's top_k, beside sampling's `--top-k`; `--adaptive-gamma`). A flag of another
-method than the chosen one is an error naming the method it belongs to. The models
+class's "Attributes:" docs (or `CLI_HELP`, where those read badly on a command line), its
+value checked by the class itself before any model is loaded. `FLAG_NAMES` renames those
+that would clash or read badly (`--lattice-k`: the lattice's top_k, beside sampling's
+`--top-k`; `--adaptive-gamma`). A flag of another method than the chosen one is an error
+naming the method it belongs to. The models
 (`--drafter`, `--heads`, `--rescorer`) are paths, read here.
 """
 
@@ -31,25 +37,43 @@ import re
 from typing import Any, Callable
 
 import specdec_jax as sd
-from specdec_jax.decoding import methods as core
+from specdec_jax import methods as core
 from specdec_jax.drafters.lattice import NGramLM
 from specdec_jax.errors import InputError
+from specdec_jax.tools.decode_methods import (
+  Baseline,
+  Beam,
+  Bild,
+  Blockwise,
+  DecodeMethod,
+  Speculative,
+)
 from specdec_jax.tools.errors import CLIError
-from specdec_jax.tools.methods import Baseline, Bild, Blockwise, DecodeMethod, Speculative
 from specdec_jax.tools.models import DRAFTER_KINDS
 from specdec_jax.tools.options import MODES, make_sampling
 
 #: --method: the core method type of each algorithm, in `--help` order.
 CORE = {"autoregressive": core.Autoregressive, "speculative": core.Speculative,
-        "bild": core.BiLD, "blockwise": core.Blockwise}
+        "bild": core.BiLD, "blockwise": core.Blockwise, "beam": core.Beam}
 METHOD_NAMES = tuple(CORE)
-#: Algorithms whose drafting model is --drafter.
-DRAFTING = ("speculative", "bild")
 EARLY_EXIT = "early-exit:"
 
 #: Flag names that differ from their field's: (core method type, field) -> flag.
 FLAG_NAMES = {(core.Blockwise, "top_k"): "--lattice-k",
               (core.Speculative, "adaptive"): "--adaptive-gamma"}
+#: Help texts written for the command line where the field's docstring reads badly there
+#: (it names Python values or other modules): (core method type, field) -> help.
+CLI_HELP = {
+    (core.Speculative, "gamma"): "tokens drafted per round (with --adaptive-gamma: the most)",
+    (core.Speculative, "adaptive"): "choose each row's gamma in 1..--gamma on device, from "
+                                    "its acceptance so far",
+    (core.Speculative, "lenience"): "1: exact; below 1: Leviathan et al.'s lenient "
+                                    "acceptance (lossy)",
+    (core.BiLD, "batch_policy"): "wait: each row decodes as if alone; sync: the first row "
+                                 "to hand over ends every row's drafting (fewer small calls)",
+    (core.Blockwise, "rescoring"): "rescore the lattice's paths with a bigram LM (ngram) or "
+                                   "a small model (neural), given by --rescorer",
+}
 #: Flags of a method's models beside its settings (paths, read by `build_method`).
 MODEL_FLAGS = {"blockwise": ("heads", "rescorer")}
 
@@ -85,15 +109,17 @@ def _value_type(f: dataclasses.Field) -> type:
 
 
 def add_setting_flags(group, core_type: type, skip: frozenset[str] = frozenset()) -> None:
-  """One flag per setting of `core_type`: type, choices and help from the field; a
-  bool setting is a switch. Flags whose dest is in `skip` are left out (already added)."""
+  """One flag per setting of `core_type`: type, choices and help from the field (its
+  docstring, or `CLI_HELP`); a bool setting is a switch. Flags whose dest is in `skip` are
+  left out (already added)."""
   docs = core.field_docs(core_type)
   for flag, f in setting_flags(core_type):
     if _dest(flag) in skip:
       continue
     kind = _value_type(f)
-    help = docs.get(f.name, f.name).rstrip(".")
-    if kind is not bool:
+    help = next((CLI_HELP[(cls, f.name)] for cls in core_type.__mro__
+                 if (cls, f.name) in CLI_HELP), None) or docs.get(f.name, f.name).rstrip(".")
+    if kind is not bool and f.default is not None:
       help += f" (default {f.default})"
     help = help.replace("%", "%%")
     choices = f.metadata.get("choices")
@@ -135,6 +161,7 @@ _GROUPS = {
     "speculative": "speculative decoding (--method speculative, the default with --drafter)",
     "bild": "BiLD (--method bild; the small model: --drafter)",
     "blockwise": "blockwise parallel decoding (--method blockwise)",
+    "beam": "beam search, T5X's beam_search (--method beam)",
 }
 
 
@@ -180,16 +207,16 @@ def resolve_method(args) -> str:
   return "autoregressive" if args.drafter is None else "speculative"
 
 
-def _check_settings(args, method: str) -> None:
-  """The core class's own checks of the given settings (no model needed); its message
-  names the flag instead of the field."""
+def _check_settings(args, method: str) -> core.Method:
+  """The core value of the given settings, its models None: the core class's own checks
+  (no model needed), its message naming the flag instead of the field."""
   core_type = CORE[method]
   settings = settings_from_args(args, core_type)
-  models = {f.name: None for f in core.model_fields(core_type)}
+  models: dict[str, Any] = {f.name: None for f in core.model_fields(core_type)}
   if method == "blockwise" and args.rescoring is not None:
-    models["rescorer"] = object()     # checked against --rescorer below
+    models["rescorer"] = args.rescorer   # its name until loaded (checked given above)
   try:
-    core_type(**models, **settings)
+    return core_type(**models, **settings)
   except InputError as e:
     message = str(e)
     for flag, f in setting_flags(core_type):
@@ -197,10 +224,10 @@ def _check_settings(args, method: str) -> None:
     raise CLIError(message) from None
 
 
-def check_method_flags(args) -> None:
-  """Resolve `args.method`, and reject flags that do not apply to it and settings the
-  core would reject (before any model is loaded)."""
-  method = args.method = resolve_method(args)
+def check_method_flags(args) -> core.Method:
+  """The core value of the flags (its models None); flags that do not apply to the method
+  and settings the core would reject are errors (before any model is loaded)."""
+  method = resolve_method(args)
   own = set(method_flags(method))
   others = [d for m in METHOD_NAMES if m != method for d in method_flags(m) if d not in own]
   bad = _given(args, others)
@@ -222,12 +249,60 @@ def check_method_flags(args) -> None:
     raise CLIError("--method blockwise drafts with prediction heads: drop --drafter")
   if method == "autoregressive" and drafter is not None:
     raise CLIError("--method autoregressive decodes with the target alone: drop --drafter")
+  if method == "beam" and (args.sampling == "sample" or _given(
+      args, ("temperature", "top_k", "top_p"))):
+    raise CLIError("--method beam is deterministic (T5X's beam search): drop --sampling "
+                   "sample, --temperature, --top-k and --top-p")
   if method == "blockwise":
     if args.rescoring is None and args.rescorer is not None:
       raise CLIError("--rescorer needs --rescoring ngram|neural")
     if args.rescoring is not None and args.rescorer is None:
       raise CLIError(f"--rescoring {args.rescoring} needs --rescorer")
-  _check_settings(args, method)
+  return _check_settings(args, method)
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodChoice:
+  """The decoding method the flags ask for, before any model is loaded.
+
+  Attributes:
+    value: the core method value (`sd.Speculative(None, gamma=4)`, ...): its settings set
+      and checked, its models None (a rescorer: its --rescorer name).
+    sampling: `sd.Greedy()` or `sd.Sampling(...)`.
+    drafter: --drafter: a model path/name, "ngram", "prompt-lookup" or "early-exit:K".
+    heads: --heads (blockwise; None: the heads saved with the target).
+    rescorer: --rescorer (blockwise): a model path/name (neural) or a data dir (ngram).
+  """
+
+  value: core.Method
+  sampling: Any
+  drafter: str | None = None
+  heads: str | None = None
+  rescorer: str | None = None
+
+  @property
+  def name(self) -> str:
+    """The --method name ("autoregressive", "speculative", "bild", "blockwise")."""
+    return next(name for name, t in CORE.items() if type(self.value) is t)
+
+  @property
+  def early_exit(self) -> bool:
+    """BiLD's small model is the target itself, read after K layers."""
+    return self.drafter is not None and self.drafter.startswith(EARLY_EXIT)
+
+  def settings(self) -> dict[str, Any]:
+    """{field: value} of the method's settings (`setting_flags`' fields)."""
+    return {f.name: getattr(self.value, f.name) for _, f in setting_flags(type(self.value))}
+
+
+def method_from_args(args) -> MethodChoice:
+  """The `MethodChoice` of the flags (`check_method_flags`, `sampling_from_method_args`):
+  where the method's flags leave argparse."""
+  value = check_method_flags(args)
+  blockwise = isinstance(value, core.Blockwise)
+  return MethodChoice(value=value, sampling=sampling_from_method_args(args),
+                      drafter=args.drafter, heads=args.heads if blockwise else None,
+                      rescorer=args.rescorer if blockwise else None)
 
 
 def sampling_from_method_args(args):
@@ -259,28 +334,31 @@ def early_exit_layer(spec: str, target: sd.Model) -> int:
   return int(text)
 
 
-def build_method(args, target: sd.Model, sampling, drafter: Any,
+def build_method(choice: MethodChoice, target: sd.Model, model: str, drafter: Any,
                  load: Callable[[str], sd.Model]) -> DecodeMethod:
-  """The method the flags ask for (`check_method_flags` first); `drafter` is the resolved
-  --drafter (None for early-exit:K and blockwise), `load` reads a model path/name (neural
-  rescorer)."""
-  if args.method == "autoregressive":
+  """The tools method of `choice` on the loaded `target` (named `model`: blockwise reads
+  its saved heads); `drafter` is the resolved --drafter (None for early-exit:K and
+  blockwise), `load` reads a model path/name (a neural rescorer)."""
+  settings, sampling = choice.settings(), choice.sampling
+  if choice.name == "autoregressive":
     return Baseline(sampling=sampling)
-  if args.method == "bild":
+  if choice.name == "beam":
+    return Beam(**settings)
+  if choice.name == "bild":
     small = drafter
-    if args.drafter.startswith(EARLY_EXIT):
-      small = sd.early_exit(target, early_exit_layer(args.drafter, target))
-    return Bild(sampling=sampling, small=small, small_name=args.drafter,
-                **settings_from_args(args, core.BiLD))
-  if args.method == "blockwise":
-    heads = sd.load_heads(args.heads or args.model, target)
-    rescorer = None
-    if args.rescoring == "neural":
-      rescorer = load(args.rescorer)
-    elif args.rescoring == "ngram":
-      rescorer = fit_ngram(args.rescorer, target.config.vocab_size)
-    return Blockwise(sampling=sampling, heads=heads, heads_name=args.heads or args.model,
-                     rescorer=rescorer, **settings_from_args(args, core.Blockwise))
-  name = args.drafter if args.drafter in DRAFTER_KINDS else "model"
-  return Speculative(sampling=sampling, drafter=drafter, drafter_name=name,
-                     **settings_from_args(args, core.Speculative))
+    if choice.drafter is not None and choice.early_exit:
+      small = sd.early_exit(target, early_exit_layer(choice.drafter, target))
+    return Bild(sampling=sampling, small=small, small_name=choice.drafter, **settings)
+  if isinstance(choice.value, core.Blockwise):
+    heads = sd.load_heads(choice.heads or model, target)
+    rescorer: sd.Model | NGramLM | None = None
+    if choice.value.rescoring is not None and choice.rescorer is None:
+      raise CLIError(f"--rescoring {choice.value.rescoring} needs --rescorer")
+    if choice.value.rescoring == "neural" and choice.rescorer is not None:
+      rescorer = load(choice.rescorer)
+    elif choice.value.rescoring == "ngram" and choice.rescorer is not None:
+      rescorer = fit_ngram(choice.rescorer, target.config.vocab_size)
+    return Blockwise(sampling=sampling, heads=heads, heads_name=choice.heads or model,
+                     rescorer=rescorer, **settings)
+  name = choice.drafter if choice.drafter in DRAFTER_KINDS else "model"
+  return Speculative(sampling=sampling, drafter=drafter, drafter_name=name, **settings)

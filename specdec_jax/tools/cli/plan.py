@@ -13,10 +13,11 @@ per device.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Sequence
 
 from specdec_jax.tools import plan as plan_lib
 from specdec_jax.tools.cli.mesh_args import parse_mesh
+from specdec_jax.tools.cli.streams import emit
 from specdec_jax.tools.errors import CLIError
 from specdec_jax.tools.models import DTYPES
 from specdec_jax.tools.options import check_at_least_one
@@ -36,7 +37,8 @@ def _devices(text: str | None) -> list[tuple[str, int]]:
 def _rows(args, target, drafter) -> list[dict[str, Any]]:
   """One row per (mesh, device): the plan at --batch and the largest batch that fits."""
   meshes = [parse_mesh(m) for m in (args.mesh or ["data=1,model=1"])]
-  devices = _devices(args.device_memory) or [(None, None)]
+  devices: Sequence[tuple[str | None, int | None]] = (_devices(args.device_memory)
+                                                      or [(None, None)])
   rows = []
   for mesh in meshes:
     common = dict(target=target, drafter=drafter, max_input_len=args.max_input_len,
@@ -44,7 +46,7 @@ def _rows(args, target, drafter) -> list[dict[str, Any]]:
                   mesh=mesh, rules=plan_lib.RULES[args.rules], exact=args.exact)
     plan = plan_lib.memory_plan(batch=args.batch, **common)
     for name, memory in devices:
-      row = {"mesh": _label(mesh), "plan": plan.to_dict()}
+      row: dict[str, Any] = {"mesh": _label(mesh), "plan": plan.to_dict()}
       if memory is not None:
         row.update(device=name, device_bytes=memory, headroom=args.headroom,
                    fits=plan.total_bytes <= memory * (1 - args.headroom),
@@ -104,11 +106,11 @@ def run(args) -> int:
   drafter = plan_lib.config_of(args.drafter) if args.drafter else None
   rows = _rows(args, target, drafter)
   if args.json:
-    print(json.dumps(to_jsonable({"settings": {k: v for k, v in vars(args).items()
-                                               if k not in ("func", "argv")},
-                                  "rows": rows})))
+    emit(json.dumps(to_jsonable({"settings": {k: v for k, v in vars(args).items()
+                                              if k not in ("func", "argv")},
+                                 "rows": rows})))
   else:
-    print(_text(args, rows))
+    emit(_text(args, rows))
   return 0
 
 

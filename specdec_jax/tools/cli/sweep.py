@@ -18,8 +18,8 @@ first --prompt-len tokens are the prompt (no EOS, BOS as the tokenizer has it), 
 too short for both are skipped. The n-gram rescorer is fitted on the texts themselves
 (in-sample), the drafting models must be decoder-only too.
 
-    specdec sweep-bild --model hf-gpt2-large --tokenizer hf-gpt2-large --data wiki.txt \
-        --small base=hf-gpt2 --prompt-len 32 --max-new-tokens 32
+    specdec sweep-bild --model demo-en-lm/target --tokenizer demo-en-lm --data texts.txt \
+        --small base=demo-en-lm/drafter --prompt-len 4 --max-new-tokens 8
 
 Every point is timed beside the target alone in alternating rounds (`tools.sweep`);
 both write JSON, Markdown and a BLEU-vs-speedup PNG, with a progress bar, and
@@ -41,14 +41,21 @@ import specdec_jax as sd
 from specdec_jax.drafters.lattice import NGramLM
 from specdec_jax.tools import evaluation
 from specdec_jax.tools.cli.method_args import early_exit_layer, fit_ngram
+from specdec_jax.tools.cli.streams import emit
 from specdec_jax.tools.data import prepare
+from specdec_jax.tools.decode_methods import Bild, Blockwise, Speculative
 from specdec_jax.tools.errors import CLIError
-from specdec_jax.tools.methods import Bild, Blockwise, Speculative
 from specdec_jax.tools.models import load_model
 from specdec_jax.tools.prompts import encode_lm_prompts, read_texts
-from specdec_jax.tools.report import read_json, to_jsonable
-from specdec_jax.tools.sweep import (Point, Split, lattice_cost_ms, load_split, run_points,
-                                     write_outputs)
+from specdec_jax.tools.report import check_output_dir, read_json, to_jsonable
+from specdec_jax.tools.sweep import (
+  Point,
+  Split,
+  lattice_cost_ms,
+  load_split,
+  run_points,
+  write_outputs,
+)
 
 BILD_SETTINGS = ("model", "data", "split", "limit", "batch_size", "seed", "small", "early_exit",
                  "top_p")
@@ -196,8 +203,9 @@ def _run(args, kind: str, build) -> int:
   if kind == "bild" and not args.small and not args.early_exit:
     raise CLIError("sweep-bild needs a small model to sweep: --small NAME=PATH (e.g. "
                    "aligned=demo-de-en/drafter; repeatable) or --early-exit MODEL:K")
+  check_output_dir(args.out, "--out")
   target = load_model(args.model, args.dtype, what="target")
-  names = BILD_SETTINGS + ("exact", "heads", "lattice_k", "num_drafts", "rescorer",
+  names: tuple[str, ...] = BILD_SETTINGS + ("exact", "heads", "lattice_k", "num_drafts", "rescorer",
                            "rescoring_weight", "fallback", "rollback", "gammas")
   if target.is_decoder_only:
     if not args.tokenizer:
@@ -228,13 +236,15 @@ def _run(args, kind: str, build) -> int:
                        progress=not args.no_progress,
                        on_update=lambda r: write_outputs(r, args.out, kind))
   if kind == "blockwise":
-    g = next(p.method.heads.num_drafts for p in points)
-    lm = next(p.method.rescorer for p in points if p.method.rescoring == "ngram")
+    # (ignored union-attr: the tool Blockwise is derived at import time from the core fields)
+    g = next(p.method.heads.num_drafts for p in points)  # type: ignore[union-attr]
+    lm = next(p.method.rescorer for p in points  # type: ignore[union-attr]
+              if p.method.rescoring == "ngram")  # type: ignore[union-attr]
     results["lattice_ms"] = {
         f"p={p}": lattice_cost_ms(args.batch_size, g, args.lattice_k, p, lm)
         for p in sorted({1, args.num_drafts})}
   paths = write_outputs(results, args.out, kind)
-  print(open(paths["md"], encoding="utf-8").read())
+  emit(open(paths["md"], encoding="utf-8").read())
   print(f"wrote {paths['json']}, {paths['md']}, {paths['png']}", file=sys.stderr)
   return 0
 

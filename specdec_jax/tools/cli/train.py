@@ -10,6 +10,7 @@ import time
 from typing import Any, Sequence
 
 from specdec_jax.tools import demo, training
+from specdec_jax.tools.cli.streams import emit
 from specdec_jax.tools.data import prepare
 from specdec_jax.tools.errors import CLIError, TrainingError
 from specdec_jax.tools.report import read_json
@@ -87,27 +88,28 @@ def run(args) -> int:
     if not isinstance(raw, dict):
       raise CLIError(f"recipe {args.recipe!r} must hold a JSON object")
     stages = demo.recipe_stages(raw)
-  recipe = read_recipe(args.recipe, stages)
+  recipe_path = args.recipe
+  recipe = read_recipe(recipe_path, stages)
   if args.heads is not None:
     if args.heads < 2:
       raise CLIError(f"--heads must be >= 2 (head 1 is the model itself), got {args.heads}")
     if "heads" not in stages:
       raise CLIError("--heads sets the heads stage's number of heads: add 'heads' to --stages")
     recipe["heads"]["num_heads"] = args.heads
-    args.recipe = _write_recipe(args.workdir, recipe)
+    recipe_path = _write_recipe(args.workdir, recipe)
   data_ready = os.path.isfile(os.path.join(args.workdir, "data", "meta.json"))
   if "data" not in stages and not data_ready:   # every stage reads the train split
     raise CLIError(f"{os.path.join(args.workdir, 'data')!r} holds no prepared data: "
                    "add the 'data' stage")
   start = time.perf_counter()
-  results = demo.run_pipeline(args.recipe, args.workdir, stages=stages)
+  results = demo.run_pipeline(recipe_path, args.workdir, stages=stages)
   for name, result in results.items():
     size = (f"{result.num_params():,} parameters" if hasattr(result, "num_params")
             else f"{result.num_heads} heads")
-    print(f"{name}: {os.path.join(args.workdir, name, 'final')} ({size})")
+    emit(f"{name}: {os.path.join(args.workdir, name, 'final')} ({size})")
   if "bundle" in stages:
     section = recipe.get("bundle") or {}
-    print(f"bundle: {demo.REPO / section['assets'] if 'assets' in section else demo.ASSETS}")
+    emit(f"bundle: {demo.REPO / section['assets'] if 'assets' in section else demo.ASSETS}")
   print(f"specdec train: stages {', '.join(stages)} done in {time.perf_counter() - start:.1f} s",
         file=sys.stderr)
   return 0
@@ -115,9 +117,9 @@ def run(args) -> int:
 
 def _write_recipe(workdir: str, recipe: dict[str, Any]) -> str:
   """The recipe as run (with --heads applied), written beside the stages it drives."""
-  from specdec_jax.tools.report import atomic_write_json
+  from specdec_jax.tools.report import write_json
   path = os.path.join(workdir, "recipe.json")
-  atomic_write_json(path, recipe)
+  write_json(path, recipe)
   return path
 
 
@@ -129,7 +131,8 @@ def add(subparsers) -> None:
       "'drafter' train from scratch, 'aligned' / 'distilled' fine-tune the drafter on the "
       "target's greedy outputs / softmax ('aligned', 'aligned_small', 'aligned_mid' start "
       "from their section's \"init\" model when it names one, e.g. demo-de-en/target), "
-      "'bundle' ships target + aligned drafter into the package assets (or what the "
+      "'bundle' ships target + aligned drafter into specdec-jax-demo-small's assets (or "
+      "what the "
       "recipe's \"bundle\" section names). Finished stages are skipped and interrupted ones "
       "resume from their "
       "Orbax checkpoints; raising a stage's steps continues it from its last checkpoint, and "

@@ -117,7 +117,7 @@ def parse_line(line: str) -> list[tuple[str, str]]:
   if len(de_subs) != len(en_subs):
     de_subs, en_subs = de_subs[:1], en_subs[:1]
   pairs = []
-  for de_sub, en_sub in zip(de_subs, en_subs):
+  for de_sub, en_sub in zip(de_subs, en_subs, strict=True):
     de, en = _first_synonym(de_sub), _first_synonym(en_sub)
     if _is_clean(de) and _is_clean(en):
       pairs.append((de, en))
@@ -153,7 +153,8 @@ def is_sentence(pair: Pair) -> bool:
   least two words and does not end in a dictionary placeholder such as
   ``etw.`` / ``jdm.`` (``Ich sage es jdm.`` style entries are phrases).
   """
-  return _looks_like_sentence(pair.de) and _looks_like_sentence(pair.en) and word_count(pair.de) >= 2
+  return (_looks_like_sentence(pair.de) and _looks_like_sentence(pair.en)
+          and word_count(pair.de) >= 2)
 
 
 def _looks_like_sentence(text: str) -> bool:
@@ -273,5 +274,6 @@ def split_pairs(
     name = targets[stage][0] if stage < len(targets) else "train"
     splits[name].extend(sorted(groups[de], key=lambda p: p.en))
   if not splits["train"]:
-    raise DataError(f"no pairs left for train after test ({test_size}) and validation ({valid_size})")
+    raise DataError(
+        f"no pairs left for train after test ({test_size}) and validation ({valid_size})")
   return splits

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 import pathlib
+from typing import Any
 
 import numpy as np
 
-from specdec_jax.io.tokenizer import Tokenizer, load_tokenizer, train_sentencepiece
+from specdec_jax.io.tokenizer import HFTokenizer, Tokenizer, load_tokenizer, train_sentencepiece
 from specdec_jax.tools.data import de_en
 from specdec_jax.tools.errors import DataError
 
@@ -49,6 +50,8 @@ def load_split(data_dir: str | pathlib.Path, split: str) -> dict:
     lines = path.read_text(encoding="utf-8").splitlines()
   except OSError as e:
     raise DataError(f"cannot read {str(path)!r}: {e.strerror or e}") from None
+  except UnicodeDecodeError as e:
+    raise DataError(f"{str(path)!r} is not UTF-8 text ({e.reason} at byte {e.start})") from None
   except (KeyError, ValueError) as e:
     raise DataError(f"{str(path)!r} is not a prepared split: {e}") from None
   pairs = [de_en.Pair(**json.loads(line)) for line in lines]
@@ -67,6 +70,9 @@ def read_pairs_jsonl(path: str | pathlib.Path) -> list[de_en.Pair]:
     lines = path.read_text(encoding="utf-8").splitlines()
   except OSError as e:
     raise DataError(f"cannot read {str(path)!r}: {e.strerror or e}") from None
+  except UnicodeDecodeError as e:
+    raise DataError(f"{str(path)!r} is not UTF-8 text ({e.reason} at byte {e.start}): save "
+                    "it as UTF-8") from None
   pairs = []
   for i, line in enumerate(lines, 1):
     if not line.strip():
@@ -82,7 +88,8 @@ def read_pairs_jsonl(path: str | pathlib.Path) -> list[de_en.Pair]:
   return pairs
 
 
-def load_jsonl_split(path: str | pathlib.Path, tok: Tokenizer | None = None) -> dict:
+def load_jsonl_split(path: str | pathlib.Path,
+                     tok: Tokenizer | HFTokenizer | None = None) -> dict:
   """A split from a `.jsonl` file of text pairs, tokenised with `tok` (default: the bundled
   demo tokenizer): {'inputs', 'targets'} int32 [N, L] (EOS appended, 0-padded) and
   'pairs', as `load_split` returns for a prepared directory.
@@ -105,8 +112,8 @@ def prepare_de_en(out_dir: str | pathlib.Path, vocab_size: int = 8000, max_len: 
   pairs = de_en.filter_pairs(de_en.load_pairs(path), min_words_de=min_words_de)
   splits = de_en.split_pairs(pairs, valid_size=valid_size, test_size=test_size, seed=seed)
   texts = [t for p in splits["train"] for t in (p.de, p.en)]
-  tok = train_sentencepiece(texts, out / "spiece", vocab_size=vocab_size)
-  tok = load_tokenizer(out / "spiece.model")
+  tok = train_sentencepiece(texts, out / "spiece", vocab_size=vocab_size)   # spiece.model, loaded
+  meta: dict[str, Any]
   meta = {"source": path, "licence": "GPL-2.0-or-later (Debian trans-de-en, TU Chemnitz Ding)",
           "vocab_size": vocab_size, "max_len": max_len, "min_words_de": min_words_de,
           "seed": seed, "pairs_after_filter": len(pairs), "splits": {}}

@@ -44,11 +44,22 @@ stopping the comparison.
 from specdec_jax.tools.batching import pad_rows
 from specdec_jax.tools.errors import CompareError
 from specdec_jax.tools.hf_compare import hf
-from specdec_jax.tools.hf_compare.compare import (DEFINITIONS, SCHEMA_VERSION, compare,
-                                                  first_difference, our_method, our_row_tokens,
-                                                  prompt_rows)
-from specdec_jax.tools.hf_compare.hf import (CallCounter, hf_method, hf_row_tokens, load_hf,
-                                             load_hf_from_dir)
+from specdec_jax.tools.hf_compare.compare import (
+  DEFINITIONS,
+  SCHEMA_VERSION,
+  compare,
+  first_difference,
+  our_method,
+  our_row_tokens,
+  prompt_rows,
+)
+from specdec_jax.tools.hf_compare.hf import (
+  CallCounter,
+  hf_method,
+  hf_row_tokens,
+  load_hf,
+  load_hf_from_dir,
+)
 from specdec_jax.tools.hf_compare.report import markdown_report, markdown_table, write_report
 
 DESCRIPTION = __doc__.split("\n\n    results =")[0]

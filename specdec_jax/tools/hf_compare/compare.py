@@ -13,12 +13,22 @@ import numpy as np
 
 import specdec_jax as sd
 from specdec_jax.tools.batching import pad_rows, padded_batches
+from specdec_jax.tools.decode_methods import (
+  Baseline,
+  DecodeMethod,
+  Speculative,
+  decode_corpus,
+  stats_row,
+)
 from specdec_jax.tools.errors import CompareError
-from specdec_jax.tools.hf_compare.hf import (count_target_calls, error_text,
-                                             hf_default_assisted_settings, hf_method,
-                                             load_models, set_assisted_settings)
-from specdec_jax.tools.methods import Baseline, DecodeMethod, Speculative, decode_corpus
-from specdec_jax.tools.methods import stats_row
+from specdec_jax.tools.hf_compare.hf import (
+  count_target_calls,
+  error_text,
+  hf_default_assisted_settings,
+  hf_method,
+  load_models,
+  set_assisted_settings,
+)
 from specdec_jax.tools.report import finite, machine_info, utc_now
 from specdec_jax.tools.timing import time_rounds
 
@@ -71,7 +81,7 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
   """Index of the first differing token (or the shorter length); None when equal."""
   if list(a) == list(b):
     return None
-  for i, (x, y) in enumerate(zip(a, b)):
+  for i, (x, y) in enumerate(zip(a, b, strict=False)):
     if x != y:
       return i
   return min(len(a), len(b))
@@ -273,7 +283,7 @@ def _compare_tokens(r: dict[str, Any], key: str, base: dict[str, Any] | None) ->
   if base is None or "_tokens" not in base:
     r[f"identical_to_{key}"] = r[f"mismatching_prompts_vs_{key}"] = None
     return
-  diffs = [first_difference(a, b) for a, b in zip(r["_tokens"], base["_tokens"])]
+  diffs = [first_difference(a, b) for a, b in zip(r["_tokens"], base["_tokens"], strict=True)]
   bad = [i for i, d in enumerate(diffs) if d is not None]
   r[f"identical_to_{key}"] = not bad
   r[f"mismatching_prompts_vs_{key}"] = len(bad)
@@ -319,5 +329,5 @@ def _summary(rows) -> dict[str, Any]:
                                      if any(r["name"] == "hf_greedy" for r in ok) else None),
       "failed_methods": [r["name"] for r in rows if r.get("error")],
       "fastest_batch1": min((r for r in ok if r["batch_size"] == 1),
-                            key=lambda r: r["ms_per_token"], default={}).get("name"),
+                            key=lambda r: r["ms_per_token"], default={"name": None})["name"],
   }

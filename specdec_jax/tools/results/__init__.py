@@ -35,24 +35,45 @@ Columns (also under "definitions" in results.json):
 * BLEU / chrF: sacrebleu corpus scores against the split's English references. Greedy
   speculative rows must match `target greedy` exactly (mismatching rows are counted).
 
-    results = run_results("runs/demo", limit=200, batch_sizes=(8,))
+    results = run_results("runs/demo", ResultsSettings(limit=200, batch_sizes=(8,)))
     write_outputs(results, "results/demo")     # results.json, results.md, speedup.png
     splice_readme("README.md", readme_block(results, "results/demo/speedup.png", "README.md"))
 """
 
 from specdec_jax.tools.errors import ResultsError
 from specdec_jax.tools.results.quality import quality_markdown, run_quality, write_quality
-from specdec_jax.tools.results.report import (END_MARKER, LEGEND, START_MARKER, TABLE_COLUMNS,
-                                              markdown_report, markdown_table, plot,
-                                              readme_block, splice_readme, write_outputs)
-from specdec_jax.tools.results.run import (DEFAULT_GAMMAS, DEFAULT_TABLE_GAMMAS, DEFINITIONS,
-                                           KNOWN_VARIANTS, RESUME_KEYS, SCHEMA_VERSION,
-                                           TABLE_DRAFTERS, VARIANTS, find_variants,
-                                           load_existing, measure_costs, row_key, run_results)
+from specdec_jax.tools.results.report import (
+  END_MARKER,
+  LEGEND,
+  START_MARKER,
+  TABLE_COLUMNS,
+  markdown_report,
+  markdown_table,
+  plot,
+  readme_block,
+  splice_readme,
+  write_outputs,
+)
+from specdec_jax.tools.results.run import (
+  DEFAULT_GAMMAS,
+  DEFAULT_TABLE_GAMMAS,
+  DEFINITIONS,
+  KNOWN_VARIANTS,
+  RESUME_KEYS,
+  SCHEMA_VERSION,
+  TABLE_DRAFTERS,
+  VARIANTS,
+  ResultsSettings,
+  find_variants,
+  load_existing,
+  measure_costs,
+  row_key,
+  run_results,
+)
 
 __all__ = ["DEFAULT_GAMMAS", "DEFAULT_TABLE_GAMMAS", "DEFINITIONS", "END_MARKER",
-           "KNOWN_VARIANTS", "LEGEND",
-           "RESUME_KEYS", "ResultsError", "SCHEMA_VERSION", "START_MARKER", "TABLE_COLUMNS",
+           "KNOWN_VARIANTS", "LEGEND", "RESUME_KEYS", "ResultsError", "ResultsSettings",
+           "SCHEMA_VERSION", "START_MARKER", "TABLE_COLUMNS",
            "TABLE_DRAFTERS", "VARIANTS", "find_variants", "load_existing", "markdown_report",
            "markdown_table", "measure_costs", "plot", "quality_markdown", "readme_block",
            "row_key", "run_quality", "run_results", "splice_readme", "write_outputs",

@@ -121,14 +121,15 @@ def demo_tables(args, out_dir: str, command: str) -> list[str]:
         f"data/): run `specdec train --recipe configs/{recipe}/train.json --workdir "
         f"{args.workdir}` first, or leave the demo tables out with --only theory,kernels")
   existing = R.load_existing(out) if args.resume else None
-  results = R.run_results(
-      args.workdir, batch_sizes=args.batch_sizes, variants=args.variants, gammas=args.gammas,
+  settings = R.ResultsSettings(
+      batch_sizes=args.batch_sizes, variants=args.variants, gammas=args.gammas,
       table_drafters=args.table_drafters, table_gammas=args.table_gammas, split=args.split,
       limit=args.limit, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
       timing_steps=args.timing_steps, seed=args.seed, include_sampling=not args.no_sampling,
-      existing=existing, settings={"command": command}, progress=not args.no_progress,
-      compile_workers=args.compile_workers, on_update=lambda r: R.write_outputs(r, out),
-      dtype=args.dtype)
+      compile_workers=args.compile_workers, progress=not args.no_progress, dtype=args.dtype)
+  results = R.run_results(args.workdir, settings, existing=existing,
+                          config={"command": command},
+                          on_update=lambda r: R.write_outputs(r, out))
   paths = R.write_outputs(results, out)
   written = [paths["md"], paths["png"]]
   if not args.no_quality:

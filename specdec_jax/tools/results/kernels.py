@@ -68,6 +68,7 @@ def verify_costs(rounds: int, batch_sizes=(1, 8)) -> list[dict[str, Any]]:
   """Rows {batch, k, ms, ratio}: the demo target's k-token cached decode call."""
   import jax.numpy as jnp
   import numpy as np
+
   import specdec_jax as sd
   target = sd.load("demo-de-en/target")
   tok = sd.load_tokenizer("demo-de-en")
@@ -82,7 +83,7 @@ def verify_costs(rounds: int, batch_sizes=(1, 8)) -> list[dict[str, Any]]:
     calls = {k: (lambda t=tokens[k], c=cache: target.decode(t, c)[0]) for k in VERIFY_WIDTHS}
     medians, times = _interleaved(calls, rounds, seed=b, per_round=VERIFY_CALLS)
     for k in VERIFY_WIDTHS:
-      ratio = statistics.median(a / b1 for a, b1 in zip(times[k], times[1]))
+      ratio = statistics.median(a / b1 for a, b1 in zip(times[k], times[1], strict=True))
       rows.append({"batch": b, "k": k, "ms": medians[k] * 1e3, "ratio": ratio})
   return rows
 
@@ -92,6 +93,7 @@ def exactness_costs(rounds: int, limit: int, max_new_tokens: int,
   """Rows {batch, method, gamma, exact, ms_per_token, identical}: whole-split decodes."""
   import jax.numpy as jnp
   import numpy as np
+
   import specdec_jax as sd
   target, drafter = sd.load("demo-de-en/target"), sd.load("demo-de-en/drafter")
   tok = sd.load_tokenizer("demo-de-en")
@@ -101,7 +103,7 @@ def exactness_costs(rounds: int, limit: int, max_new_tokens: int,
   for b in batch_sizes:
     batches = [jnp.asarray(enc[i:i + b], jnp.int32) for i in range(0, len(enc) - b + 1, b)]
 
-    def decode_all(gamma, exact):
+    def decode_all(gamma, exact, batches=batches):
       if gamma is None:
         return [sd.generate(target, e, max_new_tokens=max_new_tokens, exact=exact)
                 for e in batches]
@@ -118,7 +120,7 @@ def exactness_costs(rounds: int, limit: int, max_new_tokens: int,
       base = outputs[(None, exact)]
       n_tokens = sum(int(np.sum(np.asarray(o.lengths))) for o in outs)
       identical = all(np.array_equal(np.asarray(o.tokens), np.asarray(g.tokens))
-                      for o, g in zip(outs, base))
+                      for o, g in zip(outs, base, strict=True))
       rows.append({"batch": b, "method": "generate" if gamma is None else "speculative",
                    "gamma": gamma, "exact": "default" if exact is None else "False",
                    "ms_per_token": medians[(gamma, exact)] * 1e3 / n_tokens,

@@ -6,6 +6,7 @@ import os
 import pathlib
 from typing import Any
 
+from specdec_jax.tools.costs import VERIFY_NOISE_NOTE, shown_predictions, verify_cost_text
 from specdec_jax.tools.errors import ResultsError
 from specdec_jax.tools.report import atomic_write, fmt, read_text, write_json, write_plot
 from specdec_jax.tools.results.quality import quality_markdown
@@ -29,10 +30,13 @@ def markdown_table(results: dict[str, Any]) -> str:
              str(r["gamma"]) if spec else "—",
              fmt(r.get("alpha"), 3), fmt(r.get("acceptance_rate"), 3),
              fmt(r.get("block_efficiency")), fmt(r["ms_per_token"], 3),
-             fmt(r["speedup"], 2, "x"), fmt(r.get("c"), 3), fmt(r.get("verify_cost"), 2),
-             fmt(r.get("predicted_speedup"), 2, "x"),
-             fmt(r.get("measured_over_predicted")), fmt(r["bleu"], 1), fmt(r["chrf"], 1)]
+             fmt(r["speedup"], 2, "x"), fmt(r.get("c"), 3), verify_cost_text(r.get("verify_cost")),
+             fmt(shown_predictions(r)["predicted_speedup"], 2, "x"),
+             fmt(shown_predictions(r)["measured_over_predicted"]), fmt(r["bleu"], 1),
+             fmt(r["chrf"], 1)]
     lines.append("| " + " | ".join(cells) + " |")
+  if any(r.get("verify_cost") is not None and r["verify_cost"] < 1.0 for r in results["rows"]):
+    lines += ["", VERIFY_NOISE_NOTE + "."]
   return "\n".join(lines)
 
 
@@ -89,9 +93,11 @@ def _costs_table(costs: dict[str, dict[str, Any]]) -> list[str]:
   lines = ["| batch | target step ms | drafter c | verify cost by γ |", "|---|---|---|---|"]
   for b, c in costs.items():
     ds = ", ".join(f"{k}: {v['c']:.3f}" for k, v in c["drafters"].items())
-    vs = ", ".join(f"γ={g}: {v:.2f}" for g, v in sorted(c["verify_cost"].items(),
-                                                        key=lambda kv: int(kv[0])))
+    vs = ", ".join(f"γ={g}: {verify_cost_text(v)}" for g, v in
+                   sorted(c["verify_cost"].items(), key=lambda kv: int(kv[0])))
     lines.append(f"| {b} | {c['target_step_ms']:.3f} | {ds} | {vs} |")
+  if any(v < 1.0 for c in costs.values() for v in c["verify_cost"].values()):
+    lines += ["", VERIFY_NOISE_NOTE + "."]
   return lines
 
 

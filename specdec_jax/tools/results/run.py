@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import pathlib
@@ -14,12 +15,16 @@ import specdec_jax as sd
 from specdec_jax.tools import costs as costs_lib
 from specdec_jax.tools import evaluation
 from specdec_jax.tools.batching import padded_batches
+from specdec_jax.tools.decode_methods import Baseline, Speculative, decode_corpus, stats_row
 from specdec_jax.tools.errors import ResultsError
-from specdec_jax.tools.methods import Baseline, Speculative, decode_corpus, stats_row
 from specdec_jax.tools.options import make_sampling
 from specdec_jax.tools.report import machine_info, read_json, utc_now
-from specdec_jax.tools.timing import (default_compile_workers, ms_per_token, run_parallel,
-                                     time_rounds)
+from specdec_jax.tools.timing import (
+  default_compile_workers,
+  ms_per_token,
+  run_parallel,
+  time_rounds,
+)
 
 SCHEMA_VERSION = 1
 #: The target alone in exact mode, timed in every group for the `exact_cost` column.
@@ -178,7 +183,7 @@ def _plan(batch_sizes, drafters, gammas, table_gammas, include_sampling, have):
 
 
 def _row_order(drafter_names: Sequence[str]):
-  order = {None: -1, **{d: i for i, d in enumerate(drafter_names)}}
+  order: dict[str | None, int] = {None: -1, **{d: i for i, d in enumerate(drafter_names)}}
   known = len(order)
   return lambda r: (r["batch_size"], order.get(r["drafter"], known), r["drafter"] or "",
                     r["mode"] != "greedy", r["gamma"] or 0)
@@ -247,7 +252,8 @@ class _Run:
            "example": hyps[0] if hyps else None,
            **stats_row(corpus.stats, drafter is not None)}
     if mode == "greedy" and drafter is not None:
-      row["mismatching_rows"] = sum(a != r for a, r in zip(corpus.token_rows(), base_tokens))
+      row["mismatching_rows"] = sum(a != r for a, r in zip(corpus.token_rows(), base_tokens,
+                                                           strict=True))
     if drafter is not None:
       row.update(costs_lib.predictions(row["alpha"], g, costs["drafters"][drafter]["c"],
                                        costs["verify_cost"][str(g)], row["speedup"]))
@@ -280,57 +286,87 @@ def _run_group(run: _Run, b, name, todo, rows, costs, cost_gammas, repeats, work
                                    ms_per_token(exact))
 
 
-def run_results(workdir: str | os.PathLike, *, batch_sizes: Sequence[int] = (8,),
-                variants: Sequence[str] = VARIANTS, gammas: Sequence[int] = DEFAULT_GAMMAS,
-                table_drafters: Sequence[str] = TABLE_DRAFTERS,
-                table_gammas: Sequence[int] = DEFAULT_TABLE_GAMMAS, split: str = "test",
-                limit: int | None = None, max_new_tokens: int | None = None, repeats: int = 3,
-                timing_steps: int = 16, seed: int = 0, include_sampling: bool = True,
-                existing: dict[str, Any] | None = None, settings: dict[str, Any] | None = None,
-                progress: bool = True, compile_workers: int | None = None,
-                on_update: Callable[[dict[str, Any]], None] | None = None,
-                dtype: str = "float32") -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ResultsSettings:
+  """Which rows `run_results` measures and how.
+
+  Attributes:
+    batch_sizes: rows per decode call, each a group of its own.
+    variants: drafter variants to try (missing ones are listed under "skipped").
+    gammas: drafts per round for the model drafters.
+    table_drafters: "ngram" and/or "prompt-lookup", run at `table_gammas`.
+    table_gammas: drafts per round for the table drafters.
+    split: the data split decoded.
+    limit: only the first `limit` sentences of the split.
+    max_new_tokens: decode budget (None: the split's target width).
+    repeats: timed rounds; the median is reported.
+    timing_steps: decode steps per jitted loop when measuring c and verify costs.
+    seed: the sampling seed.
+    include_sampling: also the sampled (T=1) rows.
+    compile_workers: concurrent warm-up calls (None: `default_compile_workers()`).
+    progress: show a progress bar (stderr).
+    dtype: the compute dtype every model is loaded in ("bfloat16": half the weight bytes
+      each decode step reads, what the bundled checkpoints store).
+  """
+
+  batch_sizes: Sequence[int] = (8,)
+  variants: Sequence[str] = VARIANTS
+  gammas: Sequence[int] = DEFAULT_GAMMAS
+  table_drafters: Sequence[str] = TABLE_DRAFTERS
+  table_gammas: Sequence[int] = DEFAULT_TABLE_GAMMAS
+  split: str = "test"
+  limit: int | None = None
+  max_new_tokens: int | None = None
+  repeats: int = 3
+  timing_steps: int = 16
+  seed: int = 0
+  include_sampling: bool = True
+  compile_workers: int | None = None
+  progress: bool = True
+  dtype: str = "float32"
+
+
+def run_results(workdir: str | os.PathLike, settings: ResultsSettings = ResultsSettings(), *,
+                existing: dict[str, Any] | None = None, config: dict[str, Any] | None = None,
+                on_update: Callable[[dict[str, Any]], object] | None = None) -> dict[str, Any]:
   """Run every missing row; returns the results dict (see the package docstring).
 
   Args:
     workdir: the demo workdir (target/final, <variant>/final, data/).
-    variants: drafter variants to try (missing ones are listed under "skipped").
-    table_drafters: "ngram" and/or "prompt-lookup", run at `table_gammas`.
-    limit: only the first `limit` sentences of the split.
-    max_new_tokens: decode budget (default: the split's target width).
+    settings: the rows and how they are measured (`ResultsSettings`).
     existing: a previous results dict (same settings): its rows are kept, not re-run.
+    config: descriptive settings stored under "config" (the command).
     on_update: called with the results after each group (to write them out).
-    dtype: the compute dtype every model is loaded in ("bfloat16": half the weight bytes
-      each decode step reads, what the bundled checkpoints store).
   """
   from specdec_jax.io.tokenizer import load_tokenizer
+  s = settings
   workdir = pathlib.Path(workdir)
-  batch_sizes = [int(b) for b in batch_sizes]
-  gammas, table_gammas = sorted({int(g) for g in gammas}), sorted({int(g) for g in table_gammas})
-  _check(batch_sizes, gammas, table_gammas, repeats, timing_steps, variants, table_drafters,
-         limit)
-  inputs, references, width = _split(workdir, split, limit)
-  max_new_tokens = width if max_new_tokens is None else max_new_tokens
-  target = sd.load(str(workdir / "target" / "final"), dtype=dtype)
-  drafters = _drafters(workdir, target, variants, table_drafters, dtype)
-  config = {**(settings or {}), "workdir": str(workdir), "split": split, "limit": limit,
-            "dtype": dtype,
-            "pairs": len(references), "max_new_tokens": max_new_tokens, "seed": seed,
-            "repeats": repeats, "timing_steps": timing_steps, "batch_sizes": batch_sizes,
-            "gammas": gammas, "table_gammas": table_gammas,
+  batch_sizes = [int(b) for b in s.batch_sizes]
+  gammas = sorted({int(g) for g in s.gammas})
+  table_gammas = sorted({int(g) for g in s.table_gammas})
+  _check(batch_sizes, gammas, table_gammas, s.repeats, s.timing_steps, s.variants,
+         s.table_drafters, s.limit)
+  inputs, references, width = _split(workdir, s.split, s.limit)
+  max_new_tokens = width if s.max_new_tokens is None else s.max_new_tokens
+  target = sd.load(str(workdir / "target" / "final"), dtype=s.dtype)
+  drafters = _drafters(workdir, target, s.variants, s.table_drafters, s.dtype)
+  config = {**(config or {}), "workdir": str(workdir), "split": s.split, "limit": s.limit,
+            "dtype": s.dtype, "pairs": len(references), "max_new_tokens": max_new_tokens,
+            "seed": s.seed, "repeats": s.repeats, "timing_steps": s.timing_steps,
+            "batch_sizes": batch_sizes, "gammas": gammas, "table_gammas": table_gammas,
             "variants": [v for v in drafters if v in KNOWN_VARIANTS],
-            "table_drafters": list(table_drafters), "include_sampling": include_sampling,
+            "table_drafters": list(s.table_drafters), "include_sampling": s.include_sampling,
             "temperature_sample": 1.0, "target_params": int(target.num_params()),
             "drafter_params": {v: int(m.num_params()) for v, m in drafters.items()
                                if isinstance(m, sd.Model)}}
-  results = _start(config, existing, [v for v in variants if v not in drafters])
+  results = _start(config, existing, [v for v in s.variants if v not in drafters])
   tokenizer = load_tokenizer(workdir / "data" / "spiece.model")
-  run = _Run(target, drafters, inputs, references, tokenizer, max_new_tokens, seed, timing_steps,
-             max_new_tokens + max(gammas + table_gammas, default=1) + 1)
+  run = _Run(target, drafters, inputs, references, tokenizer, max_new_tokens, s.seed,
+             s.timing_steps, max_new_tokens + max(gammas + table_gammas, default=1) + 1)
   rows = {r["key"]: r for r in (existing or {}).get("rows", [])}
   costs = {int(k): v for k, v in (existing or {}).get("costs", {}).items()}
-  plan = _plan(batch_sizes, drafters, gammas, table_gammas, include_sampling, rows)
-  _execute(run, plan, results, rows, costs, repeats, compile_workers, progress, on_update)
+  plan = _plan(batch_sizes, drafters, gammas, table_gammas, s.include_sampling, rows)
+  _execute(run, plan, results, rows, costs, s.repeats, s.compile_workers, s.progress, on_update)
   return results
 
 

@@ -7,10 +7,16 @@
 `specdec sweep-blockwise` (Kim et al.'s Table 4) are its command-line front ends.
 """
 
-from specdec_jax.tools.sweep import report
+from specdec_jax.tools.sweep import report as report
 from specdec_jax.tools.sweep.report import pick, points_markdown, table1_markdown, write_outputs
-from specdec_jax.tools.sweep.run import (Point, Split, lattice_cost_ms, load_split,
-                                         measure_point, run_points)
+from specdec_jax.tools.sweep.run import (
+  Point,
+  Split,
+  lattice_cost_ms,
+  load_split,
+  measure_point,
+  run_points,
+)
 
 __all__ = ["Point", "Split", "lattice_cost_ms", "load_split", "measure_point", "pick",
            "points_markdown", "run_points", "table1_markdown", "write_outputs"]

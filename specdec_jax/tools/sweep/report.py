@@ -10,8 +10,14 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-from specdec_jax.tools.report import created_line, fmt, make_dirs, write_json, write_plot
-from specdec_jax.tools.report import atomic_write
+from specdec_jax.tools.report import (
+  atomic_write,
+  created_line,
+  fmt,
+  make_dirs,
+  write_json,
+  write_plot,
+)
 
 #: "no BLEU drop" and "~1 BLEU drop" as the BiLD paper reads them.
 NO_DROP, ONE_DROP = 0.1, 1.0

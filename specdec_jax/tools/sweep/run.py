@@ -25,9 +25,16 @@ import numpy as np
 
 from specdec_jax.tools import evaluation
 from specdec_jax.tools.batching import padded_batches
+from specdec_jax.tools.decode_methods import (
+  EXTRA_STATS,
+  Baseline,
+  DecodeMethod,
+  decode_corpus,
+  sampling_label,
+  stats_row,
+  totals,
+)
 from specdec_jax.tools.errors import SweepError
-from specdec_jax.tools.methods import (EXTRA_STATS, Baseline, DecodeMethod, decode_corpus,
-                                      sampling_label, stats_row, totals)
 from specdec_jax.tools.report import machine_info, utc_now
 from specdec_jax.tools.timing import is_exact, ms_per_token, time_rounds
 
@@ -139,13 +146,14 @@ def run_points(target, split: Split, tokenizer, points: Sequence[Point], *,
                batch_size: int = 1, repeats: int = 3, seed: int = 0,
                config: dict[str, Any] | None = None, existing: dict[str, Any] | None = None,
                progress: bool = True,
-               on_update: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+               on_update: Callable[[dict[str, Any]], Any] | None = None) -> dict[str, Any]:
   """Measure every point not in `existing["points"]`; the results dict (see module doc)."""
   from tqdm import tqdm
   labels = [p.label for p in points]
   if len(set(labels)) != len(labels):
     raise SweepError(f"point labels must be unique, got {labels}")
   done = {e["label"]: e for e in (existing or {}).get("points", [])}
+  results: dict[str, Any]
   results = {"schema_version": SCHEMA_VERSION, "created": utc_now(), "machine": machine_info(),
              "config": {**(config or {}), "batch_size": batch_size, "repeats": repeats,
                         "seed": seed, "pairs": len(split.inputs),
@@ -177,7 +185,7 @@ def lattice_cost_ms(batch: int, width: int, k: int, num_paths: int, lm=None,
   """Median ms of one jitted `lattice.best_paths` call: B rows, G = width heads, top-k
   arcs, p = num_paths paths, `lm` rescoring (the dynamic program of one round)."""
   import jax
-  import jax.numpy as jnp
+
   from specdec_jax.drafters import lattice
   from specdec_jax.tools.timing import median_call_seconds
   vocab = lm.vocab_size if lm is not None else 32000

@@ -1,0 +1,305 @@
+#!/usr/bin/env python
+"""One device check of the gpu kernel backend: invariance, the cost of exactness, c, bandwidth.
+
+    python scripts/gpu_check.py --out results/gpu_check              # one H100/H200, <= 5 min
+    python scripts/gpu_check.py --layers 2 --batches 1,8 --out ...   # shallower, quicker
+    python scripts/gpu_check.py --tiny --out /tmp/check              # CPU, interpret mode
+
+Writes OUT/gpu_check.json and OUT/gpu_check.md (one table per section):
+1. invariance: row i of each kernel (decode matmul, sum of squares, attention) at M rows
+   (batch x width: 1, 2, 5, 16, 64, 512) against the same row in the largest call, bitwise;
+   XLA's dot of the same shape alongside (the control: it is not invariant on GPUs).
+2. exactness cost: greedy ms/token at each batch size of the plain baseline (XLA,
+   exact=False), the exact baseline on XLA (every call padded to EXACT_WIDTH), and the
+   exact baseline on the gpu kernels (natural width); speculative gamma 4 exact on each.
+3. c and bandwidth: the T5-small drafter step / T5-XXL target step at batch 1 (c), the
+   target step against the bound of its decoder weights at the device's peak bandwidth.
+4. tokens: every method on the gpu kernels (speculative gamma 2/4, BiLD at threshold 1,
+   the baseline at exact=False) bitwise the gpu baseline's, at each batch size.
+--tiny (a CPU run, the kernels in interpret mode, slow) keeps the drafter on XLA's ops
+and checks speculative gamma 4 only: fewer interpreted programs to compile.
+Random bfloat16 weights at T5-XXL / T5-small shapes, depth cut by --layers (T5-XXL's
+24 layers take longer to initialise and compile than the 5 minutes allow).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import specdec_jax as sd
+from specdec_jax.kernels import gpu
+from specdec_jax.tools.costs import StepTimer, started_cache
+from specdec_jax.tools.options import int_list
+
+#: Peak HBM bandwidth, bytes/s, by device kind (datasheets: H100 SXM 3.35 TB/s, PCIe
+#: 2.0 TB/s, H200 4.8 TB/s).
+PEAK_BANDWIDTH = {"H200": 4.8e12, "H100 PCIe": 2.0e12, "H100": 3.35e12}
+
+
+def peak_bandwidth(kind: str) -> float | None:
+  for name, bw in PEAK_BANDWIDTH.items():
+    if name.lower() in kind.lower():
+      return bw
+  return None
+
+
+def _rows_equal(run, x, ms) -> dict[str, bool]:
+  """{M: rows of an M-row call (scattered positions, reversed) == those rows of the
+  largest call}, bitwise."""
+  full = np.asarray(run(x))
+  rng = np.random.default_rng(0)
+  out = {}
+  for m in ms:
+    rows = rng.permutation(x.shape[0])[:m][::-1].copy()
+    out[str(m)] = bool(np.array_equal(np.asarray(run(x[rows])), full[rows]))
+  return out
+
+
+def invariance(args) -> dict:
+  """Section 1: each kernel's rows across M, and XLA's dot's."""
+  k, n = (70, 130) if args.tiny else (4096, 10240)
+  ms = (1, 2, 5, 16) if args.tiny else (1, 2, 5, 16, 64, 512)
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.standard_normal((max(ms) * 2 if args.tiny else 512, k)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((k, n)) / np.sqrt(k), jnp.bfloat16)
+  wp = gpu.pack(w)
+  ones = gpu.pack(jnp.ones((k, 1), jnp.float32), jnp.float32)
+  dot = jax.jit(lambda a: gpu.dot(a, wp, n))
+  xla = jax.jit(lambda a: jnp.dot(a, w, preferred_element_type=jnp.float32))
+  norm = jax.jit(lambda a: gpu.sum_squares(a.astype(jnp.float32), ones))
+  b, h, s, d = (2, 2, 70, 24) if args.tiny else (8, 64, 96, 64)
+  widths = (1, 2, 5, 16)
+  q = jnp.asarray(rng.standard_normal((b, 16, h, d)), jnp.bfloat16)
+  kv = jnp.asarray(rng.standard_normal((2, b, h, s, d)), jnp.bfloat16)
+  lengths = jnp.asarray(rng.integers(1, s + 1, b))
+  bias = jnp.where(jnp.arange(s)[None, None, None] < lengths[:, None, None, None], 0.0, -1e10)
+  attend = jax.jit(lambda a: gpu.attention(a, kv[0], kv[1], bias))
+  full = np.asarray(attend(q))
+  attention = {str(t): bool(np.array_equal(np.asarray(attend(q[:, 16 - t:])), full[:, 16 - t:]))
+               for t in widths}
+  return {"shape_dot": [k, n], "ms": list(ms), "dot": _rows_equal(dot, x, ms),
+          "sum_squares": _rows_equal(norm, x, ms), "xla_dot": _rows_equal(xla, x, ms),
+          "attention_shape": [b, h, s, d], "attention_widths": attention}
+
+
+def _models(args):
+  """(target, drafter) unpacked, random bfloat16 weights."""
+  if args.tiny:
+    tcfg = sd.get_config("t5_1_1_tiny", num_encoder_layers=1, num_decoder_layers=1)
+    dcfg = sd.get_config("t5_1_1_tiny_drafter")
+  else:
+    tcfg = sd.get_config("t5_1_1_xxl", num_encoder_layers=args.layers,
+                         num_decoder_layers=args.layers)
+    dcfg = sd.get_config("t5_1_1_small")
+  return sd.init_model(tcfg, 0, "bfloat16"), sd.init_model(dcfg, 1, "bfloat16")
+
+
+def _prompts(args, batch: int, vocab: int) -> np.ndarray:
+  rng = np.random.default_rng(batch)
+  tokens = rng.integers(2, vocab, (batch, args.prompt_len)).astype(np.int32)
+  tokens[:, -1] = 1
+  return tokens
+
+
+def _timed(run, repeats: int):
+  """(median seconds, last output) of `run` after one compiling call."""
+  out = jax.block_until_ready(run())
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    out = jax.block_until_ready(run())
+    times.append(time.perf_counter() - t)
+  return float(np.median(times)), out
+
+
+def decoding(args, target, drafter) -> dict:
+  """Sections 2 and 4: ms/token per batch and mode; tokens of every method on gpu."""
+  on = {"xla": sd.pack(target, kernels="xla"), "gpu": sd.pack(target, kernels="gpu")}
+  # --tiny (interpret mode, CPU): the drafter on XLA's ops, fewer programs to compile
+  draft = sd.pack(drafter, kernels="xla" if args.tiny else "gpu")
+  new = args.new_tokens
+  rows, tokens = {}, {}
+  for batch in args.batches:
+    enc = _prompts(args, batch, target.vocab_size)
+    per_token = lambda s, batch=batch: 1e3 * s / (new * batch)
+    runs = {
+        "plain baseline (xla, exact=False)":
+            lambda enc=enc: sd.generate(on["xla"], enc, new, exact=False),
+        "exact baseline (xla, padded)":
+            lambda enc=enc: sd.generate(on["xla"], enc, new, exact=True),
+        "exact baseline (gpu kernels)":
+            lambda enc=enc: sd.generate(on["gpu"], enc, new, exact=True),
+        "speculative g4 plain (xla)": lambda enc=enc: sd.speculative_generate(
+            on["xla"], draft, enc, gamma=4, max_new_tokens=new, exact=False),
+        "speculative g4 exact (gpu kernels)": lambda enc=enc: sd.speculative_generate(
+            on["gpu"], draft, enc, gamma=4, max_new_tokens=new, exact=True),
+    }
+    row, outs = {}, {}
+    for name, run in runs.items():
+      seconds, out = _timed(run, args.repeats)
+      row[name] = per_token(seconds)
+      outs[name] = np.asarray(out.tokens)
+    base = outs["exact baseline (gpu kernels)"]
+    checks = {"speculative g4 exact (gpu kernels)": outs["speculative g4 exact (gpu kernels)"]}
+    if not args.tiny:
+      checks["plain baseline (gpu kernels, exact=False)"] = np.asarray(
+          sd.generate(on["gpu"], enc, new, exact=False).tokens)
+      checks["speculative g2 exact (gpu kernels)"] = np.asarray(sd.speculative_generate(
+          on["gpu"], draft, enc, gamma=2, max_new_tokens=new).tokens)
+      checks["bild threshold 1 (gpu kernels)"] = np.asarray(sd.bild_generate(
+          on["gpu"], draft, enc, fallback_threshold=1.0, max_new_tokens=new).tokens)
+    tokens[str(batch)] = {name: bool(np.array_equal(t, base)) for name, t in checks.items()}
+    tokens[str(batch)]["exact baseline (xla, padded) == gpu baseline"] = bool(
+        np.array_equal(outs["exact baseline (xla, padded)"], base))
+    rows[str(batch)] = row
+  return {"ms_per_token": rows, "tokens_equal_gpu_baseline": tokens, "new_tokens": new,
+          "prompt_len": args.prompt_len}
+
+
+def _decoder_bytes(model) -> int:
+  """Bytes a 1-token decode step reads: decoder weights (not the cross-attention K/V
+  projections, applied once at `start`) and the output layer."""
+  flat = jax.tree_util.tree_flatten_with_path(model.params["decoder"])[0]
+  names = lambda path: [str(getattr(k, "key", k)) for k in path]
+  skip = lambda path: ("encoder_decoder_attention" in names(path)
+                       and bool({"key", "value"} & set(names(path))))
+  return int(sum(x.size * x.dtype.itemsize for path, x in flat if not skip(path)))
+
+
+def steps(args, target, drafter) -> dict:
+  """Section 3: 1-token step ms of target and drafter at batch 1 (c), bandwidth bound."""
+  enc = _prompts(args, 1, target.vocab_size)
+  capacity = args.new_tokens + 17
+  out = {}
+  for backend in ("xla", "gpu"):
+    t = sd.pack(target, kernels=backend)
+    d = sd.pack(drafter, kernels="xla" if args.tiny else backend)   # --tiny: as `decoding`
+    ts = StepTimer(t, started_cache(t, enc, capacity), 1, args.steps).time(args.repeats)
+    ds = StepTimer(d, started_cache(d, enc, capacity), 1, args.steps).time(args.repeats)
+    out[backend] = {"target_step_ms": 1e3 * ts, "drafter_step_ms": 1e3 * ds, "c": ds / ts}
+  nbytes = _decoder_bytes(target)
+  kind = jax.devices()[0].device_kind
+  bw = peak_bandwidth(kind)
+  out["target_step_bytes"] = nbytes
+  out["peak_bandwidth_Bps"] = bw
+  if bw:
+    out["bound_ms"] = 1e3 * nbytes / bw
+    for backend in ("xla", "gpu"):
+      out[backend]["fraction_of_peak"] = out["bound_ms"] / out[backend]["target_step_ms"]
+  return out
+
+
+def markdown(result: dict) -> str:
+  lines = [f"# GPU check: {result['device']} (jax {result['jax']})", "",
+           f"Shapes: {result['shapes']}; random bfloat16 weights.", ""]
+  inv = result.get("invariance")
+  if isinstance(inv, dict) and "dot" in inv:
+    lines += ["## Rows bitwise equal across M (vs the largest call)", "",
+              "| M | " + " | ".join(str(m) for m in inv["ms"]) + " |",
+              "|---|" + "--:|" * len(inv["ms"])]
+    for name in ("dot", "sum_squares", "xla_dot"):
+      lines.append(f"| {name} | " + " | ".join("yes" if inv[name][str(m)] else "**no**"
+                                              for m in inv["ms"]) + " |")
+    lines += ["", "Attention, query rows of a 16-token call vs T-token calls: " + ", ".join(
+        f"T={t}: {'yes' if ok else 'no'}" for t, ok in inv["attention_widths"].items()), ""]
+  dec = result.get("decoding")
+  if isinstance(dec, dict) and "ms_per_token" in dec:
+    batches = list(dec["ms_per_token"])
+    names = list(dec["ms_per_token"][batches[0]])
+    lines += ["## ms/token (greedy)", "", "| | " + " | ".join(f"batch {b}" for b in batches) + " |",
+              "|---|" + "--:|" * len(batches)]
+    for name in names:
+      lines.append(f"| {name} | " + " | ".join(f"{dec['ms_per_token'][b][name]:.3f}"
+                                              for b in batches) + " |")
+    plain = "plain baseline (xla, exact=False)"
+    for name in ("exact baseline (xla, padded)", "exact baseline (gpu kernels)"):
+      lines.append(f"| {name} / plain | " + " | ".join(
+          f"{dec['ms_per_token'][b][name] / dec['ms_per_token'][b][plain]:.2f}x"
+          for b in batches) + " |")
+    lines += ["", "## Tokens bitwise the gpu baseline's", ""]
+    for b, checks in dec["tokens_equal_gpu_baseline"].items():
+      lines.append(f"- batch {b}: " + ", ".join(f"{k}: {'yes' if v else '**no**'}"
+                                               for k, v in checks.items()))
+    lines.append("")
+  st = result.get("steps")
+  if isinstance(st, dict) and "gpu" in st:
+    lines += ["## Steps at batch 1", "", "| backend | target ms | drafter ms | c | of peak BW |",
+              "|---|--:|--:|--:|--:|"]
+    for backend in ("xla", "gpu"):
+      r = st[backend]
+      frac = f"{100 * r['fraction_of_peak']:.0f}%" if "fraction_of_peak" in r else "n/a"
+      lines.append(f"| {backend} | {r['target_step_ms']:.3f} | {r['drafter_step_ms']:.3f} | "
+                   f"{r['c']:.3f} | {frac} |")
+    bound = f"{st['bound_ms']:.3f} ms" if st.get("bound_ms") else "unknown (device kind)"
+    lines += ["", f"Target step reads {st['target_step_bytes'] / 1e9:.2f} GB: bound {bound}.", ""]
+  for section, value in result.items():
+    if isinstance(value, dict) and "error" in value:
+      lines += [f"## {section}: FAILED", "", "```", value["error"].strip()[-2000:], "```", ""]
+  return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter,
+                              epilog=__doc__.split("\n\n", 1)[1])
+  p.add_argument("--out", required=True, help="directory for gpu_check.json and .md")
+  p.add_argument("--layers", type=int, default=4,
+                 help="encoder and decoder layers of the T5-XXL-shaped target (default 4)")
+  p.add_argument("--batches", type=int_list, default=None, metavar="1,8,32")
+  p.add_argument("--new-tokens", type=int, default=32)
+  p.add_argument("--prompt-len", type=int, default=32)
+  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--steps", type=int, default=16, help="decode steps per timed step loop")
+  p.add_argument("--tiny", action="store_true",
+                 help="tiny shapes and models (a CPU run of the whole check, interpret mode)")
+  p.add_argument("--sections", default="invariance,decoding,steps")
+  args = p.parse_args(argv)
+  if args.batches is None:
+    args.batches = [2] if args.tiny else [1, 8, 32]
+  if args.tiny:
+    args.new_tokens, args.prompt_len, args.repeats, args.steps = 3, 6, 1, 2
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  device = jax.devices()[0]
+  result = {"device": f"{device.platform}: {device.device_kind}", "jax": jax.__version__,
+            "interpret_mode": gpu.interpret(),
+            "shapes": "tiny" if args.tiny else f"T5-XXL x {args.layers} layers / T5-small",
+            "args": {k: v for k, v in vars(args).items()}}
+  started = time.perf_counter()
+  sections = args.sections.split(",")
+  failed = False
+  target = drafter = None
+  for name in sections:
+    t = time.perf_counter()
+    try:
+      if name == "invariance":
+        result[name] = invariance(args)
+      elif name in ("decoding", "steps"):
+        if target is None:
+          target, drafter = _models(args)
+        result[name] = {"decoding": decoding, "steps": steps}[name](args, target, drafter)
+      else:
+        raise ValueError(f"unknown section {name!r} (invariance, decoding, steps)")
+    except Exception:                       # one failed section: record it, run the others
+      failed = True
+      result[name] = {"error": traceback.format_exc()}
+    result.setdefault("seconds", {})[name] = time.perf_counter() - t
+    print(f"gpu_check: {name} done in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+  result["total_seconds"] = time.perf_counter() - started
+  (out / "gpu_check.json").write_text(json.dumps(result, indent=1, default=str))
+  (out / "gpu_check.md").write_text(markdown(result))
+  print(markdown(result))
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

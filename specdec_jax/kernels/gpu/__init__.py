@@ -1,0 +1,29 @@
+"""GPU kernels for decode requests: Pallas on NVIDIA Hopper through Mosaic GPU.
+
+    from specdec_jax.kernels import gpu
+    wp = gpu.pack(w, dtype)                # once per model: w [K, N] -> [P, Kp, Np] bfloat16
+    y = gpu.dot(x, wp, n=w.shape[1])       # x [..., K] -> [..., N] float32
+    s = gpu.sum_squares(x, ones)           # x [..., K] -> [..., 1]; ones = gpu.pack(ones [K, 1])
+    o = gpu.attention(q, k, v, bias)       # q [B, T, H, D], k/v [B, H, S, D] -> [B, T, H, D]
+
+Every output row is computed by the same instructions in the same order whatever the
+number of rows M (batch x call width), the row's position and the call width: rows are
+cut into tiles of `matmul.TM` (padded with zeros), each tile runs the same tensor-core
+(WGMMA) sequence over K in fixed `matmul.TK` steps, and a tensor-core product computes
+a row from that row and the weights alone. There is no M-dependent split of K.
+Attention walks the fixed-shape cache in chunks of `attention.C` keys with the same
+operations for every query row (`decode_attention`).
+
+Where no GPU is the default backend, the same kernels run in Pallas's GPU interpret mode
+(`interpret()`: slow; for tests and CI). `lower_for_cuda` runs Mosaic GPU's lowering on
+any machine (`mode.lower_for_cuda`; the kernels take interpret=False for it).
+
+Not tuned yet: no multi-stage copy pipeline, one column tile per block, weights read
+once per 64-row tile. What they cost on a GPU is for `scripts/gpu_check.py` to measure.
+"""
+
+from specdec_jax.kernels.gpu.decode_attention import attention
+from specdec_jax.kernels.gpu.matmul import dot, pack, sum_squares
+from specdec_jax.kernels.gpu.mode import interpret, lower_for_cuda
+
+__all__ = ["attention", "dot", "interpret", "lower_for_cuda", "pack", "sum_squares"]

@@ -1,0 +1,48 @@
+"""The decoding methods: values, their wirings onto the round engine, and the entry points.
+
+    values          the method values (Autoregressive, Speculative, BiLD, Blockwise) and
+                    their settings' metadata (what the CLI and the bench expose)
+    autoregressive, speculative, bild, blockwise
+                    each method's wiring: its RoundConfig (acceptance rule, widths) and
+                    proposer
+    adaptive        per-row adaptive gamma (a proposer wrapper)
+    beam            T5X's beam search (Beam): a loop of its own, not a round wiring
+    decode          `decode(target, method, encoder_tokens, ...)`, one jitted round loop
+    functional      `generate`, `speculative_generate`, ...: `decode` by keyword
+    t5x_compat      drop-ins for T5X's decoding functions
+
+Below: `rounds/` (the engine) and `drafters/` (proposers); nothing there imports this.
+"""
+
+from specdec_jax.methods import t5x_compat
+from specdec_jax.methods.adaptive import AdaptiveGamma
+from specdec_jax.methods.beam import Beam, BeamOutput
+from specdec_jax.methods.bild import early_exit
+from specdec_jax.methods.decode import decode
+from specdec_jax.methods.functional import (
+  bild_generate,
+  blockwise_generate,
+  generate,
+  speculative_generate,
+)
+from specdec_jax.methods.values import (
+  Autoregressive,
+  BiLD,
+  Blockwise,
+  Method,
+  Speculative,
+  carried,
+  field_docs,
+  model_fields,
+  setting,
+  settings_fields,
+)
+
+#: Every method type `decode` runs.
+METHODS = (Autoregressive, Speculative, BiLD, Blockwise, Beam)
+
+__all__ = ["METHODS", "AdaptiveGamma", "Autoregressive", "Beam", "BeamOutput", "BiLD",
+           "Blockwise", "Method",
+           "Speculative", "bild_generate", "blockwise_generate", "carried", "decode",
+           "early_exit", "field_docs", "generate", "model_fields", "setting", "settings_fields",
+           "speculative_generate", "t5x_compat"]

@@ -1,0 +1,113 @@
+"""BiLD, the Big Little Decoder (Kim et al., NeurIPS 2023), as a wiring of the round engine.
+
+Algorithm 1 (one row): the small model proposes while it is confident,
+max p_S > fallback_threshold, for at most `max_small_steps` consecutive tokens;
+then the large model runs ONCE over every not-yet-verified small token plus one
+position (the small model's unsure proposal is discarded); at the first small
+token y_m with -log p_L(y_m) > rollback_threshold it rolls back: y_m.. are dropped
+and y_m becomes the large model's token; otherwise the large model's next token is
+appended. A sentence the small model ends (EOS) is final, unverified: Algorithm 1
+stops when the last token is EOS. So is a buffer the small model fills.
+
+    propose   DraftLoop(small, stop=Unsure(fallback_threshold), final_at_eos=True),
+              at most max_small_steps proposals      -> the fallback policy
+    verify    one call of the large model, skipped when every live row is final
+    accept    acceptance.Rollback(rollback_threshold) -> the rollback policy
+    commit    as every method: both caches roll back by length
+
+Batched semantics (B > 1, fixed shapes; `batch_policy`):
+  "wait" (default): a row that falls back waits, its proposals kept, until every row
+      has fallen back or hit the cap; then one large call verifies all rows. Each row
+      follows Algorithm 1 exactly, as if decoded alone; the small model runs for the
+      slowest row (rows that wait ride along in the batched small calls).
+  "sync": the first row to fall back stops every row's drafting: rows still confident
+      are verified early (their small-model run is cut short, which can change their
+      tokens). Fewer small calls per large call, more large calls.
+
+BiLD is lossy by design: `stats["lossy"]` is True. Its statistics: `fallbacks`
+(rounds ended because the small model was unsure), `rejections` (rollbacks),
+`drafter_tokens` / `target_tokens` (tokens each model produced), `drafter_calls` /
+`target_calls` (small / large calls per row), `tokens_per_target_call`, and
+`fallback_rate` / `rollback_rate` (per emitted token).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from specdec_jax import sampling as sampling_lib
+from specdec_jax.drafters import DraftLoop, Unsure, as_drafter
+from specdec_jax.drafters.early_exit import EarlyExitDrafter
+from specdec_jax.errors import InputError
+from specdec_jax.models.model import Model
+from specdec_jax.rounds import engine, inputs
+from specdec_jax.rounds.acceptance import Rollback
+from specdec_jax.rounds.phases import Proposal, Verified
+
+BATCH_POLICIES = ("wait", "sync")
+
+
+def verify_unless_final(target: Model, state: engine.RoundState, proposal: Proposal,
+                        call_width: int = 0) -> Verified:
+  """`engine.verify`, skipped (ran=False) when every live row's proposals are final."""
+  needed = jnp.any(~state.done & ~proposal.final)
+  real = lambda: engine.verify(target, state, proposal, call_width)
+  shape = jax.eval_shape(real)
+
+  def skip() -> Verified:
+    cache = state.cache if proposal.target_cache is None else proposal.target_cache
+    return Verified(logits=jnp.zeros(shape.logits.shape, shape.logits.dtype),
+                    hidden=jnp.zeros(shape.hidden.shape, shape.hidden.dtype),
+                    cache=cache, ran=jnp.zeros((), jnp.bool_))
+
+  return jax.lax.cond(needed, real, skip)
+
+
+def check_thresholds(fallback_threshold: float, rollback_threshold: float,
+                     max_small_steps: int) -> None:
+  f = fallback_threshold
+  if not isinstance(f, (int, float)) or isinstance(f, bool) or not 0.0 <= f <= 1.0:
+    raise InputError(f"fallback_threshold must be in [0, 1], got {f!r}")
+  r = rollback_threshold
+  if not isinstance(r, (int, float)) or isinstance(r, bool) or math.isnan(r) or r <= 0:
+    raise InputError(f"rollback_threshold must be > 0 (inf: never roll back), got {r!r}")
+  inputs.check_positive_int(max_small_steps, "max_small_steps")
+
+
+def check_batch_policy(batch_policy: str) -> None:
+  if batch_policy not in BATCH_POLICIES:
+    raise InputError(f"batch_policy must be one of {BATCH_POLICIES}, got {batch_policy!r}")
+
+
+def round_config(fallback_threshold: float, rollback_threshold: float, max_small_steps: int,
+                 max_new_tokens: int, sampling=None, eos_id: int = 1,
+                 batch_policy: str = "wait", small_kind: str = "model",
+                 exact: bool | None = None) -> engine.RoundConfig:
+  check_thresholds(fallback_threshold, rollback_threshold, max_small_steps)
+  return engine.RoundConfig(
+      call_width=engine.call_width(exact, sampling, int(max_small_steps) + 1),
+      max_new_tokens=inputs.check_positive_int(max_new_tokens, "max_new_tokens"),
+      max_proposals=int(max_small_steps), sampling=sampling_lib.as_sampling(sampling),
+      eos_id=eos_id, accept=Rollback(float(rollback_threshold)), verify=verify_unless_final,
+      info=(("method", "bild"), ("fallback_threshold", float(fallback_threshold)),
+            ("rollback_threshold", float(rollback_threshold)),
+            ("max_small_steps", int(max_small_steps)), ("batch_policy", batch_policy),
+            ("small", small_kind), ("lossy", True)))
+
+
+def proposer(small: Any, large: Model, fallback_threshold: float,
+             batch_policy: str = "wait") -> DraftLoop:
+  """The small model (a `Model`, a drafter, or `EarlyExitDrafter(large, k)`) under BiLD's
+  fallback policy."""
+  check_batch_policy(batch_policy)
+  return DraftLoop(as_drafter(small, large), stop=Unsure(float(fallback_threshold)),
+                   final_at_eos=True, stop_together=batch_policy == "sync", keep_q=False)
+
+
+def early_exit(model: Model, exit_layer: int = 1) -> EarlyExitDrafter:
+  """The small model of BiLD's early-exit variant: `model` read after `exit_layer` layers."""
+  return EarlyExitDrafter(model, exit_layer)

@@ -1,0 +1,234 @@
+"""The gpu backend's kernels (specdec_jax.kernels.gpu, Pallas on Mosaic GPU), on CPU.
+
+Where no GPU is the default backend they run in Pallas's GPU interpret mode: each row of
+a product, sum of squares and attention is bitwise the same whatever the number of rows
+M, the row's position and the call width, and agrees with XLA's ops to rounding. The
+same kernels compiled for a GPU (interpret=False) go through Mosaic GPU's lowering here
+too (`lower_for_cuda`), which rejects constructs it cannot compile (negative control:
+a plain jnp.dot in a kernel). Shapes are small: the interpreter runs every copy, barrier
+and tensor-core product as a host callback.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import perturbed, ragged_tokens
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+import specdec_jax as sd
+from specdec_jax.kernels import backends, gpu
+from specdec_jax.kernels.gpu import matmul
+
+K, N = 70, 130                    # odd: both edges padded at packing
+MS = (1, 2, 5, 16, 64, 512)
+
+
+def _rows(m: int, seed: int = 0) -> np.ndarray:
+  """Positions in a 512-row reference of the m rows of a call: scattered, reversed."""
+  return np.random.default_rng(seed).permutation(512)[:m][::-1].copy()
+
+
+@pytest.fixture(scope="module")
+def products():
+  rng = np.random.default_rng(0)
+  w = jnp.asarray(rng.standard_normal((K, N)), jnp.float32)
+  x = jnp.asarray(rng.standard_normal((512, K)), jnp.float32)
+  return x, w
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, pytest.param(jnp.float32,
+                                                               marks=pytest.mark.slow)])
+def test_dot_rows_are_bitwise_independent_of_m_and_position(products, dtype):
+  x, w = products
+  wp = gpu.pack(w, dtype)
+  full = np.asarray(gpu.dot(x.astype(dtype), wp, N))
+  ms = MS[:-1] if dtype == jnp.bfloat16 else (1, 5, 64)       # f32: three WGMMAs a step
+  for m in ms:
+    rows = _rows(m, seed=m)
+    got = np.asarray(gpu.dot(x[rows].astype(dtype), wp, N))
+    np.testing.assert_array_equal(got, full[rows], err_msg=f"M={m}")
+  # [..., K] leading dims: a [B, T, K] call is its rows
+  got = np.asarray(gpu.dot(x[:6].astype(dtype).reshape(2, 3, K), wp, N))
+  np.testing.assert_array_equal(got.reshape(6, N), full[:6])
+
+
+@pytest.mark.parametrize("dtype,rtol", [(jnp.bfloat16, 1e-5), (jnp.float32, 2e-5)])
+def test_dot_agrees_with_xla(products, dtype, rtol):
+  """bfloat16: XLA's bfloat16 product with float32 accumulation; float32: XLA's at
+  HIGHEST precision (the hi/lo split drops lo.lo, ~2^-16 relative per term)."""
+  x, w = products
+  x = x[:5]
+  got = np.asarray(gpu.dot(x.astype(dtype), gpu.pack(w, dtype), N))
+  want = np.asarray(jnp.dot(x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32,
+                            precision=jax.lax.Precision.HIGHEST))
+  assert got.shape == (5, N)
+  scale = np.abs(x).sum(-1, keepdims=True) * np.abs(w).max()
+  assert np.max(np.abs(got - want) / scale) <= rtol
+
+
+def test_packing_pads_the_edges_with_zeros_and_is_checked():
+  w = jnp.ones((K, N), jnp.float32)
+  wp = gpu.pack(w)
+  assert wp.shape == (2, 128, 192) and wp.dtype == jnp.bfloat16
+  assert np.asarray(wp[0, :K, :N]).min() == 1 and not np.asarray(wp[0, K:]).any()
+  assert not np.asarray(wp[0, :, N:]).any() and not np.asarray(wp[1]).any()
+  assert gpu.pack(w, jnp.bfloat16).shape == (1, 128, 192)
+  with pytest.raises(ValueError, match="not a GPU packing"):
+    gpu.dot(jnp.ones((1, 2 * K)), wp, N)
+  with pytest.raises(TypeError, match="float32 or bfloat16"):
+    gpu.pack(w.astype(jnp.float16))
+
+
+def test_sum_squares_rows_are_invariant_and_agree(products):
+  x, _ = products
+  ones = gpu.pack(jnp.ones((K, 1), jnp.float32), jnp.float32)
+  full = np.asarray(gpu.sum_squares(x, ones))
+  for m in (1, 5, 64):
+    rows = _rows(m, seed=m)
+    np.testing.assert_array_equal(np.asarray(gpu.sum_squares(x[rows], ones)), full[rows])
+  want = np.sum(np.square(np.asarray(x, np.float64)), -1, keepdims=True)
+  np.testing.assert_allclose(full, want, rtol=2e-5)
+
+
+def _attention_inputs(b, t, h, s, d, dtype, seed=0):
+  rng = np.random.default_rng(seed)
+  q = jnp.asarray(rng.standard_normal((b, t, h, d)), dtype)
+  k = jnp.asarray(rng.standard_normal((b, h, s, d)), dtype)
+  v = jnp.asarray(rng.standard_normal((b, h, s, d)), dtype)
+  lengths = jnp.asarray(rng.integers(1, s + 1, b))                 # per-row cache lengths
+  bias = jnp.where(jnp.arange(s)[None, None, None] < lengths[:, None, None, None], 0.0, -1e10)
+  return q, k, v, bias.astype(jnp.float32)
+
+
+def _xla_attention(q, k, v, bias):
+  logits = jnp.einsum("bthd,bhsd->bhts", q, k, preferred_element_type=jnp.float32,
+                      precision=jax.lax.Precision.HIGHEST) + bias
+  w = jax.nn.softmax(logits, axis=-1)
+  return jnp.einsum("bhts,bhsd->bthd", w, v.astype(jnp.float32),
+                    precision=jax.lax.Precision.HIGHEST)
+
+
+@pytest.mark.parametrize("dtype,atol", [(jnp.bfloat16, 2e-2),
+                                        pytest.param(jnp.float32, 1e-4, marks=pytest.mark.slow)])
+def test_attention_rows_are_invariant_in_t_and_b_and_agree(dtype, atol):
+  """Query rows of a 16-token call are bitwise those of 1- and 5-token calls on them, at
+  the start and the end (and a batch row's are those it gets alone); S = 70 spans two
+  64-key chunks, and the rows' lengths mask keys of both."""
+  b, t, h, s, d = 3, 16, 2, 70, 24
+  q, k, v, bias = _attention_inputs(b, t, h, s, d, dtype)
+  full = np.asarray(gpu.attention(q, k, v, bias))
+  for width, start in ((1, 0), (1, t - 1), (5, 3)):
+    part = np.asarray(gpu.attention(q[:, start:start + width], k, v, bias))
+    np.testing.assert_array_equal(part, full[:, start:start + width], err_msg=f"T={width}")
+  alone = np.asarray(gpu.attention(q[2:3, 3:4], k[2:3], v[2:3], bias[2:3]))
+  np.testing.assert_array_equal(alone, full[2:3, 3:4])
+  # bfloat16: probabilities enter p @ v in bfloat16 (XLA's path rounds them too)
+  np.testing.assert_allclose(full, np.asarray(_xla_attention(q, k, v, bias)), atol=atol)
+
+
+def test_attention_takes_a_broadcast_bias_and_checks_shapes():
+  q, k, v, bias = _attention_inputs(2, 3, 2, 9, 8, jnp.float32)
+  rel = jnp.asarray(np.random.default_rng(1).standard_normal((1, 2, 3, 9)), jnp.float32)
+  got = np.asarray(gpu.attention(q, k, v, rel + bias))           # [B, H, T, S] from both
+  np.testing.assert_array_equal(np.asarray(gpu.attention(q, k, v, jnp.broadcast_to(
+      rel + bias, (2, 2, 3, 9)))), got)
+  np.testing.assert_allclose(got, np.asarray(_xla_attention(q, k, v, rel + bias)), atol=1e-4)
+  with pytest.raises(ValueError, match=r"not \[B, H, S, D\]"):
+    gpu.attention(q, k[:, :1], v[:, :1], bias)
+  with pytest.raises(ValueError, match="bias"):
+    gpu.attention(q, k, v, bias[..., :8])
+
+
+# ----------------------------------------------------------------------------- CUDA lowering
+
+
+def _lowers(f, *args) -> str:
+  return gpu.lower_for_cuda(f, *args).as_text()
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_kernels_lower_for_cuda(products, dtype):
+  """Mosaic GPU's lowering (no GPU needed) accepts each kernel as compiled for a GPU:
+  one column tile per block, 64-key chunks."""
+  x, w = products
+  wp = gpu.pack(w, dtype)
+  text = _lowers(lambda a, b: matmul.dot(a, b, N, interpret=False), x[:5].astype(dtype), wp)
+  assert "mosaic_gpu" in text
+  ones = gpu.pack(jnp.ones((K, 1), jnp.float32), jnp.float32)
+  assert "mosaic_gpu" in _lowers(lambda a, b: matmul.sum_squares(a, b, interpret=False),
+                                 x[:5], ones)
+  q, k, v, bias = _attention_inputs(2, 3, 2, 70, 24, dtype)
+  assert "mosaic_gpu" in _lowers(
+      lambda *a: gpu.attention(*a, interpret=False), q, k, v, bias)
+
+
+def test_cuda_lowering_rejects_what_mosaic_gpu_cannot_compile():
+  """Negative control: a kernel computing a plain jnp.dot on whole refs fails to lower."""
+  def kernel(x_ref, w_ref, o_ref):
+    o_ref[...] = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
+
+  def f(x, w):
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((64, 64), jnp.float32),
+                          compiler_params=plgpu.CompilerParams())(x, w)
+
+  x = jnp.ones((64, 64), jnp.bfloat16)
+  with pytest.raises(NotImplementedError, match="dot_general"):
+    _lowers(f, x, x)
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+def test_gpu_packing_puts_every_product_on_the_kernels():
+  model = sd.init_model(sd.get_config("t5_1_1_tiny"), 0, "bfloat16")
+  packed = sd.pack(model, kernels="gpu")
+  weights = packed.decode_weights
+  assert weights.policy.backend == "gpu" and weights.xla == ()
+  assert "interpret" in weights.policy.reason or jax.default_backend() == "gpu"
+  assert packed.width_invariant_decode and not sd.pack(model, kernels="xla").width_invariant_decode
+  leaves = jax.tree_util.tree_leaves(weights.weights, is_leaf=lambda x: hasattr(x, "backend"))
+  assert {p.backend for p in leaves} == {"gpu"}
+  assert backends.get("gpu").kinds == frozenset(weights.products[i].kind
+                                                for i in range(len(weights.products)))
+
+
+@pytest.mark.slow
+def test_every_method_on_gpu_kernels_is_bitwise_the_baseline_at_natural_widths(monkeypatch):
+  """A tiny bfloat16 target packed for the gpu backend (interpret mode here): greedy
+  output of speculative decoding, BiLD at fallback threshold 1 and blockwise drafts is
+  bitwise the autoregressive baseline's, with every target call at its natural width
+  (no padding to EXACT_WIDTH: the backend makes every product width-invariant)."""
+  model = sd.init_model(sd.get_config("t5_1_1_tiny"), 1, "bfloat16")
+  target = sd.pack(model, kernels="gpu")
+  drafter = perturbed(model, 0.05, seed=0)            # unpacked: XLA's ops
+  heads = sd.init_heads(model, 2, rng=1, init_scale=1.0)
+  enc = ragged_tokens(2, 8, model.vocab_size, seed=4)
+  new = 6
+  widths = []
+  original = sd.Model.decode_with_hidden
+
+  def recording(self, tokens, cache, **kwargs):
+    if self.decode_weights is not None:
+      widths.append(tokens.shape[1])
+    return original(self, tokens, cache, **kwargs)
+
+  monkeypatch.setattr(sd.Model, "decode_with_hidden", recording)
+  base = sd.generate(target, enc, max_new_tokens=new)
+  assert base.stats["exact"] and set(widths) == {1}
+  runs = {
+      "speculative g3": (4, lambda: sd.speculative_generate(target, drafter, enc, gamma=3,
+                                                            max_new_tokens=new)),
+      "bild 1.0": (None, lambda: sd.bild_generate(target, drafter, enc, fallback_threshold=1.0,
+                                                  max_new_tokens=new)),
+      "blockwise": (None, lambda: sd.blockwise_generate(target, heads, enc, max_new_tokens=new,
+                                                        top_k=1)),
+  }
+  for name, (width, run) in runs.items():
+    widths.clear()
+    out = run()
+    assert out.stats["exact"], name
+    assert widths and max(widths) < 16 and (width is None or set(widths) == {width}), name
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(base.tokens), err_msg=name)
+    np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(base.lengths), err_msg=name)

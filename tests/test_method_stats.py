@@ -1,0 +1,92 @@
+"""Statistics per method: a run's `out.stats` carries the common statistics and its method's
+own, no other method's (speculative decoding reports no rollback_rate), and the tables in
+docs/methods/*.md (docs/api/decode.md: the common ones) list exactly those names."""
+
+import pathlib
+import re
+
+import pytest
+from conftest import REPO_DIR, peaked, perturbed, ragged_tokens
+
+import specdec_jax as sd
+from specdec_jax.rounds import stats as stats_lib
+
+MAX_NEW = 8
+SAMPLE = sd.Sampling(temperature=0.8)
+DOCS = {"autoregressive": "docs/api/decode.md", "speculative": "docs/methods/speculative.md",
+        "bild": "docs/methods/bild.md", "blockwise": "docs/methods/blockwise.md"}
+ORACLE_ONLY = {"oracle_tokens_per_target_call"}
+
+
+def _table_names(path: pathlib.Path) -> list[str]:
+  """The first-column names (`name`) of the table under the page's "## Statistics"."""
+  section = path.read_text(encoding="utf-8").split("## Statistics\n", 1)
+  assert len(section) == 2, f"{path} has no '## Statistics' section"
+  body = section[1].split("\n## ", 1)[0]
+  return re.findall(r"^\| `([a-z_]+)` \|", body, flags=re.M)
+
+
+@pytest.mark.parametrize("method", sorted(DOCS))
+def test_docs_tables_list_each_methods_statistics(method):
+  names = _table_names(REPO_DIR / DOCS[method])
+  assert len(names) == len(set(names)), f"{DOCS[method]} lists a name twice"
+  assert set(names) == set(stats_lib.method_stats(method))
+
+
+def test_method_stats_are_the_common_ones_plus_their_own():
+  assert set(stats_lib.METHOD_STATS) == set(DOCS)
+  assert stats_lib.method_stats("autoregressive") == stats_lib.COMMON_STATS
+  every = set(stats_lib.SUMMARY)
+  for method, own in stats_lib.METHOD_STATS.items():
+    assert set(own) <= every and not set(own) & set(stats_lib.COMMON_STATS), method
+  assert "rollback_rate" not in stats_lib.method_stats("speculative")
+  assert "alpha" not in stats_lib.method_stats("bild")
+  assert stats_lib.method_stats("a research method") == stats_lib.SUMMARY   # unknown: all
+
+
+@pytest.fixture(scope="module")
+def target():
+  return peaked(sd.init_model(sd.get_config("t5_1_1_tiny"), 1), 5.0, 2.5)
+
+
+@pytest.fixture(scope="module")
+def drafter(target):
+  return perturbed(target, 0.25, seed=3)
+
+
+@pytest.fixture(scope="module")
+def heads(target):
+  return sd.init_heads(target, 3, rng=2)
+
+
+def _methods(drafter, heads):   # as test_methods' cases: their programs are cached
+  return {"autoregressive": sd.Autoregressive(exact=False),
+          "speculative": sd.Speculative(drafter, gamma=3, lenience=0.7),
+          "bild": sd.BiLD(drafter, fallback_threshold=0.7, rollback_threshold=1.5,
+                          max_small_steps=4, batch_policy="sync"),
+          "blockwise": sd.Blockwise(heads, top_k=2, num_drafts=2)}
+
+
+@pytest.mark.parametrize("kind", sorted(DOCS))
+def test_each_methods_stats_keys_are_exactly_its_own(target, drafter, heads, kind):
+  enc = ragged_tokens(3, 8, 512, seed=4)
+  sampling = None if kind == "blockwise" else SAMPLE
+  out = sd.decode(target, _methods(drafter, heads)[kind], enc, MAX_NEW, sampling=sampling,
+                  rng=7)
+  info = dict(out.info)
+  assert info["method"] == kind
+  statistics = set(out.stats) - set(info)
+  assert statistics == set(stats_lib.method_stats(kind)) - ORACLE_ONLY
+  # a corpus of batches (what `specdec decode --json` prints) reports the same names
+  merged = stats_lib.merge_outputs([out, out])
+  assert set(merged) - set(info) == statistics
+
+
+def test_summary_of_another_methods_counters_keeps_its_own_names():
+  """The filter is by the run's method, not by which counters happen to be nonzero."""
+  zeros = stats_lib.DecodeStats.zeros(2, 3)
+  spec = stats_lib.summarize(zeros, {"method": "speculative"})
+  bild = stats_lib.summarize(zeros, {"method": "bild"})
+  assert "rollback_rate" in bild and "rollback_rate" not in spec
+  assert "alpha" in spec and "alpha" not in bild
+  assert set(stats_lib.summarize(zeros)) == set(stats_lib.SUMMARY) - ORACLE_ONLY

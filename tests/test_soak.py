@@ -1,0 +1,116 @@
+"""Soak: 2,000 sentences through `specdec decode` (the CLI's main, in this process) with the
+bundled small De->En pair, speculatively: after a warm-up run nothing is compiled again
+(a second run of the file, then the file again in chunks of 500), resident memory stays
+flat, and the chunks' outputs equal the whole file's (chunk edges on batch edges, so every
+batch is the same). Each run is a fresh `main` call: the model is loaded again, the
+compiled programs are reused.
+
+Compilations are counted with jax.monitoring: every lowering to MLIR (each jit cache
+miss, whether or not the persistent cache then supplies the binary) and every backend
+compile. The figures are printed (pytest -s shows them)."""
+
+import contextlib
+import gc
+import io
+import json
+import os
+import pathlib
+import sys
+from typing import ClassVar
+
+import jax
+import pytest
+
+from specdec_jax.tools import cli
+
+HERE = pathlib.Path(__file__).parent
+SENTENCES = 2000
+CHUNK = 500
+BATCH = 50           # divides CHUNK: a chunk's batches are the whole file's
+# RSS growth allowed from the 2nd run to the end (4 more main calls over the same 2,000
+# sentences). Measured on a loaded 2-core CPU: the run after the warm-up adds 35-55 MB
+# (allocator pools), later ones +25 MB here, and 7 runs of 500 sentences plateau within
+# 9 MB. Keeping each call's weights (37 MB) would add ~150 MB over the 4 calls.
+MAX_GROWTH_MB = 60.0
+FLAGS = ["--model", "demo-de-en/target", "--drafter", "demo-de-en/drafter", "--tokenizer",
+         "demo-de-en", "--gamma", "3", "--max-new-tokens", "8", "--batch-size", str(BATCH),
+         "--no-warmup"]
+
+
+def _sentences() -> list[str]:
+  """2,000 distinct German prompts from the 64 shipped test sentences: each alone, then
+  pairs of them."""
+  de = [json.loads(line)["de"] for line in (HERE / "data" / "demo_test_pairs.jsonl")
+        .read_text(encoding="utf-8").splitlines() if line.strip()]
+  pairs = [f"{a} {b}" for b in de for a in de if a != b]
+  return (de + pairs)[:SENTENCES]
+
+
+def _rss_mb() -> float:
+  with open("/proc/self/statm") as f:
+    return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+class Compilations:
+  """Counts of lowerings and backend compiles since the last `take`."""
+
+  EVENTS: ClassVar[dict[str, str]] = {"/jax/core/compile/jaxpr_to_mlir_module_duration": "lowered",
+            "/jax/core/compile/backend_compile_duration": "compiled"}
+
+  def __init__(self):
+    self.counts = dict.fromkeys(self.EVENTS.values(), 0)
+    jax.monitoring.register_event_duration_secs_listener(self._listen)
+
+  def _listen(self, event, duration, **kwargs):
+    if event in self.EVENTS:
+      self.counts[self.EVENTS[event]] += 1
+
+  def take(self) -> dict[str, int]:
+    counts, self.counts = self.counts, dict.fromkeys(self.EVENTS.values(), 0)
+    return counts
+
+
+def _decode(path) -> list[str]:
+  printed = io.StringIO()
+  with contextlib.redirect_stdout(printed):
+    assert cli.main(["decode", *FLAGS, "--input-file", str(path)]) == 0
+  return printed.getvalue().splitlines()
+
+
+@pytest.mark.slow
+def test_soak_2000_sentences(tmp_path):
+  sentences = _sentences()
+  assert len(set(sentences)) == SENTENCES
+  full = tmp_path / "all.txt"
+  full.write_text("\n".join(sentences) + "\n", encoding="utf-8")
+  counter = Compilations()
+  try:
+    outputs, rss, compilations = [], [], []
+    for _ in range(2):     # the 1st run warms up; the 2nd must compile nothing
+      outputs.append(_decode(full))
+      gc.collect()
+      rss.append(_rss_mb())
+      compilations.append(counter.take())
+    chunks = []
+    for start in range(0, SENTENCES, CHUNK):
+      part = tmp_path / f"chunk{start}.txt"
+      part.write_text("\n".join(sentences[start:start + CHUNK]) + "\n", encoding="utf-8")
+      chunks += _decode(part)
+    gc.collect()
+    rss.append(_rss_mb())
+    compilations.append(counter.take())
+  finally:
+    jax.monitoring.clear_event_listeners()
+  print(f"\nsoak: compilations {compilations} (run 1, run 2, the 4 chunks); RSS after each "
+        f"{[round(r, 1) for r in rss]} MB; growth from run 2 to the end "
+        f"{rss[2] - rss[1]:+.1f} MB")
+  assert len(outputs[0]) == SENTENCES
+  assert compilations[0]["lowered"] > 0                 # the counter sees compilations
+  assert compilations[1] == compilations[2] == {"lowered": 0, "compiled": 0}
+  assert outputs[1] == outputs[0]
+  assert chunks == outputs[0]
+  assert rss[2] - rss[1] < MAX_GROWTH_MB, rss
+
+
+if __name__ == "__main__":
+  sys.exit(pytest.main([__file__, "-q", "-s"]))

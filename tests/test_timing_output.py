@@ -1,0 +1,106 @@
+"""Timing output a reader can trust: one labelled figure per quantity, the "why" line from
+the same run's measured quantities, and no verify cost below 1.0 shown as a measurement
+(in `specdec decode --compare` and in the results tables). Model-free: seconds."""
+
+import json
+import time
+
+import pytest
+
+from specdec_jax import theory
+from specdec_jax.tools import costs
+from specdec_jax.tools.cli.decode import _compare_block
+from specdec_jax.tools.results import headline
+from specdec_jax.tools.results.report import markdown_table
+
+
+def _compare(verify_cost):
+  k = {"c": 0.041, "verify_cost": verify_cost, "verify_cost_noise": verify_cost < 1.0,
+       "call_tokens": 3, "repeats": 5, "tokens_per_target_call": 1.76,
+       "drafts_per_target_call": 2.0}
+  k["round_cost"] = 2.0 * 0.041 + costs.verify_cost_floor(verify_cost)
+  k["expected_speedup"] = 1.76 / k["round_cost"]
+  return {"ms_per_token": 3.94, "baseline_ms_per_token": 5.89, "speedup": 5.89 / 3.94,
+          "rounds": 3, "exact_baseline_ms_per_token": 6.2, "exact_cost": 6.2 / 5.89,
+          "same_tokens": True, "costs": k}
+
+
+def test_compare_lines_label_each_figure_once():
+  text = _compare_block(_compare(1.153), "speculative")
+  assert ("target alone 5.89 ms/token, speculative 3.94 ms/token, speedup 1.49x"
+          in text.splitlines()[0])
+  for figure in ("5.89", "3.94", "1.49x"):
+    assert text.count(figure) == (2 if figure == "5.89" else 1), figure   # 5.89: exact's base
+  why = next(line for line in text.splitlines() if line.startswith("why"))
+  assert "1.76 tokens per target call, a round costing 1.24 target steps" in why
+  assert "verify cost 1.15" in why and "c 0.041" in why
+  # no second speedup figure beside the measured one (the call-bound one stays in the JSON)
+  assert "1.42x" not in text and "expected" not in text and "*" not in text
+
+
+def test_a_verify_cost_below_one_is_shown_as_noise():
+  text = _compare_block(_compare(0.9), "speculative")
+  assert "verify cost 1.00*" in text and "0.90" in text.splitlines()[-2]   # the footnote
+  assert "timing noise" in text and "verify cost 0.90" not in text
+  assert costs.verify_cost_text(0.9) == "1.00*" and costs.verify_cost_text(1.0) == "1.00"
+  # predictions floor it: a 0.90 measurement predicts what 1.00 predicts
+  assert (costs.predictions(0.6, 2, 0.05, 0.9, 1.2)["predicted_speedup"]
+          == costs.predictions(0.6, 2, 0.05, 1.0, 1.2)["predicted_speedup"])
+  assert costs.predictions(0.6, 2, 0.05, 0.9, 1.2)["verify_cost"] == 0.9   # stored as measured
+
+
+def _results(verify_cost):
+  row = {"key": "B1/aligned/g2", "method": "speculative", "batch_size": 1, "drafter": "aligned",
+         "mode": "greedy", "gamma": 2, "alpha": 0.59, "acceptance_rate": 0.43,
+         "block_efficiency": 1.69, "ms_per_token": 2.761, "speedup": 1.24, "c": 0.045,
+         "verify_cost": verify_cost, "bleu": 9.5, "chrf": 27.9}
+  row.update(costs.predictions(0.59, 2, 0.045, verify_cost, 1.24))
+  # as an older run stored it: from the raw measurement
+  row["predicted_speedup"] = float(theory.walltime_improvement_measured(0.59, 2, 0.045,
+                                                                        verify_cost))
+  base = {"key": "B1/target/greedy", "method": "baseline", "batch_size": 1, "drafter": None,
+          "mode": "greedy", "gamma": None, "ms_per_token": 3.256, "speedup": 1.0,
+          "bleu": 9.5, "chrf": 27.9}
+  return {"created": "2026-11-25T18:49:08+00:00", "command": "python -m ...",
+          "config": {"pairs": 100, "max_new_tokens": 20},
+          "machine": {"backend": "cpu", "cpu_count": 2, "jax_version": "0.10.2"},
+          "rows": [base, row]}
+
+
+@pytest.mark.parametrize("verify_cost", [0.9, 1.21])
+def test_results_tables_show_noise_as_noise(tmp_path, verify_cost):
+  res = _results(verify_cost)
+  (tmp_path / "demo").mkdir()
+  (tmp_path / "demo" / "results.json").write_text(json.dumps(res))
+  speed = "\n".join(headline.speed_table(str(tmp_path), "demo"))
+  table = markdown_table(res)
+  predicted = costs.predictions(0.59, 2, 0.045, verify_cost, 1.24)["predicted_speedup"]
+  for text in (speed, table):
+    assert f"| {costs.verify_cost_text(verify_cost)} |" in text
+    assert f"{predicted:.2f}x" in text                  # floored, whatever was stored
+    assert ("timing noise" in text) == (verify_cost < 1.0)
+    assert "0.90" not in text
+
+
+class _FakeTimer:
+  """A step timer whose loop sleeps `seconds` (steps per loop: `steps`)."""
+
+  def __init__(self, seconds, steps=1):
+    self.seconds, self.steps, self.compiled = seconds, steps, False
+
+  def compile(self):
+    self.compiled = True
+    return self
+
+  def _run(self):
+    time.sleep(self.seconds)
+
+
+def test_relative_costs_are_medians_of_per_round_ratios():
+  timers = {("target", 1): _FakeTimer(0.02), ("target", 3): _FakeTimer(0.04),
+            ("drafter", "d"): _FakeTimer(0.02, steps=4)}
+  ratio = costs.relative_costs(timers, repeats=3)
+  assert all(t.compiled for t in timers.values())
+  assert ratio[("target", 1)] == 1.0
+  assert 1.4 < ratio[("target", 3)] < 2.6          # 2x, give or take the machine's noise
+  assert 0.15 < ratio[("drafter", "d")] < 0.4       # per step: a quarter of a loop
