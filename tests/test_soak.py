@@ -106,7 +106,10 @@ def test_soak_2000_sentences(tmp_path):
         f"{rss[2] - rss[1]:+.1f} MB")
   assert len(outputs[0]) == SENTENCES
   assert compilations[0]["lowered"] > 0                 # the counter sees compilations
-  assert compilations[1] == compilations[2] == {"lowered": 0, "compiled": 0}
+  assert compilations[1] == {"lowered": 0, "compiled": 0}   # the same input: nothing new
+  # A chunk file's longest prompt caps its widest width bucket (`batching.bucket_width`):
+  # at most one width the whole file did not use per chunk, each compiled once.
+  assert compilations[2]["compiled"] <= SENTENCES // CHUNK
   assert outputs[1] == outputs[0]
   assert chunks == outputs[0]
   assert rss[2] - rss[1] < MAX_GROWTH_MB, rss
