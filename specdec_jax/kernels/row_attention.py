@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.kernels import build, work
+from specdec_jax.kernels.shapes import check_attention
 
 Array = jax.Array
 
@@ -40,18 +41,7 @@ def attention(q: Array, k: Array, v: Array, bias: Array) -> Array:
   Needs the kernels (`build.available()`): the caller picks this or XLA's ops. Under
   `jax.vmap` the call runs once per mapped element (each bitwise as alone).
   """
-  if q.ndim != 4 or k.ndim != 4:
-    raise ValueError(f"attention: q {list(q.shape)} and k {list(k.shape)} must be 4-D "
-                     f"([B, T, H, D] and [B, H, S, D])")
-  b, t, h, d = q.shape
-  s = k.shape[2]
-  if k.shape != (b, h, s, d) or v.shape != k.shape:
-    raise ValueError(f"attention: k {list(k.shape)} / v {list(v.shape)} are not [B, H, S, D] "
-                     f"= [{b}, {h}, S, {d}] of q {list(q.shape)}")
-  if bias.ndim != 4 or bias.shape[3] != s or any(
-      n not in (1, full) for n, full in zip(bias.shape[:3], (b, h, t), strict=True)):
-    raise ValueError(f"attention: bias {list(bias.shape)} is not [B|1, H|1, T|1, S] = "
-                     f"[{b}|1, {h}|1, {t}|1, {s}]")
+  b, t, h, d, s = check_attention(q, k, v, bias)
   if k.dtype != v.dtype or jnp.dtype(k.dtype) != jnp.bfloat16:
     k, v = k.astype(jnp.float32), v.astype(jnp.float32)
   if not build.available():

@@ -31,6 +31,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from specdec_jax.kernels.gpu import mode
 from specdec_jax.kernels.gpu.matmul import _PAIRS, TM, _ceil, _transforms, split
+from specdec_jax.kernels.shapes import check_attention
 
 Array = jax.Array
 
@@ -146,18 +147,7 @@ def attention(q: Array, k: Array, v: Array, bias: Array, interpret: bool | None 
   bfloat16 q, k and v run one bfloat16 part; anything else two (hi/lo of float32).
   interpret: None: `mode.interpret()`; False compiles for Mosaic GPU.
   """
-  if q.ndim != 4 or k.ndim != 4:
-    raise ValueError(f"attention: q {list(q.shape)} and k {list(k.shape)} must be 4-D "
-                     f"([B, T, H, D] and [B, H, S, D])")
-  b, t, h, d = q.shape
-  s = k.shape[2]
-  if k.shape != (b, h, s, d) or v.shape != k.shape:
-    raise ValueError(f"attention: k {list(k.shape)} / v {list(v.shape)} are not [B, H, S, D] "
-                     f"= [{b}, {h}, S, {d}] of q {list(q.shape)}")
-  if bias.ndim != 4 or bias.shape[3] != s or any(
-      n not in (1, full) for n, full in zip(bias.shape[:3], (b, h, t), strict=True)):
-    raise ValueError(f"attention: bias {list(bias.shape)} is not [B|1, H|1, T|1, S] = "
-                     f"[{b}|1, {h}|1, {t}|1, {s}]")
+  b, t, h, d, s = check_attention(q, k, v, bias)
   bf16 = jnp.dtype(jnp.bfloat16)
   parts = 1 if {jnp.dtype(a.dtype) for a in (q, k, v)} == {bf16} else 2
   tp, dp, sp = _ceil(t, TM), _ceil(d, 64), _ceil(s, C)
