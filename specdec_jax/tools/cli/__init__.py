@@ -28,6 +28,11 @@ vocabulary differs from the target's, a missing file, ...), reported as one line
 traceback. `main` returns the exit code instead of raising SystemExit, so tests and
 scripts can call `main([...])` directly.
 
+`specdec decode` with several processes (the distributed flags) decodes in a supervised
+child process (`supervise`, Linux), so that a process that JAX aborts from C++ (its
+coordinator lost) still ends with one line and exit code 1; `main(argv)` called from
+Python decodes in its own process.
+
 stdout carries only a command's results (decode: the outputs, or one JSON object with
 --json); every log, ours, JAX's and C++ libraries' (Gloo's connection lines with several
 processes), goes to stderr (`streams.results_stdout`).
@@ -41,7 +46,17 @@ import sys
 from typing import Sequence
 
 from specdec_jax.errors import SpecdecError
-from specdec_jax.tools.cli import bench, convert, decode, evaluate, plan, sweep, train
+from specdec_jax.tools.cli import (
+  bench,
+  convert,
+  decode,
+  distributed,
+  evaluate,
+  plan,
+  supervise,
+  sweep,
+  train,
+)
 from specdec_jax.tools.cli.streams import results_stdout
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -78,6 +93,14 @@ def error_line(e: SpecdecError) -> str:
   return text.splitlines()[0] if text else type(e).__name__
 
 
+def _supervised(args) -> int:
+  """This multi-process command, run again as a supervised child (`supervise`)."""
+  processes = distributed.processes_from_args(args)
+  who = supervise.Who(processes.process_id, processes.num_processes, processes.coordinator)
+  return supervise.run([sys.executable, "-m", "specdec_jax.tools.cli", *args.argv], who,
+                       program=f"specdec {args.command}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   parser = build_parser()
   try:
@@ -86,6 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return e.code if isinstance(e.code, int) else EXIT_USAGE
   args.argv = list(sys.argv[1:] if argv is None else argv)
   try:
+    if argv is None and args.command == "decode" and supervise.wanted(
+        distributed.requested(distributed.processes_from_args(args))):
+      return _supervised(args)
     with results_stdout(keep=argv is None):   # the process entry: stdout stays results-only
       return int(args.func(args) or EXIT_OK)
   except SpecdecError as e:

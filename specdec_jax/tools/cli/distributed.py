@@ -39,7 +39,7 @@ import numpy as np
 
 from specdec_jax.errors import SpecdecError
 from specdec_jax.tools.batching import Batch
-from specdec_jax.tools.cli import liveness
+from specdec_jax.tools.cli import liveness, supervise
 from specdec_jax.tools.decode_methods import Corpus
 from specdec_jax.tools.errors import CLIError
 
@@ -117,13 +117,22 @@ def processes_from_args(args) -> Processes:
       coordinator_timeout=args.coordinator_timeout, heartbeat_timeout=args.heartbeat_timeout)
 
 
+def requested(processes: Processes) -> bool:
+  """Whether `processes` asks for several processes: --distributed, or any of
+  --coordinator, --num-processes, --process-id (or their environment variables)."""
+  return processes.detect or any(
+      v is not None for v in (processes.coordinator, processes.num_processes,
+                              processes.process_id))
+
+
 def initialize(processes: Processes) -> bool:
   """`jax.distributed.initialize` (before any JAX computation); whether it was called. A
   partial set of --coordinator / --num-processes / --process-id is an error naming the
-  missing ones."""
+  missing ones. The `specdec` command runs such a process as a supervised child
+  (`supervise`), told here once the processes are joined."""
   given = {"--coordinator": processes.coordinator, "--num-processes": processes.num_processes,
            "--process-id": processes.process_id}
-  if not processes.detect and all(v is None for v in given.values()):
+  if not requested(processes):
     return False
   if any(v is not None for v in given.values()):
     missing = [flag for flag, v in given.items() if v is None]
@@ -157,8 +166,11 @@ def initialize(processes: Processes) -> bool:
         f"{processes.coordinator_timeout:g} s (is process 0 running there, with the same "
         f"--num-processes?): {first}") from None
   from jax._src import distributed as jax_distributed  # the client: no public accessor
-  liveness.start(jax_distributed.global_state.client, jax.process_index(),
-                 jax.process_count(), processes.heartbeat_timeout, coordinator)
+  state = jax_distributed.global_state
+  supervise.joined(jax.process_index(), jax.process_count(),
+                   coordinator or getattr(state, "coordinator_address", None))
+  liveness.start(state.client, jax.process_index(), jax.process_count(),
+                 processes.heartbeat_timeout, coordinator)
   return True
 
 

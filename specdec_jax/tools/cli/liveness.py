@@ -21,7 +21,16 @@ Either way the thread prints ``specdec decode: error: <that>`` on stderr and end
 process with exit code 1 (`os._exit`: the main thread may be blocked inside a collective,
 where no exception reaches it). JAX's own heartbeat is set to twice `timeout`
 (`jax_heartbeat`), so the watchdog speaks first; should it not (a survivor whose Python
-thread is starved), JAX's C++ abort still ends the process, non-zero, within that bound.
+thread is starved), JAX's C++ abort still ends the process within that bound.
+
+One loss the watchdog cannot report first: process 0's. Its coordination service dies with
+it, and jaxlib's error polling in every other process aborts that process from C++ at once
+(SIGABRT), before any Python runs. So `specdec decode` with several processes runs the
+decode in a supervised child (`supervise`): the process the user started holds JAX's dying
+lines back and, when its child ends by a signal, prints the same kind of line, ``lost
+process 0 (the coordinator at HOST:PORT): UNAVAILABLE: ...; stopping process 1 of 2``,
+and exits with code 1 (as it does for a C++ abort above). Killing that process kills its
+child (PR_SET_PDEATHSIG), so the others see it lost.
 
 At exit the thread stops judging (`atexit`, before JAX's shutdown barrier, where a peer
 that finished first waits without decoding) but keeps beating until the process ends.
