@@ -191,7 +191,7 @@ def test_train_bad_recipes(capsys, tmp_path):
 def baseline(trained):
   _, workdir = trained
   return evaluation.evaluate(sd.load(str(workdir / "target" / "final")), workdir / "data",
-                             limit=LIMIT, batch_size=8)
+                             evaluation.EvalSettings(limit=LIMIT, batch_size=8))
 
 
 def test_eval_json_scores_and_speed(trained, capsys, baseline):
@@ -244,8 +244,9 @@ def test_eval_speculative_greedy_equals_target_greedy(trained, capsys, baseline)
 def test_eval_ngram_drafter_fitted_on_train_split(trained, baseline):
   _, workdir = trained
   target = sd.load(str(workdir / "target" / "final"))
-  result = evaluation.evaluate(target, workdir / "data", drafter="ngram", gamma=2,
-                               limit=LIMIT, batch_size=8)
+  result = evaluation.evaluate(target, workdir / "data",
+                               evaluation.EvalSettings(gamma=2, limit=LIMIT, batch_size=8),
+                               drafter="ngram")
   assert result["hypotheses"] == baseline["hypotheses"]
   assert result["stats"]["drafted"] > 0
 
@@ -404,6 +405,19 @@ def test_resolve_sampling_and_drafter_errors():
   assert evaluation.resolve_drafter(None, target, None) is None
   assert isinstance(evaluation.resolve_drafter("prompt-lookup", target, None),
                     sd.PromptLookupDrafter)
+
+
+def test_eval_settings_are_checked_where_they_are_made():
+  """`EvalSettings` refuses a bad size or a sampling that conflicts with its method when it
+  is made, before `evaluate` loads any data."""
+  for field in ("batch_size", "gamma", "max_new_tokens", "limit"):
+    with pytest.raises(evaluation.EvaluationError, match=f"{field} must be an integer >= 1"):
+      evaluation.EvalSettings(**{field: 0})
+  with pytest.raises(evaluation.EvaluationError, match="batch_size must be an integer"):
+    evaluation.EvalSettings(batch_size=2.5)
+  with pytest.raises(evaluation.EvaluationError, match="conflicts"):
+    evaluation.EvalSettings(sampling=sd.Sampling(temperature=0.7))
+  assert evaluation.EvalSettings(method="sample", sampling=sd.Sampling(top_p=0.8)).gamma == 5
 
 
 # ----------------------------------------------------------------------------- from a fresh clone

@@ -106,7 +106,7 @@ def test_quality_table_every_model_alone_on_the_split(workdir, tmp_path):
   assert all(r["pairs"] == 10 for r in q["rows"])   # the whole split, not a timed subset
   # each row is that model's own decode: the drafter row is the drafter's greedy BLEU
   drafter = sd.load(str(workdir / "drafter" / "final"))
-  alone = evaluation.evaluate(drafter, workdir / "data", batch_size=4)
+  alone = evaluation.evaluate(drafter, workdir / "data", evaluation.EvalSettings(batch_size=4))
   assert q["rows"][2]["bleu"] == pytest.approx(alone["bleu"])
   assert q["rows"][2]["params"] == drafter.num_params()
   paths = R.write_quality(q, str(tmp_path))

@@ -343,3 +343,36 @@ def test_sweep_pick_and_table1_read_the_bleu_drop():
   assert "| BiLD y, ~1 BLEU drop | — | — | | | none within 1.0 BLEU |" in table
   with pytest.raises(SweepError, match="unique"):
     sweep.run_points(None, None, None, [sweep.Point("a", "g", None), sweep.Point("a", "g", None)])
+
+
+def test_sweep_settings_record_the_config_that_resume_compares():
+  """The command line becomes `BildSweep` / `BlockwiseSweep` once; the `config` they record
+  keeps the keys (and order) of the results written before, so --resume reads those; bad
+  flags are refused before any model is loaded."""
+  from specdec_jax.tools import cli
+  from specdec_jax.tools.cli import sweep
+  argv = ["sweep-bild", "--data", "pairs.jsonl", "--small", "a=b", "--fallback", "0.5,inf",
+          "--out", "o"]
+  args = cli.build_parser().parse_args(argv)
+  args.argv = argv
+  bild = sweep.bild_from_args(args)
+  assert bild.fallback == (0.5, float("inf")) and bild.smalls() == [("a", "b")]
+  config = sweep._config(bild, decoder_only=False)
+  assert list(config) == ["model", "data", "split", "limit", "batch_size", "seed", "small",
+                          "early_exit", "top_p", "exact", "fallback", "rollback", "gammas",
+                          "command"]
+  assert report.to_jsonable(config)["small"] == ["a=b"]
+  assert config["command"] == "specdec " + " ".join(argv)
+  args = cli.build_parser().parse_args(["sweep-blockwise", "--data", "d", "--out", "o"])
+  blockwise = sweep.blockwise_from_args(args)
+  assert list(sweep._config(blockwise, decoder_only=True)) == [
+      "model", "data", "split", "limit", "batch_size", "seed", "exact", "heads", "lattice_k",
+      "num_drafts", "rescorer", "rescoring_weight", "tokenizer", "prompt_len",
+      "max_new_tokens", "command"]
+  assert blockwise.lm_new_tokens == sweep.LM_NEW_TOKENS and blockwise.exact_mode is None
+  for flags, message in ((["--batch-policies", "wait,later"], "unknown policy 'later'"),
+                         (["--small", "nameless"], "is not NAME=PATH"),
+                         (["--repeats", "0"], "--repeats must be >= 1")):
+    args = cli.build_parser().parse_args(argv + flags)
+    with pytest.raises(errors.CLIError, match=message):
+      sweep.bild_from_args(args)

@@ -18,7 +18,7 @@ from specdec_jax.drafters.loop import DraftLoop, DraftState, NoProposals, Unsure
 from specdec_jax.drafters.model import ModelDrafter
 from specdec_jax.drafters.ngram import NGramDrafter
 from specdec_jax.errors import InputError
-from specdec_jax.models.model import Model
+from specdec_jax.models.model import Model, family
 from specdec_jax.rounds.inputs import check_same_vocabulary
 from specdec_jax.rounds.phases import Proposer
 
@@ -43,8 +43,7 @@ def check_same_family(target: Model, model: Any) -> None:
   same source sentence) or both decoder-only LMs (continuing the same prompt)."""
   if not isinstance(model, Model) or model.is_decoder_only == target.is_decoder_only:
     return
-  kind = lambda m: "a decoder-only LM" if m.is_decoder_only else "a T5 encoder-decoder"
-  raise InputError(f"the drafter is {kind(model)} but the target is {kind(target)}: a "
+  raise InputError(f"the drafter is {family(model)} but the target is {family(target)}: a "
                    "drafting model must be of the target's kind (an LM drafts for an LM, "
                    "a T5 for a T5)")
 

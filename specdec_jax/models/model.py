@@ -292,6 +292,12 @@ def _unflatten(static, children) -> Model:
 jax.tree_util.register_pytree_with_keys(Model, _flatten_with_keys, _unflatten, _flatten)
 
 
+def family(model: Model) -> str:
+  """The model's kind in words, for messages that refuse a model of the wrong kind:
+  "a decoder-only LM" or "a T5 encoder-decoder"."""
+  return "a decoder-only LM" if model.is_decoder_only else "a T5 encoder-decoder"
+
+
 def _dummy_tokens(config: Config) -> tuple[Array, ...]:
   """Token arrays to trace a module's full pass with (one for an LM, two for T5)."""
   dummy = jnp.ones((1, 2), jnp.int32)

@@ -1,11 +1,13 @@
 """Translation quality and speed of a model on a prepared split: BLEU, chrF, ms/token.
 
     import specdec_jax as sd
-    from specdec_jax.tools.evaluation import evaluate
+    from specdec_jax.tools.evaluation import EvalSettings, evaluate
     target = sd.load("runs/demo/target/final")
     evaluate(target, "runs/demo/data")                                 # baseline greedy
-    evaluate(target, "runs/demo/data", drafter=sd.load("runs/demo/drafter/final"), gamma=4)
-    evaluate(target, "runs/demo/data", drafter="ngram", method="sample", limit=200)
+    evaluate(target, "runs/demo/data", EvalSettings(gamma=4),
+             drafter=sd.load("runs/demo/drafter/final"))
+    evaluate(target, "runs/demo/data", EvalSettings(method="sample", limit=200),
+             drafter="ngram")
 
 `data` is a directory written by `specdec_jax.tools.data.prepare.prepare_de_en` (its
 `split`, default "test", is evaluated and its spiece.model decodes), a `.jsonl` file of
@@ -24,6 +26,7 @@ alpha = sum(beta_sum) / sum(beta_count).
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import time
 from typing import Any, Sequence
@@ -147,13 +150,6 @@ def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[
 # ----------------------------------------------------------------------------- evaluate
 
 
-def _check_sizes(batch_size: int, gamma: int, max_new_tokens, limit) -> None:
-  for name, value in (("batch_size", batch_size), ("gamma", gamma),
-                      ("max_new_tokens", max_new_tokens), ("limit", limit)):
-    if value is not None and (not isinstance(value, (int, np.integer)) or value < 1):
-      raise EvaluationError(f"{name} must be an integer >= 1, got {value!r}")
-
-
 def split_inputs(data, split: str, limit: int | None, tokenizer=None):
   """(inputs [N, L], English references, data dir or None, default max_new_tokens)."""
   split_data, data_dir = resolve_split(data, split, tokenizer)
@@ -181,59 +177,85 @@ def data_tokenizer(data, data_dir: pathlib.Path | None):
   return load_tokenizer(data_dir / "spiece.model")
 
 
-def evaluate(model: Model, data, *, split: str = "test", method: str = "greedy",
-             drafter=None, gamma: int = 5, sampling=None, batch_size: int = 32,
-             max_new_tokens: int | None = None, limit: int | None = None, tokenizer=None,
-             seed: int = 0, warmup: bool = True,
-             train_targets: np.ndarray | None = None,
-             decode_method: DecodeMethod | None = None) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalSettings:
+  """How `evaluate` decodes and scores a split.
+
+  Attributes:
+    split: which split of a data directory ("test", "validation", "train").
+    method: "greedy" or "sample"; `sampling` refines it.
+    sampling: sd.Greedy() / sd.Sampling(...) (None: the default of `method`).
+    gamma: drafts per round (speculative only).
+    batch_size: rows per decode call (at most the number of pairs); the last batch is
+      padded to this size.
+    max_new_tokens: decode budget per row (None: the split's target width).
+    limit: evaluate only the first `limit` pairs (None: all of them).
+    seed: PRNG seed; batch i uses `methods.batch_key(seed, i)` (batch 0: PRNGKey(seed)).
+    warmup: decode the first batch once untimed (every batch has its shape), so the
+      reported time excludes compilation; False times the first call's compile too.
+  """
+
+  split: str = "test"
+  method: str = "greedy"
+  sampling: sampling_lib.SamplingSettings | None = None
+  gamma: int = 5
+  batch_size: int = 32
+  max_new_tokens: int | None = None
+  limit: int | None = None
+  seed: int = 0
+  warmup: bool = True
+
+  def __post_init__(self):
+    for name in ("batch_size", "gamma", "max_new_tokens", "limit"):
+      value = getattr(self, name)
+      if value is not None and (not isinstance(value, (int, np.integer)) or value < 1):
+        raise EvaluationError(f"{name} must be an integer >= 1, got {value!r}")
+    resolve_sampling(self.method, self.sampling)
+
+
+def evaluate(model: Model, data, settings: EvalSettings = EvalSettings(), *, drafter=None,
+             decode_method: DecodeMethod | None = None, tokenizer=None,
+             train_targets: np.ndarray | None = None) -> dict[str, Any]:
   """BLEU / chrF and speed of `model` (baseline, or speculative with `drafter`) on a split.
 
   Args:
     model: the (target) model.
     data: a prepared data directory, a `.jsonl` file of {"de", "en"} pairs, or a split
       dict from `prepare.load_split`.
-    split: which split of a data directory ("test", "validation", "train").
-    method: "greedy" or "sample"; `sampling` (sd.Greedy() / sd.Sampling(...)) refines it.
+    settings: how the split is decoded and scored (`EvalSettings`).
     drafter: None (baseline `sd.generate`), a Model, a drafter object, "ngram" (bigram
       tables fitted on the train split's targets, or on `train_targets`) or "prompt-lookup".
-    gamma: drafts per round (speculative only).
-    batch_size: rows per decode call (at most the number of pairs); the last batch is
-      padded to this size.
-    max_new_tokens: decode budget per row (default: the split's target width).
-    limit: evaluate only the first `limit` pairs.
-    tokenizer: a Tokenizer (default: the data directory's spiece.model).
-    seed: PRNG seed; batch i uses `methods.batch_key(seed, i)` (batch 0: PRNGKey(seed)).
-    warmup: decode the first batch once untimed (every batch has its shape), so the
-      reported time excludes compilation; False times the first call's compile too.
     decode_method: any `methods.DecodeMethod` (BiLD, blockwise, ...) instead of the one
-      `drafter` / `gamma` / `sampling` describe.
+      `drafter` and the settings' gamma and sampling describe.
+    tokenizer: a Tokenizer (default: the data directory's spiece.model).
+    train_targets: the rows an "ngram" drafter is fitted on (default: the train split's).
 
   Returns:
     dict with bleu, chrf, pairs, generated_tokens, wall_s, ms_per_token, tokens_per_s,
     method, speculative, gamma, stats (decode statistics), hypotheses, references.
   """
-  _check_sizes(batch_size, gamma, max_new_tokens, limit)
-  sampling = resolve_sampling(method, sampling)
+  s = settings
+  sampling = resolve_sampling(s.method, s.sampling)
   tokenizer = data_tokenizer(data, None) if tokenizer is None and is_jsonl(data) else tokenizer
   if tokenizer is not None:    # before it encodes a .jsonl file: another model's is refused
     check_tokenizer(tokenizer, model)
-  inputs, references, data_dir, width = split_inputs(data, split, limit, tokenizer)
+  inputs, references, data_dir, width = split_inputs(data, s.split, s.limit, tokenizer)
   if tokenizer is None:
     tokenizer = data_tokenizer(data, data_dir)
     check_tokenizer(tokenizer, model)
-  max_new_tokens = width if max_new_tokens is None else max_new_tokens
+  max_new_tokens = width if s.max_new_tokens is None else s.max_new_tokens
   if decode_method is None:
     drafter = resolve_drafter(drafter, model, data_dir, train_targets)
     decode_method = (Baseline(sampling=sampling) if drafter is None else
-                     Speculative(drafter=drafter, gamma=gamma, sampling=sampling))
-  batch_size = min(batch_size, len(inputs))   # a small split needs no padding rows
+                     Speculative(drafter=drafter, gamma=s.gamma, sampling=sampling))
+  batch_size = min(s.batch_size, len(inputs))   # a small split needs no padding rows
   batches = padded_batches(inputs, batch_size)
-  if warmup:
+  if s.warmup:
     jax.block_until_ready(decode_method.decode(model, batches[0].tokens,
-                                               max_new_tokens=max_new_tokens, rng=seed))
+                                               max_new_tokens=max_new_tokens, rng=s.seed))
   start = time.perf_counter()
-  corpus = decode_corpus(decode_method, model, batches, max_new_tokens=max_new_tokens, rng=seed)
+  corpus = decode_corpus(decode_method, model, batches, max_new_tokens=max_new_tokens,
+                         rng=s.seed)
   wall = time.perf_counter() - start
   hypotheses = detokenize(corpus.tokens(), corpus.lengths, tokenizer)
   generated = corpus.generated
@@ -241,11 +263,11 @@ def evaluate(model: Model, data, *, split: str = "test", method: str = "greedy",
           "pairs": len(references), "generated_tokens": generated, "wall_s": wall,
           "ms_per_token": 1e3 * wall / generated if generated else None,
           "tokens_per_s": generated / wall if wall > 0 else None,
-          "includes_compile": not warmup, "batch_size": batch_size,
+          "includes_compile": not s.warmup, "batch_size": batch_size,
           "max_new_tokens": max_new_tokens, "method": decode_method.kind,
           "sampling": repr(decode_method.sampling),
           "speculative": decode_method.kind == "speculative",
-          "gamma": gamma if decode_method.kind == "speculative" else None,
+          "gamma": s.gamma if decode_method.kind == "speculative" else None,
           "settings": decode_method.settings(),
           "stats": to_jsonable(totals(corpus.stats)), "hypotheses": hypotheses,
           "references": references}

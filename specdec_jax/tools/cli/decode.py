@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 import specdec_jax as sd
+from specdec_jax.models.model import family
 from specdec_jax.tools.batching import Batch, bucket_width, padded_batches, trim_padding
 from specdec_jax.tools.cli import liveness, output_file
 from specdec_jax.tools.cli.args import DefaultsHelpFormatter, add_drafter_flag, add_dtype_flag
@@ -234,12 +235,10 @@ def _ngram_drafter(prompts: Prompts, target: sd.Model):
 
 def _family_loader(load, target: sd.Model, flag: str):
   """`load` refusing a model of another kind than the target's (T5 vs decoder-only)."""
-  kind = lambda m: "a decoder-only LM" if m.is_decoder_only else "a T5 encoder-decoder"
-
   def checked(name: str) -> sd.Model:
     model = load(name)
     if isinstance(model, sd.Model) and model.is_decoder_only != target.is_decoder_only:
-      raise CLIError(f"{flag} {name} is {kind(model)} but --model is {kind(target)}: "
+      raise CLIError(f"{flag} {name} is {family(model)} but --model is {family(target)}: "
                      "an LM drafts for an LM, a T5 for a T5")
     return model
   return checked

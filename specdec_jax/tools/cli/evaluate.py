@@ -225,11 +225,12 @@ def evaluate(choice: MethodChoice | None, run: EvalRun) -> int:
                    "T5 data split; score an LM with --metric perplexity (or continuations "
                    "with specdec sweep-bild --tokenizer)")
   method = _method(choice, model, run, mesh)
-  result = evaluation.evaluate(
-      model, run.data, split=run.split, method="greedy" if sampling.is_greedy else "sample",
-      sampling=sampling, gamma=getattr(method, "gamma", 5), batch_size=run.batch_size,
-      max_new_tokens=run.max_new_tokens, limit=run.limit, tokenizer=tokenizer,
-      seed=run.seed, warmup=run.warmup, decode_method=method)
+  scored = evaluation.EvalSettings(
+      split=run.split, method="greedy" if sampling.is_greedy else "sample", sampling=sampling,
+      gamma=getattr(method, "gamma", 5), batch_size=run.batch_size,
+      max_new_tokens=run.max_new_tokens, limit=run.limit, seed=run.seed, warmup=run.warmup)
+  result = evaluation.evaluate(model, run.data, scored, decode_method=method,
+                               tokenizer=tokenizer)
   result.pop("references")
   if run.json:
     settings = {**result.pop("settings"), "model": run.model, "data": run.data,

@@ -33,8 +33,9 @@ def run_quality(workdir: str | os.PathLike, *, variants: Sequence[str] = VARIANT
   for name, path, method in tqdm(jobs, desc="quality", disable=not progress):
     if name not in models:
       models[name] = sd.load(str(path), dtype=dtype)
-    r = evaluation.evaluate(models[name], workdir / "data", split=split, method=method,
-                            batch_size=batch_size, limit=limit, seed=seed)
+    settings = evaluation.EvalSettings(split=split, method=method, batch_size=batch_size,
+                                       limit=limit, seed=seed)
+    r = evaluation.evaluate(models[name], workdir / "data", settings)
     rows.append({"model": name, "params": models[name].num_params(),
                  "method": "greedy" if method == "greedy" else "sampling (T=1)",
                  "bleu": r["bleu"], "chrf": r["chrf"], "pairs": r["pairs"],
