@@ -2,11 +2,13 @@
 
 Where no GPU is the default backend they run in Pallas's GPU interpret mode: each row of
 a product, sum of squares and attention is bitwise the same whatever the number of rows
-M, the row's position and the call width, and agrees with XLA's ops to rounding. The
+M, the row's position and the call width, and agrees with XLA's ops to rounding (each
+WGMMA runs as an in-order product here: the interpreter's own is the host BLAS's matmul,
+whose rows can depend on their position in the tile, as OpenBLAS's Haswell sgemm's do). The
 same kernels compiled for a GPU (interpret=False) go through Mosaic GPU's lowering here
 too (`lower_for_cuda`), which rejects constructs it cannot compile (negative control:
 a plain jnp.dot in a kernel). Shapes are small: the interpreter runs every copy, barrier
-and tensor-core product as a host callback.
+and SMEM access as a host callback.
 """
 
 import jax

@@ -15,8 +15,10 @@ Attention walks the fixed-shape cache in chunks of `attention.C` keys with the s
 operations for every query row (`decode_attention`).
 
 Where no GPU is the default backend, the same kernels run in Pallas's GPU interpret mode
-(`interpret()`: slow; for tests and CI). `lower_for_cuda` runs Mosaic GPU's lowering on
-any machine (`mode.lower_for_cuda`; the kernels take interpret=False for it).
+(`interpret()`: slow; for tests and CI), each WGMMA replaced by an in-order product (the
+interpreter's WGMMA is the host BLAS's matmul, whose rows can depend on their position).
+`lower_for_cuda` runs Mosaic GPU's lowering on any machine (`mode.lower_for_cuda`; the
+kernels take interpret=False for it).
 
 Not tuned yet: no multi-stage copy pipeline, one column tile per block, weights read
 once per 64-row tile. What they cost on a GPU is for `scripts/gpu_check.py` to measure.

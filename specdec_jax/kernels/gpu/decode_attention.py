@@ -13,7 +13,9 @@ its fixed shape S (rounded up to C; the padding carries -inf-like bias, contribu
 exact zeros); a row's lengths are its bias.
 
 Products run as bfloat16 WGMMAs with float32 accumulation; float32 operands split into
-hi/lo parts as in `matmul` (three WGMMAs). The probabilities of a chunk enter p @ v in
+hi/lo parts as in `matmul` (three WGMMAs). Interpret mode replaces each WGMMA by an
+in-order product (`matmul._mma`: the interpreter's WGMMA is the host BLAS's matmul, whose
+rows can depend on their position in the tile). The probabilities of a chunk enter p @ v in
 the parts of their float32 values, before normalisation (XLA's path rounds normalised
 weights to the compute dtype: the two agree within the dtype's rounding).
 
@@ -30,7 +32,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from specdec_jax.kernels.gpu import mode
-from specdec_jax.kernels.gpu.matmul import _PAIRS, TM, _ceil, _transforms, split
+from specdec_jax.kernels.gpu.matmul import _PAIRS, TM, _acc, _ceil, _mma, _transforms, split
 from specdec_jax.kernels.shapes import check_attention
 
 Array = jax.Array
@@ -80,11 +82,11 @@ def _kernel_call(qp, ktp, vp, bias, heads: int, interpret) -> Array:
 
           def scores(acc):
             for a, b in pairs:
-              plgpu.wgmma(acc, q_smem.at[a], k_smem.at[b])
+              _mma(acc, q_smem.at[a], k_smem.at[b], interpret)
             plgpu.wgmma_wait(0)
             return acc[...]
 
-          s = pl.run_scoped(scores, plgpu.ACC((TM, C), f32)) + b_smem[...]
+          s = pl.run_scoped(scores, _acc((TM, C), interpret)) + b_smem[...]
           m_new = s.max(axis=1) if state is None else jnp.maximum(state[1], s.max(axis=1))
           probs = jnp.exp(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
           hi = probs.astype(jnp.bfloat16)
@@ -95,11 +97,11 @@ def _kernel_call(qp, ktp, vp, bias, heads: int, interpret) -> Array:
 
           def weighted(acc):
             for a, b in pairs:
-              plgpu.wgmma(acc, p_smem.at[a], v_smem.at[b])
+              _mma(acc, p_smem.at[a], v_smem.at[b], interpret)
             plgpu.wgmma_wait(0)
             return acc[...]
 
-          pv = pl.run_scoped(weighted, plgpu.ACC((TM, dp), f32))
+          pv = pl.run_scoped(weighted, _acc((TM, dp), interpret))
           if state is None:
             return pv, m_new, probs.sum(axis=1)
           o, m, denom = state

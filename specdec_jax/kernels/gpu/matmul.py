@@ -18,9 +18,12 @@ in a call of 1 row or of 512, at any position. Weight tiles are read once per ro
 once for all rows up to TM = 64 rows (a decode step at batch x width <= 64).
 
 One block per column tile of TN columns on a GPU. Interpret mode (the interpreter runs
-one block per grid, and every copy, barrier and WGMMA is a host callback of a few ms)
-runs one block with one column tile of all Np columns: the same code with a wider tile,
-as invariant in M (the tile is fixed by N alone), and ~Np/TN times fewer callbacks.
+one block per grid, and every copy, barrier and SMEM access is a host callback of a few
+ms) runs one block with one column tile of all Np columns: as invariant in M (the tile is
+fixed by N alone), and ~Np/TN times fewer callbacks. It keeps the copies, barriers,
+tiles and K order, but replaces each WGMMA by an in-order product into an SMEM
+accumulator (`_mma`): the interpreter's WGMMA is the host BLAS's matmul, whose rows can
+depend on their position in the tile, which a GPU's WGMMA rows do not.
 """
 
 from __future__ import annotations
@@ -84,6 +87,29 @@ def _transforms(cols: int):
   return plgpu.TilingTransform((8, swizzle // 2)), plgpu.SwizzleTransform(swizzle)
 
 
+def _acc(shape: tuple[int, int], interpret):
+  """The float32 accumulator of `_mma`, zeroed (`mode.params`): a WGMMA accumulator on a
+  GPU; when interpreting, a plain SMEM tile (the interpreter cannot store to a WGMMA one)."""
+  return plgpu.SMEM(shape, jnp.float32) if interpret else plgpu.ACC(shape, jnp.float32)
+
+
+def _mma(acc, a_ref, b_ref, interpret) -> None:
+  """acc += a_ref [TM, k] @ b_ref [k, n], bfloat16 SMEM tiles into the float32 `_acc`.
+
+  On a GPU, one WGMMA. When interpreting, an in-order product: acc += a[:, j] * b[j, :] for
+  j = 0, 1, ..., k-1, every element alike (bfloat16 products are exact in float32). The
+  interpreter's WGMMA is the host BLAS's matmul, whose rows may differ in the last bit
+  with their position in the tile (OpenBLAS's Haswell sgemm does): it would test the
+  host's BLAS, not the kernels' tiling, which a GPU's WGMMA applies to every row alike.
+  """
+  if not interpret:
+    plgpu.wgmma(acc, a_ref, b_ref)
+    return
+  a, b = a_ref[...].astype(jnp.float32), b_ref[...].astype(jnp.float32)
+  acc[...] = lax.fori_loop(0, a.shape[1], lambda j, c: c + a[:, j, None] * b[None, j, :],
+                           acc[...])
+
+
 def _matmul(xp: Array, wp: Array, interpret) -> Array:
   """xp [P, Mp, Kp] @ wp [P, Kp, Np] bfloat16 (summed over `_PAIRS`) -> [Mp, Np] float32.
 
@@ -114,14 +140,14 @@ def _matmul(xp: Array, wp: Array, interpret) -> Array:
               for b in range(2 * parts):
                 plgpu.barrier_wait(barrier.at[b])
               for a, b in pairs:
-                plgpu.wgmma(acc, x_smem.at[a], w_smem.at[b])
+                _mma(acc, x_smem.at[a], w_smem.at[b], interpret)
               plgpu.wgmma_wait(0)          # the tiles are overwritten next step
               return carry
 
             lax.fori_loop(0, k_steps, step, None)
             o_smem[...] = acc[...]
 
-          pl.run_scoped(accumulate, plgpu.ACC((TM, tn), jnp.float32))
+          pl.run_scoped(accumulate, _acc((TM, tn), interpret))
           plgpu.commit_smem()
           plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[pl.ds(i * TM, TM), pl.ds(j * tn, tn)])
           plgpu.wait_smem_to_gmem(0, wait_read_only=True)
