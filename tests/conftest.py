@@ -24,9 +24,10 @@ level is kept.
 
 Tiers: `pytest tests/unit` (marker `unit`) is the model-free tier: acceptance rules, buffer,
 counters, theory, settings and the engine on table models (`specdec_jax.testing`), in seconds;
-`pytest -m "not slow"` is the fast tier to run before every commit; the full suite
-(README's test command) adds the tests marked `@pytest.mark.slow`, the costly
-parametrizations of features the fast tier already covers once.
+`pytest -m "not slow"` is the fast tier to run before every commit (within 5 minutes on
+2 cores from an empty cache); the full suite (README's test command) adds the tests marked
+`@pytest.mark.slow`: each costs 3 s or more from a cold cache (a costly model, program or
+subprocess), and the fast tier keeps a cheaper test of the same feature.
 """
 
 import gc

@@ -299,6 +299,7 @@ def test_offline_hub_load_is_one_line(monkeypatch, capsys):
 # ----------------------------------------------------------------------------- EOS
 
 
+@pytest.mark.slow
 def test_t5_prompt_without_eos_is_noted_and_decoded_verbatim(capsys, t5):
   """Token ids are used verbatim (documented: no EOS is added); a T5 prompt without a final
   EOS gets a note naming it, and decodes as `sd.decode` of the same ids."""

@@ -151,6 +151,7 @@ def _prefilled(record):
   return tokens_to_logits, cache
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("max_step,expected", [
     (-1, [[[7, 3, 2, 2, 2], [7, 2, 2, 2, 2]], [[4, 5, 3, 1, 0], [4, 5, 1, 0, 0]]]),
     # row 0 never finishes (its EOS logit is below NEG_INF): two steps of live beams
@@ -308,6 +309,7 @@ def test_batch_and_padding_invariance(t5x_model, t5x_reference, beam_reference):
   np.testing.assert_allclose(alone.scores[0], beam_reference["beam4_scores"][2], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_decoder_only_one_beam_is_greedy_and_ragged():
   """A llama-style LM, ragged prompts: K = 1 (no EOS, exact mode's call width) is the
   baseline's greedy output; K = 3 beams are sorted and the best beam is out.tokens."""

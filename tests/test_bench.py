@@ -32,6 +32,7 @@ def bench_dir(tmp_path_factory):
   return out
 
 
+@pytest.mark.slow
 def test_bench_writes_json_md_png(bench_dir):
   results = json.loads((bench_dir / "bench.json").read_text())
   assert results["schema_version"] == bench.SCHEMA_VERSION
@@ -82,6 +83,7 @@ def test_bench_writes_json_md_png(bench_dir):
   assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
 
 
+@pytest.mark.slow
 def test_resume_skips_present_entries_and_checks_settings(bench_dir, capsys):
   before = json.loads((bench_dir / "bench.json").read_text())
   assert cli.main([*ARGS, "--out", str(bench_dir), "--resume"]) == 0
@@ -143,6 +145,7 @@ def test_preset_fills_settings_that_flags_did_not_give():
   assert args.modes == ["greedy"] and args.ignore_eos is True
 
 
+@pytest.mark.slow
 def test_bild_and_blockwise_entries_beside_the_baseline(tmp_path):
   import specdec_jax as sd
   target = models.load_model(TARGET)

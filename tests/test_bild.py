@@ -60,6 +60,7 @@ def _model_logits(model):
   return lambda enc, dec: model.forward(enc, dec)[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fallback,rollback", [(0.3, 2.0), (0.5, 1.0), (0.7, 3.0), (0.4, 0.5)])
 def test_batch_one_is_algorithm_1(large, small, fallback, rollback):
   counts = np.zeros(2)
@@ -75,6 +76,7 @@ def test_batch_one_is_algorithm_1(large, small, fallback, rollback):
   assert counts[0] > 0 and counts[1] > 0, counts      # both policies fired
 
 
+@pytest.mark.slow
 def test_small_step_cap_hands_over(large, small):
   """max_small_steps=2 with a small model that is always confident (threshold 0)."""
   enc = ragged_tokens(1, 10, 512, seed=5)
@@ -87,6 +89,7 @@ def test_small_step_cap_hands_over(large, small):
   assert int(s["drafted"]) <= 2 * int(s["target_calls"]) + 2
 
 
+@pytest.mark.slow
 def test_ragged_batch_rows_equal_rows_alone(large, small):
   enc = ragged_tokens(6, 12, 512, seed=7)
   kwargs = dict(fallback_threshold=0.5, rollback_threshold=1.5, max_new_tokens=MAX_NEW)
@@ -100,6 +103,7 @@ def test_ragged_batch_rows_equal_rows_alone(large, small):
     assert per_row[b] == int(alone.stats["target_calls"])    # per-row large calls too
 
 
+@pytest.mark.slow
 def test_sync_policy_equals_wait_at_batch_one_and_cuts_small_runs(large, small):
   enc = ragged_tokens(6, 12, 512, seed=7)
   kwargs = dict(fallback_threshold=0.3, rollback_threshold=1.5, max_new_tokens=MAX_NEW)
@@ -162,6 +166,7 @@ def test_early_exit_is_algorithm_1_with_the_first_layer(large):
   np.testing.assert_array_equal(alone.tokens, sd.generate(large, enc, MAX_NEW).tokens)
 
 
+@pytest.mark.slow
 def test_sampling_is_lossy_labelled_and_in_bounds(large, small):
   enc = ragged_tokens(6, 12, 512, seed=4)
   out = sd.bild_generate(large, small, enc, fallback_threshold=0.5, rollback_threshold=2.0,
@@ -179,6 +184,7 @@ def test_sampling_is_lossy_labelled_and_in_bounds(large, small):
   assert not np.array_equal(np.asarray(other.tokens), tokens)   # the key matters
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fallback, sampled_by", [(1.0, "large"), (0.0, "small")])
 def test_sampling_draws_each_token_from_the_model_that_decides_it(large, small, fallback,
                                                                   sampled_by):
@@ -204,6 +210,7 @@ def test_sampling_draws_each_token_from_the_model_that_decides_it(large, small, 
   assert tv[sampled_by] < 0.05 and tv[other] > tv[sampled_by] + 0.1, tv
 
 
+@pytest.mark.slow
 def test_no_recompilation_for_new_prompt_contents(large, small):
   kwargs = dict(fallback_threshold=0.5, rollback_threshold=2.0, max_new_tokens=6)
   sd.bild_generate(large, small, ragged_tokens(2, 9, 512, seed=0), **kwargs)
@@ -213,6 +220,7 @@ def test_no_recompilation_for_new_prompt_contents(large, small):
   assert engine.run._cache_size() == before
 
 
+@pytest.mark.slow
 def test_bad_settings_give_clear_errors(large, small):
   enc = ragged_tokens(2, 9, 512, seed=0)
   for kwargs, message in [

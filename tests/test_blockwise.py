@@ -100,6 +100,7 @@ def _rescorer(kind, bigram):
   return None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("heads_kind", ["random", "trained"])
 @pytest.mark.parametrize("kind", list(VARIANTS))
 def test_greedy_equals_baseline(model, enc, baseline, random_heads, trained, bigram, kind,
@@ -116,6 +117,7 @@ def test_greedy_equals_baseline(model, enc, baseline, random_heads, trained, big
     assert float(s["tokens_per_target_call"]) > 1.3
 
 
+@pytest.mark.slow
 def test_trained_heads_beat_random_and_the_oracle_bounds_them(model, enc, random_heads,
                                                                trained):
   plain = sd.blockwise_generate(model, trained, enc, MAX_NEW, oracle=True)
@@ -134,6 +136,7 @@ def test_trained_heads_beat_random_and_the_oracle_bounds_them(model, enc, random
           >= float(plain.stats["tokens_per_target_call"]))
 
 
+@pytest.mark.slow
 def test_parallel_verify_scores_each_draft_as_if_verified_alone(model, enc):
   """The tree call's logits for draft i equal a plain verify call of draft i alone."""
   config = blockwise.round_config(sd.init_heads(model, 4), MAX_NEW, num_drafts=3, top_k=3)
@@ -179,6 +182,7 @@ class KeepEven:
                       beta=jnp.zeros(proposal.tokens.shape), scored=valid)
 
 
+@pytest.mark.slow
 def test_parallel_verify_picks_the_draft_with_the_configured_rule(model, enc, trained):
   """The winning draft is the one the run's acceptance rule keeps most of, not the one
   matching the verifier's argmax longest."""
@@ -208,6 +212,7 @@ def test_parallel_verify_picks_the_draft_with_the_configured_rule(model, enc, tr
   assert int(out.stats["accepted"]) > 0 and int(out.stats["target_calls"]) > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 3])
 def test_oracle_walk_matches_a_host_reference(model, enc, baseline, trained, k):
   """Oracle target calls from an independent numpy walk over teacher-forced head logits."""
@@ -305,6 +310,7 @@ def _head_samples(heads, method, length, seed, accept=None, n=None):
   return np.concatenate(tokens), stats
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method_name", ["T1", "TOPK3"])
 def test_sampling_with_head_drafts_keeps_the_target_distribution(method_name):
   """Beyond the paper: q from the heads, the exact rule; same enumeration test as

@@ -268,6 +268,7 @@ HF_CASES = {
 }
 
 
+@pytest.mark.slow
 @needs_torch
 @pytest.mark.parametrize("case", sorted(HF_CASES))
 def test_hf_load_and_export_round_trip(case, tmp_path):

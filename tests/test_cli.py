@@ -159,6 +159,7 @@ def test_timings_exclude_compilation_by_default(capsys):
   assert out["timing"]["includes_compile"] is True and "INCLUDES compilation" in err
 
 
+@pytest.mark.slow
 def test_bild_and_blockwise_methods_are_the_library_calls(capsys, tmp_path):
   enc = prompts.parse_token_ids(PROMPTS, 512)
   target = models.load_model(TARGET)

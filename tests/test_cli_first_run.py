@@ -94,6 +94,7 @@ def test_nearby_prompt_lengths_share_one_compiled_width():
   assert [b.tokens.shape[1] for b in lm] == [8, 13, 13, 13]
 
 
+@pytest.mark.slow
 def test_bucketed_batches_decode_as_the_unpadded_prompts(capsys):
   """The pad columns a bucket adds leave each row's output as decoding it alone."""
   prompts = ["5 17 1", "7 8 9 11 12 13 14 15 1"]

@@ -86,12 +86,14 @@ def by_hand(model_dir, tok_path, texts, max_new_tokens=T) -> list[str]:
 # ----------------------------------------------------------------------------- decode
 
 
+@pytest.mark.slow
 def test_decode_llama_text_continuations_equal_the_library(capsys, llama):
   target, _, spm = llama
   out = ok(capsys, "decode", "--model", target, "--tokenizer", spm, *COMMON, *LLAMA_PROMPTS)
   assert out.splitlines() == by_hand(target, spm, LLAMA_PROMPTS)
 
 
+@pytest.mark.slow
 def test_decode_gpt2_passes_prompt_lengths(capsys, gpt2):
   """A prompt ending in the pad id (GPT-2's EOS) is continued from its real last token."""
   target, _, tok = gpt2
@@ -106,6 +108,7 @@ def test_decode_gpt2_passes_prompt_lengths(capsys, gpt2):
   assert cut[0] != expected[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags", [
     ["--drafter", "DRAFTER", "--gamma", "3"],
     ["--drafter", "DRAFTER", "--gamma", "4", "--adaptive-gamma"],
@@ -125,6 +128,7 @@ def test_decode_llama_greedy_methods_print_the_autoregressive_continuation(capsy
   assert len(out.splitlines()) == len(LLAMA_PROMPTS)
 
 
+@pytest.mark.slow
 def test_decode_gpt2_speculative_stats_compare_json(capsys, gpt2):
   target, drafter, tok = gpt2
   base = json.loads(ok(capsys, "decode", "--model", target, "--tokenizer", tok, *COMMON,
@@ -269,6 +273,7 @@ def test_file_prompts_of_an_lm_have_no_eos(gpt2, tmp_path):
   assert rows[1].tolist() == cats + [config.pad_id] * (5 - len(cats))
 
 
+@pytest.mark.slow
 def test_bench_writes_its_json_for_an_lm_pair(capsys, llama, tmp_path):
   target, drafter, spm = llama
   prompts = tmp_path / "prompts.txt"

@@ -68,6 +68,7 @@ def eval_json(capsys, workdir, *argv):
 # ----------------------------------------------------------------------------- train
 
 
+@pytest.mark.slow
 def test_train_writes_every_requested_stage(trained):
   _, workdir = trained
   assert (workdir / "data" / "meta.json").is_file()
@@ -81,6 +82,7 @@ def test_train_writes_every_requested_stage(trained):
   assert config.get("emb_dim", config.get("config", {}).get("emb_dim")) == DRAFTER["emb_dim"]
 
 
+@pytest.mark.slow
 def test_train_rerun_skips_finished_stages(trained, capsys):
   recipe, workdir = trained
   before = (workdir / "target" / "final").stat().st_mtime_ns
@@ -91,6 +93,7 @@ def test_train_rerun_skips_finished_stages(trained, capsys):
   assert (workdir / "target" / "final").stat().st_mtime_ns == before
 
 
+@pytest.mark.slow
 def test_train_more_steps_continues_and_restarts_downstream(trained, capsys, tmp_path):
   """Raising target.steps continues the target from its checkpoint; the aligned drafter,
   trained from the old target, starts over on the new target's outputs."""
@@ -293,6 +296,7 @@ def heads_file(trained, tmp_path_factory):
                        sd.init_heads(target, 4, rng=0))
 
 
+@pytest.mark.slow
 def test_eval_bild_limit_and_lossy_point(trained, capsys, baseline):
   _, workdir = trained
   drafter = workdir / "drafter" / "final"
@@ -309,6 +313,7 @@ def test_eval_bild_limit_and_lossy_point(trained, capsys, baseline):
   assert small_led["stats"]["lossy"] is True
 
 
+@pytest.mark.slow
 def test_eval_blockwise_every_variant_is_the_target_greedy(trained, capsys, baseline,
                                                            heads_file):
   _, workdir = trained
@@ -323,6 +328,7 @@ def test_eval_blockwise_every_variant_is_the_target_greedy(trained, capsys, base
     assert 0.0 <= result["stats"]["repeated_draft_rate"] <= 1.0
 
 
+@pytest.mark.slow
 def test_sweep_bild_writes_reports_and_resumes(trained, capsys, tmp_path, baseline):
   _, workdir = trained
   argv = ["sweep-bild", "--model", workdir / "target" / "final", "--data", workdir / "data",

@@ -249,6 +249,7 @@ def test_real_file_pairs_and_split(real_pairs):
   assert not test_sources & {p.de for p in splits["validation"]}
 
 
+@pytest.mark.slow
 @needs_real_file
 def test_real_file_sentences(real_pairs):
   sentences = filter_pairs(real_pairs, sentences_only=True)

@@ -32,6 +32,7 @@ def pair():
           sd.load_tokenizer("demo-de-en-large"))
 
 
+@pytest.mark.slow
 def test_bundle_shapes_sizes_and_shared_vocabulary(pair):
   target, drafter, tok = pair
   assert target.config.vocab_size == drafter.config.vocab_size == tok.vocab_size == 8000
@@ -45,6 +46,7 @@ def test_bundle_shapes_sizes_and_shared_vocabulary(pair):
   assert demo.compressed_mb(pathlib.Path(str(assets))) < demo.MAX_WHEEL_MB
 
 
+@pytest.mark.slow
 def test_speculative_translation_equals_greedy_and_the_drafter_is_aligned(pair):
   target, drafter, tok = pair
   enc = tok.encode(SENTENCES)

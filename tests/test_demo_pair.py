@@ -51,6 +51,7 @@ def test_bundle_shapes_and_shared_vocabulary(pair):
   assert sd.load_heads("demo-de-en/target", target).num_heads == 8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gamma", [pytest.param(1, marks=pytest.mark.slow), 4])
 def test_speculative_translation_equals_greedy(pair, gamma):
   target, drafter, tok = pair

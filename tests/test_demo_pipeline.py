@@ -54,6 +54,7 @@ def test_shipped_recipes_keep_their_stages():
     train.read_recipe(str(demo.REPO / path), demo.recipe_stages(recipe))
 
 
+@pytest.mark.slow
 def test_aligned_from_init_on_a_prefix(base, tmp_path, capsys):
   """aligned_small starts from the init's weights, trains on the first `examples` pairs
   against the target's greedy outputs, and records the init by fingerprint; a stage with
@@ -140,6 +141,7 @@ def test_recipe_errors_for_the_new_stages(base, tmp_path, capsys):
   assert code == 1 and "no section for stage(s) drafter" in err, err
 
 
+@pytest.mark.slow
 def test_all_is_the_recipes_stages_and_bundle_ships_what_it_names(base, tmp_path, capsys):
   """'all' of a recipe without drafter sections runs data, target, its aligned stage, heads
   and bundle; the bundle holds the named models (bfloat16), the heads, the tokenizer, and

@@ -261,6 +261,7 @@ def test_models_are_peaked_and_differ_strongly():
           f"{0.5 * np.abs(seq_p - seq_q).sum():.3f}, max p_1={p[0, 0].max():.3f}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,method,gamma,length,seed", CASES, ids=[c[0] for c in CASES])
 def test_speculative_matches_target_distribution(name, method, gamma, length, seed):
   probs = exact_probs(method, length)
@@ -305,6 +306,7 @@ def test_autoregressive_positive_control():
   assert min(results) > P_PASS
 
 
+@pytest.mark.slow
 def test_eos_inside_drafts_preserves_distribution():
   """A live EOS (token 7, ends ~20% of sequences early, also inside accepted drafts).
 
@@ -354,6 +356,7 @@ class AcceptAll(SpeculativeSampling):
     return right.replace(m=m, next_token=next_token)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wrong", [WrongResidual(),
                                    pytest.param(AcceptAll(), marks=pytest.mark.slow)],
                          ids=["residual-replaced-by-p", "accept-all-drafts"])
@@ -372,6 +375,7 @@ def test_negative_controls_fail(wrong):
   assert p_value < P_FAIL
 
 
+@pytest.mark.slow
 def test_lenient_sampling_is_lossy_and_labelled():
   """lenience < 1 (Leviathan et al. A.5) accepts more drafts and no longer samples the
   target's distribution: the same goodness-of-fit test that the exact rule passes fails."""
@@ -399,6 +403,7 @@ def test_rule_passed_as_argument_is_the_one_used():
 # ---------------------------------------------------------------------------- acceptance statistics
 
 
+@pytest.mark.slow
 def test_first_round_acceptance_matches_exact_theory():
   """max_new_tokens=1 stops after ONE round; its acceptance statistics are exactly computable.
 

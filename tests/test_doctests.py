@@ -49,6 +49,7 @@ def test_the_package_has_examples():
   assert "specdec_jax.tools.batching" in MODULES, MODULES
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_docstring_examples(name):
   module = importlib.import_module(name)

@@ -62,6 +62,7 @@ def test_direct_bf16_init_peak_memory_is_below_the_float32_size():
   assert bf16_bytes <= growth < f32_bytes, (growth, f32_bytes, bf16_bytes)
 
 
+@pytest.mark.slow
 def test_load_dtype_sets_params_and_activations():
   model = sd.load("demo-de-en/target", dtype="bfloat16")
   assert model.config.dtype == "bfloat16"

@@ -79,6 +79,7 @@ def _assert_same_output(out, ref):
   np.testing.assert_array_equal(out.lengths, ref.lengths)
 
 
+@pytest.mark.slow
 def test_hand_loop_equals_run_and_speculative_generate(target, drafter, encoder_tokens):
   config = speculative.round_config(GAMMA, MAX_NEW)
   proposer = speculative.proposer(drafter, target, GAMMA)
@@ -125,6 +126,7 @@ def finish_many(states, config):
   return jax.vmap(lambda s: engine.finish(s, config))(states)
 
 
+@pytest.mark.slow
 def test_vmapped_rounds_equal_each_request_alone(target, drafter, encoder_tokens):
   sampling = sd.Sampling(temperature=1.0)
   config = speculative.round_config(GAMMA, MAX_NEW, sampling)

@@ -90,6 +90,7 @@ def test_t5x_compat_max_decode_steps(t5x_model, t5x_reference):
   np.testing.assert_array_equal(seqs[:, 0, 3:], 0)
 
 
+@pytest.mark.slow
 def test_generate_ragged_batch_equals_rows_alone():
   model = peaked(sd.init_model(sd.get_config("t5_1_1_tiny"), 1))
   enc = ragged_tokens(4, 11, model.vocab_size, seed=2)
@@ -107,6 +108,7 @@ def test_greedy_matches_teacher_forced_argmax(t5x_model, t5x_reference):
   np.testing.assert_array_equal(np.argmax(logits, -1), out.tokens)
 
 
+@pytest.mark.slow
 def test_sampling_is_seeded_and_respects_top_k():
   model = sd.init_model(sd.get_config("t5_1_1_tiny"), 0)
   enc = ragged_tokens(8, 6, model.vocab_size)

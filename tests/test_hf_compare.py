@@ -84,6 +84,7 @@ def test_compare_hf_greedy_assisted_and_ours_identical(tmp_path, models):
   assert md.count("| yes |") == 4
 
 
+@pytest.mark.slow
 def test_failed_method_is_recorded_not_raised(monkeypatch, models):
   target, drafter = models
 

@@ -327,6 +327,7 @@ def test_decode_with_kernels_matches_dot(demo):
   np.testing.assert_array_equal(on.argmax(-1), off.argmax(-1))
 
 
+@pytest.mark.slow
 @needs_kernels
 def test_greedy_tokens_identical_on_demo_pair(demo):
   target, enc = demo
@@ -356,6 +357,7 @@ def test_verify_call_is_bitwise_the_single_steps(demo, batch):
   _verify_vs_steps(target, enc[:batch])
 
 
+@pytest.mark.slow
 @needs_kernels
 @pytest.mark.parametrize("name,dtype", [("t5_1_1_tiny", "float32"), ("t5_1_1_tiny", "bfloat16"),
                                         ("t5_1_0_tiny", "float32")])
@@ -378,6 +380,7 @@ def test_decode_call_runs_attention_and_products_on_kernels(demo, k):
   assert "stablehlo.dot_general" not in hlo
 
 
+@pytest.mark.slow
 @needs_kernels
 def test_packing_is_explicit_and_new_params_unpack(monkeypatch, demo):
   """sd.load packs ("auto": cpu here); sd.pack of a Model packed under the same policy
@@ -481,6 +484,7 @@ def test_policy_routes_each_product():
     on.route(dispatch.Product(("x",), "conv", ()))
 
 
+@pytest.mark.slow
 @needs_kernels
 def test_one_product_on_xla_makes_the_decode_not_width_invariant(monkeypatch, demo):
   """A Model packed with one product kept on XLA: its decode has that one XLA dot, it is
@@ -554,6 +558,7 @@ def test_start_runs_the_encoder_on_kernels_forward_keeps_xla_dot(demo):
     assert np.max(np.abs(a - b)) <= 1e-5 * max(1.0, np.max(np.abs(b)))
 
 
+@pytest.mark.slow
 @needs_kernels
 def test_rows_of_a_batch_decode_bitwise_as_alone(demo):
   """Batch invariance: each sentence of a padded batch gets bitwise the cache and
@@ -581,6 +586,7 @@ def test_rows_of_a_batch_decode_bitwise_as_alone(demo):
     np.testing.assert_array_equal(np.asarray(out.tokens[i]), np.asarray(alone.tokens[0]))
 
 
+@pytest.mark.slow
 @needs_kernels
 def test_bfloat16_exact_float32_weights_pack_narrow_with_bitwise_equal_products():
   """float32 weights that bfloat16 holds exactly pack as bfloat16 panels, and the
@@ -653,6 +659,7 @@ def test_aot_lowering_keeps_the_kernels(demo):
   np.testing.assert_array_equal(np.asarray(out), np.asarray(target.decode(tokens, cache)[0]))
 
 
+@pytest.mark.slow
 @needs_kernels
 def test_exact_greedy_needs_no_padding_with_kernels(monkeypatch, demo):
   """Exact mode (the greedy default) on a width-invariant target: verify calls carry

@@ -100,6 +100,7 @@ def test_bigram_by_hand():
   np.testing.assert_allclose(p[4], p[3], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_trigram_by_hand():
   # Each sequence preceded by 0 0; trigrams ending at real tokens: (0,0,1) x2, (0,1,2),
   # (1,2,1), (0,1,3), (0,0,2), (0,2,3). The bigram part is test_bigram_by_hand's.
@@ -156,6 +157,7 @@ def test_large_vocabulary_is_sparse():
   assert np.isfinite(np.asarray(lm.log_prob(32127, 32127, jnp.arange(32128)))).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", [1, 2, 3])
 def test_sparse_table_finds_present_rows_only(width):
   rng = np.random.default_rng(width)
@@ -267,6 +269,7 @@ def test_neg_inf_head_log_probs_give_no_duplicates():
   assert np.all(np.diff(np.asarray(scores[0])) <= 0) and np.isfinite(scores).all()
 
 
+@pytest.mark.slow
 def test_docstring_example():
   # log P(7|7) = -5, every other bigram -1: a hand-built (unnormalised) LM, V = 8.
   lm = L.NGramLM(unigram=jnp.full(8, -1.0), bigram_log_alpha=jnp.zeros(8),

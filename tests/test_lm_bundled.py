@@ -34,6 +34,7 @@ def test_bundled_pair_is_a_decoder_only_pair_with_its_tokenizer(pair):
   assert "demo-en-lm" in sd.io.tokenizer.bundled_tokenizers()
 
 
+@pytest.mark.slow
 def test_speculative_greedy_continuations_are_the_targets(pair):
   target, drafter, tok = pair
   prompts, lengths = tok.encode_prompts([" ".join(t.split()[:2]) for t in TEXTS[:6]])

@@ -43,6 +43,7 @@ def run(tmp_path_factory):
   return tmp, recipe, workdir, results
 
 
+@pytest.mark.slow
 def test_pipeline_outputs(run):
   _, _, workdir, results = run
   meta = json.loads((workdir / "data" / "meta.json").read_text())
@@ -67,6 +68,7 @@ def test_pipeline_outputs(run):
   assert ev["perplexity"]["target"] < ev["perplexity"]["unigram"] < tok.vocab_size
 
 
+@pytest.mark.slow
 def test_rerun_skips_and_more_steps_resume(run, monkeypatch):
   tmp, recipe, workdir, _ = run
   final = workdir / "target" / "final" / "train_log.json"
@@ -103,6 +105,7 @@ def _by_hand(model, tokens, lengths):
   return float(np.exp(np.mean(nll))), len(nll)
 
 
+@pytest.mark.slow
 def test_perplexity_is_exp_mean_nll():
   model = sd.init_model(sd.get_config("llama_tiny"), 3)
   rng = np.random.default_rng(0)
@@ -152,6 +155,7 @@ def test_ngram_perplexity_by_hand(run):
       lm_demo.ngram_perplexity(unigram, valid)
 
 
+@pytest.mark.slow
 def test_lm_loss_masks_pads_only():
   model = sd.init_model(sd.get_config("llama_tiny"), 0)
   seq = np.asarray([[1, 5, 6, 7, 2, 0, 0]], np.int32)
@@ -268,6 +272,7 @@ def test_refusals(tmp_path):
     training.next_token_pairs(np.ones((2, 1), np.int32))
 
 
+@pytest.mark.slow
 def test_decoded_alpha():
   """alpha while speculative decoding: 1 for the target as its own drafter (gamma + 1 tokens
   per target call), below 1 for another model."""
@@ -282,6 +287,7 @@ def test_decoded_alpha():
   assert low["alpha"] < 1.0 and low["tokens_per_target_call"] < 4.0
 
 
+@pytest.mark.slow
 def test_an_eos_drafter_gains_nothing():
   """A unigram whose most frequent token is EOS (the demo's) drafts only EOS at t = 0: its
   accepted drafts end rows, one token per target call. alpha counts those acceptances

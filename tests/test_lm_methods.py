@@ -184,6 +184,7 @@ GPT2_METHODS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(GPT2_METHODS))
 def test_gpt2_target_greedy_equals_baseline(name):
   """The methods beyond speculative decoding (`test_learned_positions_up_to_the_table`) on a
@@ -220,6 +221,7 @@ def test_anchored_cache_counts_after_the_prompt():
     t5.start(jnp.asarray([[5, 6, 1]]), 4).anchored()
 
 
+@pytest.mark.slow
 def test_ragged_batch_equals_each_row_alone():
   """Each row decoded alone (its prompt unpadded) gives the batch's tokens, speculative
   decoding included."""
@@ -246,6 +248,7 @@ def test_prompt_lengths_given_explicitly():
   assert not np.array_equal(np.asarray(shorter.tokens)[0], np.asarray(out.tokens)[0])
 
 
+@pytest.mark.slow
 def test_learned_positions_up_to_the_table():
   """GPT-2 (learned positions): prompt + T fill the table exactly; the cache is capped at
   max_positions, and speculative greedy still equals the baseline."""
@@ -334,6 +337,7 @@ def lm_samples(method, gamma, length, seed, accept=None) -> np.ndarray:
   return np.concatenate(out)
 
 
+@pytest.mark.slow
 def test_speculative_sampling_keeps_the_lm_distribution():
   """Exact enumeration of every 3-token continuation: the speculative samples fit the
   target's distribution (p > 1e-3); the same samples with a wrong residual rule do not
@@ -351,6 +355,7 @@ def test_speculative_sampling_keeps_the_lm_distribution():
 # ----------------------------------------------------------------------------- heads, errors
 
 
+@pytest.mark.slow
 def test_heads_loss_on_an_lm():
   """Head 1's cross-entropy is the LM's own next-token loss over the real tokens; pad-id
   targets are not scored."""

@@ -290,6 +290,7 @@ def _lm(vocab_size, eos_id=2, bos_id=1):
   return sd.init_model(cfg, 0)
 
 
+@pytest.mark.slow
 def test_check_tokenizer(llama_dir):
   tok = load_tokenizer(llama_dir)
   check_tokenizer(tok, _lm(tok.vocab_size))

@@ -63,6 +63,7 @@ def _cases(drafter, heads):
   }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["autoregressive", "speculative", "bild", "blockwise"])
 def test_decode_with_a_method_value_equals_the_generate_call(target, drafter, heads, enc, kind):
   method, call = _cases(drafter, heads)[kind]
@@ -72,6 +73,7 @@ def test_decode_with_a_method_value_equals_the_generate_call(target, drafter, he
   assert out.stats["method"] == kind
 
 
+@pytest.mark.slow
 def test_decode_runs_the_wiring_its_settings_describe(target, drafter, enc):
   """The values build the same engine run as the wiring modules' own pieces."""
   method = sd.Speculative(drafter, gamma=2, lenience=0.6)
@@ -123,6 +125,7 @@ def test_values_are_equal_and_hashable_by_settings(target, drafter, heads):
     dataclasses.replace(a, gamma=-1)
 
 
+@pytest.mark.slow
 def test_a_method_value_passes_through_jit(target, drafter, enc):
   """Models in a value are traced leaves, settings are static: one program per settings."""
   traces = []

@@ -57,6 +57,7 @@ def test_k_token_decode_equals_full_forward(model, chunks):
   np.testing.assert_allclose(np.concatenate(outs, 1), full, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_ragged_batch_equals_rows_alone(model):
   """Rows at different offsets in one cache == each row decoded alone."""
   enc = ragged_tokens(3, 10, model.vocab_size, seed=7)

@@ -43,6 +43,7 @@ def same_params(a, b) -> bool:
                              jax.tree_util.tree_leaves(b.params), strict=True))
 
 
+@pytest.mark.slow
 def test_installed_group_resolves_to_its_package(tmp_path, monkeypatch):
   site = tmp_path / "site"
   (site / "fake_demo").mkdir(parents=True)
@@ -131,6 +132,7 @@ def test_demo_package_wheel_ships_its_assets(tmp_path):
                      model.with_dtype("bfloat16"))
 
 
+@pytest.mark.slow
 def test_demo_wheels_assets_stay_under_the_index_limit():
   """The models specdec-jax-demo's wheel ships, deflate-compressed as a wheel stores them,
   stay under the package index's 100 MB file limit (with 5 MB for the code and metadata).

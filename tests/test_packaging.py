@@ -175,6 +175,7 @@ def test_wheel_is_code_with_configs_and_kernel_sources(wheel):
   assert wheel.stat().st_size < MAX_LIBRARY_WHEEL_MB * 1e6, wheel.stat().st_size
 
 
+@pytest.mark.slow
 def test_demo_wheel_ships_every_model_under_the_index_limit(demo_wheel):
   from specdec_jax.tools.demo import MAX_WHEEL_MB
   with zipfile.ZipFile(demo_wheel) as z:
@@ -218,6 +219,7 @@ def test_library_alone_names_the_demo_package_to_install(bare_venv, tmp_path):
   assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_wheel_install_loads_named_config_and_bundled_names(venv, tmp_path):
   script = (
       "import json, specdec_jax as sd\n"
@@ -239,6 +241,7 @@ def test_wheel_install_loads_named_config_and_bundled_names(venv, tmp_path):
   assert out["tokenizers"] == ["demo-de-en", "demo-en-lm"]
 
 
+@pytest.mark.slow
 def test_wheel_install_builds_cpu_kernels_from_package_data(venv, tmp_path):
   """The installed wheel compiles its own kernel sources (fresh cache), where this checkout can."""
   from specdec_jax import kernels
@@ -254,6 +257,7 @@ def test_wheel_install_builds_cpu_kernels_from_package_data(venv, tmp_path):
   assert pathlib.Path(out["library"]).parent == tmp_path / "cache"
 
 
+@pytest.mark.slow
 def test_wheel_install_runs_the_quickstart_command(venv, tmp_path):
   argv = _quickstart_command()
   script = venv / "bin" / argv[0]

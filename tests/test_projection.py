@@ -28,6 +28,7 @@ def tiny_run():
                                    encoder_len=5, capacity=8, steps=1, repeats=2)
 
 
+@pytest.mark.slow
 def test_run_projection_tiny(tiny_run):
   res = tiny_run
   assert res["alpha"] == {"alpha": 0.7, "source": "given"}
@@ -51,6 +52,7 @@ def test_run_projection_tiny(tiny_run):
     assert [x["alpha"] for x in p["alpha_grid"]] == [0.6, 0.7, 0.8, 0.9]
 
 
+@pytest.mark.slow
 def test_outputs_json_md_png(tiny_run, tmp_path):
   paths = projection.write_outputs(tiny_run, str(tmp_path))
   assert json.loads(open(paths["json"]).read())["projections"] == json.loads(
@@ -90,6 +92,7 @@ class _IdTokenizer:
     return out
 
 
+@pytest.mark.slow
 def test_measure_alpha_is_one_for_the_target_as_its_own_drafter():
   target = sd.init_model(sd.get_config("t5_1_1_tiny"))
   texts = ["5 9 13 40", "7 8", "22 23 24 25 26"]

@@ -98,6 +98,7 @@ def test_pipeline_writes_json_md_png_and_greedy_bleu_matches(workdir, tmp_path):
     R.run_results(workdir, R.ResultsSettings(**{**kwargs, "limit": 5}), existing=saved)
 
 
+@pytest.mark.slow
 def test_quality_table_every_model_alone_on_the_split(workdir, tmp_path):
   from specdec_jax.tools import evaluation
   q = R.run_quality(workdir, batch_size=4, progress=False)

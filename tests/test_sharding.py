@@ -194,6 +194,7 @@ def report(tmp_path_factory):
 MESHES = ("8x1/RULES_1D", "2x4/RULES_1D", "2x4/RULES_2D", "1x8/RULES_1D")
 
 
+@pytest.mark.slow
 def test_mesh_fixture(report):
   assert report["device_count"] == 8
   assert set(report["meshes"]) == set(MESHES)
@@ -206,6 +207,7 @@ def _shards(report, mesh, path):
   return report["meshes"][mesh]["params"][path]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh,path,spec,shard", [
     ("8x1/RULES_1D", "decoder/layers_0/mlp/wi_0/kernel", [None, "model"], [64, 128]),
     ("2x4/RULES_1D", "decoder/layers_0/mlp/wi_0/kernel", [None, "model"], [64, 32]),
@@ -230,6 +232,7 @@ def test_params_really_sharded(report, mesh, path, spec, shard):
   assert placed["devices"] == 8
 
 
+@pytest.mark.slow
 def test_every_param_follows_its_spec(report):
   """Per-device shard shape = full shape / mesh axis size, for every parameter and mesh."""
   for mesh, entry in report["meshes"].items():
@@ -240,6 +243,7 @@ def test_every_param_follows_its_spec(report):
       assert placed["shard_shapes"] == [want], (mesh, path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh", MESHES)
 def test_drafter_replicated_inputs_by_batch(report, mesh):
   entry = report["meshes"][mesh]
@@ -250,6 +254,7 @@ def test_drafter_replicated_inputs_by_batch(report, mesh):
   assert entry["output_devices"] == 8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh,methods", [
     ("8x1/RULES_1D", ("generate", "speculative", "sample", "sample_again")),
     ("2x4/RULES_1D", METHODS + MESH_ONLY),
@@ -273,6 +278,7 @@ def test_mesh_equals_single_device(report, mesh, methods):
   assert all(min(n) >= 1 for n in entry["lengths"].values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh", MESHES)
 def test_mesh_logits_within_float_tolerance(report, mesh):
   """Teacher-forced logits on the mesh: one device's to float32 rounding (the partial sums
@@ -282,6 +288,7 @@ def test_mesh_logits_within_float_tolerance(report, mesh):
   assert diff < report["margin"] / 10
 
 
+@pytest.mark.slow
 def test_mesh_errors(report):
   errors = report["errors"]
   kind, message = errors["strict"]
@@ -301,10 +308,12 @@ LOADS = ([f"{m}/{src}/float32" for m in ("8x1", "2x4", "1x8") for src in SOURCES
          + [f"2x4/{src}/bfloat16" for src in SOURCES])
 
 
+@pytest.mark.slow
 def test_load_checks_cover_every_format_and_mesh(report):
   assert sorted(report["load"]) == sorted(LOADS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("load", LOADS)
 def test_load_into_shards_equals_single_device(report, load):
   """T5X legacy and Orbax, ours, Hugging Face (and its tie trap), `config:`: the tree of
@@ -315,6 +324,7 @@ def test_load_into_shards_equals_single_device(report, load):
   assert entry["spec"]["decoder/layers_0/mlp/wi_0/kernel"] == [None, "model"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("load", [k for k in LOADS if k.split("/")[1] in
                                   ("legacy", "own", "hf", "hf_trap")])
 def test_load_reads_only_each_devices_block(report, load):
@@ -339,6 +349,7 @@ def test_load_reads_only_each_devices_block(report, load):
     assert wi["calls"] == [wi["nbytes"] // 8] * 8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("load", [k for k in LOADS if "/orbax/" in k])
 def test_orbax_restores_only_each_devices_block(report, load):
   """Orbax's reader (a spy on it) reads every distinct device block of every leaf once:
@@ -349,6 +360,7 @@ def test_orbax_restores_only_each_devices_block(report, load):
     assert len(entry["blocks"]) > 52            # split leaves: several blocks each
 
 
+@pytest.mark.slow
 def test_load_peak_host_memory(report):
   """Loading a t5_1_1_base-shaped bfloat16 checkpoint (495 MB) into shards on 2x4 holds at
   most 3 x its largest leaf (49 MB) beyond the placed model (the CPU devices' buffers,
@@ -361,6 +373,7 @@ def test_load_peak_host_memory(report):
   assert extra < 3 * memory["largest_leaf"], (extra, memory)     # measured: 0.5 to 1.1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh", ["8x1/RULES_1D", "2x4/RULES_1D", "2x4/RULES_2D"])
 def test_caches_sharded_by_batch_and_heads(report, mesh):
   """In the compiled decode program the target's self-attention buffers [B, H, C, Dh] and
@@ -380,6 +393,7 @@ def test_caches_sharded_by_batch_and_heads(report, mesh):
         assert counts["per_device"] > 0 and counts["whole"] == 0, (method, name, buffer)
 
 
+@pytest.mark.slow
 def test_cache_write_gathers_the_new_keys_and_values(report):
   """What docs/scale.md states of the compiled 2x4 program: writing a call's k new keys
   and values into the batch- and heads-split buffers (a scatter at each row's own
@@ -393,6 +407,7 @@ def test_cache_write_gathers_the_new_keys_and_values(report):
   assert cache["target"]["self"]["whole"] == 0
 
 
+@pytest.mark.slow
 def test_heads_the_mesh_does_not_divide_are_left_to_xla(report):
   """t5_1_1_tiny's 4 heads on 1x8: the rules cannot split whole heads, so the constraints
   leave the heads dimension open (never pinned whole, never split by "model"), and XLA
@@ -413,6 +428,7 @@ def _count(found: dict, shape: str, spec: str) -> int:
              if re.fullmatch(shape, key.split()[0]) and key.split()[1] == spec)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh", ["2x4/RULES_1D", "2x4/RULES_2D"])
 def test_activations_constrained_as_t5x(report, mesh):
   """The lowered decode program (`generate`) constrains activations by logical names as
@@ -430,6 +446,7 @@ def test_activations_constrained_as_t5x(report, mesh):
   assert report["single_constraints"] == {}
 
 
+@pytest.mark.slow
 def test_decoder_only_on_a_mesh(report):
   """llama_tiny (4 query heads, 2 key/value heads) on 2x4: greedy `generate` equals one
   device's; its layers carry T5's constraints, and the 2 key/value heads, not divisible
@@ -443,12 +460,14 @@ def test_decoder_only_on_a_mesh(report):
   assert _count(found, rf"8x\d+x{c['emb']}", "data,-,-") >= 1, found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh", MESHES)
 def test_output_tokens_split_by_batch(report, mesh):
   data = int(mesh.split("x")[0])
   assert report["meshes"][mesh]["tokens_spec"] == (["data"] if data > 1 else [])
 
 
+@pytest.mark.slow
 def test_no_recompilation_when_only_prompt_contents_change(report):
   events = report["recompiles"]
   assert events["generate_longer"], events           # the listener sees compilations
@@ -497,6 +516,7 @@ def test_leaf_blocks_transposed_scaled_and_checked():
     leaves.read_whole(short, "decoder/x")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("load", ["2x4/gpt2", "1x8/gpt2", "2x4/llama", "1x8/llama"])
 def test_load_hf_lm_into_shards(report, load):
   """Hugging Face GPT-2 (tied, fused c_attn) and Llama (untied, grouped KV heads) dirs
@@ -513,6 +533,7 @@ def test_load_hf_lm_into_shards(report, load):
     assert max(r["calls"]) == r["nbytes"] // r["blocks"], (key, r)
 
 
+@pytest.mark.slow
 def test_load_lm_into_shards(tmp_path):
   """Decoder-only models: `config:` and our format load into shards (Hugging Face dirs:
   `test_load_hf_lm_into_shards`)."""

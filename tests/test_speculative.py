@@ -39,6 +39,7 @@ def _drafters(target, baseline):
   }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gamma", [1, 2, 5])
 @pytest.mark.parametrize("kind", ["close_model", "ngram", "prompt_lookup"])
 def test_greedy_speculative_equals_baseline(target, encoder_tokens, baseline, gamma, kind):
@@ -56,6 +57,7 @@ def test_greedy_speculative_equals_baseline(target, encoder_tokens, baseline, ga
   assert len(s["per_position_accepted"]) == gamma
 
 
+@pytest.mark.slow
 def test_close_drafter_accepts_more_than_unrelated_one(target, encoder_tokens, baseline):
   d = _drafters(target, baseline)
   close = sd.speculative_generate(target, d["close_model"], encoder_tokens, gamma=3,
@@ -108,6 +110,7 @@ def test_ngram_drafter_costs_no_model_calls_and_helps(target, encoder_tokens, ba
   assert float(out.stats["tokens_per_target_call"]) > 1.5   # fitted on the target's outputs
 
 
+@pytest.mark.slow
 def test_prompt_lookup_copies_from_input():
   """A target that copies its input is predicted perfectly by prompt lookup."""
   target = peaked(sd.init_model(sd.get_config("t5_1_1_tiny"), 1), 6.0, 3.0)
@@ -134,6 +137,7 @@ def test_prompt_lookup_copies_from_input():
   np.testing.assert_array_equal(np.argmax(logits, -1), np.asarray(base.tokens)[[0, 1], [3, 5]])
 
 
+@pytest.mark.slow
 def test_adaptive_gamma_keeps_greedy_equivalence(target, encoder_tokens, baseline):
   for drafter in (perturbed(target, 0.05, seed=0),
                   sd.init_model(sd.get_config("t5_1_1_tiny_drafter"), 2)):
@@ -143,6 +147,7 @@ def test_adaptive_gamma_keeps_greedy_equivalence(target, encoder_tokens, baselin
     np.testing.assert_array_equal(out.lengths, baseline.lengths)
 
 
+@pytest.mark.slow
 def test_adaptive_gamma_shrinks_for_a_bad_drafter(target, encoder_tokens):
   bad = sd.init_model(sd.get_config("t5_1_1_tiny_drafter"), 2)
   fixed = sd.speculative_generate(target, bad, encoder_tokens, gamma=6, max_new_tokens=MAX_NEW)
@@ -152,6 +157,7 @@ def test_adaptive_gamma_shrinks_for_a_bad_drafter(target, encoder_tokens):
   assert int(adaptive.stats["drafter_calls"]) < int(fixed.stats["drafter_calls"])
 
 
+@pytest.mark.slow
 def test_measured_adaptive_gamma_keeps_greedy_equivalence(target, encoder_tokens, baseline):
   from specdec_jax.tools.costs import measured_adaptive_gamma
   drafter = perturbed(target, 0.05, seed=0)
@@ -163,6 +169,7 @@ def test_measured_adaptive_gamma_keeps_greedy_equivalence(target, encoder_tokens
   np.testing.assert_array_equal(out.tokens, baseline.tokens)
 
 
+@pytest.mark.slow
 def test_lenience_is_labelled_lossy_and_accepts_more(target, encoder_tokens):
   drafter = perturbed(target, 0.1, seed=1)   # exact acceptance ~0.26
   exact = sd.speculative_generate(target, drafter, encoder_tokens, gamma=4,
@@ -184,6 +191,7 @@ def test_lenience_is_labelled_lossy_and_accepts_more(target, encoder_tokens):
   assert np.all(chosen[live] >= 0.1 * probs.max(-1)[live] - 1e-6)
 
 
+@pytest.mark.slow
 def test_sampling_runs_and_stays_in_bounds(target, encoder_tokens):
   out = sd.speculative_generate(target, perturbed(target, 0.05, seed=0), encoder_tokens, gamma=3,
                                 max_new_tokens=MAX_NEW, rng=jax.random.PRNGKey(0),
@@ -210,6 +218,7 @@ def test_no_recompilation_for_new_prompt_contents(target, baseline):
   assert engine.run._cache_size() == before
 
 
+@pytest.mark.slow
 def test_bad_requests_give_clear_errors(target, encoder_tokens):
   drafter = sd.init_model(sd.get_config("t5_1_1_tiny_drafter"), 2)
   with pytest.raises(sd.InputError, match="gamma must be an integer >= 1"):

@@ -39,6 +39,7 @@ AGGREGATES = ("alpha", "acceptance_rate", "tokens_per_target_call", "target_call
               "per_position_accepted")
 
 
+@pytest.mark.slow
 def test_corpus_of_padded_batches_has_the_stats_of_one_big_batch(pair, inputs):
   """Greedy speculative decoding of 5 rows in batches of 2 (the last padded) aggregates to
   exactly the statistics of one batch of 5: alpha from summed beta sums and counts,
@@ -69,6 +70,7 @@ def test_corpus_of_padded_batches_has_the_stats_of_one_big_batch(pair, inputs):
   assert merged["gamma"] == GAMMA and merged["method"] == "speculative"
 
 
+@pytest.mark.slow
 def test_merge_is_not_an_average_of_batch_ratios(pair, inputs):
   """Two calls of different sizes: the merged alpha is sum(beta_sum) / sum(beta_count),
   not the mean of the two calls' alphas."""
@@ -153,6 +155,7 @@ def test_row_helpers():
 # ----------------------------------------------------------------------------- dispatch
 
 
+@pytest.mark.slow
 def test_methods_run_the_library_functions(pair, inputs):
   target, drafter = pair
   key = jax.random.PRNGKey(3)

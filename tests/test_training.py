@@ -99,6 +99,7 @@ OPT = dict(learning_rate=1e-2, warmup_steps=5)
 BATCH = 8
 
 
+@pytest.mark.slow
 def test_optax_steps_reduce_the_loss(model, data):
   batch = batch_of(data[0][:BATCH], data[1][:BATCH])
   initial = loss_of(model.params, batch)
@@ -111,6 +112,7 @@ def test_optax_steps_reduce_the_loss(model, data):
   assert 0.0 <= float(metrics["accuracy"]) <= 1.0
 
 
+@pytest.mark.slow
 def test_adafactor_steps_reduce_the_loss(model, data):
   batch = batch_of(data[0][:BATCH], data[1][:BATCH])
   initial = loss_of(model.params, batch)
@@ -130,6 +132,7 @@ def test_schedule_warms_up_stays_flat_then_decays():
     training.TrainConfig(optimizer="sgd")
 
 
+@pytest.mark.slow
 def test_zero_learning_rate_changes_nothing(model, data):
   batch = batch_of(*data)
   initial = loss_of(model.params, batch)
@@ -148,6 +151,7 @@ def test_loss_ignores_padding_columns(model, data):
 # ----------------------------------------------------------------------------- Orbax resume
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly(model, data, tmp_path):
   inputs, targets = data
 
@@ -258,6 +262,7 @@ def test_length_buckets_group_lengths_cover_the_epoch_and_trim_only_padding():
   assert len(widths) > 2
 
 
+@pytest.mark.slow
 def test_trimmed_batch_has_the_same_loss(model, data):
   inputs, targets = data                       # rows are at most LENGTH - 1 tokens + EOS
   wide = batch_of(np.pad(inputs, ((0, 0), (0, 6))), np.pad(targets, ((0, 0), (0, 6))))
