@@ -78,15 +78,17 @@ def _run(args, argv) -> int:
     prompts = random_prompts(args.limit, args.prompt_len, target_model.config.vocab_size,
                              args.seed)
     source = f"{args.limit} random prompts of length {args.prompt_len}"
-  settings = {"prompts": source, "target_source": target, "drafter_source": drafter,
+  config = {"prompts": source, "target_source": target, "drafter_source": drafter,
               "command": "python scripts/compare_hf.py " + " ".join(
                   shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))}
   results = hf_compare.compare(
       target_model, drafter_model,
-      np.asarray(prompts), gamma=args.gamma, max_new_tokens=args.max_new_tokens,
-      batch_sizes=args.batch_sizes, repeats=args.repeats,
-      hf_default_assisted=not args.no_hf_default_assisted, progress=not args.no_progress,
-      settings=settings)
+      np.asarray(prompts),
+      hf_compare.CompareSettings(
+          gamma=args.gamma, max_new_tokens=args.max_new_tokens, batch_sizes=args.batch_sizes,
+          repeats=args.repeats, hf_default_assisted=not args.no_hf_default_assisted,
+          progress=not args.no_progress),
+      config=config)
   paths = hf_compare.write_report(results, args.out)
   print(hf_compare.markdown_table(results))
   print(f"wrote {paths['json']}, {paths['md']}", file=sys.stderr)

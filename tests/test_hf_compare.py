@@ -53,9 +53,10 @@ def test_token_helpers():
 @pytest.mark.slow
 def test_compare_hf_greedy_assisted_and_ours_identical(tmp_path, models):
   target, drafter = models
-  results = hf_compare.compare(target, drafter, _prompts(), gamma=3, max_new_tokens=8,
-                               batch_sizes=(), repeats=1, hf_default_assisted=False,
-                               progress=False, settings={"command": "pytest"})
+  settings = hf_compare.CompareSettings(gamma=3, max_new_tokens=8, batch_sizes=(), repeats=1,
+                                       hf_default_assisted=False, progress=False)
+  results = hf_compare.compare(target, drafter, _prompts(), settings,
+                               config={"command": "pytest"})
   assert results["errors"] == {}, results["errors"]
   rows = {r["name"]: r for r in results["methods"]}
   # (batch > 1 rows run the same code in chunks; left out to keep the test short)
@@ -92,8 +93,10 @@ def test_failed_method_is_recorded_not_raised(monkeypatch, models):
     raise RuntimeError("cache exploded")
   monkeypatch.setattr(hf_compare.hf, "load_hf_from_dir", broken)
   # same shapes as above: our compiled decoders are reused
-  results = hf_compare.compare(target, drafter, _prompts(), gamma=3, max_new_tokens=8,
-                               batch_sizes=(), repeats=1, progress=False)
+  results = hf_compare.compare(target, drafter, _prompts(),
+                               hf_compare.CompareSettings(gamma=3, max_new_tokens=8,
+                                                          batch_sizes=(), repeats=1,
+                                                          progress=False))
   assert "cache exploded" in results["errors"]["hf_target_load"]
   names = {r["name"] for r in results["methods"]}
   assert names == {"ours_greedy", "ours_speculative"}

@@ -51,6 +51,7 @@ from specdec_jax.tools.bench.run import (
   RESUME_KEYS,
   SCHEMA_VERSION,
   BenchSettings,
+  CostTiming,
   measure_costs,
   run_bench,
 )
@@ -59,6 +60,6 @@ from specdec_jax.tools.errors import BenchError
 
 DESCRIPTION = __doc__.split("\n\n    results =")[0]
 
-__all__ = ["BenchError", "BenchSettings", "DEFINITIONS", "DESCRIPTION", "RESUME_KEYS",
+__all__ = ["BenchError", "BenchSettings", "CostTiming", "DEFINITIONS", "DESCRIPTION", "RESUME_KEYS",
            "SCHEMA_VERSION", "StepTimer", "TABLE_COLUMNS", "markdown_report", "markdown_table",
            "measure_costs", "plot", "run_bench", "time_decode_step", "write_report"]

@@ -71,9 +71,23 @@ def _noop() -> None:
 # ----------------------------------------------------------------------------- step costs
 
 
-def measure_costs(target, drafter, batch: int, gammas: Iterable[int], *, encoder_tokens,
-                  capacity: int, steps: int = 16, repeats: int = 5,
-                  timers: dict[tuple, Any] | None = None,
+@dataclasses.dataclass(frozen=True)
+class CostTiming:
+  """How `measure_costs` times the decode steps.
+
+  Attributes:
+    capacity: the KV caches' length (tokens) the steps run at.
+    steps: decode steps per jitted loop.
+    repeats: timed rounds; the median is reported.
+  """
+
+  capacity: int
+  steps: int = 16
+  repeats: int = 5
+
+
+def measure_costs(target, drafter, batch: int, gammas: Iterable[int], timing: CostTiming, *,
+                  encoder_tokens, timers: dict[tuple, Any] | None = None,
                   tick: Callable[[], None] = _noop) -> dict[str, Any]:
   """c and verify costs at one batch size (see the package docstring).
 
@@ -81,10 +95,11 @@ def measure_costs(target, drafter, batch: int, gammas: Iterable[int], *, encoder
   compiled already) are built when not given.
   """
   gammas = sorted(set(gammas))
+  capacity, steps = timing.capacity, timing.steps
   if timers is None:
     timers = costs_lib.cost_timers(target, {"drafter": drafter}, gammas,
                                    encoder_tokens=encoder_tokens, capacity=capacity, steps=steps)
-  seconds = costs_lib.time_costs(timers, repeats, tick)
+  seconds = costs_lib.time_costs(timers, timing.repeats, tick)
   target_s, drafter_s = seconds[("target", 1)], seconds[("drafter", "drafter")]
   verify = [{"gamma": g, "tokens": g + 1, "ms": 1e3 * seconds[("target", g + 1)],
              "verify_cost": seconds[("target", g + 1)] / target_s} for g in gammas]
@@ -196,16 +211,19 @@ def _sort_key(modes: Sequence[str], labels: Sequence[str] = ()):
 class _Run:
   """One benchmark run: the models, its settings, and the compiled pieces."""
 
-  def __init__(self, target, drafter, prompts, gammas, max_new_tokens, timing_steps, seed,
-               ignore_eos, extras=None, exact=None, place_inputs=None):
+  def __init__(self, target, drafter, prompts, gammas: list[int], settings: BenchSettings, *,
+               extras=None, place_inputs=None):
+    """`gammas`: the checked, sorted gammas timed (none with `settings.baseline_only`);
+    the rest of the run's settings come from `settings`."""
     self.target, self.drafter, self.prompts = target, drafter, prompts
     self.place_inputs = place_inputs
-    self.exact = exact
+    self.exact = settings.exact
     self.extras = dict(extras or {})
-    self.gammas, self.max_new_tokens, self.timing_steps = gammas, max_new_tokens, timing_steps
-    self.rng = jax.random.PRNGKey(seed)
-    self.eos_id = -1 if ignore_eos else None
-    self.capacity = max_new_tokens + (max(gammas) if gammas else 0) + 1
+    self.gammas, self.max_new_tokens = gammas, settings.max_new_tokens
+    self.timing_steps = settings.timing_steps
+    self.rng = jax.random.PRNGKey(settings.seed)
+    self.eos_id = -1 if settings.ignore_eos else None
+    self.capacity = settings.max_new_tokens + (max(gammas) if gammas else 0) + 1
 
   def encoder(self, batch: int):
     enc = jnp.asarray(cycled_rows(self.prompts, batch))
@@ -359,8 +377,7 @@ def run_bench(target, drafter=None, settings: BenchSettings = BenchSettings(), *
                    extras=list(extras), exact=s.exact)
   results, kept_costs = _start_results(config, existing)
   plan = _plan(batch_sizes, modes, [*gammas, *extras], {_key(e) for e in results["results"]})
-  run = _Run(target, drafter, prompts, gammas, s.max_new_tokens, s.timing_steps, s.seed,
-             s.ignore_eos, extras, s.exact, place_inputs)
+  run = _Run(target, drafter, prompts, gammas, s, extras=extras, place_inputs=place_inputs)
   _execute(run, plan, results, kept_costs, s.repeats, workers, s.progress, on_update)
   results["results"].sort(key=_sort_key(results["config"]["modes"], list(extras)))
   results["projections"] = [p for c in results["costs"] for p in costs_lib.projections(c)]
@@ -384,8 +401,8 @@ def _execute(run: _Run, plan, results, kept_costs, repeats, workers, progress, o
       if b in timers:
         bar.set_description(f"bench B={b} step costs")
         kept_costs[b] = measure_costs(run.target, run.drafter, b, run.gammas,
-                                      encoder_tokens=None, capacity=run.capacity,
-                                      steps=run.timing_steps, timers=timers.pop(b), tick=tick)
+                                      CostTiming(run.capacity, run.timing_steps),
+                                      encoder_tokens=None, timers=timers.pop(b), tick=tick)
         results["costs"] = [kept_costs[k] for k in sorted(kept_costs)]
       bar.set_description(f"bench B={b} {mode}")
       timed = time_rounds(groups[(b, mode)], repeats, tick)

@@ -313,9 +313,9 @@ def _decode_to_file(run: DecodeRun, choice: MethodChoice, method, target, prompt
     raise error
   t0 = time.perf_counter()
   corpus = output_file.decode_to_file(
-      method, target, batches, lengths, output, start, max_new_tokens=run.max_new_tokens,
-      rng=jax.random.PRNGKey(run.seed), format_row=lambda r: _format_output(r, tokenizer),
-      split=split_rows)
+      method, target, batches, lengths, output, start,
+      output_file.FileDecode(run.max_new_tokens, jax.random.PRNGKey(run.seed), split_rows),
+      format_row=lambda r: _format_output(r, tokenizer))
   wall = time.perf_counter() - t0
   if output is not None:
     output.finish()

@@ -224,29 +224,45 @@ def shared_start(output: OutputFile | None, error: Exception | None) -> int:
   return rows
 
 
+@dataclasses.dataclass(frozen=True)
+class FileDecode:
+  """How `decode_to_file` decodes.
+
+  Attributes:
+    max_new_tokens: tokens decoded per row at most.
+    rng: the PRNG key of sampling (batch g decodes with `batch_key(rng, g)`).
+    split: several processes, each decoding every P-th batch (batch g on process
+      g mod P); False: every process decodes every batch (one process, or a mesh over
+      every process's devices).
+  """
+
+  max_new_tokens: int
+  rng: Any
+  split: bool
+
+
 def decode_to_file(method, target, batches: Sequence[Batch], lengths: Sequence | None,
-                   output: OutputFile | None, start_row: int, *, max_new_tokens: int, rng,
-                   format_row: Callable[[list[int]], str | list[int]],
-                   split: bool) -> Corpus:
+                   output: OutputFile | None, start_row: int, settings: FileDecode, *,
+                   format_row: Callable[[list[int]], str | list[int]]) -> Corpus:
   """Decode the file's `batches` (equal row counts; batch g keyed by g) from the one
   holding row `start_row`, appending each finished batch's rows past `start_row` to
   `output` (process 0's; None elsewhere); the corpus of the batches decoded here.
-
-  `split`: several processes, each decoding every P-th batch (batch g on process
-  g mod P); otherwise every process decodes every batch (one process, or a mesh over
-  every process's devices)."""
+  `settings`: the decode budget, PRNG key and whether the processes split the batches
+  (`FileDecode`)."""
   from specdec_jax.tools.cli.distributed import gather_corpus
   if start_row >= sum(b.real for b in batches):
     return Corpus((), ())                  # all written already
   size = len(batches[0].tokens)
   first = start_row // size
+  split = settings.split
   processes, process = (jax.process_count(), jax.process_index()) if split else (1, 0)
   decoded = []
   for r in range(first // processes, -(-len(batches) // processes)):
     g = r * processes + process
     mine = min(g, len(batches) - 1)     # past the end: a copy whose rows are all padding
-    corpus = decode_corpus(method, target, [batches[mine]], max_new_tokens=max_new_tokens,
-                           rng=rng, first_key=mine,
+    corpus = decode_corpus(method, target, [batches[mine]],
+                           max_new_tokens=settings.max_new_tokens, rng=settings.rng,
+                           first_key=mine,
                            prompt_lengths=None if lengths is None else [lengths[mine]])
     if g >= len(batches):
       corpus = Corpus(corpus.outputs, (0,))

@@ -54,6 +54,7 @@ from specdec_jax.tools.report import check_output_dir, read_json, to_jsonable
 from specdec_jax.tools.sweep import (
   Point,
   Split,
+  Timing,
   lattice_cost_ms,
   load_split,
   run_points,
@@ -382,9 +383,9 @@ def sweep(s: SweepSettings) -> int:
   existing = _existing(s, config)
   points = (blockwise_points(s, target, split) if isinstance(s, BlockwiseSweep)
             else bild_points(s, target))
-  results = run_points(target, split, tokenizer, points, batch_size=s.batch_size,
-                       repeats=s.repeats, seed=s.seed, config=config, existing=existing,
-                       progress=s.progress,
+  results = run_points(target, split, tokenizer, points,
+                       Timing(s.batch_size, s.repeats, s.seed, s.progress),
+                       config=config, existing=existing,
                        on_update=lambda r: write_outputs(r, s.out, s.kind))
   if isinstance(s, BlockwiseSweep):
     methods = [p.method for p in points if isinstance(p.method, Blockwise)]

@@ -37,7 +37,7 @@ prompt, the way a user would call it).
 Any method that fails (load, warm-up) is recorded with its error text instead of
 stopping the comparison.
 
-    results = compare(target, drafter, prompts, gamma=4, max_new_tokens=32)
+    results = compare(target, drafter, prompts, CompareSettings(gamma=4, max_new_tokens=32))
     write_report(results, "results/hf_compare")   # hf_compare.json, hf_compare.md
 """
 
@@ -47,6 +47,7 @@ from specdec_jax.tools.hf_compare import hf
 from specdec_jax.tools.hf_compare.compare import (
   DEFINITIONS,
   SCHEMA_VERSION,
+  CompareSettings,
   compare,
   first_difference,
   our_method,
@@ -64,7 +65,7 @@ from specdec_jax.tools.hf_compare.report import markdown_report, markdown_table,
 
 DESCRIPTION = __doc__.split("\n\n    results =")[0]
 
-__all__ = ["CallCounter", "CompareError", "DEFINITIONS", "DESCRIPTION", "SCHEMA_VERSION",
+__all__ = ["CallCounter", "CompareError", "CompareSettings", "DEFINITIONS", "DESCRIPTION", "SCHEMA_VERSION",
            "compare", "first_difference", "hf", "hf_method", "hf_row_tokens", "load_hf",
            "load_hf_from_dir", "markdown_report", "markdown_table", "our_method",
            "our_row_tokens", "pad_rows", "prompt_rows", "write_report"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import tempfile
@@ -208,30 +209,49 @@ def _run(methods, hf_models, repeats, progress, errors):
   return timed, first, hf_calls
 
 
-def compare(target, drafter, prompts, *, gamma: int = 4, max_new_tokens: int = 32,
-            batch_sizes: Sequence[int] = (8, 32), repeats: int = 3,
-            hf_default_assisted: bool = True, progress: bool = True,
-            settings: dict[str, Any] | None = None) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CompareSettings:
+  """What `compare` times and how.
+
+  Attributes:
+    gamma: drafts per round for ours and `num_assistant_tokens` for HF assisted.
+    max_new_tokens: tokens generated per prompt at most.
+    batch_sizes: extra batch sizes for our methods (HF assisted is batch 1 only).
+    repeats: timed rounds; the median is reported.
+    hf_default_assisted: also time HF assisted generation with transformers' defaults.
+    progress: show a progress bar (stderr).
+  """
+
+  gamma: int = 4
+  max_new_tokens: int = 32
+  batch_sizes: Sequence[int] = (8, 32)
+  repeats: int = 3
+  hf_default_assisted: bool = True
+  progress: bool = True
+
+
+def compare(target, drafter, prompts, settings: CompareSettings = CompareSettings(), *,
+            config: dict[str, Any] | None = None) -> dict[str, Any]:
   """Run the comparison; returns the results dict (see the package docstring).
 
   Args:
     target, drafter: our `Model`s or paths for `sd.load` (cast to float32 if needed).
     prompts: encoder token arrays (a list of 1-D arrays, or [N, L] 0-padded).
-    gamma: drafts per round for ours and `num_assistant_tokens` for HF assisted.
-    batch_sizes: extra batch sizes for our methods (HF assisted is batch 1 only).
-    hf_default_assisted: also time HF assisted generation with transformers' defaults.
-    settings: descriptive entries stored under "config" (e.g. "command"; "target_source"
+    settings: what is timed and how (`CompareSettings`).
+    config: descriptive entries stored under "config" (e.g. "command"; "target_source"
       and "drafter_source" name models passed as objects).
   """
-  if int(gamma) < 1 or int(max_new_tokens) < 1 or int(repeats) < 1:
+  s = settings
+  if int(s.gamma) < 1 or int(s.max_new_tokens) < 1 or int(s.repeats) < 1:
     raise CompareError("gamma, max_new_tokens and repeats must be >= 1")
-  gamma, max_new_tokens, repeats = int(gamma), int(max_new_tokens), int(repeats)
-  batch_sizes = [1, *sorted({int(b) for b in batch_sizes if int(b) > 1})]
+  gamma, max_new_tokens, repeats = int(s.gamma), int(s.max_new_tokens), int(s.repeats)
+  hf_default_assisted, progress = s.hf_default_assisted, s.progress
+  batch_sizes = [1, *sorted({int(b) for b in s.batch_sizes if int(b) > 1})]
   target_m, drafter_m = _as_model(target, "target"), _as_model(drafter, "drafter")
   rows = prompt_rows(prompts)
   padded = pad_rows(rows)
   errors: dict[str, str] = {}
-  config = {**(settings or {}), "gamma": gamma, "max_new_tokens": max_new_tokens,
+  config = {**(config or {}), "gamma": gamma, "max_new_tokens": max_new_tokens,
             "repeats": repeats, "batch_sizes": batch_sizes, "num_prompts": len(rows),
             "prompt_lengths": [len(r) for r in rows], "padded_prompt_length": int(padded.shape[1]),
             "torch_dtype": "float32", "hf_assisted": None, "hf_default_assisted": None}

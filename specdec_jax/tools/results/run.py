@@ -195,12 +195,17 @@ def _row_order(drafter_names: Sequence[str]):
 class _Run:
   """The models, the split and the settings every group of one run shares."""
 
-  def __init__(self, target, drafters, inputs, references, tokenizer, max_new_tokens, seed,
-               timing_steps, capacity):
+  def __init__(self, target, drafters, inputs, references, tokenizer,
+               settings: ResultsSettings, *, max_new_tokens: int, capacity: int):
+    """`max_new_tokens` and `capacity` (the KV caches' length): as resolved for the split;
+    the seed, repeats, timing steps and compile workers come from `settings`."""
     self.target, self.drafters = target, drafters
     self.inputs, self.references, self.tokenizer = inputs, references, tokenizer
-    self.max_new_tokens, self.seed = max_new_tokens, seed
-    self.timing_steps, self.capacity = timing_steps, capacity
+    self.max_new_tokens, self.seed = max_new_tokens, settings.seed
+    self.timing_steps, self.capacity = settings.timing_steps, capacity
+    self.repeats = settings.repeats
+    self.workers = (default_compile_workers() if settings.compile_workers is None
+                    else max(1, settings.compile_workers))
 
   def methods(self, todo, ref_key) -> tuple[dict, dict]:
     """({label: DecodeMethod}, {label: (key, drafter, mode, gamma)}); the target-greedy
@@ -260,7 +265,7 @@ class _Run:
     return row
 
 
-def _run_group(run: _Run, b, name, todo, rows, costs, cost_gammas, repeats, workers, bar):
+def _run_group(run: _Run, b, name, todo, rows, costs, cost_gammas, bar):
   """Warm up and time one group (with its target-greedy reference); its rows into `rows`."""
   tick = lambda: bar.update(1)
   batches = padded_batches(run.inputs, b)
@@ -272,10 +277,10 @@ def _run_group(run: _Run, b, name, todo, rows, costs, cost_gammas, repeats, work
     if fresh is not None:
       costs[b] = fresh
   bar.set_description(f"results B={b} {name}: compiling")   # the first batch compiles
-  run_parallel([run.call(m, batches[:1]) for m in methods.values()], workers, tick)
+  run_parallel([run.call(m, batches[:1]) for m in methods.values()], run.workers, tick)
   bar.set_description(f"results B={b} {name}: timing")
-  timed = time_rounds({label: run.call(m, batches) for label, m in methods.items()}, repeats,
-                      tick)
+  timed = time_rounds({label: run.call(m, batches) for label, m in methods.items()},
+                      run.repeats, tick)
   base_ms = ms_per_token(timed["baseline"])
   exact = timed.pop(EXACT_BASELINE)
   base_tokens = exact["output"].token_rows()   # what every exact greedy method must equal
@@ -361,22 +366,20 @@ def run_results(workdir: str | os.PathLike, settings: ResultsSettings = ResultsS
                                if isinstance(m, sd.Model)}}
   results = _start(config, existing, [v for v in s.variants if v not in drafters])
   tokenizer = load_tokenizer(workdir / "data" / "spiece.model")
-  run = _Run(target, drafters, inputs, references, tokenizer, max_new_tokens, s.seed,
-             s.timing_steps, max_new_tokens + max(gammas + table_gammas, default=1) + 1)
+  run = _Run(target, drafters, inputs, references, tokenizer, s, max_new_tokens=max_new_tokens,
+             capacity=max_new_tokens + max(gammas + table_gammas, default=1) + 1)
   rows = {r["key"]: r for r in (existing or {}).get("rows", [])}
   costs = {int(k): v for k, v in (existing or {}).get("costs", {}).items()}
   plan = _plan(batch_sizes, drafters, gammas, table_gammas, s.include_sampling, rows)
-  _execute(run, plan, results, rows, costs, s.repeats, s.compile_workers, s.progress, on_update)
+  _execute(run, plan, results, rows, costs, s.progress, on_update)
   return results
 
 
-def _execute(run: _Run, plan, results, rows, costs, repeats, compile_workers, progress,
-             on_update) -> None:
+def _execute(run: _Run, plan, results, rows, costs, progress, on_update) -> None:
   from tqdm import tqdm
-  workers = default_compile_workers() if compile_workers is None else max(1, compile_workers)
   cost_batches = {b for b, name, _ in plan if name != "target"}
   cost_gammas = sorted({g for _, name, todo in plan if name != "target" for *_, g in todo})
-  n_calls = sum((len(todo) + 2) * (repeats + 1) for _, _, todo in plan)   # + both baselines
+  n_calls = sum((len(todo) + 2) * (run.repeats + 1) for _, _, todo in plan)   # + both baselines
   bar = tqdm(total=n_calls + len(cost_batches) * (1 + len(cost_gammas) + len(run.drafters)),
              desc="results", unit="call", disable=not progress, file=sys.stderr,
              dynamic_ncols=True)
@@ -386,7 +389,7 @@ def _execute(run: _Run, plan, results, rows, costs, repeats, compile_workers, pr
     results["costs"] = {str(b): costs[b] for b in sorted(costs)}
   try:
     for b, name, todo in plan:
-      _run_group(run, b, name, todo, rows, costs, cost_gammas, repeats, workers, bar)
+      _run_group(run, b, name, todo, rows, costs, cost_gammas, bar)
       publish()
       if on_update is not None:
         on_update(results)

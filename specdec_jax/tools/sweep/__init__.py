@@ -1,6 +1,6 @@
 """Sweeps: many decode methods on one data split, each timed beside the target alone.
 
-    run       Point, Split, load_split, run_points, measure_point, lattice_cost_ms
+    run       Point, Split, Timing, load_split, run_points, measure_point, lattice_cost_ms
     report    points_markdown, pick, table1_markdown, plot, write_outputs
 
 `specdec sweep-bild` (BiLD's threshold grid, Table 1 layout, Pareto plot) and
@@ -12,11 +12,12 @@ from specdec_jax.tools.sweep.report import pick, points_markdown, table1_markdow
 from specdec_jax.tools.sweep.run import (
   Point,
   Split,
+  Timing,
   lattice_cost_ms,
   load_split,
   measure_point,
   run_points,
 )
 
-__all__ = ["Point", "Split", "lattice_cost_ms", "load_split", "measure_point", "pick",
+__all__ = ["Point", "Split", "Timing", "lattice_cost_ms", "load_split", "measure_point", "pick",
            "points_markdown", "run_points", "table1_markdown", "write_outputs"]

@@ -1,7 +1,7 @@
 """Quality and speed of many decode methods on one split: each timed beside the target alone.
 
     points = [Point("aligned/fb0.5/rb3", "BiLD aligned", Bild(small=s, ...)), ...]
-    results = run_points(target, split, tokenizer, points, batch_size=1, repeats=3)
+    results = run_points(target, split, tokenizer, points, Timing(batch_size=1, repeats=3))
 
 For every point not yet in `existing` (resume): decode the split once untimed
 (compiles), then time the point and the target alone with the point's sampling in
@@ -87,6 +87,23 @@ def load_split(data_dir, split: str = "test", limit: int | None = None) -> Split
   return Split(np.asarray(inputs, np.int32), tuple(references), width)
 
 
+@dataclasses.dataclass(frozen=True)
+class Timing:
+  """How every point is measured.
+
+  Attributes:
+    batch_size: rows per decode call (at most the split's rows).
+    repeats: timed rounds (alternating with the baselines); the median is reported.
+    seed: the PRNG seed of sampling.
+    progress: show a progress bar (stderr).
+  """
+
+  batch_size: int = 1
+  repeats: int = 3
+  seed: int = 0
+  progress: bool = True
+
+
 def _corpus_call(method: DecodeMethod, target, batches, max_new_tokens: int, seed: int):
   return functools.partial(decode_corpus, method, target, batches,
                            max_new_tokens=max_new_tokens, rng=seed)
@@ -115,12 +132,13 @@ def _score(corpus, split: Split, tokenizer) -> dict[str, float]:
   return evaluation.corpus_scores(hyps, split.references)
 
 
-def measure_point(point: Point, target, split: Split, tokenizer, *, batch_size: int,
-                  repeats: int, seed: int, baselines: dict[str, dict[str, Any]],
+def measure_point(point: Point, target, split: Split, tokenizer, timing: Timing = Timing(), *,
+                  baselines: dict[str, dict[str, Any]],
                   tick: Callable[[], None]) -> dict[str, Any]:
   """One point's entry; fills `baselines["<target name>, <sampling>"]` (the target alone)."""
   target = target if point.target is None else point.target
-  batches = padded_batches(split.inputs, min(batch_size, len(split.inputs)))
+  seed = timing.seed
+  batches = padded_batches(split.inputs, min(timing.batch_size, len(split.inputs)))
   plain = Baseline(sampling=point.method.sampling, exact=False)
   calls = {"baseline": _corpus_call(plain, target, batches, split.max_new_tokens, seed),
            point.label: _corpus_call(point.method, target, batches, split.max_new_tokens, seed)}
@@ -130,7 +148,7 @@ def measure_point(point: Point, target, split: Split, tokenizer, *, batch_size: 
   for call in calls.values():   # compile (the baselines' once: jit caches them)
     call()
     tick()
-  timed = time_rounds(calls, repeats, tick)
+  timed = time_rounds(calls, timing.repeats, tick)
   key = f"{point.target_name}, {sampling_label(point.method.sampling)}"
   if key not in baselines:
     baselines[key] = _score(timed["baseline"]["output"], split, tokenizer)
@@ -142,10 +160,9 @@ def measure_point(point: Point, target, split: Split, tokenizer, *, batch_size: 
 EXACT_BASELINE = "baseline (exact)"
 
 
-def run_points(target, split: Split, tokenizer, points: Sequence[Point], *,
-               batch_size: int = 1, repeats: int = 3, seed: int = 0,
+def run_points(target, split: Split, tokenizer, points: Sequence[Point],
+               timing: Timing = Timing(), *,
                config: dict[str, Any] | None = None, existing: dict[str, Any] | None = None,
-               progress: bool = True,
                on_update: Callable[[dict[str, Any]], Any] | None = None) -> dict[str, Any]:
   """Measure every point not in `existing["points"]`; the results dict (see module doc)."""
   from tqdm import tqdm
@@ -155,21 +172,20 @@ def run_points(target, split: Split, tokenizer, points: Sequence[Point], *,
   done = {e["label"]: e for e in (existing or {}).get("points", [])}
   results: dict[str, Any]
   results = {"schema_version": SCHEMA_VERSION, "created": utc_now(), "machine": machine_info(),
-             "config": {**(config or {}), "batch_size": batch_size, "repeats": repeats,
-                        "seed": seed, "pairs": len(split.inputs),
+             "config": {**(config or {}), "batch_size": timing.batch_size,
+                        "repeats": timing.repeats, "seed": timing.seed, "pairs": len(split.inputs),
                         "max_new_tokens": split.max_new_tokens},
              "definitions": DEFINITIONS, "baselines": dict((existing or {}).get("baselines", {})),
              "points": list(done.values())}
   todo = [p for p in points if p.label not in done]
   calls = sum(3 if is_exact(p.method) else 2 for p in todo)
-  bar = tqdm(total=calls * (1 + repeats), desc="sweep", unit="call",
-             disable=not progress, file=sys.stderr, dynamic_ncols=True)
+  bar = tqdm(total=calls * (1 + timing.repeats), desc="sweep", unit="call",
+             disable=not timing.progress, file=sys.stderr, dynamic_ncols=True)
   try:
     for point in todo:
       bar.set_description(f"sweep {point.label}")
-      entry = measure_point(point, target, split, tokenizer, batch_size=batch_size,
-                            repeats=repeats, seed=seed, baselines=results["baselines"],
-                            tick=lambda: bar.update(1))
+      entry = measure_point(point, target, split, tokenizer, timing,
+                            baselines=results["baselines"], tick=lambda: bar.update(1))
       results["points"].append(entry)
       if on_update is not None:
         on_update(results)
