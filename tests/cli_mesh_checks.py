@@ -175,8 +175,11 @@ def plan_checks() -> list:
     mesh = sd.make_mesh(data=data, model=model)
     target_config = sd.get_config("t5_1_1_tiny", **overrides)
     drafter_config = sd.get_config("t5_1_1_tiny_drafter")
-    plan = plan_lib.memory_plan(target_config, drafter_config, dtype=dtype,
-                                mesh={"data": data, "model": model}, **PLAN_SHAPE)
+    shape = {k: v for k, v in PLAN_SHAPE.items() if k != "batch"}
+    plan = plan_lib.memory_plan(target_config, drafter_config, PLAN_SHAPE["batch"],
+                                plan_lib.PlanSettings(dtype=dtype,
+                                                      mesh={"data": data, "model": model},
+                                                      **shape))
     target = sd.shard(sd.init_model(target_config, 0, dtype), mesh)
     drafter = sd.sharding.replicate(sd.init_model(drafter_config, 1, dtype), mesh)
     b, le = PLAN_SHAPE["batch"], PLAN_SHAPE["max_input_len"]
@@ -226,8 +229,10 @@ def program_checks() -> list:
     compiled = engine.run.lower(target, proposer, enc, method.proposer_inputs(proposer, enc, t),
                                 jax.random.PRNGKey(0), config=config_).compile()
     memory = compiled.memory_analysis()
-    plan = plan_lib.memory_plan(config, drafter_config, batch=b, max_input_len=le,
-                                max_new_tokens=t, gamma=g, mesh={"data": data, "model": model})
+    plan = plan_lib.memory_plan(config, drafter_config, b,
+                                plan_lib.PlanSettings(max_input_len=le, max_new_tokens=t,
+                                                      gamma=g,
+                                                      mesh={"data": data, "model": model}))
     rows.append({"mesh": f"{data}x{model}", "plan_total": plan.total_bytes,
                  "plan_cache": plan.cache_bytes,
                  "compiled": int(memory.argument_size_in_bytes + memory.output_size_in_bytes

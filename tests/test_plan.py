@@ -1,6 +1,7 @@
 """tools.plan and `specdec plan` on one device: bytes against real arrays, capacities
 against the engine's, the largest batch, configs read without weights, the command."""
 
+import dataclasses
 import json
 
 import jax
@@ -72,36 +73,40 @@ def test_xxl_from_shapes_alone():
   assert one == xxl.num_params() * 2
   eight = plan_lib.param_bytes(xxl, "bfloat16", plan_lib.abstract_mesh(1, 8))
   assert one / 8 <= eight < one / 7.5
-  plan = plan_lib.memory_plan(xxl, sd.get_config("t5_1_1_small"), batch=8, max_input_len=512,
-                              max_new_tokens=64, gamma=5, dtype="bfloat16",
-                              mesh={"model": 8})
+  plan = plan_lib.memory_plan(xxl, sd.get_config("t5_1_1_small"), 8,
+                              plan_lib.PlanSettings(max_input_len=512, max_new_tokens=64,
+                                                    gamma=5, dtype="bfloat16",
+                                                    mesh={"model": 8}))
   assert plan.capacity == 70 and plan.total_bytes == (plan.params_bytes + plan.cache_bytes
                                                       + plan.transient_bytes)
   # the drafter is replicated: its bytes do not shrink with the mesh
-  single = plan_lib.memory_plan(xxl, sd.get_config("t5_1_1_small"), batch=8,
-                                max_input_len=512, max_new_tokens=64, dtype="bfloat16")
+  single = plan_lib.memory_plan(xxl, sd.get_config("t5_1_1_small"), 8,
+                                plan_lib.PlanSettings(max_input_len=512, max_new_tokens=64,
+                                                      dtype="bfloat16"))
   assert plan.drafter_params == single.drafter_params
 
 
 def test_largest_batch():
-  args = dict(target=TINY, drafter=DRAFTER, max_input_len=64, max_new_tokens=32, gamma=4,
-              mesh={"data": 2, "model": 1})
+  shape = plan_lib.PlanSettings(max_input_len=64, max_new_tokens=32, gamma=4,
+                                mesh={"data": 2, "model": 1})
   budget = 8 << 20
-  best = plan_lib.largest_batch(budget, **args)
+  best = plan_lib.largest_batch(budget, TINY, DRAFTER, shape)
   assert best > 0 and best % 2 == 0
-  assert plan_lib.memory_plan(batch=best, **args).total_bytes <= budget
-  assert plan_lib.memory_plan(batch=best + 2, **args).total_bytes > budget
-  assert plan_lib.largest_batch(budget, headroom=0.5, **args) < best
-  params = plan_lib.memory_plan(batch=2, **args).params_bytes
-  assert plan_lib.largest_batch(params, **args) == 0          # the parameters alone fill it
+  assert plan_lib.memory_plan(TINY, DRAFTER, best, shape).total_bytes <= budget
+  assert plan_lib.memory_plan(TINY, DRAFTER, best + 2, shape).total_bytes > budget
+  assert plan_lib.largest_batch(budget, TINY, DRAFTER, shape, headroom=0.5) < best
+  params = plan_lib.memory_plan(TINY, DRAFTER, 2, shape).params_bytes
+  assert plan_lib.largest_batch(params, TINY, DRAFTER, shape) == 0   # the parameters fill it
 
 
 def test_bad_plans():
   with pytest.raises(ConfigError, match="batch 3 is not divisible by the mesh's 'data' axis"):
-    plan_lib.memory_plan(TINY, None, batch=3, max_input_len=8, max_new_tokens=8,
-                         mesh={"data": 2})
+    plan_lib.memory_plan(TINY, None, 3, plan_lib.PlanSettings(max_input_len=8,
+                                                              max_new_tokens=8,
+                                                              mesh={"data": 2}))
   with pytest.raises(ConfigError, match="gamma"):
-    plan_lib.memory_plan(TINY, DRAFTER, batch=1, max_input_len=8, max_new_tokens=8, gamma=0)
+    plan_lib.memory_plan(TINY, DRAFTER, 1, plan_lib.PlanSettings(max_input_len=8,
+                                                                 max_new_tokens=8, gamma=0))
   with pytest.raises(ConfigError, match="'model' must be a positive integer"):
     plan_lib.abstract_mesh(1, 0)
 
@@ -125,13 +130,12 @@ def test_plan_command(capsys):
                        "--json")
   assert code == 0, err
   row = json.loads(out)["rows"][0]
-  direct = plan_lib.memory_plan(TINY, DRAFTER, batch=4, max_input_len=16, max_new_tokens=8,
-                                gamma=3, mesh={"data": 2, "model": 2})
+  shape = plan_lib.PlanSettings(max_input_len=16, max_new_tokens=8, gamma=3,
+                                mesh={"data": 2, "model": 2})
+  direct = plan_lib.memory_plan(TINY, DRAFTER, 4, shape)
   assert row["plan"]["total_bytes"] == direct.total_bytes and row["mesh"] == "data=2,model=2"
   assert row["fits"] == (direct.total_bytes <= 1 << 20)
-  assert row["largest_batch"] == plan_lib.largest_batch(
-      1 << 20, target=TINY, drafter=DRAFTER, max_input_len=16, max_new_tokens=8, gamma=3,
-      mesh={"data": 2, "model": 2})
+  assert row["largest_batch"] == plan_lib.largest_batch(1 << 20, TINY, DRAFTER, shape)
   code, out, err = run(capsys, *common, "--device-memory", "tpu-v5e")
   assert code == 0 and "target parameters" in out and "tpu-v5e" in out and "fits" in out
   code, out, err = run(capsys, *common, "--mesh", "model=1", "--mesh", "model=4",
@@ -140,8 +144,8 @@ def test_plan_command(capsys):
   assert "| largest batch, tpu-v4 | largest batch, 16GiB |" in out
   table = [line for line in out.splitlines() if line.startswith("| data=")]
   assert len(table) == 2 and table[1].startswith("| data=1,model=4 |")
-  best = plan_lib.largest_batch(16 << 30, target=TINY, drafter=DRAFTER, max_input_len=16,
-                                max_new_tokens=8, gamma=3, mesh={"data": 1, "model": 4})
+  best = plan_lib.largest_batch(16 << 30, TINY, DRAFTER,
+                                dataclasses.replace(shape, mesh={"data": 1, "model": 4}))
   assert table[1].endswith(f" | {best} |")
   for argv, message in [(["--mesh", "rows=2"], "unknown axis 'rows'"),
                         (["--device-memory", "16XB"], "device memory '16XB'"),

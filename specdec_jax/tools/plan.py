@@ -1,10 +1,10 @@
 """Per-device memory of a decode on a mesh, from shapes alone: no weight is ever made.
 
-    plan = memory_plan(sd.get_config("t5_1_1_xxl"), sd.get_config("t5_1_1_small"),
-                       batch=8, max_input_len=512, max_new_tokens=64, gamma=5,
-                       dtype="bfloat16", mesh={"data": 1, "model": 8})
+    shape = PlanSettings(max_input_len=512, max_new_tokens=64, gamma=5, dtype="bfloat16",
+                         mesh={"data": 1, "model": 8})
+    plan = memory_plan(sd.get_config("t5_1_1_xxl"), sd.get_config("t5_1_1_small"), 8, shape)
     plan.total_bytes                    # per device: parameters + caches + transients
-    largest_batch(DEVICES["tpu-v5e"], headroom=0.1, target=..., drafter=..., ...)
+    largest_batch(DEVICES["tpu-v5e"], target, drafter, shape, headroom=0.1)
 
 Parameters: every leaf's abstract shape and logical axes (`jax.eval_shape` of the
 model's init, as `sd.logical_axes` reads them), split by `sd.sharding.partition_spec`
@@ -223,49 +223,74 @@ class MemoryPlan:
     return out
 
 
-def memory_plan(target: T5Config, drafter: T5Config | None, *, batch: int,
-                max_input_len: int, max_new_tokens: int, gamma: int = 5,
-                dtype: str = "float32", mesh: Mapping[str, int] | None = None,
-                rules=None, exact: bool = False) -> MemoryPlan:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PlanSettings:
+  """The request shape and layout `memory_plan` sizes (beside the models and the batch).
+
+  Attributes:
+    max_input_len: encoder tokens per row.
+    max_new_tokens: tokens decoded per row at most.
+    gamma: drafts per round of speculative decoding (ignored without a drafter).
+    dtype: the parameters' and activations' dtype.
+    mesh: the mesh's shape, {"data": D, "model": M} (None or a missing axis: 1).
+    rules: the logical-axis rules splitting the target (None: `sharding.RULES_1D`).
+    exact: exact mode (each call at `engine.EXACT_WIDTH` tokens).
+  """
+
+  max_input_len: int
+  max_new_tokens: int
+  gamma: int = 5
+  dtype: str = "float32"
+  mesh: Mapping[str, int] | None = None
+  rules: Any = None
+  exact: bool = False
+
+
+def memory_plan(target: T5Config, drafter: T5Config | None, batch: int,
+                settings: PlanSettings) -> MemoryPlan:
   """Per-device bytes of decoding `batch` rows with `target` (and `drafter`: speculative
-  decoding with `gamma` drafts per round; None: the baseline) on a mesh of shape `mesh`
-  ({"data": D, "model": M}, default one device)."""
+  decoding with `settings.gamma` drafts per round; None: the baseline) on a mesh of shape
+  `settings.mesh` ({"data": D, "model": M}, default one device)."""
+  s = settings
+  max_input_len, max_new_tokens, gamma, dtype = (s.max_input_len, s.max_new_tokens, s.gamma,
+                                                 s.dtype)
   for name, value in (("batch", batch), ("max_input_len", max_input_len),
                       ("max_new_tokens", max_new_tokens)):
     if not isinstance(value, (int, np.integer)) or value < 1:
       raise ConfigError(f"{name} must be a positive integer, got {value!r}")
   if drafter is not None and (not isinstance(gamma, (int, np.integer)) or gamma < 1):
     raise ConfigError(f"gamma must be a positive integer, got {gamma!r}")
-  sizes = {"data": 1, "model": 1, **dict(mesh or {})}
+  sizes = {"data": 1, "model": 1, **dict(s.mesh or {})}
   abstract = abstract_mesh(sizes["data"], sizes["model"])
   if batch % sizes["data"]:
     raise ConfigError(f"batch {batch} is not divisible by the mesh's 'data' axis of size "
                       f"{sizes['data']}")
   g = gamma if drafter is not None else 0
-  cap = capacity(max_new_tokens, g, exact)
-  width = EXACT_WIDTH if exact else g + 1
+  cap = capacity(max_new_tokens, g, s.exact)
+  width = EXACT_WIDTH if s.exact else g + 1
   target_cache = cache_bytes(target, batch, cap, max_input_len, dtype, abstract)
   drafter_cache = ({} if drafter is None else
                    cache_bytes(drafter, batch, cap, max_input_len, dtype, abstract,
                                split_heads=False))
   return MemoryPlan(
       batch=batch, mesh=sizes, capacity=cap,
-      target_params=param_bytes(target, dtype, abstract, rules),
+      target_params=param_bytes(target, dtype, abstract, s.rules),
       drafter_params=0 if drafter is None else param_bytes(drafter, dtype, abstract,
                                                            replicated=True),
       target_cache=target_cache, drafter_cache=drafter_cache,
       transients=transient_bytes(target, batch, width, cap, max_input_len, dtype, abstract))
 
 
-def largest_batch(device_bytes: int, headroom: float = 0.0, limit: int = 1 << 20,
-                  **plan_args) -> int:
-  """The largest batch (a multiple of the mesh's "data" size) whose plan fits in
+def largest_batch(device_bytes: int, target: T5Config, drafter: T5Config | None,
+                  settings: PlanSettings, *, headroom: float = 0.0,
+                  limit: int = 1 << 20) -> int:
+  """The largest batch (a multiple of the mesh's "data" size) whose `memory_plan` fits in
   `device_bytes` * (1 - headroom); 0 if even the smallest does not."""
   budget = device_bytes * (1.0 - headroom)
-  step = dict(plan_args.get("mesh") or {}).get("data", 1)
+  step = dict(settings.mesh or {}).get("data", 1)
 
   def fits(k: int) -> bool:
-    return memory_plan(**{**plan_args, "batch": k * step}).total_bytes <= budget
+    return memory_plan(target, drafter, k * step, settings).total_bytes <= budget
 
   if not fits(1):
     return 0
@@ -312,7 +337,7 @@ def fmt_bytes(n: int) -> str:
   return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / (1 << 20):.1f} MiB"
 
 
-__all__ = ["DEVICES", "MemoryPlan", "RULES", "abstract_mesh", "cache_bytes", "cache_layout",
-           "capacity",
+__all__ = ["DEVICES", "MemoryPlan", "PlanSettings", "RULES", "abstract_mesh", "cache_bytes",
+           "cache_layout", "capacity",
            "config_of", "fmt_bytes", "largest_batch", "memory_plan", "param_bytes",
            "parse_memory", "transient_bytes"]

@@ -41,16 +41,17 @@ def _rows(args, target, drafter) -> list[dict[str, Any]]:
                                                       or [(None, None)])
   rows = []
   for mesh in meshes:
-    common = dict(target=target, drafter=drafter, max_input_len=args.max_input_len,
-                  max_new_tokens=args.max_new_tokens, gamma=args.gamma, dtype=args.dtype,
-                  mesh=mesh, rules=plan_lib.RULES[args.rules], exact=args.exact)
-    plan = plan_lib.memory_plan(batch=args.batch, **common)
+    shape = plan_lib.PlanSettings(
+        max_input_len=args.max_input_len, max_new_tokens=args.max_new_tokens, gamma=args.gamma,
+        dtype=args.dtype, mesh=mesh, rules=plan_lib.RULES[args.rules], exact=args.exact)
+    plan = plan_lib.memory_plan(target, drafter, args.batch, shape)
     for name, memory in devices:
       row: dict[str, Any] = {"mesh": _label(mesh), "plan": plan.to_dict()}
       if memory is not None:
         row.update(device=name, device_bytes=memory, headroom=args.headroom,
                    fits=plan.total_bytes <= memory * (1 - args.headroom),
-                   largest_batch=plan_lib.largest_batch(memory, args.headroom, **common))
+                   largest_batch=plan_lib.largest_batch(memory, target, drafter, shape,
+                                                        headroom=args.headroom))
       rows.append(row)
   return rows
 

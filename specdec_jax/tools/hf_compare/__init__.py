@@ -65,7 +65,7 @@ from specdec_jax.tools.hf_compare.report import markdown_report, markdown_table,
 
 DESCRIPTION = __doc__.split("\n\n    results =")[0]
 
-__all__ = ["CallCounter", "CompareError", "CompareSettings", "DEFINITIONS", "DESCRIPTION", "SCHEMA_VERSION",
-           "compare", "first_difference", "hf", "hf_method", "hf_row_tokens", "load_hf",
-           "load_hf_from_dir", "markdown_report", "markdown_table", "our_method",
+__all__ = ["CallCounter", "CompareError", "CompareSettings", "DEFINITIONS", "DESCRIPTION",
+           "SCHEMA_VERSION", "compare", "first_difference", "hf", "hf_method", "hf_row_tokens",
+           "load_hf", "load_hf_from_dir", "markdown_report", "markdown_table", "our_method",
            "our_row_tokens", "pad_rows", "prompt_rows", "write_report"]
