@@ -24,8 +24,9 @@ def test_project_is_theory_with_measured_verify_cost():
 
 @pytest.fixture(scope="module")
 def tiny_run():
-  return projection.run_projection(TINY, (1, 2), dtype="bfloat16", alpha=0.7, max_k=3,
-                                   encoder_len=5, capacity=8, steps=1, repeats=2)
+  settings = projection.ProjectionSettings(dtype="bfloat16", max_k=3, encoder_len=5,
+                                           capacity=8, steps=1, repeats=2)
+  return projection.run_projection(TINY, (1, 2), settings, alpha=0.7)
 
 
 @pytest.mark.slow

@@ -29,6 +29,7 @@ at measurement time is recorded.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -148,14 +149,37 @@ def project(alpha: float, c: float, verify_cost: dict[int, float]) -> list[dict[
   return rows
 
 
-def run_projection(pairs=DEFAULT_PAIRS, batches=DEFAULT_BATCHES, *, dtype: str = "bfloat16",
-                   alpha: dict[str, Any] | float | None = None, max_k: int = MAX_K,
-                   encoder_len: int = 64, capacity: int = 128, steps: int = 4,
-                   repeats: int = 5, log=lambda msg: None) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ProjectionSettings:
+  """How `run_projection` measures the step costs.
+
+  Attributes:
+    dtype: the models' dtype.
+    max_k: the widest decode call timed (k = 1..max_k; gamma up to max_k - 1).
+    encoder_len: encoder tokens per row.
+    capacity: the decoder caches' length (positions).
+    steps: calls per round, in one jitted loop.
+    repeats: timed rounds; the median is reported.
+  """
+
+  dtype: str = "bfloat16"
+  max_k: int = MAX_K
+  encoder_len: int = 64
+  capacity: int = 128
+  steps: int = 4
+  repeats: int = 5
+
+
+def run_projection(pairs=DEFAULT_PAIRS, batches=DEFAULT_BATCHES,
+                   settings: ProjectionSettings = ProjectionSettings(), *,
+                   alpha: dict[str, Any] | float | None = None,
+                   log=lambda msg: None) -> dict[str, Any]:
   """Measure every distinct model of `pairs` at each batch, then project each pair.
 
+  settings: how the step costs are measured (`ProjectionSettings`).
   alpha: a number, a `demo_alpha()`-style dict, or None (measure `demo_alpha()`).
   """
+  s = settings
   if alpha is None:
     log("measuring alpha of the demo pair")
     alpha = demo_alpha()
@@ -164,20 +188,21 @@ def run_projection(pairs=DEFAULT_PAIRS, batches=DEFAULT_BATCHES, *, dtype: str =
   a = alpha["alpha"]
   if not 0.0 <= a < 1.0:
     raise BenchError(f"alpha must be in [0, 1), got {a}")
-  ks = tuple(range(1, max_k + 1))
+  ks = tuple(range(1, s.max_k + 1))
   names = list(dict.fromkeys(m for _, t, d in pairs for m in (t, d)))
   measured: dict[str, dict[int, dict[str, Any]]] = {}
   models_info = {}
   for name in names:
-    model = load_model(name, dtype)
+    model = load_model(name, s.dtype)
     leaves = jax.tree_util.tree_leaves(model.params)
     models_info[name] = {"params": int(sum(x.size for x in leaves)),
                          "dtype": str(leaves[0].dtype)}
     measured[name] = {}
     for b in batches:
       log(f"timing {name} at batch {b}")
-      measured[name][b] = measure_step_costs(model, b, ks, encoder_len=encoder_len,
-                                             capacity=capacity, steps=steps, repeats=repeats)
+      measured[name][b] = measure_step_costs(model, b, ks, encoder_len=s.encoder_len,
+                                             capacity=s.capacity, steps=s.steps,
+                                             repeats=s.repeats)
     del model
   projections = []
   for label, t, d in pairs:
@@ -198,9 +223,9 @@ def run_projection(pairs=DEFAULT_PAIRS, batches=DEFAULT_BATCHES, *, dtype: str =
           "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
           "machine": {"backend": jax.default_backend(), "cpu_count": os.cpu_count(),
                       "jax_version": jax.__version__},
-          "config": {"dtype": dtype, "batches": list(batches), "max_k": max_k,
-                     "encoder_len": encoder_len, "capacity": capacity, "steps": steps,
-                     "repeats": repeats},
+          "config": {"dtype": s.dtype, "batches": list(batches), "max_k": s.max_k,
+                     "encoder_len": s.encoder_len, "capacity": s.capacity, "steps": s.steps,
+                     "repeats": s.repeats},
           "alpha": alpha, "models": models_info,
           "measured": {n: {str(b): _jsonable(m) for b, m in per.items()}
                        for n, per in measured.items()},
@@ -338,9 +363,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   log = lambda msg: print(msg, file=sys.stderr, flush=True)
   alpha = args.alpha if args.alpha is not None else demo_alpha(args.alpha_limit)
   res = run_projection(args.pair or DEFAULT_PAIRS,
-                       tuple(int(b) for b in args.batch_sizes.split(",")), dtype=args.dtype,
-                       alpha=alpha, max_k=args.max_k, encoder_len=args.encoder_len,
-                       capacity=args.capacity, steps=args.steps, repeats=args.repeats, log=log)
+                       tuple(int(b) for b in args.batch_sizes.split(",")),
+                       ProjectionSettings(dtype=args.dtype, max_k=args.max_k,
+                                          encoder_len=args.encoder_len, capacity=args.capacity,
+                                          steps=args.steps, repeats=args.repeats),
+                       alpha=alpha, log=log)
   paths = write_outputs(res, args.out)
   print(markdown(res, None))
   log(f"wrote {', '.join(paths.values())}")
