@@ -11,6 +11,8 @@ Methods are values (`sd.Autoregressive`, `sd.Speculative`, `sd.BiLD`, `sd.Blockw
 calls by keyword.
 """
 
+import os
+
 import jax
 
 from specdec_jax import sharding, theory
@@ -94,6 +96,11 @@ def load(path_or_name: str, dtype="float32", config: T5Config | None = None, *,
     raise InputError(f"dtype must be one of {', '.join(COMPUTE_DTYPES)} or None (as stored), "
                      f"got {dtype!r}")
   backends.choose(kernels)     # a bad name fails before any loading
+  if not isinstance(path_or_name, (str, os.PathLike)):
+    raise InputError(f"sd.load takes a path or a name (str), got {type(path_or_name).__name__}")
+  if config is not None and not isinstance(config, (T5Config, LMConfig)):
+    raise InputError(f"sd.load: config must be an sd.T5Config or sd.LMConfig "
+                     f"(sd.get_config(...)), got {type(config).__name__}")
   if mesh is not None:
     return pack(sharding.load(path_or_name, mesh, dtype, config, rules), kernels=kernels)
   if rules is not None:

@@ -153,7 +153,11 @@ def as_sampling(sampling) -> SamplingSettings:
   if isinstance(sampling, (Greedy, Sampling)):
     return sampling
   if isinstance(sampling, dict):
-    return Sampling(**sampling)
+    try:
+      return Sampling(**sampling)
+    except TypeError as e:
+      raise SamplingError(f"sampling dict: {e}; its keys are temperature, top_k, "
+                          f"top_p") from None
   raise SamplingError(f"sampling must be sd.Greedy() or sd.Sampling(...), got {sampling!r}")
 
 

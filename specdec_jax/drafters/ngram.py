@@ -37,6 +37,11 @@ class NGramDrafter(struct.PyTreeNode):
           lam: float = 0.9, start_id: int | None = 0, smoothing: float = 0.01) -> "NGramDrafter":
     """Estimate tables from decoder token sequences (each implicitly preceded by `start_id`;
     None: by nothing, as a decoder-only LM's texts, whose first token follows no token)."""
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k:
+      raise InputError(f"NGramDrafter.fit: top_k must be an integer >= 1, got {top_k!r}")
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1:
+      raise InputError(f"NGramDrafter.fit: vocab_size must be an integer >= 1, "
+                       f"got {vocab_size!r}")
     pairs: Any
     pairs, unigram = [], np.full(vocab_size, smoothing, np.float64)
     for s in sequences:

@@ -248,6 +248,9 @@ def load_tokenizer(path_or_name: str | os.PathLike) -> "Tokenizer | HFTokenizer"
       or one without an EOS piece; or the bundled name is unknown (the message lists
       the bundled names).
   """
+  if not isinstance(path_or_name, (str, os.PathLike)):
+    raise TokenizerError(f"load_tokenizer takes a path or a bundled name (str), got "
+                         f"{type(path_or_name).__name__}")
   path = pathlib.Path(path_or_name)
   if path.is_dir():
     if not (path / MODEL_FILENAMES[0]).is_file() and (path / HF_FILENAME).is_file():
@@ -650,6 +653,8 @@ def _check_texts(texts: Sequence[str]) -> Sequence[str]:
         "encode expects a list of strings, got a single "
         f"{type(texts).__name__}; wrap it in a list (encode([text])) or use encode_one"
     )
+  if not isinstance(texts, Iterable):
+    raise TokenizerError(f"encode expects a list of strings, got {type(texts).__name__}")
   texts = list(texts)
   for i, t in enumerate(texts):
     if not isinstance(t, str):

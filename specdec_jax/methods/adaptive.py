@@ -57,6 +57,9 @@ class AdaptiveGamma:
   def __post_init__(self):
     if not 0.0 <= self.decay < 1.0:
       raise InputError(f"AdaptiveGamma.decay must be in [0, 1), got {self.decay}")
+    if not 0.0 <= self.initial_alpha <= 1.0:
+      raise InputError(f"AdaptiveGamma.initial_alpha must be in [0, 1], got "
+                       f"{self.initial_alpha}")
     if self.c < 0:
       raise InputError(f"AdaptiveGamma.c must be >= 0, got {self.c}")
     if not isinstance(self.verify_cost, tuple) or not all(

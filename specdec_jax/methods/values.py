@@ -28,6 +28,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from specdec_jax import sampling as sampling_lib
@@ -223,6 +224,9 @@ def _drafter_inputs(proposer, own_tokens, encoder_tokens, max_new_tokens):
                         jnp.ones((encoder_tokens.shape[0],), jnp.int32))
     return None
   tokens = encoder_tokens if own_tokens is None else own_tokens
+  if own_tokens is not None and np.shape(own_tokens)[:1] != np.shape(encoder_tokens)[:1]:
+    raise InputError(f"the drafting model's own input tokens have {np.shape(own_tokens)[:1]} "
+                     f"rows, the target's {np.shape(encoder_tokens)[:1]}: one row per row")
   if model_drafter is not None:
     return inputs.check_request(tokens, model_drafter.model.config, max_new_tokens)
   return tokens

@@ -41,7 +41,7 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 from specdec_jax import cache as cache_lib
 from specdec_jax.config import T5Config
 from specdec_jax.config.lm import LMConfig
-from specdec_jax.errors import InputError
+from specdec_jax.errors import ConfigError, InputError
 from specdec_jax.kernels import dispatch
 from specdec_jax.models import layers, lm
 from specdec_jax.models.t5 import Transformer
@@ -317,6 +317,9 @@ def init_model(config: Config, rng: Array | int = 0, dtype=None, shardings: Any 
   parameter is computed straight into its shards (the init jitted with those output
   shardings); the values are the unsharded init's.
   """
+  if not isinstance(config, (T5Config, LMConfig)):
+    raise ConfigError(f"init_model takes an sd.T5Config or sd.LMConfig (sd.get_config(name)), "
+                      f"got {type(config).__name__}")
   if isinstance(rng, int):
     rng = jax.random.PRNGKey(rng)
   module = module_for(config)

@@ -184,4 +184,8 @@ def save_checkpoint(path: str | os.PathLike, config: T5Config | LMConfig,
   ``dtype`` ("float32", "bfloat16", "float16") casts the floating params; None keeps them.
   Returns the directory path.
   """
-  return native.save(path, config, params, dtype)
+  try:
+    return native.save(path, config, params, dtype)
+  except OSError as e:
+    raise CheckpointError(f"cannot write a checkpoint to {os.fspath(path)!r}: "
+                          f"{e.strerror or e}") from None
