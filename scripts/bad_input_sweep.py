@@ -620,7 +620,7 @@ def _cli_cases() -> list[Case]:
   # --- bench
   bench = ["bench", "--target", T5, "--drafter", T5_DRAFTER, "--batch-sizes", "1", "--gammas",
            "1", "--repeats", "1", "--max-new-tokens", "2", "--prompt-len", "4", "--timing-steps",
-           "1", "--modes", "greedy", "--no-progress"]
+           "1", "--modes", "greedy", "--no-progress", "--out", lambda f: str(f.path("bench-out"))]
   for flag, v in (("--gammas", "0"), ("--gammas", "a,b"), ("--gammas", ""),
                   ("--batch-sizes", "0"), ("--batch-sizes", "-1"), ("--modes", "bogus"),
                   ("--prompt-len", "0"), ("--repeats", "0"), ("--max-new-tokens", "0"),

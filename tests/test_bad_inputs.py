@@ -14,6 +14,7 @@ as `sd.shard`'s mesh, a lone surrogate in a text to encode, "pass --force" said 
 import json
 import pathlib
 import shutil
+import sys
 import traceback
 
 import numpy as np
@@ -314,3 +315,57 @@ def test_t5_prompt_without_eos_is_noted_and_decoded_verbatim(capsys, t5):
   code, _, err = run(capsys, "decode", "--model", "config:t5_1_1_tiny", "--no-warmup",
                      "--max-new-tokens", "4", "5 6 1")
   assert code == 0 and "EOS" not in err
+
+
+# ----------------------------------------------------------------------------- the sweep
+
+
+def test_wrong_types_for_paths_configs_and_texts(t5, tmp_path):
+  """Found by scripts/bad_input_sweep.py: each was a TypeError or AttributeError."""
+  with pytest.raises(sd.InputError, match="takes a path or a name"):
+    sd.load(None)
+  with pytest.raises(sd.InputError, match="config must be an sd.T5Config"):
+    sd.load("config:t5_1_1_tiny", config={"emb_dim": 4})
+  with pytest.raises(sd.ConfigError, match="init_model takes an sd.T5Config"):
+    sd.init_model("t5_1_1_tiny", 0)
+  with pytest.raises(sd.TokenizerError, match="takes a path or a bundled name"):
+    sd.load_tokenizer(123)
+  with pytest.raises(sd.TokenizerError, match="expects a list of strings, got NoneType"):
+    sd.load_tokenizer("demo-de-en").encode(None)
+  with pytest.raises(sd.SamplingError, match="sampling dict: .*'temp'.*temperature, top_k"):
+    sd.generate(t5, np.array([[5, 1]], np.int32), 2, sampling={"temp": 1.0}, rng=0)
+  (tmp_path / "file").write_text("x")
+  with pytest.raises(sd.CheckpointError, match="cannot write a checkpoint to .*file/m"):
+    sd.save(tmp_path / "file" / "m", t5)
+
+
+def test_settings_out_of_range_found_by_the_sweep(t5, no_trace):
+  with pytest.raises(sd.InputError, match=r"initial_alpha must be in \[0, 1\], got 1.5"):
+    sd.AdaptiveGamma(initial_alpha=1.5)
+  with pytest.raises(sd.InputError, match="top_k must be an integer >= 1, got 0"):
+    sd.NGramDrafter.fit([[5, 6]], 512, top_k=0)
+  with pytest.raises(sd.InputError, match="vocab_size must be an integer >= 1"):
+    sd.NGramDrafter.fit([[5, 6]], 0)
+  enc = np.array([[5, 17, 1], [7, 8, 1]], np.int32)
+  with pytest.raises(sd.InputError, match=r"own input tokens have \(1,\) rows, the target's "
+                                          r"\(2,\)"):
+    sd.speculative_generate(t5, t5, enc, gamma=2, max_new_tokens=4,
+                            drafter_encoder_tokens=enc[:1])
+
+
+@pytest.mark.slow
+def test_bad_input_sweep_python_surface_is_clean():
+  """Every python-surface case of scripts/bad_input_sweep.py ends in a SpecdecError or its
+  documented outcome (about 20 s)."""
+  import importlib.util
+  path = pathlib.Path(__file__).parents[1] / "scripts" / "bad_input_sweep.py"
+  spec = importlib.util.spec_from_file_location("bad_input_sweep", path)
+  assert spec is not None and spec.loader is not None
+  sweep = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = sweep        # its dataclasses look their module up
+  spec.loader.exec_module(sweep)
+  cases = [c for c in sweep.all_cases() if c.surface == "python"]
+  assert len(cases) > 200
+  results = sweep.sweep(cases, timeout=120, progress=False)
+  unclean = [f"{r.name}: {r.detail}" for r in results if r.outcome == "unclean"]
+  assert not unclean, "\n".join(unclean)

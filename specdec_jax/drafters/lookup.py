@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specdec_jax.errors import InputError
 from specdec_jax.rounds.buffer import last_tokens
 
 Array = jax.Array
@@ -42,6 +43,12 @@ class PromptLookupDrafter:
   vocab_size: int = struct.field(pytree_node=False)
   max_ngram: int = struct.field(pytree_node=False, default=3)
   kind: str = struct.field(pytree_node=False, default="table")
+
+  def __post_init__(self):
+    for name in ("vocab_size", "max_ngram"):
+      v = getattr(self, name)
+      if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise InputError(f"PromptLookupDrafter.{name} must be an integer >= 1, got {v!r}")
 
   def _logits(self, state: LookupState) -> Array:
     batch, length = state.encoder_tokens.shape

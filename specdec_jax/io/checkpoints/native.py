@@ -141,7 +141,13 @@ def load(directory: str) -> tuple[T5Config, dict[str, np.ndarray]]:
   if resolve.is_gcs(directory):
     raise CheckpointError(f"{directory}: specdec-jax dirs are read from local disk only")
   config = read_config(directory)
-  return config, hf.read_safetensors(os.path.join(directory, PARAMS_NAME))
+  path = os.path.join(directory, PARAMS_NAME)
+  params = hf.read_safetensors(path)
+  for name, value in params.items():
+    if value.dtype.name not in ("float16", "bfloat16", "float32", "float64"):
+      raise CheckpointError(f"{path}: tensor {name!r} is {value.dtype.name}; a model's "
+                            f"parameters are floating point")
+  return config, params
 
 
 def open_leaves(directory: str) -> tuple[T5Config, dict[str, Any]]:
