@@ -369,3 +369,17 @@ def test_bad_input_sweep_python_surface_is_clean():
   results = sweep.sweep(cases, timeout=120, progress=False)
   unclean = [f"{r.name}: {r.detail}" for r in results if r.outcome == "unclean"]
   assert not unclean, "\n".join(unclean)
+
+
+def test_cli_flags_found_by_the_sweep(capsys):
+  """Each exited 0 before: a 0 of another method's flag read as not given, beam with a
+  drafter (ignored), --compile-workers 0."""
+  dec = ["decode", "--model", "config:t5_1_1_tiny", "--max-new-tokens", "2", "--no-warmup"]
+  line = failed(capsys, *dec, "--lattice-k", "0", "5 1")
+  assert "--lattice-k only applies to --method blockwise" in line
+  assert "--num-drafts only applies" in failed(capsys, *dec, "--num-drafts", "0", "5 1")
+  line = failed(capsys, *dec, "--method", "beam", "--drafter", "config:t5_1_1_tiny_drafter",
+                "5 1")
+  assert "--method beam searches with the target alone: drop --drafter" in line
+  line = failed(capsys, "bench", "--target", "config:t5_1_1_tiny", "--compile-workers", "0")
+  assert "--compile-workers must be at least 1, got 0" in line

@@ -104,6 +104,8 @@ def from_args(args) -> BenchRun:
     raise BenchError("--bild uses --drafter as BiLD's small model: drop --baseline-only")
   if args.beam and "sample" in args.modes:
     raise BenchError("--beam times beam search, which is deterministic: add --modes greedy")
+  if args.compile_workers is not None and args.compile_workers < 1:
+    raise BenchError(f"--compile-workers must be at least 1, got {args.compile_workers}")
   if args.heads_lattice and not args.heads:
     raise BenchError("--heads-lattice needs --heads")
   if args.tokenizer and not args.prompts_file:

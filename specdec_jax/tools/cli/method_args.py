@@ -193,7 +193,7 @@ def add_method_flags(p: argparse.ArgumentParser) -> None:
 
 def _given(args, names) -> list[str]:
   return ["--" + n.replace("_", "-") for n in names
-          if getattr(args, n, None) not in (None, False)]
+          if getattr(args, n, None) is not None and getattr(args, n) is not False]
 
 
 def _owner(dest: str) -> str:
@@ -247,6 +247,8 @@ def check_method_flags(args) -> core.Method:
     raise CLIError("--method bild needs the small model: --drafter PATH or early-exit:K")
   if method == "blockwise" and drafter is not None:
     raise CLIError("--method blockwise drafts with prediction heads: drop --drafter")
+  if method == "beam" and drafter is not None:
+    raise CLIError("--method beam searches with the target alone: drop --drafter")
   if method == "autoregressive" and drafter is not None:
     raise CLIError("--method autoregressive decodes with the target alone: drop --drafter")
   if method == "beam" and (args.sampling == "sample" or _given(
