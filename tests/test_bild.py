@@ -5,7 +5,7 @@ import math
 import jax
 import numpy as np
 import pytest
-from conftest import peaked, perturbed, ragged_tokens
+from conftest import model_fixtures, ragged_tokens
 
 import specdec_jax as sd
 from specdec_jax.rounds import engine
@@ -14,15 +14,8 @@ MAX_NEW = 12
 EOS = 1
 
 
-@pytest.fixture(scope="module")
-def large():
-  return peaked(sd.init_model(sd.get_config("t5_1_1_tiny"), 1), 4.0, 2.5)
-
-
-@pytest.fixture(scope="module")
-def small(large):
-  # Agrees with the large model often but not always: both policies fire.
-  return perturbed(large, 0.25, seed=3)
+# The small model agrees with the large one often but not always: both policies fire.
+large, small = model_fixtures(4.0, 2.5, target="large", drafter="small")
 
 
 def reference_bild(large, small_logits, enc, fallback, rollback, max_small, max_new, eos=EOS):

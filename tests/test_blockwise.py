@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import peaked, ragged_tokens
+from conftest import ragged_tokens, workload_fixtures
 
 import specdec_jax as sd
 from specdec_jax.drafters import lattice
@@ -21,22 +21,7 @@ from specdec_jax.rounds.phases import Acceptance, Proposal
 MAX_NEW = 11
 
 
-@pytest.fixture(scope="module")
-def model():
-  return peaked(sd.init_model(sd.get_config("t5_1_1_tiny"), 1), 6.0, 3.0)
-
-
-@pytest.fixture(scope="module")
-def enc():
-  return ragged_tokens(6, 12, 512, seed=1)
-
-
-@pytest.fixture(scope="module")
-def baseline(model, enc):
-  out = sd.generate(model, enc, MAX_NEW)
-  lengths = np.asarray(out.lengths)
-  assert len(set(lengths.tolist())) >= 3 and (lengths == MAX_NEW).any()   # EOS + length cap
-  return out
+model, enc, baseline = workload_fixtures(MAX_NEW, target="model", enc="enc")
 
 
 def train_heads(model, prompts, num_heads=4, steps=150, seed=0):

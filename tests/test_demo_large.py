@@ -5,11 +5,11 @@ drafter aligned to it, its prediction heads; all bfloat16.
 tests/data/demo_test_pairs.jsonl: held-out pairs of the demo's test split (never trained on).
 """
 
-import json
 import pathlib
 
 import numpy as np
 import pytest
+from conftest import DEMO_SENTENCES
 
 import specdec_jax as sd
 from specdec_jax import package_data
@@ -18,11 +18,6 @@ from specdec_jax.tools import demo
 pytestmark = pytest.mark.skipif(
     "demo-de-en-large" not in package_data.separate_groups(),
     reason="specdec-jax-demo is not installed (pip install ./packages/specdec-jax-demo)")
-
-PAIRS = [json.loads(line) for line in
-         (pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl")
-         .read_text().splitlines()]
-SENTENCES = [p["de"] for p in PAIRS[:8]]
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +44,7 @@ def test_bundle_shapes_sizes_and_shared_vocabulary(pair):
 @pytest.mark.slow
 def test_speculative_translation_equals_greedy_and_the_drafter_is_aligned(pair):
   target, drafter, tok = pair
-  enc = tok.encode(SENTENCES)
+  enc = tok.encode(DEMO_SENTENCES)
   base = sd.decode(target, sd.Autoregressive(), enc, max_new_tokens=20)
   spec = sd.decode(target, sd.Speculative(drafter, gamma=3), enc, max_new_tokens=20)
   np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(base.tokens))

@@ -12,17 +12,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import DEMO_PAIRS, DEMO_SENTENCES
 from test_cli import assert_same_stats
 
 import specdec_jax as sd
 from specdec_jax import package_data
 from specdec_jax.tools import cli
 from specdec_jax.tools.training import shift_right
-
-PAIRS = [json.loads(line) for line in
-         (pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl")
-         .read_text().splitlines()]
-SENTENCES = [p["de"] for p in PAIRS[:8]]
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +51,7 @@ def test_bundle_shapes_and_shared_vocabulary(pair):
 @pytest.mark.parametrize("gamma", [pytest.param(1, marks=pytest.mark.slow), 4])
 def test_speculative_translation_equals_greedy(pair, gamma):
   target, drafter, tok = pair
-  enc = tok.encode(SENTENCES)
+  enc = tok.encode(DEMO_SENTENCES)
   base = sd.generate(target, enc, max_new_tokens=24)
   spec = sd.speculative_generate(target, drafter, enc, gamma=gamma, max_new_tokens=24)
   np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(base.tokens))
@@ -82,9 +78,9 @@ def test_target_translates_its_input(pair):
   """Held-out references are far likelier given the right German input than given
   another pair's (a model that ignores its input, or random weights, fails this)."""
   target, _, tok = pair
-  inputs = tok.encode([p["de"] for p in PAIRS])
-  targets = tok.encode([p["en"] for p in PAIRS])
-  shuffled = inputs[np.random.RandomState(0).permutation(len(PAIRS))]
+  inputs = tok.encode([p["de"] for p in DEMO_PAIRS])
+  targets = tok.encode([p["en"] for p in DEMO_PAIRS])
+  shuffled = inputs[np.random.RandomState(0).permutation(len(DEMO_PAIRS))]
   real, control = _nll(target, inputs, targets), _nll(target, shuffled, targets)
   assert real < control - 0.5, (real, control)
 

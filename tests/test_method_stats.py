@@ -6,7 +6,7 @@ import pathlib
 import re
 
 import pytest
-from conftest import REPO_DIR, peaked, perturbed, ragged_tokens
+from conftest import REPO_DIR, model_fixtures, ragged_tokens
 
 import specdec_jax as sd
 from specdec_jax.rounds import stats as stats_lib
@@ -44,19 +44,7 @@ def test_method_stats_are_the_common_ones_plus_their_own():
   assert stats_lib.method_stats("a research method") == stats_lib.SUMMARY   # unknown: all
 
 
-@pytest.fixture(scope="module")
-def target():
-  return peaked(sd.init_model(sd.get_config("t5_1_1_tiny"), 1), 5.0, 2.5)
-
-
-@pytest.fixture(scope="module")
-def drafter(target):
-  return perturbed(target, 0.25, seed=3)
-
-
-@pytest.fixture(scope="module")
-def heads(target):
-  return sd.init_heads(target, 3, rng=2)
+target, drafter, heads = model_fixtures(5.0, 2.5, drafter="drafter", heads="heads")
 
 
 def _methods(drafter, heads):   # as test_methods' cases: their programs are cached

@@ -6,7 +6,7 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
-from conftest import peaked, perturbed, ragged_tokens
+from conftest import model_fixtures, ragged_tokens
 
 import specdec_jax as sd
 from specdec_jax.methods import bild, blockwise, speculative
@@ -16,19 +16,7 @@ from specdec_jax.rounds.acceptance import Rollback
 MAX_NEW = 8
 
 
-@pytest.fixture(scope="module")
-def target():
-  return peaked(sd.init_model(sd.get_config("t5_1_1_tiny"), 1), 5.0, 2.5)
-
-
-@pytest.fixture(scope="module")
-def drafter(target):
-  return perturbed(target, 0.25, seed=3)
-
-
-@pytest.fixture(scope="module")
-def heads(target):
-  return sd.init_heads(target, 3, rng=2)
+target, drafter, heads = model_fixtures(5.0, 2.5, drafter="drafter", heads="heads")
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 import jax
 import numpy as np
 import pytest
-from conftest import peaked, perturbed, ragged_tokens
+from conftest import perturbed, ragged_tokens, tiny_target, workload_fixtures
 
 import specdec_jax as sd
 from specdec_jax.rounds import engine
@@ -11,23 +11,7 @@ from specdec_jax.rounds import engine
 MAX_NEW = 11   # not a multiple of gamma + 1 for gamma in {1, 2, 5}
 
 
-@pytest.fixture(scope="module")
-def target():
-  return peaked(sd.init_model(sd.get_config("t5_1_1_tiny"), 1), 6.0, 3.0)
-
-
-@pytest.fixture(scope="module")
-def encoder_tokens():
-  return ragged_tokens(6, 12, 512, seed=1)
-
-
-@pytest.fixture(scope="module")
-def baseline(target, encoder_tokens):
-  out = sd.generate(target, encoder_tokens, MAX_NEW)
-  lengths = np.asarray(out.lengths)
-  # The workload must exercise EOS at different times and the length cap.
-  assert len(set(lengths.tolist())) >= 3 and (lengths == MAX_NEW).any()
-  return out
+target, encoder_tokens, baseline = workload_fixtures(MAX_NEW)
 
 
 def _drafters(target, baseline):
@@ -113,7 +97,7 @@ def test_ngram_drafter_costs_no_model_calls_and_helps(target, encoder_tokens, ba
 @pytest.mark.slow
 def test_prompt_lookup_copies_from_input():
   """A target that copies its input is predicted perfectly by prompt lookup."""
-  target = peaked(sd.init_model(sd.get_config("t5_1_1_tiny"), 1), 6.0, 3.0)
+  target = tiny_target(6.0, 3.0)
   base = sd.generate(target, ragged_tokens(2, 12, 512, seed=3), 10, eos_id=-1)
   enc = np.concatenate([np.asarray(base.tokens), np.ones((2, 1), np.int32)], 1)
   drafter = sd.PromptLookupDrafter(vocab_size=512, max_ngram=2)

@@ -18,7 +18,7 @@ from specdec_jax.methods import t5x_compat
 from specdec_jax.methods.adaptive import AdaptiveGamma
 from specdec_jax.methods.beam import Beam, BeamOutput
 from specdec_jax.methods.bild import early_exit
-from specdec_jax.methods.decode import decode
+from specdec_jax.methods.decode import METHODS, decode
 from specdec_jax.methods.functional import (
   bild_generate,
   blockwise_generate,
@@ -37,9 +37,6 @@ from specdec_jax.methods.values import (
   setting,
   settings_fields,
 )
-
-#: Every method type `decode` runs.
-METHODS = (Autoregressive, Speculative, BiLD, Blockwise, Beam)
 
 __all__ = ["METHODS", "AdaptiveGamma", "Autoregressive", "Beam", "BeamOutput", "BiLD",
            "Blockwise", "Method",

@@ -5,10 +5,15 @@ from __future__ import annotations
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.config.lm import LMConfig
 from specdec_jax.errors import InputError
-from specdec_jax.methods.values import Method
+from specdec_jax.methods.beam import Beam
+from specdec_jax.methods.values import Autoregressive, BiLD, Blockwise, Method, Speculative
 from specdec_jax.models.model import Model
 from specdec_jax.rounds import inputs
 from specdec_jax.rounds.buffer import DecodeOutput
+
+#: The package's method types (`decode` runs any `Method`; its error for another value names
+#: these).
+METHODS = (Autoregressive, Speculative, BiLD, Blockwise, Beam)
 
 
 def decode(target: Model, method: Method, encoder_tokens, max_new_tokens: int = 64,
@@ -45,7 +50,7 @@ def decode(target: Model, method: Method, encoder_tokens, max_new_tokens: int = 
       ((1, 3), (1,))
   """
   if not isinstance(method, Method):
-    names = [m.__name__ for m in Method.__subclasses__()]
+    names = [m.__name__ for m in METHODS]
     raise InputError(f"method must be one of sd.{', sd.'.join(names)}, "
                      f"got {type(method).__name__}")
   inputs.check_target(target)

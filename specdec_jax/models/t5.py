@@ -107,18 +107,31 @@ class DecoderLayer(nn.Module):
     return x, (k, v)
 
 
-class Encoder(nn.Module):
+class _Stack(nn.Module):
+  """The fields of a layer stack (`Encoder`, `Decoder`); `shared_embedding` is the
+  Transformer's token embedder."""
+
   config: T5Config
   shared_embedding: nn.Module
   partitioner: Any = None
 
+
+def _stack_parts(cfg: T5Config, layer: type[nn.Module], num_layers: int,
+                 partitioner) -> tuple[RelativePositionBias, list[nn.Module], RMSNorm,
+                                       nn.Dropout]:
+  """A stack's submodules, made in its `setup`: its relative position bias, its
+  `num_layers` layers (named layers_0, ...), its final norm and its dropout."""
+  return (_make_relpos(cfg),
+          [layer(cfg, partitioner, name=f"layers_{i}") for i in range(num_layers)],
+          RMSNorm(cfg.layer_norm_epsilon, cfg.activation_dtype),
+          nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,)))
+
+
+class Encoder(_Stack):
+
   def setup(self):
-    cfg = self.config
-    self.relpos_bias = _make_relpos(cfg)
-    self.layers = [EncoderLayer(cfg, self.partitioner, name=f"layers_{i}")
-                   for i in range(cfg.num_encoder_layers)]
-    self.encoder_norm = RMSNorm(cfg.layer_norm_epsilon, cfg.activation_dtype)
-    self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+    self.relpos_bias, self.layers, self.encoder_norm, self.dropout = _stack_parts(
+        self.config, EncoderLayer, self.config.num_encoder_layers, self.partitioner)
 
   def __call__(self, tokens: Array, deterministic: bool = True) -> Array:
     """[B, Le] int32 -> [B, Le, E]."""
@@ -132,18 +145,12 @@ class Encoder(nn.Module):
     return dropout(self.encoder_norm(x))
 
 
-class Decoder(nn.Module):
-  config: T5Config
-  shared_embedding: nn.Module
-  partitioner: Any = None
+class Decoder(_Stack):
 
   def setup(self):
     cfg = self.config
-    self.relpos_bias = _make_relpos(cfg)
-    self.layers = [DecoderLayer(cfg, self.partitioner, name=f"layers_{i}")
-                   for i in range(cfg.num_decoder_layers)]
-    self.decoder_norm = RMSNorm(cfg.layer_norm_epsilon, cfg.activation_dtype)
-    self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+    self.relpos_bias, self.layers, self.decoder_norm, self.dropout = _stack_parts(
+        cfg, DecoderLayer, cfg.num_decoder_layers, self.partitioner)
     if not cfg.logits_via_embedding:
       self.logits_dense = Dense(cfg.emb_dim, cfg.vocab_size, ("embed", "vocab"), jnp.float32)
 

@@ -257,9 +257,10 @@ def _embedding_name(config: LMConfig) -> str:
 # ----------------------------------------------------------------------------- weights
 
 
-def hf_to_params(state: Mapping[str, np.ndarray], config: LMConfig,
-                 source: str = "state dict") -> dict[str, np.ndarray]:
-  """HF state dict (numpy, HF names) -> flat params ("/"-joined keys) of `config`."""
+def _matched_names(state: Mapping[str, object], config: LMConfig,
+                   source: str) -> list[tuple[str, tuple[str, ...], str]]:
+  """`name_map(config)` once `state`'s tensor names (HF names) are checked against it:
+  every mapped one present, no other but lm_head.weight and the ignored buffers."""
   names = name_map(config)
   known = {n for n, _, _ in names} | {"lm_head.weight"}
   missing = sorted(n for n, _, _ in names if n not in state)
@@ -269,6 +270,13 @@ def hf_to_params(state: Mapping[str, np.ndarray], config: LMConfig,
         f"{source}: tensors do not match the config ({config.family}, {config.num_layers} "
         f"layers, biases {config.attention_bias}/{config.mlp_bias}): missing {missing[:8]}"
         f"{' ...' if len(missing) > 8 else ''}; unexpected {unexpected[:8]}")
+  return names
+
+
+def hf_to_params(state: Mapping[str, np.ndarray], config: LMConfig,
+                 source: str = "state dict") -> dict[str, np.ndarray]:
+  """HF state dict (numpy, HF names) -> flat params ("/"-joined keys) of `config`."""
+  names = _matched_names(state, config, source)
   flat = {}
   for name, keys, op in names:
     w = state[name]
@@ -391,15 +399,7 @@ def open_leaves(directory: str) -> tuple[LMConfig, dict[str, leaves.Leaf]]:
   tie = bool(_get(hf_config, "tie_word_embeddings"))
   tied = tie if head is None else (tie and emb is not None and leaves.equal(head, emb))
   config = config.replace(tie_embeddings=tied)
-  names = name_map(config)
-  known = {n for n, _, _ in names} | {"lm_head.weight"}
-  missing = sorted(n for n, _, _ in names if n not in state)
-  unexpected = sorted(n for n in state if n not in known and not n.endswith(_IGNORED_SUFFIXES))
-  if missing or unexpected:
-    raise CheckpointError(
-        f"{directory}: tensors do not match the config ({config.family}, {config.num_layers} "
-        f"layers, biases {config.attention_bias}/{config.mlp_bias}): missing {missing[:8]}"
-        f"{' ...' if len(missing) > 8 else ''}; unexpected {unexpected[:8]}")
+  names = _matched_names(state, config, directory)
   flat: dict[str, leaves.Leaf] = {}
   for name, keys, op in names:
     leaf = state[name]

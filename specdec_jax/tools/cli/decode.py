@@ -45,8 +45,8 @@ from specdec_jax.tools.cli.mesh_args import (
 from specdec_jax.tools.cli.method_args import (
   MethodChoice,
   add_method_flags,
-  build_method,
   method_from_args,
+  placed_method,
 )
 from specdec_jax.tools.cli.streams import emit
 from specdec_jax.tools.compilation import announce_kernel_build, compiling, use_persistent_cache
@@ -441,8 +441,7 @@ def decode(choice: MethodChoice, run: DecodeRun) -> int:
   elif choice.drafter is not None and not choice.early_exit:
     drafter = resolve_drafter(choice.drafter, target, load=load)
   rescorer_load = _family_loader(drafter_loader(run.dtype), target, "--rescorer")
-  method = place_method(build_method(choice, target, run.model, drafter, rescorer_load), mesh,
-                        keep=("small",) if choice.early_exit else ())
+  method = placed_method(choice, target, run.model, drafter, rescorer_load, mesh)
   load_s = time.perf_counter() - t_load
   resumed = None
   try:

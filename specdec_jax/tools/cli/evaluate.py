@@ -25,13 +25,12 @@ from specdec_jax.tools.cli.mesh_args import (
   check_batch,
   load_target,
   mesh_from_flag,
-  place_method,
 )
 from specdec_jax.tools.cli.method_args import (
   MethodChoice,
   add_method_flags,
-  build_method,
   method_from_args,
+  placed_method,
 )
 from specdec_jax.tools.cli.streams import emit
 from specdec_jax.tools.decode_methods import EXTRA_STATS
@@ -149,8 +148,7 @@ def _method(choice: MethodChoice, model, run: EvalRun, mesh):
   if (choice.rescorer == "data" and isinstance(choice.value, sd.Blockwise)
       and choice.value.rescoring == "ngram"):
     choice = dataclasses.replace(choice, rescorer=run.data)
-  method = build_method(choice, model, run.model, drafter, load)
-  return place_method(method, mesh, keep=("small",) if choice.early_exit else ())
+  return placed_method(choice, model, run.model, drafter, load, mesh)
 
 
 def perplexity(run: EvalRun) -> dict[str, Any]:

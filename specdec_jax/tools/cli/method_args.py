@@ -36,10 +36,13 @@ import dataclasses
 import re
 from typing import Any, Callable
 
+from jax.sharding import Mesh
+
 import specdec_jax as sd
 from specdec_jax import methods as core
 from specdec_jax.drafters.lattice import NGramLM
 from specdec_jax.errors import InputError
+from specdec_jax.tools.cli.mesh_args import place_method
 from specdec_jax.tools.decode_methods import (
   Baseline,
   Beam,
@@ -364,3 +367,11 @@ def build_method(choice: MethodChoice, target: sd.Model, model: str, drafter: An
                      rescorer=rescorer, **settings)
   name = choice.drafter if choice.drafter in DRAFTER_KINDS else "model"
   return Speculative(sampling=sampling, drafter=drafter, drafter_name=name, **settings)
+
+
+def placed_method(choice: MethodChoice, target: sd.Model, model: str, drafter: Any,
+                  load: Callable[[str], sd.Model], mesh: Mesh | None) -> Any:
+  """`build_method` placed on `mesh` (`place_method`; None: as it is); an early-exit
+  small model is the sharded target itself, left as it is."""
+  return place_method(build_method(choice, target, model, drafter, load), mesh,
+                      keep=("small",) if choice.early_exit else ())
