@@ -96,7 +96,8 @@ def test_resume_skips_present_entries_and_checks_settings(bench_dir, capsys):
 
 def test_time_decode_step_and_bad_settings(capsys):
   model = models.load_model(TARGET)
-  t = bench.time_decode_step(model, 2, 1, encoder_len=5, capacity=9, steps=2, repeats=1)
+  t = bench.time_decode_step(model, 2, 1, bench.CostTiming(capacity=9, steps=2, repeats=1),
+                             encoder_len=5)
   assert positive(t)
   capsys.readouterr()
   assert cli.main(["bench", "--modes", "beam"]) == 2     # usage: argparse's type check

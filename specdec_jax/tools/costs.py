@@ -16,6 +16,7 @@ run concurrently with anything else.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import statistics
 from typing import TYPE_CHECKING, Any, Callable, Iterable
@@ -159,21 +160,36 @@ def time_costs(timers: dict[tuple, _Timer], repeats: int = 5,
   return out
 
 
-def time_decode_step(model, batch: int, k: int, *, encoder_tokens=None, encoder_len: int = 32,
-                     capacity: int = 128, steps: int = 16, repeats: int = 5,
-                     seed: int = 0) -> float:
+@dataclasses.dataclass(frozen=True)
+class CostTiming:
+  """How decode steps are timed (`time_decode_step`, `explain_run`, `bench.measure_costs`).
+
+  Attributes:
+    capacity: the KV caches' length (tokens) the steps run at.
+    steps: decode steps per jitted loop.
+    repeats: timed rounds; the median is reported.
+  """
+
+  capacity: int
+  steps: int = 16
+  repeats: int = 5
+
+
+def time_decode_step(model, batch: int, k: int, timing: CostTiming = CostTiming(128), *,
+                     encoder_tokens=None, encoder_len: int = 32, seed: int = 0) -> float:
   """Seconds per call of `model.decode` with k tokens per row at batch size `batch`.
 
-  Starts a cache of `capacity` positions on `encoder_tokens` (default: random prompts
-  of `encoder_len`), compiles a jitted loop of `steps` k-token decodes (`StepTimer`)
-  and returns the median over `repeats` timed loops / `steps`.
+  Starts a cache of `timing.capacity` positions on `encoder_tokens` (default: random
+  prompts of `encoder_len`), compiles a jitted loop of `timing.steps` k-token decodes
+  (`StepTimer`) and returns the median over `timing.repeats` timed loops / `steps`.
   """
+  repeats = timing.repeats
   if repeats < 1:
     raise BenchError(f"repeats must be >= 1, got {repeats}")
   if encoder_tokens is None:
     encoder_tokens = random_prompts(batch, encoder_len, model.config.vocab_size, seed)
-  cache = started_cache(model, cycled_rows(np.asarray(encoder_tokens), batch), capacity)
-  return StepTimer(model, cache, k, steps, seed).compile().time(repeats)
+  cache = started_cache(model, cycled_rows(np.asarray(encoder_tokens), batch), timing.capacity)
+  return StepTimer(model, cache, k, timing.steps, seed).compile().time(repeats)
 
 
 #: The footnote of a verify cost shown as "1.00*" (`verify_cost_text`).
@@ -245,15 +261,15 @@ def shown_predictions(row: dict[str, Any]) -> dict[str, Any]:
   return {k: p[k] for k in keys}
 
 
-def explain_run(target, drafter, gamma: int, encoder_tokens, stats: dict[str, Any], *,
-                capacity: int, call_tokens: int | None = None, repeats: int = 5,
-                steps: int = 16) -> dict[str, Any]:
+def explain_run(target, drafter, gamma: int, encoder_tokens, stats: dict[str, Any],
+                timing: CostTiming, *, call_tokens: int | None = None) -> dict[str, Any]:
   """Why a speculative run went as fast as it did: its step costs and its own counts.
 
   Measures, at the run's batch size (`encoder_tokens` [B, Le], the run's first batch),
   c = one drafter step / one 1-token target step and verify_cost = one target call of
   `call_tokens` tokens (default gamma + 1, the width the run's verify calls had) / one
-  1-token call, each the median ratio of `repeats` alternating rounds (`relative_costs`),
+  1-token call, each the median ratio of `timing.repeats` alternating rounds of
+  `timing.steps`-step loops at cache length `timing.capacity` (`relative_costs`),
   and combines them with the run's counters (`stats`, as `DecodeOutput.stats` or a merged
   corpus's):
 
@@ -268,16 +284,17 @@ def explain_run(target, drafter, gamma: int, encoder_tokens, stats: dict[str, An
       >>> import specdec_jax as sd, numpy as np
       >>> target = sd.load("config:t5_1_1_tiny")
       >>> stats = {"tokens_per_target_call": 2.0, "drafter_calls": 30, "target_calls": 10}
-      >>> r = explain_run(target, target, 3, np.array([[5, 6, 1]]), stats, capacity=16,
-      ...                 repeats=1, steps=2)
+      >>> r = explain_run(target, target, 3, np.array([[5, 6, 1]]), stats,
+      ...                 CostTiming(capacity=16, steps=2, repeats=1))
       >>> sorted(r)[:4], r["drafts_per_target_call"]
       (['c', 'call_tokens', 'drafts_per_target_call', 'expected_speedup'], 3.0)
       >>> sorted(r)[4:]
       ['repeats', 'round_cost', 'tokens_per_target_call', 'verify_cost', 'verify_cost_noise']
   """
   k = gamma + 1 if call_tokens is None else call_tokens
+  repeats = timing.repeats
   timers = cost_timers(target, {"drafter": drafter}, [k - 1], encoder_tokens=encoder_tokens,
-                       capacity=max(capacity, k), steps=steps)
+                       capacity=max(timing.capacity, k), steps=timing.steps)
   ratio = relative_costs(timers, repeats)
   c, verify_cost = ratio[("drafter", "drafter")], ratio[("target", k)]
   per_call = float(stats["tokens_per_target_call"])

@@ -50,6 +50,7 @@ from specdec_jax.tools.bench.run import (
   DEFINITIONS,
   RESUME_KEYS,
   SCHEMA_VERSION,
+  BenchRecord,
   BenchSettings,
   CostTiming,
   measure_costs,
@@ -60,6 +61,7 @@ from specdec_jax.tools.errors import BenchError
 
 DESCRIPTION = __doc__.split("\n\n    results =")[0]
 
-__all__ = ["BenchError", "BenchSettings", "CostTiming", "DEFINITIONS", "DESCRIPTION", "RESUME_KEYS",
-           "SCHEMA_VERSION", "StepTimer", "TABLE_COLUMNS", "markdown_report", "markdown_table",
-           "measure_costs", "plot", "run_bench", "time_decode_step", "write_report"]
+__all__ = ["BenchError", "BenchRecord", "BenchSettings", "CostTiming", "DEFINITIONS",
+           "DESCRIPTION", "RESUME_KEYS", "SCHEMA_VERSION", "StepTimer", "TABLE_COLUMNS",
+           "markdown_report", "markdown_table", "measure_costs", "plot", "run_bench",
+           "time_decode_step", "write_report"]

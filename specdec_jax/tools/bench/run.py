@@ -16,6 +16,7 @@ import numpy as np
 
 from specdec_jax.tools import costs as costs_lib
 from specdec_jax.tools.batching import cycled_rows
+from specdec_jax.tools.costs import CostTiming
 from specdec_jax.tools.decode_methods import (
   EXTRA_STATS,
   Baseline,
@@ -71,21 +72,6 @@ def _noop() -> None:
 # ----------------------------------------------------------------------------- step costs
 
 
-@dataclasses.dataclass(frozen=True)
-class CostTiming:
-  """How `measure_costs` times the decode steps.
-
-  Attributes:
-    capacity: the KV caches' length (tokens) the steps run at.
-    steps: decode steps per jitted loop.
-    repeats: timed rounds; the median is reported.
-  """
-
-  capacity: int
-  steps: int = 16
-  repeats: int = 5
-
-
 def measure_costs(target, drafter, batch: int, gammas: Iterable[int], timing: CostTiming, *,
                   encoder_tokens, timers: dict[tuple, Any] | None = None,
                   tick: Callable[[], None] = _noop) -> dict[str, Any]:
@@ -115,18 +101,21 @@ def _verify_cost(costs: dict[str, Any], gamma: int) -> float | None:
 # ----------------------------------------------------------------------------- settings
 
 
-def _check_settings(target, drafter, batch_sizes, gammas, modes, repeats, max_new_tokens,
-                    timing_steps, baseline_only) -> None:
+def _check_settings(target, drafter, settings: BenchSettings, batch_sizes: list[int],
+                    gammas: list[int], modes: list[str]) -> None:
+  """Raise BenchError on bad `settings`; `batch_sizes`, `gammas`, `modes` are its lists as
+  `run_bench` normalised them."""
+  s = settings
   if not batch_sizes or min(batch_sizes) < 1:
     raise BenchError(f"batch sizes must be >= 1, got {batch_sizes}")
-  if not baseline_only and (not gammas or min(gammas) < 1):
+  if not s.baseline_only and (not gammas or min(gammas) < 1):
     raise BenchError(f"gammas must be integers >= 1, got {gammas}")
   bad = [m for m in modes if m not in MODES]
   if bad:
     raise BenchError(f"unknown mode {bad[0]!r}; use {', '.join(MODES)}")
-  if repeats < 1 or max_new_tokens < 1 or timing_steps < 1:
+  if s.repeats < 1 or s.max_new_tokens < 1 or s.timing_steps < 1:
     raise BenchError("repeats, max_new_tokens and timing_steps must be >= 1")
-  if not baseline_only:
+  if not s.baseline_only:
     if drafter is None:
       raise BenchError("a drafter is needed unless baseline_only")
     resolve_drafter(drafter, target)   # checks the vocabulary
@@ -337,9 +326,22 @@ class BenchSettings:
   progress: bool = True
 
 
+@dataclasses.dataclass(frozen=True)
+class BenchRecord:
+  """What bench.json records beside the measurements, and the file it resumes.
+
+  Attributes:
+    config: descriptive settings stored under "config" (model names, overrides, ...).
+    existing: a previous bench.json dict; its entries with the same (batch, mode, gamma)
+      are kept and not re-run (--resume). Its baselines serve the speedups of new gammas.
+  """
+
+  config: dict[str, Any] | None = None
+  existing: dict[str, Any] | None = None
+
+
 def run_bench(target, drafter=None, settings: BenchSettings = BenchSettings(), *,
-              prompts: np.ndarray | None = None, config: dict[str, Any] | None = None,
-              existing: dict[str, Any] | None = None,
+              prompts: np.ndarray | None = None, record: BenchRecord = BenchRecord(),
               on_update: Callable[[dict[str, Any]], object] | None = None,
               extras: dict[str, Callable[[Any], DecodeMethod]] | None = None,
               place_inputs: Callable[[jax.Array], jax.Array] | None = None) -> dict[str, Any]:
@@ -349,9 +351,7 @@ def run_bench(target, drafter=None, settings: BenchSettings = BenchSettings(), *
     target, drafter: `Model`s (drafter may be None with `settings.baseline_only`).
     settings: what is measured and how (`BenchSettings`).
     prompts: [N, L] encoder tokens; default `random_prompts(max batch, prompt_len, V, seed)`.
-    config: descriptive settings stored under "config" (model names, overrides, ...).
-    existing: a previous bench.json dict; its entries with the same (batch, mode, gamma)
-      are kept and not re-run (--resume). Its baselines serve the speedups of new gammas.
+    record: the descriptive "config" to store and the bench.json to resume (`BenchRecord`).
     on_update: called with the results so far after each (batch, mode) group.
     extras: {label: sampling -> DecodeMethod}, more methods timed in every (batch, mode)
       group beside the baseline (BiLD, blockwise decoding, ...); entries carry the label.
@@ -363,19 +363,18 @@ def run_bench(target, drafter=None, settings: BenchSettings = BenchSettings(), *
   batch_sizes = [int(b) for b in s.batch_sizes]
   gammas = [] if s.baseline_only else sorted({int(g) for g in s.gammas})
   modes = list(s.modes)
-  _check_settings(target, drafter, batch_sizes, gammas, modes, s.repeats, s.max_new_tokens,
-                  s.timing_steps, s.baseline_only)
+  _check_settings(target, drafter, s, batch_sizes, gammas, modes)
   if prompts is None:
     prompts = random_prompts(max(batch_sizes), s.prompt_len, target.config.vocab_size, s.seed)
   prompts = np.asarray(prompts, np.int32)
   workers = (default_compile_workers() if s.compile_workers is None
              else max(1, s.compile_workers))
-  config = _config(config, target, drafter, prompts, batch_sizes=batch_sizes, gammas=gammas,
+  config = _config(record.config, target, drafter, prompts, batch_sizes=batch_sizes, gammas=gammas,
                    modes=modes, max_new_tokens=s.max_new_tokens, repeats=s.repeats,
                    seed=s.seed, baseline_only=s.baseline_only, ignore_eos=s.ignore_eos,
                    timing_steps=s.timing_steps, compile_workers=workers,
                    extras=list(extras), exact=s.exact)
-  results, kept_costs = _start_results(config, existing)
+  results, kept_costs = _start_results(config, record.existing)
   plan = _plan(batch_sizes, modes, [*gammas, *extras], {_key(e) for e in results["results"]})
   run = _Run(target, drafter, prompts, gammas, s, extras=extras, place_inputs=place_inputs)
   _execute(run, plan, results, kept_costs, s.repeats, workers, s.progress, on_update)

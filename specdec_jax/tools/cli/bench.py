@@ -204,7 +204,8 @@ def benchmark(run: BenchRun) -> int:
     prompts = file_prompts(run.prompts_file, run.measured.prompt_len, tokenizer,
                            target.config.vocab_size, config=target.config)
   results = bench.run_bench(
-      target, drafter, run.measured, prompts=prompts, config=config, existing=existing,
+      target, drafter, run.measured, prompts=prompts,
+      record=bench.BenchRecord(config, existing),
       on_update=lambda r: bench.write_report(r, run.out),
       extras=_extras(run, target, drafter, mesh),
       place_inputs=None if mesh is None else lambda x: sd.sharding.shard_batch(x, mesh))

@@ -50,7 +50,12 @@ from specdec_jax.tools.cli.method_args import (
 )
 from specdec_jax.tools.cli.streams import emit
 from specdec_jax.tools.compilation import announce_kernel_build, compiling, use_persistent_cache
-from specdec_jax.tools.costs import VERIFY_NOISE_NOTE, explain_run, verify_cost_text
+from specdec_jax.tools.costs import (
+  VERIFY_NOISE_NOTE,
+  CostTiming,
+  explain_run,
+  verify_cost_text,
+)
 from specdec_jax.tools.decode_methods import EXTRA_STATS, Baseline, decode_corpus
 from specdec_jax.tools.demo_notes import demo_note
 from specdec_jax.tools.errors import CLIError
@@ -366,7 +371,7 @@ def _costs(run: DecodeRun, method, target, encoder_tokens, corpus) -> dict[str, 
   from specdec_jax.rounds.engine import EXACT_WIDTH
   padded = is_exact(method) and not target.width_invariant_decode
   return explain_run(target, method.drafter, method.gamma, encoder_tokens, corpus.stats,
-                     capacity=run.max_new_tokens + EXACT_WIDTH + 1,
+                     CostTiming(capacity=run.max_new_tokens + EXACT_WIDTH + 1),
                      call_tokens=EXACT_WIDTH if padded else method.gamma + 1)
 
 
