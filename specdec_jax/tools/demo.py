@@ -164,12 +164,13 @@ def greedy_targets(model: Model, inputs: np.ndarray, max_len: int, batch_size: i
                          for b in tqdm(batches, desc="greedy targets", disable=not progress)])
 
 
-def _stage_train(name, workdir, recipe, data, make_init, teacher=None, targets=None,
-                 upstream=(), objective=None):
-  """Train model stage `name` from `make_init()` unless its final checkpoint is current."""
+def _stage_train(name, workdir, recipe, data, make_init, teacher=None, upstream=(),
+                 objective=None):
+  """Train model stage `name` from `make_init()` on `data` ({"inputs", "targets"}) unless its
+  final checkpoint is current."""
   def train(init, cfg):
-    return training.train(init, data["inputs"], data["targets"] if targets is None else targets,
-                          cfg, workdir / name, teacher=teacher, objective=objective)
+    return training.train(init, data["inputs"], data["targets"], cfg, workdir / name,
+                          teacher=teacher, objective=objective)
 
   def save(path, model, seconds, history, steps, upstream):
     model = model.replace(config=model.config.replace(dropout_rate=0.0))
@@ -294,8 +295,10 @@ def run_pipeline(recipe_path: str | pathlib.Path, workdir: str | pathlib.Path,
       start, upstream = _load_init(workdir, init)
       upstream = {**_upstream(workdir, ["target"]), **upstream}
     part, targets = greedy(recipe[name])
-    results[name] = _stage_train(name, workdir, recipe, part, lambda start=start: start,
-                                 targets=targets, upstream=with_examples(upstream, recipe[name]))
+    results[name] = _stage_train(name, workdir, recipe, {"inputs": part["inputs"],
+                                                         "targets": targets},
+                                 lambda start=start: start,
+                                 upstream=with_examples(upstream, recipe[name]))
   if "distilled" in stages:
     drafter = results.get("drafter") or sd.load(str(workdir / "drafter" / "final"))
     trainable = drafter.replace(config=drafter.config.replace(

@@ -23,6 +23,7 @@ resume mid-stage from their Orbax checkpoints, as `demo.run_pipeline`'s):
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import pathlib
@@ -108,24 +109,44 @@ def encode_texts(tok, texts: list[str], max_len: int) -> tuple[np.ndarray, list[
   return out, kept
 
 
-def prepare_english(out_dir: str | pathlib.Path, vocab_size: int = 4096, max_len: int = 32,
-                    min_words: int = 3, valid_size: int = 2000, test_size: int = 2000,
-                    seed: int = 0, path: str = de_en.DEFAULT_PATH,
-                    limit: int | None = None) -> dict:
-  """The data stage: tokenizer.json, {split}.npz ("tokens") and .txt, meta.json.
+@dataclasses.dataclass(frozen=True)
+class EnglishData:
+  """What the data stage (`prepare_english`) builds: a recipe's "data" section.
 
-  `limit`: use only the first `limit` texts of the hash order (a quick slice)."""
+  Attributes:
+    vocab_size: the BPE vocabulary's size (special tokens included).
+    max_len: tokens per row (<s> text </s>); longer texts are dropped.
+    min_words: texts of fewer words are left out.
+    valid_size, test_size: texts in the validation and test splits (the rest: train).
+    seed: the seed of the hash order that splits the texts.
+    path: the De->En dictionary file whose English side is read.
+    limit: use only the first `limit` texts of the hash order (a quick slice); None: all.
+  """
+
+  vocab_size: int = 4096
+  max_len: int = 32
+  min_words: int = 3
+  valid_size: int = 2000
+  test_size: int = 2000
+  seed: int = 0
+  path: str = de_en.DEFAULT_PATH
+  limit: int | None = None
+
+
+def prepare_english(out_dir: str | pathlib.Path, data: EnglishData = EnglishData()) -> dict:
+  """The data stage: tokenizer.json, {split}.npz ("tokens") and .txt, meta.json."""
+  d = data
   out = pathlib.Path(out_dir)
-  texts = english_texts(path, min_words)
-  if limit is not None:
-    texts = sorted(texts, key=lambda t: hashlib.sha256(t.encode()).digest())[:limit]
-  splits = split_texts(texts, valid_size, test_size, seed)
-  tok = train_bpe(splits["train"], out, vocab_size)
-  meta = {"source": path, "licence": "GPL-2.0-or-later (Debian trans-de-en, TU Chemnitz Ding)",
-          "vocab_size": tok.vocab_size, "max_len": max_len, "min_words": min_words,
-          "seed": seed, "limit": limit, "texts": len(texts), "splits": {}}
+  texts = english_texts(d.path, d.min_words)
+  if d.limit is not None:
+    texts = sorted(texts, key=lambda t: hashlib.sha256(t.encode()).digest())[:d.limit]
+  splits = split_texts(texts, d.valid_size, d.test_size, d.seed)
+  tok = train_bpe(splits["train"], out, d.vocab_size)
+  meta = {"source": d.path, "licence": "GPL-2.0-or-later (Debian trans-de-en, TU Chemnitz Ding)",
+          "vocab_size": tok.vocab_size, "max_len": d.max_len, "min_words": d.min_words,
+          "seed": d.seed, "limit": d.limit, "texts": len(texts), "splits": {}}
   for name in SPLITS:
-    tokens, kept = encode_texts(tok, splits[name], max_len)
+    tokens, kept = encode_texts(tok, splits[name], d.max_len)
     np.savez(out / f"{name}.npz", tokens=tokens)
     (out / f"{name}.txt").write_text("".join(t + "\n" for t in kept), encoding="utf-8")
     meta["splits"][name] = {"texts": len(kept), "dropped_too_long": len(splits[name]) - len(kept),
@@ -224,7 +245,7 @@ def run_pipeline(recipe_path: str | pathlib.Path, workdir: str | pathlib.Path,
     raise TrainingError(f"unknown stages {sorted(unknown)}; stages: {', '.join(STAGES)}")
   data_dir = workdir / "data"
   if "data" in stages and not (data_dir / "meta.json").exists():
-    prepare_english(data_dir, **recipe["data"])
+    prepare_english(data_dir, EnglishData(**recipe["data"]))
   meta = read_json(data_dir / "meta.json", "LM demo data")
   upstream = {"data": meta["fingerprint"]}     # other data: the models start over
   train = load_tokens(data_dir, "train")
