@@ -59,9 +59,9 @@ def main(argv=None) -> int:
   try:
     t5x = t5x_bench.load_t5x(args.t5x_src)      # fail before building the model
     model = load_model(args.model, args.dtype)
-    results = t5x_bench.run_t5x_compare(model, t5x, batch_sizes=args.batch_sizes,
-                                        prompt_len=args.prompt_len, steps=args.steps,
-                                        repeats=args.repeats, dtype=args.dtype, beam=beam)
+    timing = t5x_bench.T5XTiming(batch_sizes=args.batch_sizes, prompt_len=args.prompt_len,
+                                 steps=args.steps, repeats=args.repeats)
+    results = t5x_bench.run_t5x_compare(model, t5x, timing, dtype=args.dtype, beam=beam)
   except SpecdecError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -82,7 +82,8 @@ def test_t5x_network_refuses_float16():
 def test_run_t5x_compare_refuses_other_dtypes_before_any_work():
   model = _fake_model("float32")
   with pytest.raises(t5x_bench.CompareError, match="not float16"):
-    t5x_bench.run_t5x_compare(model, None, dtype="float16", progress=False)
+    t5x_bench.run_t5x_compare(model, None, t5x_bench.T5XTiming(progress=False),
+                              dtype="float16")
 
 
 def test_token_agreement_on_hand_made_rows():
@@ -145,11 +146,14 @@ def test_compare_script_passes_the_dtype_through(monkeypatch, tmp_path):
   monkeypatch.setattr(models, "load_model", lambda spec, dtype="float32": seen.setdefault(
       "load", dtype))
 
-  def fake_compare(model, t5x, **kw):
+  def fake_compare(model, t5x, timing, **kw):
     seen["compare"] = kw["dtype"]
+    seen["timing"] = timing
     raise t5x_bench.CompareError("stop here")
   monkeypatch.setattr(t5x_bench, "run_t5x_compare", fake_compare)
   assert script.main(["--t5x-src", "x", "--dtype", "bfloat16", "--out", str(tmp_path)]) == 2
+  assert seen.pop("timing") == t5x_bench.T5XTiming(batch_sizes=[1, 8], prompt_len=32, steps=32,
+                                                   repeats=7)
   assert seen == {"load": "bfloat16", "compare": "bfloat16"}
 
 

@@ -39,11 +39,12 @@ ours / T5X per batch size (< 1 means we are faster).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import pathlib
 import sys
 import types
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -242,9 +243,27 @@ def _timed_row(methods, outputs, batch: int, steps: int, repeats: int, dtype: st
   return row
 
 
-def run_t5x_compare(model: Model, t5x: types.SimpleNamespace, *, batch_sizes=(1, 8),
-                    prompt_len: int = 32, steps: int = 32, repeats: int = 5,
-                    dtype: str | None = None, progress: bool = True,
+@dataclasses.dataclass(frozen=True)
+class T5XTiming:
+  """What `run_t5x_compare` times and how.
+
+  Attributes:
+    batch_sizes: rows per decode call, each timed on its own.
+    prompt_len: the random prompts' length (encoder tokens).
+    steps: tokens decoded per row (EOS off).
+    repeats: timed rounds alternating T5X and ours; the median is reported.
+    progress: show a progress bar.
+  """
+
+  batch_sizes: Sequence[int] = (1, 8)
+  prompt_len: int = 32
+  steps: int = 32
+  repeats: int = 5
+  progress: bool = True
+
+
+def run_t5x_compare(model: Model, t5x: types.SimpleNamespace,
+                    timing: T5XTiming = T5XTiming(), *, dtype: str | None = None,
                     beam: tuple[int, float] | None = None) -> dict[str, Any]:
   """Greedy ms/token of T5X (`t5x` from `load_t5x`) and `sd.generate` per batch size;
   with `beam` = (K, alpha), T5X's `beam_search` and `sd.Beam` instead (every beam's
@@ -252,16 +271,20 @@ def run_t5x_compare(model: Model, t5x: types.SimpleNamespace, *, batch_sizes=(1,
 
   Same weights, same prompts, one process, both in `dtype` (float32 or bfloat16;
   None: `model.config.dtype`). float32 fails if the greedy tokens differ; bfloat16
-  reports their agreement per batch size (`token_agreement`).
+  reports their agreement per batch size (`token_agreement`). `timing`: the batch sizes,
+  lengths and rounds (`T5XTiming`).
   """
   from tqdm.auto import tqdm
+  batch_sizes, prompt_len, steps, repeats = (timing.batch_sizes, timing.prompt_len,
+                                             timing.steps, timing.repeats)
   model = _compare_model(model, dtype)
   dtype = model.config.dtype
   module = t5x_network(t5x, model)
   params = _t5x_params(module, model, prompt_len, steps)
   prompts = random_prompts(max(batch_sizes), prompt_len, model.vocab_size)
   rows = []
-  bar = tqdm(total=len(batch_sizes) * (repeats * 2 + 2), desc="t5x compare", disable=not progress)
+  bar = tqdm(total=len(batch_sizes) * (repeats * 2 + 2), desc="t5x compare",
+             disable=not timing.progress)
   for b in batch_sizes:
     enc = jnp.asarray(cycled_rows(prompts, b))
     ours: Callable[..., Any]    # two lambdas with other defaults: one type for both
