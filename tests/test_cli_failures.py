@@ -6,6 +6,7 @@ probe on a closed and an open port, the supervisor on small Python children that
 JAX does, exit, crash or get killed); the slow tier runs `specdec decode` as two processes
 on loopback and kills one (SIGKILL)."""
 
+import os
 import signal
 import socket
 import subprocess
@@ -144,15 +145,16 @@ sys.exit(supervise.run(sys.argv[1:], supervise.Who(1, 2, "10.0.0.1:1234")))
 """
 
 
-def _parent(child: str, **popen) -> subprocess.Popen:
-  """A `supervise.run` parent of `python -c child`, stdout and stderr piped."""
-  return subprocess.Popen([sys.executable, "-c", PARENT, sys.executable, "-c", child],
+def _parent(child: str, before: str = "", **popen) -> subprocess.Popen:
+  """A `supervise.run` parent of `python -c child` (running the code `before` first),
+  stdout and stderr piped."""
+  return subprocess.Popen([sys.executable, "-c", before + PARENT, sys.executable, "-c", child],
                           env=device_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           **popen)
 
 
-def _supervise(child: str) -> tuple[int, bytes, bytes]:
-  parent = _parent(child)
+def _supervise(child: str, before: str = "") -> tuple[int, bytes, bytes]:
+  parent = _parent(child, before)
   out, err = parent.communicate(timeout=60)
   return parent.returncode, out, err
 
@@ -246,6 +248,115 @@ except KeyboardInterrupt:
       parent.communicate()
 
 
+# A child that reports its pid, then handles an interrupt with a clean-up that a second
+# KeyboardInterrupt would break (a traceback and no "interrupted").
+INTERRUPTIBLE = """\
+import os, pathlib, sys, time
+from specdec_jax.tools.cli import supervise
+supervise.as_child()
+pathlib.Path({pid_file!r}).write_text(str(os.getpid()))
+try:
+  time.sleep(60)
+except KeyboardInterrupt:
+  time.sleep(0.6)
+  print("interrupted", file=sys.stderr)
+  sys.exit(130)
+"""
+
+
+def _pid_of(pid_file) -> int:
+  _wait(pid_file.exists, seconds=30)
+  _wait(lambda: pid_file.read_text().strip() != "")
+  return int(pid_file.read_text())
+
+
+@needs_linux
+def test_a_signal_to_the_process_group_interrupts_the_child_once(tmp_path):
+  pid_file = tmp_path / "pid"
+  parent = _parent(INTERRUPTIBLE.format(pid_file=str(pid_file)), start_new_session=True)
+  try:
+    _pid_of(pid_file)
+    os.killpg(parent.pid, signal.SIGINT)     # as `kill -INT -- -PGID` or `timeout -s INT`
+    out, err = parent.communicate(timeout=30)
+    assert (parent.returncode, err) == (130, b"interrupted\n"), err.decode()[-2000:]
+  finally:
+    parent.kill()
+    parent.communicate()
+
+
+@needs_linux
+def test_a_signal_that_another_thread_of_the_parent_receives_is_relayed(tmp_path):
+  pid_file = tmp_path / "pid"
+  child = f"""\
+import os, pathlib, signal, sys, time
+def stop(signum, frame):
+  print("the child got SIGTERM", file=sys.stderr)
+  sys.exit(3)
+signal.signal(signal.SIGTERM, stop)
+pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()))
+time.sleep(60)
+"""
+  # a thread started before `run` blocks nothing: the kernel hands it the signals
+  thread = ("import threading, time\n"
+            "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n")
+  parent = _parent(child, before=thread)
+  try:
+    _pid_of(pid_file)
+    parent.send_signal(signal.SIGTERM)
+    out, err = parent.communicate(timeout=30)
+    assert (parent.returncode, err) == (3, b"the child got SIGTERM\n"), err.decode()[-2000:]
+  finally:
+    parent.kill()
+    parent.communicate()
+
+
+@needs_linux
+def test_a_signal_after_the_childs_end_leaves_its_outcome():
+  late = """\
+import os, signal
+from specdec_jax.tools.cli import supervise
+watch = supervise._watch
+def watch_then_signal(*args):
+  ended = watch(*args)
+  os.kill(os.getpid(), signal.SIGTERM)      # after the last look: pending, blocked
+  return ended
+supervise._watch = watch_then_signal
+"""
+  code, out, err = _supervise("print('done')", before=late)
+  assert (code, out, err) == (0, b"done\n", b"")
+
+
+@needs_linux
+def test_a_child_that_cannot_start_is_one_error_and_leaks_nothing():
+  fds = set(os.listdir("/proc/self/fd"))
+  mask, handlers = signal.pthread_sigmask(signal.SIG_BLOCK, []), [
+      signal.getsignal(signum) for signum in supervise.RELAYED]
+  with pytest.raises(supervise.CLIError, match=r"cannot start the supervised child "
+                     r"'/nonexistent/specdec': No such file or directory"):
+    supervise.run(["/nonexistent/specdec"], supervise.Who(1, 2))
+  assert set(os.listdir("/proc/self/fd")) == fds
+  assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask
+  assert [signal.getsignal(signum) for signum in supervise.RELAYED] == handlers
+
+
+@needs_linux
+def test_our_lines_among_jax_dying_lines_are_kept():
+  code, _, err = _supervise(f"""\
+import os, sys
+from specdec_jax.tools.cli import supervise
+supervise.joined(1, 2, "10.0.0.1:1234")
+sys.stderr.write("W1127 00:37:07.1 4014 gloo.cc:1] a warning\\nits second line\\n")
+sys.stderr.write("specdec: note: ours, after the warning\\n")
+sys.stderr.write({JAX_DYING!r})
+sys.stderr.write("specdec: note: ours, after the abort began\\n")
+sys.stderr.flush()
+os.abort()
+""")
+  assert code == 1, err
+  assert err.decode().splitlines() == ["specdec: note: ours, after the warning",
+                                       "specdec: note: ours, after the abort began", LOST]
+
+
 def test_relay_holds_cpp_lines_back_until_the_child_lives_on():
   written = []
   relay = supervise.Relay(written.append, hold=3.0)
@@ -274,6 +385,35 @@ def test_verdict_names_what_was_lost():
   assert message.endswith("; stopping process 0 of 2")
   assert supervise.verdict(signal.SIGSEGV, [], supervise.Who()) == (
       "process ? ended by SIGSEGV", False)
+
+
+def test_verdict_names_the_lost_peer_when_jax_does():
+  joined = supervise.Who(1, 3, "10.0.0.1:1234", joined=True)
+  peer = [b"E1127 00:37:07.9 4014 coordination_service_agent.cc:289] Polled an error from "
+          b"coordination service (this can be an error from this or another task).\n",
+          b"F1127 00:37:07.9 4014 client.h:80] Terminating process because the JAX "
+          b"distributed service detected fatal errors. absl::Status: INTERNAL: Task "
+          b"/job:jax_worker/replica:0/task:2 stopped sending heartbeats; this is "
+          b"/job:jax_worker/replica:0/task:1\n"]
+  assert supervise.verdict(signal.SIGABRT, peer, joined) == (
+      "lost process 2: INTERNAL: Task /job:jax_worker/replica:0/task:2 stopped sending "
+      "heartbeats; this is /job:jax_worker/replica:0/task:1; stopping process 1 of 3", True)
+  message, _ = supervise.verdict(signal.SIGABRT, peer, supervise.Who(0, 3, joined=True))
+  assert message.startswith("lost process 2: INTERNAL")
+  unsure = [peer[0], b"F1127 00:37:07.9 4014 client.h:80] Terminating process because the "
+            b"JAX distributed service detected fatal errors. absl::Status: INTERNAL: "
+            b"shutdown barrier failed\n"]
+  assert supervise.verdict(signal.SIGABRT, unsure, joined) == (
+      "lost the coordination service (process 0 or a peer): INTERNAL: shutdown barrier "
+      "failed; stopping process 1 of 3", True)
+
+
+def test_jax_lines_are_told_from_ours():
+  lines = [b"W1127 00:37:07.1 4014 a.cc:1] warn\n", b"its continuation\n",
+           b"specdec: note: ours\n", b"terminate called after throwing\n",
+           b"    @ 0x7f86 (unknown)\n", b"Traceback (most recent call last):\n",
+           b'  File "x.py", line 1\n', b"/x/y.py:3: UserWarning: careful\n"]
+  assert supervise.jax_lines(lines) == [True, True, False, True, True, False, False, False]
 
 
 # ----------------------------------------------------------------------------- processes

@@ -108,6 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   except SystemExit as e:   # argparse: usage errors (2) and --help (0)
     return e.code if isinstance(e.code, int) else EXIT_USAGE
   args.argv = list(sys.argv[1:] if argv is None else argv)
+  if argv is None:
+    supervise.as_child()      # a supervised child: a SIGINT sent twice is one interrupt
   try:
     if argv is None and args.command == "decode" and supervise.wanted(
         distributed.requested(distributed.processes_from_args(args))):

@@ -14,17 +14,32 @@ it:
   (glog's ``W1127 00:37:07.936375 4014 file.cc:147] ...``, or a fatal marker such as
   ``terminate called ...``) and the lines after it are held back for `HOLD` seconds: if
   the child lives on (or ends normally), they are forwarded in order; if it then dies by
-  a signal, JAX's lines about its coordination service are replaced by one line naming
-  what was lost (`verdict`), e.g. ``specdec decode: error: lost process 0 (the
-  coordinator at 10.0.0.1:1234): UNAVAILABLE: Failed to send RPC to coordination
-  service. ...; stopping process 1 of 2``, with exit code 1. A death by a signal with no
-  sign of the coordination service (a crash) keeps its lines and ends with a line naming
-  the signal, also exit code 1.
+  a signal, JAX's lines about its coordination service (its C++ log lines, their
+  continuation lines, fatal markers and the stack traces after them: `jax_lines`) are
+  replaced by one line naming what was lost (`verdict`), e.g. ``specdec decode: error:
+  lost process 0 (the coordinator at 10.0.0.1:1234): UNAVAILABLE: Failed to send RPC to
+  coordination service. ...; stopping process 1 of 2``, with exit code 1; our own lines
+  among them are still forwarded, in order. A death by a signal with no sign of the
+  coordination service (a crash) keeps its lines and ends with a line naming the signal,
+  also exit code 1.
 - otherwise the child's exit code is the parent's (0, 1 with the child's own one-line
   error, 2, 130 after Ctrl-C).
-- SIGINT, SIGTERM and SIGHUP sent to the parent alone (`kill`) are relayed to the child;
-  those a terminal sends reach the child directly (one process group) and are not sent
-  twice. A child that a relayed signal ends takes the parent the same way.
+- SIGINT, SIGTERM and SIGHUP sent to the parent by a process (`kill`) are relayed to the
+  child; those a terminal sends reach the child directly (one process group) and are not
+  sent twice. A signal sent to the whole process group (`kill -- -PGID`, `timeout -s INT`,
+  a scheduler signalling every process of a job) reaches the child directly too, but
+  nothing tells the parent so: `siginfo` is the same as for a `kill` of the parent alone,
+  and the sender's process group proves nothing (a script's `kill $!` comes from the
+  child's own group). So the parent relays it, and the child (`as_child`) takes a
+  repeated SIGINT within `REPEAT` seconds as the same interrupt: the second copy cannot
+  interrupt the clean-up that the first started. SIGTERM and SIGHUP keep their default
+  action in the child (it ends), so a second copy of them changes nothing. A child that a
+  relayed signal ends takes the parent the same way; a signal that arrives once the
+  child has ended is dropped (the child's outcome is the run's).
+- the parent blocks the relayed signals in its main thread and collects them with
+  `sigtimedwait` (which says whether a terminal sent them); a thread that another library
+  started earlier with them unblocked may receive one instead: a Python handler, which
+  always runs in the main thread, collects those too (relayed, as their sender is unknown).
 - the child has PR_SET_PDEATHSIG = SIGKILL: killing the parent, even with SIGKILL, kills
   the child, so that the other processes see a killed process lost.
 
@@ -46,8 +61,11 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Sequence
+
+from specdec_jax.tools.errors import CLIError
 
 #: The child's marker: the file descriptor of its pipe to the parent.
 ENV = "SPECDEC_SUPERVISOR_FD"
@@ -56,12 +74,18 @@ RELAYED = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP"
                 if hasattr(signal, name))
 #: Seconds a C++ log line (and what follows it) is held back while the child lives on.
 HOLD = 3.0
+#: Seconds within which the child takes a repeated SIGINT as the same interrupt.
+REPEAT = 1.0
 PR_SET_PDEATHSIG = 1
 
 _GLOG = re.compile(rb"^([IWEF])\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^ \]]+:\d+\] ?")
 _FATAL = (b"terminate called", b"*** Check failure stack trace", b"Fatal Python error")
 _COORDINATION = re.compile(rb"coordination.service|distributed service", re.IGNORECASE)
 _STATUS = re.compile(rb"absl::Status: (.*)")
+_TASK = re.compile(rb"/job:[^/\s]+/replica:\d+/task:(\d+)")
+_LEADER = re.compile(rb"UNAVAILABLE|leader task")
+#: A line that starts a message of ours (or Python's) rather than continuing JAX's.
+_OURS = re.compile(rb"^(specdec\b|Traceback \(|\S+\.py:\d+: \w*(Warning|Error)\b)")
 
 
 def supported() -> bool:
@@ -88,6 +112,23 @@ class Who:
   def name(self) -> str:
     index = "?" if self.process is None else self.process
     return f"process {index}" + (f" of {self.processes}" if self.processes else "")
+
+
+def as_child() -> None:
+  """In a supervised child (in its main thread, at its start): take a SIGINT repeated
+  within `REPEAT` seconds as the same interrupt (see the module's docstring). A no-op in a
+  process that is not a child."""
+  if ENV not in os.environ or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    return
+  last = [-REPEAT]
+
+  def interrupt(signum, frame):
+    now = time.monotonic()
+    if now - last[0] < REPEAT:      # the same interrupt, sent to the group and relayed
+      return
+    last[0] = now
+    raise KeyboardInterrupt
+  signal.signal(signal.SIGINT, interrupt)
 
 
 def joined(process: int, processes: int, coordinator: str | None) -> None:
@@ -131,25 +172,56 @@ def detail(lines: Sequence[bytes]) -> str:
   return ""
 
 
+def lost_task(lines: Sequence[bytes], own: int | None) -> int | None:
+  """The process (JAX's task, ``/job:jax_worker/replica:0/task:2``) other than `own` that
+  JAX's lines name, if any."""
+  for line in lines:
+    for match in _TASK.finditer(line):
+      if int(match.group(1)) != own:
+        return int(match.group(1))
+  return None
+
+
+def jax_lines(lines: Sequence[bytes]) -> list[bool]:
+  """For each of `lines`: whether it is JAX's (a C++ log line and the lines continuing
+  it, a fatal marker and the stack trace after it) rather than one of ours, which starts
+  with our program's name, a Python traceback or warning."""
+  marks, inside = [], False
+  for line in lines:
+    if _GLOG.match(line) or line.startswith(_FATAL):
+      inside = True
+    elif _OURS.match(line):
+      inside = False
+    marks.append(inside)
+  return marks
+
+
 def verdict(signum: int, lines: Sequence[bytes], who: Who) -> tuple[str, bool]:
-  """(the one-line error, whether it replaces `lines`) for a child that `signum` ended
-  after writing `lines` (those held back)."""
-  why = detail(lines)
+  """(the one-line error, whether it replaces JAX's `lines` (`jax_lines`)) for a child
+  that `signum` ended after writing `lines` (those held back)."""
+  why = detail(lines) or "JAX aborted"
   if any(_COORDINATION.search(line) for line in lines):
-    if who.joined and who.process != 0:
+    task = lost_task(lines, who.process) if who.joined else None
+    if who.joined and task not in (None, 0):
+      return f"lost process {task}: {why}; stopping {who.name()}", True
+    leader = task == 0 or any(_LEADER.search(line) for line in lines)
+    if who.joined and who.process != 0 and leader:
       where = f" at {who.coordinator}" if who.coordinator else ""
-      return (f"lost process 0 (the coordinator{where}): {why or 'JAX aborted'}; stopping "
+      return f"lost process 0 (the coordinator{where}): {why}; stopping {who.name()}", True
+    if who.joined and who.process != 0:
+      return (f"lost the coordination service (process 0 or a peer): {why}; stopping "
               f"{who.name()}"), True
     if who.joined:
-      return (f"JAX's coordination service lost a process: {why or 'JAX aborted'}; "
+      return (f"JAX's coordination service lost a process: {why}; "
               f"stopping {who.name()}"), True
     where = who.coordinator or "the detected coordinator"
     return (f"{who.name()} could not join the processes through the coordinator at "
-            f"{where}: {why or 'JAX aborted'}"), True
+            f"{where}: {why}"), True
   try:
     name = signal.Signals(signum).name
   except ValueError:
     name = f"signal {signum}"
+  why = detail(lines)
   return f"{who.name()} ended by {name}" + (f": {why}" if why else ""), False
 
 
@@ -242,58 +314,93 @@ def run(command: Sequence[str], who: Who, program: str = "specdec decode",
         poll: float = 0.1) -> int:
   """Run `command` as a supervised child (see the module's docstring); the exit code for
   this process. `who` is updated by the child's `joined` report; `program` starts the
-  one-line error (``<program>: error: ...``)."""
+  one-line error (``<program>: error: ...``). A child that cannot be started is a
+  `CLIError`."""
   prctl = ctypes.CDLL(None, use_errno=True).prctl   # resolved before fork, not in the child
   write = _stderr_writer()
   report_r, report_w = os.pipe()
+  caught: list[int] = []        # signals that a thread other than this one received
+  handlers = _catch(caught)
   blocked = signal.pthread_sigmask(signal.SIG_BLOCK, RELAYED)
   try:
     try:
       child = subprocess.Popen(list(command), stderr=subprocess.PIPE, pass_fds=(report_w,),
                                env=dict(os.environ, **{ENV: str(report_w)}),
                                preexec_fn=_preexec(os.getpid(), prctl))
+    except (OSError, subprocess.SubprocessError) as e:
+      reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+      raise CLIError(f"cannot start the supervised child {command[0]!r}: {reason}") from None
     finally:
       os.close(report_w)
     try:
-      code, held = _watch(child, Relay(write), poll)
+      code, held = _watch(child, Relay(write), poll, caught)
     finally:
       _read_report(report_r, who)
+      report_r = -1
   finally:
+    if report_r >= 0:
+      os.close(report_r)
+    while signal.sigtimedwait(RELAYED, 0) is not None:   # came once the child had ended
+      pass
     signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    for signum, handler in handlers.items():
+      signal.signal(signum, handler)
   if code >= 0:
     return code
   if -code in RELAYED:          # ended by a signal meant for both: end the same way
     write(b"".join(held))
     _end_like(-code)
   message, replaces = verdict(-code, held, who)
-  if not replaces:
-    write(b"".join(held))
+  if replaces:
+    held = [line for line, jax in zip(held, jax_lines(held), strict=True) if not jax]
+  write(b"".join(held))
   write(f"{program}: error: {message}\n".encode())
   return 1
 
 
-def _watch(child: subprocess.Popen, relay: Relay, poll: float) -> tuple[int, list[bytes]]:
-  """Relay `child`'s stderr and the signals sent to us until it ends; (its return code,
-  the lines still held back when it ended by a signal)."""
+def _catch(caught: list[int]) -> dict:
+  """In the main thread: handlers that append a relayed signal to `caught`, for one that
+  a thread not blocking it receives (Python runs the handler in the main thread); the
+  handlers they replace."""
+  if threading.current_thread() is not threading.main_thread():
+    return {}
+  previous = {}
+  for signum in RELAYED:
+    previous[signum] = signal.signal(signum, lambda signum, frame: caught.append(signum))
+  return previous
+
+
+def _watch(child: subprocess.Popen, relay: Relay, poll: float,
+           caught: list[int]) -> tuple[int, list[bytes]]:
+  """Relay `child`'s stderr and the signals sent to us (`caught`: those a handler
+  collected) until it ends; (its return code, the lines still held back when it ended by
+  a signal)."""
   assert child.stderr is not None
-  err = child.stderr.fileno()
+  err: int | None = child.stderr.fileno()
   ended_at = None
   try:
     while True:
-      ready, _, _ = select.select([err], [], [], poll)
+      if err is None:
+        time.sleep(poll)
+        ready: list[int] = []
+      else:
+        ready, _, _ = select.select([err], [], [], poll)
       now = time.monotonic()
       if ready:
-        data = os.read(err, 1 << 16)
-        if not data:
-          break
-        relay.feed(data, now)
+        data = os.read(ready[0], 1 << 16)
+        if data:
+          relay.feed(data, now)
+        else:            # the child closed its stderr: wait for its end, still relaying
+          err = None
       relay.tick(now, idle=not ready)
       while (info := signal.sigtimedwait(RELAYED, 0)) is not None:
         if info.si_code <= 0 and info.si_pid != child.pid:   # from a process, not a terminal
-          child.send_signal(info.si_signo)
+          caught.append(info.si_signo)
+      while caught:
+        child.send_signal(caught.pop(0))
       if child.poll() is not None:     # a grandchild may hold the pipe open: stop soon after
         ended_at = ended_at or now
-        if now - ended_at > 1.0:
+        if err is None or now - ended_at > 1.0:
           break
   except BaseException:     # a bug of ours: the child must not outlive it
     child.kill()
