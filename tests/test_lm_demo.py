@@ -270,6 +270,12 @@ def test_refusals(tmp_path):
                    progress=False)
   with pytest.raises(training.TrainingError, match=r"\[N, L >= 2\]"):
     training.next_token_pairs(np.ones((2, 1), np.int32))
+  recipe = tmp_path / "recipe.json"        # a typo in the data section, before any work
+  recipe.write_text(json.dumps({"data": {"vocab_sise": 512}}))
+  with pytest.raises(training.TrainingError,
+                     match=r"section 'data': .*vocab_sise.*; known: vocab_size"):
+    lm_demo.run_pipeline(recipe, tmp_path / "work", stages=("data",))
+  assert not (tmp_path / "work" / "data" / "meta.json").exists()
 
 
 @pytest.mark.slow

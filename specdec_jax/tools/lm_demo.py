@@ -245,7 +245,12 @@ def run_pipeline(recipe_path: str | pathlib.Path, workdir: str | pathlib.Path,
     raise TrainingError(f"unknown stages {sorted(unknown)}; stages: {', '.join(STAGES)}")
   data_dir = workdir / "data"
   if "data" in stages and not (data_dir / "meta.json").exists():
-    prepare_english(data_dir, EnglishData(**recipe["data"]))
+    try:
+      data = EnglishData(**recipe["data"])
+    except TypeError as e:     # a typo must not surface as a raw TypeError
+      raise TrainingError(f"recipe {recipe_path}, section 'data': {e}; known: "
+                          f"{', '.join(f.name for f in dataclasses.fields(EnglishData))}") from None
+    prepare_english(data_dir, data)
   meta = read_json(data_dir / "meta.json", "LM demo data")
   upstream = {"data": meta["fingerprint"]}     # other data: the models start over
   train = load_tokens(data_dir, "train")
