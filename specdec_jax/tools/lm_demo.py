@@ -135,18 +135,17 @@ class EnglishData:
 
 def prepare_english(out_dir: str | pathlib.Path, data: EnglishData = EnglishData()) -> dict:
   """The data stage: tokenizer.json, {split}.npz ("tokens") and .txt, meta.json."""
-  d = data
   out = pathlib.Path(out_dir)
-  texts = english_texts(d.path, d.min_words)
-  if d.limit is not None:
-    texts = sorted(texts, key=lambda t: hashlib.sha256(t.encode()).digest())[:d.limit]
-  splits = split_texts(texts, d.valid_size, d.test_size, d.seed)
-  tok = train_bpe(splits["train"], out, d.vocab_size)
-  meta = {"source": d.path, "licence": "GPL-2.0-or-later (Debian trans-de-en, TU Chemnitz Ding)",
-          "vocab_size": tok.vocab_size, "max_len": d.max_len, "min_words": d.min_words,
-          "seed": d.seed, "limit": d.limit, "texts": len(texts), "splits": {}}
+  texts = english_texts(data.path, data.min_words)
+  if data.limit is not None:
+    texts = sorted(texts, key=lambda t: hashlib.sha256(t.encode()).digest())[:data.limit]
+  splits = split_texts(texts, data.valid_size, data.test_size, data.seed)
+  tok = train_bpe(splits["train"], out, data.vocab_size)
+  meta = {"source": data.path, "licence": "GPL-2.0-or-later (Debian trans-de-en, TU Chemnitz Ding)",
+          "vocab_size": tok.vocab_size, "max_len": data.max_len, "min_words": data.min_words,
+          "seed": data.seed, "limit": data.limit, "texts": len(texts), "splits": {}}
   for name in SPLITS:
-    tokens, kept = encode_texts(tok, splits[name], d.max_len)
+    tokens, kept = encode_texts(tok, splits[name], data.max_len)
     np.savez(out / f"{name}.npz", tokens=tokens)
     (out / f"{name}.txt").write_text("".join(t + "\n" for t in kept), encoding="utf-8")
     meta["splits"][name] = {"texts": len(kept), "dropped_too_long": len(splits[name]) - len(kept),

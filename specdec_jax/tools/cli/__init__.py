@@ -93,9 +93,9 @@ def error_line(e: SpecdecError) -> str:
   return text.splitlines()[0] if text else type(e).__name__
 
 
-def _supervised(args) -> int:
-  """This multi-process command, run again as a supervised child (`supervise`)."""
-  processes = distributed.processes_from_args(args)
+def _supervised(args, processes: distributed.Processes) -> int:
+  """This multi-process command (its `processes`), run again as a supervised child
+  (`supervise`)."""
   who = supervise.Who(processes.process_id, processes.num_processes, processes.coordinator)
   return supervise.run([sys.executable, "-m", "specdec_jax.tools.cli", *args.argv], who,
                        program=f"specdec {args.command}")
@@ -111,9 +111,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   if argv is None:
     supervise.as_child()      # a supervised child: a SIGINT sent twice is one interrupt
   try:
-    if argv is None and args.command == "decode" and supervise.wanted(
-        distributed.requested(distributed.processes_from_args(args))):
-      return _supervised(args)
+    if argv is None and args.command == "decode":
+      processes = distributed.processes_from_args(args)
+      if supervise.wanted(distributed.requested(processes)):
+        return _supervised(args, processes)
     with results_stdout(keep=argv is None):   # the process entry: stdout stays results-only
       return int(args.func(args) or EXIT_OK)
   except SpecdecError as e:

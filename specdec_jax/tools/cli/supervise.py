@@ -199,7 +199,8 @@ def jax_lines(lines: Sequence[bytes]) -> list[bool]:
 def verdict(signum: int, lines: Sequence[bytes], who: Who) -> tuple[str, bool]:
   """(the one-line error, whether it replaces JAX's `lines` (`jax_lines`)) for a child
   that `signum` ended after writing `lines` (those held back)."""
-  why = detail(lines) or "JAX aborted"
+  found = detail(lines)
+  why = found or "JAX aborted"
   if any(_COORDINATION.search(line) for line in lines):
     task = lost_task(lines, who.process) if who.joined else None
     if who.joined and task not in (None, 0):
@@ -221,8 +222,7 @@ def verdict(signum: int, lines: Sequence[bytes], who: Who) -> tuple[str, bool]:
     name = signal.Signals(signum).name
   except ValueError:
     name = f"signal {signum}"
-  why = detail(lines)
-  return f"{who.name()} ended by {name}" + (f": {why}" if why else ""), False
+  return f"{who.name()} ended by {name}" + (f": {found}" if found else ""), False
 
 
 class Relay:
