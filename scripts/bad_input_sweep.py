@@ -6,9 +6,9 @@ A table of small cases, each a name, a surface and a call:
 
 * python: a call of the library's API. Clean when it raises a `sd.SpecdecError` subclass
   with a message.
-* cli: `specdec_jax.tools.cli.main([...])` in this process (stdout and stderr captured; stdin
+* cli: `specdec_jax.cli.main([...])` in this process (stdout and stderr captured; stdin
   an empty or given text), or, for the few cases that need a real process (the
-  interpreter's own exit code and traceback, stdin bytes), `python -m specdec_jax.tools.cli`
+  interpreter's own exit code and traceback, stdin bytes), `python -m specdec_jax.cli`
   in a subprocess. Clean when the exit code is 1 or 2, stderr's last line starts with
   "specdec" and holds "error", and no "Traceback" is printed.
 
@@ -801,14 +801,14 @@ def run_cli(case: Case, fx: Fixtures, timeout: int) -> tuple[str, str]:
   if case.process:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     try:
-      p = subprocess.run([sys.executable, "-m", "specdec_jax.tools.cli", *argv],
+      p = subprocess.run([sys.executable, "-m", "specdec_jax.cli", *argv],
                          input=case.stdin or b"", capture_output=True, timeout=timeout,
                          env=env, cwd=fx.tmp)
     except subprocess.TimeoutExpired:
       return "unclean", f"timeout: no result after {timeout} s"
     return classify_cli(p.returncode, p.stdout.decode(errors="replace"),
                         p.stderr.decode(errors="replace"), case)
-  from specdec_jax.tools import cli
+  from specdec_jax import cli
   out, err = io.StringIO(), io.StringIO()
   stdin = io.StringIO((case.stdin or b"").decode(errors="replace"))
   old_stdin = sys.stdin

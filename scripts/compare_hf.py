@@ -8,7 +8,7 @@
     # any two models (our format, T5X, HF dirs, config:NAME) and random prompts
     python scripts/compare_hf.py --target PATH --drafter PATH --limit 10 --out results/hf_compare
 
-Writes OUT/hf_compare.json and OUT/hf_compare.md. See `specdec_jax/tools/hf_compare/` for
+Writes OUT/hf_compare.json and OUT/hf_compare.md. See `specdec_jax_lab/hf_compare/` for
 what each method is and how it is timed.
 """
 
@@ -21,8 +21,8 @@ import sys
 
 import numpy as np
 
+from specdec_jax.cli.options import int_list
 from specdec_jax.errors import SpecdecError
-from specdec_jax.tools.options import int_list
 
 
 def main(argv=None) -> int:
@@ -61,8 +61,8 @@ def main(argv=None) -> int:
 
 def _run(args, argv) -> int:
   import specdec_jax as sd
-  from specdec_jax.tools import hf_compare
-  from specdec_jax.tools.prompts import random_prompts
+  from specdec_jax.cli.prompts import random_prompts
+  from specdec_jax_lab import hf_compare
 
   target = args.target or (args.workdir and os.path.join(args.workdir, "target", "final"))
   drafter = args.drafter or (args.workdir and os.path.join(args.workdir, args.drafter_variant,
@@ -70,7 +70,7 @@ def _run(args, argv) -> int:
   data_dir = args.data_dir or (args.workdir and os.path.join(args.workdir, "data"))
   target_model, drafter_model = sd.load(target), sd.load(drafter)
   if data_dir:
-    from specdec_jax.tools.data import prepare
+    from specdec_jax_lab.data import prepare
     inputs = prepare.load_split(data_dir, args.split)["inputs"]
     prompts = inputs[:args.limit]
     source = f"first {len(prompts)} inputs of {data_dir}/{args.split}.npz"

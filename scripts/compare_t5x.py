@@ -12,7 +12,7 @@
 
 --dtype bfloat16 runs both sides in bfloat16 (params and activations; `sd.load`'s
 dtype) and reports token agreement instead of requiring identical tokens.
-Writes OUT/t5x_compare.json, .md and .png. See `specdec_jax/tools/t5x_bench.py` for what
+Writes OUT/t5x_compare.json, .md and .png. See `specdec_jax_lab/t5x_bench.py` for what
 runs on each side (only four pure-JAX files of the checkout are imported).
 """
 
@@ -22,9 +22,9 @@ import argparse
 import os
 import sys
 
+from specdec_jax.cli.models import DTYPES
+from specdec_jax.cli.options import int_list
 from specdec_jax.errors import SpecdecError
-from specdec_jax.tools.models import DTYPES
-from specdec_jax.tools.options import int_list
 
 
 def main(argv=None) -> int:
@@ -46,9 +46,9 @@ def main(argv=None) -> int:
   p.add_argument("--out", default="results/t5x_compare")
   args = p.parse_args(argv)
 
-  from specdec_jax.tools import t5x_bench
-  from specdec_jax.tools.models import load_model
-  from specdec_jax.tools.report import atomic_write, write_json, write_plot
+  from specdec_jax.cli.models import load_model
+  from specdec_jax.runtime.report import atomic_write, write_json, write_plot
+  from specdec_jax_lab import t5x_bench
   beam = None
   if args.beam is not None:
     k, _, alpha = args.beam.partition(":")

@@ -36,9 +36,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import specdec_jax as sd
+from specdec_jax.cli.costs import StepTimer, started_cache
+from specdec_jax.cli.options import int_list
 from specdec_jax.kernels import gpu
-from specdec_jax.tools.costs import StepTimer, started_cache
-from specdec_jax.tools.options import int_list
 
 #: Peak HBM bandwidth, bytes/s, by device kind (datasheets: H100 SXM 3.35 TB/s, PCIe
 #: 2.0 TB/s, H200 4.8 TB/s).

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 import specdec_jax as sd
-from specdec_jax.tools import cli
+from specdec_jax import cli
 
 TARGET_CONFIG, DRAFTER = "config:t5_1_1_tiny", "config:t5_1_1_tiny_drafter"
 PROMPTS = ["5 17 42 9 1", "7 8 9 11 1", "30 31 32 33 34 35 1"]   # 3 rows: data=2 pads to 4
@@ -162,7 +162,7 @@ def plan_checks() -> list:
   `cache_layout`)."""
   from jax.sharding import NamedSharding, PartitionSpec
 
-  from specdec_jax.tools import plan as plan_lib
+  from specdec_jax import plan as plan_lib
   rows = []
 
   def start(model, enc, capacity, layout, mesh):
@@ -211,8 +211,8 @@ def program_checks() -> list:
   dominate: the engine pins the caches' layout (`sd.sharding.constrain_state`), the
   layers constrain the activations, XLA propagates the rest."""
   from specdec_jax import methods as core
+  from specdec_jax import plan as plan_lib
   from specdec_jax.rounds import engine
-  from specdec_jax.tools import plan as plan_lib
   config = sd.get_config("t5_1_1_tiny", num_heads=8, head_dim=64)
   drafter_config = sd.get_config("t5_1_1_tiny_drafter")
   b, le, t, g = 8, 6, 1000, 3

@@ -21,13 +21,13 @@ import numpy as np
 import pytest
 
 import specdec_jax as sd
-from specdec_jax import package_data
+from specdec_jax import cli, package_data
 from specdec_jax.io.tokenizer import TOKENIZER_FILES, check_tokenizer
 from specdec_jax.rounds import engine
-from specdec_jax.tools import cli, evaluation
-from specdec_jax.tools.cli import bench as bench_cli
-from specdec_jax.tools.cli import evaluate as evaluate_cli
-from specdec_jax.tools.data import prepare
+from specdec_jax_lab import evaluation
+from specdec_jax_lab.commands import bench as bench_cli
+from specdec_jax_lab.commands import evaluate as evaluate_cli
+from specdec_jax_lab.data import prepare
 
 PAIRS = pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl"
 LONG_TEXT = " ".join(["the cat sat on the mat"] * 27)    # 160 tokens and BOS

@@ -350,9 +350,9 @@ def test_cli_flags_and_bench_syntax_come_from_the_fields(capsys):
   bad values and sampling are refused before any model is loaded."""
   import argparse
 
-  from specdec_jax.tools import cli
-  from specdec_jax.tools.bench import method_specs as bench_methods
-  from specdec_jax.tools.cli import method_args
+  from specdec_jax import cli
+  from specdec_jax.cli import method_args
+  from specdec_jax_lab.bench import method_specs as bench_methods
   parser = argparse.ArgumentParser()
   method_args.add_method_flags(parser)
   args = parser.parse_args(["--method", "beam", "--num-beams", "3", "--alpha", "0"])

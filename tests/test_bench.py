@@ -5,7 +5,9 @@ import math
 
 import pytest
 
-from specdec_jax.tools import bench, cli, models
+from specdec_jax import cli
+from specdec_jax.cli import models
+from specdec_jax_lab import bench
 
 TARGET = "config:t5_1_1_tiny"
 DRAFTER = "config:t5_1_1_tiny_drafter"
@@ -118,7 +120,7 @@ def test_baseline_only(tmp_path):
 
 def test_projections_pick_the_best_measured_gamma(bench_dir):
   from specdec_jax import theory
-  from specdec_jax.tools import costs
+  from specdec_jax.cli import costs
   results = json.loads((bench_dir / "bench.json").read_text())
   assert {(p["batch_size"], p["alpha"]) for p in results["projections"]} == {
       (b, a) for b in (1, 2) for a in costs.PROJECTION_ALPHAS}
@@ -135,7 +137,7 @@ def test_projections_pick_the_best_measured_gamma(bench_dir):
 
 
 def test_preset_fills_settings_that_flags_did_not_give():
-  from specdec_jax.tools.cli import bench as bench_cli
+  from specdec_jax_lab.commands import bench as bench_cli
   argv = ["bench", "--preset", "xxl-small", "--batch-sizes", "1"]
   args = cli.build_parser().parse_args(argv)
   args.argv = argv[1:]

@@ -14,11 +14,12 @@ import pytest
 from loopback import device_env
 
 import specdec_jax as sd
+from specdec_jax import cli
+from specdec_jax import errors as cli_errors
+from specdec_jax.cli import models, options, prompts
+from specdec_jax.cli.costs import verify_cost_text
 from specdec_jax.io.tokenizer import train_sentencepiece
-from specdec_jax.tools import cli, models, options, prompts
-from specdec_jax.tools import errors as cli_errors
-from specdec_jax.tools.costs import verify_cost_text
-from specdec_jax.tools.report import to_jsonable
+from specdec_jax.runtime.report import to_jsonable
 
 TARGET = "config:t5_1_1_tiny"
 DRAFTER = "config:t5_1_1_tiny_drafter"
@@ -135,7 +136,7 @@ def test_compare_times_the_baseline_on_the_same_inputs(capsys):
 def test_compare_divides_by_the_plain_baseline_and_reports_exact_cost(capsys, monkeypatch):
   """The speedup's baseline is the target alone at its natural width (exact=False); exact
   mode's own cost is a separate figure (the exact baseline over the plain one)."""
-  from specdec_jax.tools.cli import decode as decode_cli
+  from specdec_jax.cli import decode as decode_cli
   seen = []
   def spy(method, *args, **kwargs):
     seen.append((method.kind, method.exact))
@@ -214,7 +215,7 @@ def test_speculative_flags_are_derived_from_the_fields():
   from flax import struct
 
   from specdec_jax import methods as core
-  from specdec_jax.tools.cli import method_args
+  from specdec_jax.cli import method_args
 
   @struct.dataclass
   class Eager(core.Speculative):
@@ -252,7 +253,7 @@ def test_speculative_flags_are_derived_from_the_fields():
 @pytest.mark.parametrize("flag", ["--gamma", "--adaptive-gamma", "--lenience"])
 def test_drafter_only_flags_need_a_drafter(capsys, flag):
   from specdec_jax import methods as core
-  from specdec_jax.tools.cli import method_args
+  from specdec_jax.cli import method_args
   field = dict(method_args.setting_flags(core.Speculative))[flag]
   value = [] if isinstance(field.default, bool) or field.default is None else [
       str(field.default)]
@@ -276,14 +277,14 @@ def test_batches_merge_into_one_run(capsys):
 def test_main_reports_any_specdec_error_in_one_line(capsys, monkeypatch):
   """main catches SpecdecError (any subclass, core or tools): one line, exit code 1;
   anything else is a bug and propagates."""
-  from specdec_jax.tools.cli import decode
+  from specdec_jax.cli import decode
 
   def fail(error):
     def run(args):
       raise error
     return run
   for error in (sd.SpecdecError("plain base class"), sd.InputError("core input error"),
-                cli_errors.DataError("tool data error\nsecond line")):
+                cli_errors.CLIError("tool data error\nsecond line")):
     monkeypatch.setattr(decode, "run", fail(error))
     code, out, err = run(capsys, "decode", "--model", TARGET, "5 1")
     assert code == 1 and out == ""
@@ -297,8 +298,9 @@ def test_main_reports_any_specdec_error_in_one_line(capsys, monkeypatch):
 # 1, as Gloo's connection lines do, and stderr) beside its results; then a write at exit.
 _NOISY = """
 import os, sys
-from specdec_jax.tools import cli
-from specdec_jax.tools.cli import decode, streams
+from specdec_jax import cli
+from specdec_jax.cli import decode
+from specdec_jax.runtime import streams
 
 def noisy(args):
   print("python log")
@@ -329,7 +331,7 @@ def test_stdout_carries_only_the_results():
 
 def test_stdout_is_restored_after_a_command(capfd):
   """`main` called in a process (tests, scripts) gives descriptor 1 and sys.stdout back."""
-  from specdec_jax.tools.cli import streams
+  from specdec_jax.runtime import streams
   with streams.results_stdout():
     os.write(1, b"log\n")
     streams.emit("result")
@@ -344,7 +346,7 @@ def test_decode_runs_on_typed_settings_without_argparse(capsys):
   settings built by hand prints what the command line does."""
   import dataclasses
 
-  from specdec_jax.tools.cli import decode, method_args
+  from specdec_jax.cli import decode, method_args
   argv = ["decode", "--model", TARGET, *COMMON, "--drafter", DRAFTER, "--gamma", "2",
           "--seed", "3", *PROMPTS]
   args = cli.build_parser().parse_args(argv)
@@ -369,7 +371,7 @@ def test_demo_models_say_what_they_are(capsys):
   """Beside a demo model's outputs, one line on stderr says it is a laptop-scale demo (and
   README says so by the main command); other models get none."""
   from specdec_jax import package_data
-  from specdec_jax.tools.demo_notes import DEMOS, demo_note
+  from specdec_jax.cli.demo_notes import DEMOS, demo_note
   assets = package_data.package_root().joinpath("assets")
   bundled = {p.name for p in assets.iterdir() if p.is_dir()} if assets.is_dir() else set()
   assert bundled | set(package_data.SEPARATE) <= set(DEMOS)      # every bundled group
@@ -491,7 +493,7 @@ def test_version(capsys):
 
 
 def test_interrupt_exits_130(capsys, monkeypatch):
-  from specdec_jax.tools.cli import decode
+  from specdec_jax.cli import decode
 
   def interrupted(args):
     raise KeyboardInterrupt

@@ -15,8 +15,8 @@ import pytest
 from loopback import run_processes
 
 import specdec_jax as sd
-from specdec_jax.tools import cli
-from specdec_jax.tools.cli import distributed
+from specdec_jax import cli
+from specdec_jax.runtime import distributed
 
 HERE = pathlib.Path(__file__).parent
 DRAFTER = "config:t5_1_1_tiny_drafter"
@@ -83,7 +83,7 @@ def one_process(tmp_path_factory):
 def test_two_processes_decode_a_file_as_one(one_process, mesh, spans):
   argv, one = one_process
   outs = run_processes(lambda i, port: [
-      sys.executable, "-m", "specdec_jax.tools.cli", *argv, "--mesh", mesh,
+      sys.executable, "-m", "specdec_jax.cli", *argv, "--mesh", mesh,
       "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)],
       processes=2, devices=4)
   # stdout holds the outputs alone: gloo's (the CPU collectives') "[Gloo] Rank 0 is
@@ -103,8 +103,8 @@ def test_two_processes_decode_a_file_as_one(one_process, mesh, spans):
 
 def test_a_mesh_of_neither_size_is_an_error(monkeypatch):
   """With several processes --mesh covers every process's devices or this one's."""
-  from specdec_jax.tools.cli import mesh_args
-  from specdec_jax.tools.errors import CLIError
+  from specdec_jax.cli import mesh_args
+  from specdec_jax.errors import CLIError
   monkeypatch.setattr(jax, "process_count", lambda: 2)
   monkeypatch.setattr(jax, "device_count", lambda: 8)
   monkeypatch.setattr(jax, "local_device_count", lambda: 4)

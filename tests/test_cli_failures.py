@@ -17,7 +17,7 @@ import time
 import pytest
 from loopback import device_env, free_port
 
-from specdec_jax.tools.cli import distributed, liveness, supervise
+from specdec_jax.runtime import distributed, liveness, supervise
 
 
 class FakeClient:
@@ -140,7 +140,7 @@ LOST = ("specdec decode: error: lost process 0 (the coordinator at 10.0.0.1:1234
 # A parent that supervises the command in its arguments as process 1 of 2.
 PARENT = """\
 import sys
-from specdec_jax.tools.cli import supervise
+from specdec_jax.runtime import supervise
 sys.exit(supervise.run(sys.argv[1:], supervise.Who(1, 2, "10.0.0.1:1234")))
 """
 
@@ -175,7 +175,7 @@ needs_linux = pytest.mark.skipif(not supervise.supported(), reason="supervision 
 def test_supervisor_replaces_a_jax_abort_with_one_line():
   code, out, err = _supervise(f"""\
 import os, sys
-from specdec_jax.tools.cli import supervise
+from specdec_jax.runtime import supervise
 print("an output", flush=True)
 print("specdec: note: a note", file=sys.stderr, flush=True)
 supervise.joined(1, 2, "10.0.0.1:1234")
@@ -252,7 +252,7 @@ except KeyboardInterrupt:
 # KeyboardInterrupt would break (a traceback and no "interrupted").
 INTERRUPTIBLE = """\
 import os, pathlib, sys, time
-from specdec_jax.tools.cli import supervise
+from specdec_jax.runtime import supervise
 supervise.as_child()
 pathlib.Path({pid_file!r}).write_text(str(os.getpid()))
 try:
@@ -314,7 +314,7 @@ time.sleep(60)
 def test_a_signal_after_the_childs_end_leaves_its_outcome():
   late = """\
 import os, signal
-from specdec_jax.tools.cli import supervise
+from specdec_jax.runtime import supervise
 watch = supervise._watch
 def watch_then_signal(*args):
   ended = watch(*args)
@@ -343,7 +343,7 @@ def test_a_child_that_cannot_start_is_one_error_and_leaks_nothing():
 def test_our_lines_among_jax_dying_lines_are_kept():
   code, _, err = _supervise(f"""\
 import os, sys
-from specdec_jax.tools.cli import supervise
+from specdec_jax.runtime import supervise
 supervise.joined(1, 2, "10.0.0.1:1234")
 sys.stderr.write("W1127 00:37:07.1 4014 gloo.cc:1] a warning\\nits second line\\n")
 sys.stderr.write("specdec: note: ours, after the warning\\n")
@@ -426,7 +426,7 @@ def _start(tmp, port, heartbeat=5):
   prompts.write_text("\n".join(f"{i % 50 + 2} {i % 7 + 3} 9 1" for i in range(LINES)) + "\n")
   procs = []
   for i in range(2):
-    command = [sys.executable, "-m", "specdec_jax.tools.cli", "decode", "--model",
+    command = [sys.executable, "-m", "specdec_jax.cli", "decode", "--model",
                "config:t5_1_1_tiny", "--input-file", str(prompts), "--batch-size", "2",
                "--max-new-tokens", "8", "--output", str(tmp / "out.txt"),
                "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
@@ -488,7 +488,7 @@ def test_losing_process_0_stops_process_1_with_one_line(tmp_path):
 def test_unserved_coordinator_fails_with_one_line(tmp_path):
   port = free_port()
   t0 = time.monotonic()
-  run = subprocess.run([sys.executable, "-m", "specdec_jax.tools.cli", "decode", "--model",
+  run = subprocess.run([sys.executable, "-m", "specdec_jax.cli", "decode", "--model",
                         "config:t5_1_1_tiny", "5 1", "--coordinator", f"127.0.0.1:{port}",
                         "--num-processes", "2", "--process-id", "1",
                         "--coordinator-timeout", "3"],

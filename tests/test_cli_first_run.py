@@ -17,11 +17,11 @@ import pytest
 from conftest import REPO_DIR
 
 import specdec_jax as sd
+from specdec_jax import cli, compilation
+from specdec_jax.cli import decode as decode_cli
+from specdec_jax.cli.prompts import lm_batches
 from specdec_jax.kernels import build, dispatch
 from specdec_jax.models import packing
-from specdec_jax.tools import cli, compilation
-from specdec_jax.tools.cli import decode as decode_cli
-from specdec_jax.tools.prompts import lm_batches
 
 TARGET = "config:t5_1_1_tiny"
 READY = re.compile(r"^specdec: ready in [0-9.]+ s: (\d+) compiled, (\d+) from the cache$",
@@ -116,7 +116,7 @@ def _decode_child(cache_home, *extra, env=()):
                      PYTHONPATH=os.pathsep.join([str(REPO_DIR), os.environ.get("PYTHONPATH",
                                                                                  "")]),
                      **dict(env))
-  run = subprocess.run([sys.executable, "-m", "specdec_jax.tools.cli", "decode", "--model",
+  run = subprocess.run([sys.executable, "-m", "specdec_jax.cli", "decode", "--model",
                         TARGET, "--max-new-tokens", "3", *extra, "5 17 42 1"],
                        env=environment, capture_output=True, text=True, timeout=600)
   assert run.returncode == 0, run.stderr[-3000:]

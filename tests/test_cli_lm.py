@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import specdec_jax as sd
+from specdec_jax import cli
 from specdec_jax.io import checkpoints
 from specdec_jax.io.tokenizer import check_tokenizer, load_tokenizer, train_sentencepiece
-from specdec_jax.tools import cli
 
 tokenizers = pytest.importorskip("tokenizers")
 from test_lm_tokenizer import TEXTS, _gpt2_dir, _llama_spm  # noqa: E402
@@ -261,7 +261,7 @@ def test_eval_perplexity_bad_input(capsys, llama, gpt2, tmp_path):
 
 
 def test_file_prompts_of_an_lm_have_no_eos(gpt2, tmp_path):
-  from specdec_jax.tools.prompts import file_prompts
+  from specdec_jax.cli.prompts import file_prompts
   target, _, tok_dir = gpt2
   tok, config = load_tokenizer(tok_dir), sd.load(str(target)).config
   path = tmp_path / "p.txt"
@@ -405,7 +405,7 @@ def test_two_processes_continue_a_file_as_one(capsys, gpt2, tmp_path, mesh, span
           "--gamma", "3", *COMMON, "--input-file", str(prompts), "--json"]
   one = json.loads(ok(capsys, *argv))
   outs = run_processes(lambda i, port: [
-      sys.executable, "-m", "specdec_jax.tools.cli", *argv, "--mesh", mesh,
+      sys.executable, "-m", "specdec_jax.cli", *argv, "--mesh", mesh,
       "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)],
       processes=2, devices=2)
   printed = [line for line in outs[0].splitlines() if line.startswith('{"outputs"')]

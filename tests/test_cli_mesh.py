@@ -9,8 +9,8 @@ import sys
 import pytest
 from loopback import run_child
 
-from specdec_jax.tools.cli import mesh_args
-from specdec_jax.tools.errors import CLIError
+from specdec_jax.cli import mesh_args
+from specdec_jax.errors import CLIError
 
 HERE = pathlib.Path(__file__).parent
 

@@ -17,8 +17,8 @@ import sys
 import pytest
 from loopback import device_env, run_processes
 
-from specdec_jax.tools import cli
-from specdec_jax.tools.cli import output_file
+from specdec_jax import cli
+from specdec_jax.runtime import output_file
 
 MODEL = "config:t5_1_1_tiny"
 # equal lengths: one compiled shape. 7 rows in batches of 2: 4 batches, the last one short
@@ -30,8 +30,8 @@ FLAGS = ["--model", MODEL, "--sampling", "sample", "--temperature", "1.0", "--se
 # one whole line and half of the next reached the disk.
 CHILD = """
 import os, signal, sys
-from specdec_jax.tools import cli
-from specdec_jax.tools.cli import output_file
+from specdec_jax import cli
+from specdec_jax.runtime import output_file
 kill_at, calls, append = int(sys.argv[1]), [], output_file.OutputFile.append
 def dying_append(self, lines):
   if len(calls) == kill_at:
@@ -135,7 +135,7 @@ def test_resume_refuses_another_runs_file(files, uninterrupted):
 def test_output_paths_are_checked_before_any_model_loads(tmp_path, monkeypatch):
   def no_load(*a, **k):
     raise AssertionError("the model was loaded before the output path was checked")
-  monkeypatch.setattr("specdec_jax.tools.cli.decode.load_target", no_load)
+  monkeypatch.setattr("specdec_jax.cli.decode.load_target", no_load)
   prompts = tmp_path / "p.txt"
   prompts.write_text("5 1\n")
   base = ["decode", "--model", MODEL, "--input-file", str(prompts)]
@@ -198,7 +198,7 @@ def test_two_processes_killed_and_resumed_equal_one_uninterrupted(files, uninter
               "--process-id", str(i), "--heartbeat-timeout", "10"]
       if i == 0 and kill_at is not None:
         return [sys.executable, "-c", CHILD, str(kill_at), *argv, *dist]
-      return [sys.executable, "-m", "specdec_jax.tools.cli", *argv, *dist]
+      return [sys.executable, "-m", "specdec_jax.cli", *argv, *dist]
     return one
 
   with pytest.raises(AssertionError):      # both end non-zero: 0 killed, 1 stopped

@@ -1,5 +1,5 @@
 """`specdec train` / `specdec eval` on a tiny recipe over a synthetic dictionary, and the
-pure helpers of specdec_jax.tools.evaluation."""
+pure helpers of specdec_jax_lab.evaluation."""
 
 import json
 import math
@@ -10,8 +10,9 @@ import pytest
 from test_prepare import write_dictionary
 
 import specdec_jax as sd
-from specdec_jax.tools import cli, evaluation
-from specdec_jax.tools.errors import OptionError
+from specdec_jax import cli
+from specdec_jax.errors import OptionError
+from specdec_jax_lab import evaluation
 
 VOCAB = 120
 LIMIT = 16     # test pairs evaluated: two batches of 8 (the second one padded)

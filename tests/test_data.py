@@ -1,11 +1,11 @@
-"""Tests for specdec_jax.tools.data.de_en (parser on literal lines; real file if installed)."""
+"""Tests for specdec_jax_lab.data.de_en (parser on literal lines; real file if installed)."""
 
 import pathlib
 import random
 
 import pytest
 
-from specdec_jax.tools.data import (
+from specdec_jax_lab.data import (
   DEFAULT_PATH,
   DataError,
   MissingDataError,

@@ -13,7 +13,7 @@ from conftest import DEMO_SENTENCES
 
 import specdec_jax as sd
 from specdec_jax import package_data
-from specdec_jax.tools import demo
+from specdec_jax_lab import demo
 
 pytestmark = pytest.mark.skipif(
     "demo-de-en-large" not in package_data.separate_groups(),
@@ -66,7 +66,7 @@ def test_readme_main_command(capsys):
   import re
   import shlex
 
-  from specdec_jax.tools import cli
+  from specdec_jax import cli
   readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
   line = next(s for s in readme.splitlines() if "specdec decode --model demo-de-en-large" in s)
   argv = shlex.split(line[line.index("specdec decode") + len("specdec "):])

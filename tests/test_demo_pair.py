@@ -16,9 +16,8 @@ from conftest import DEMO_PAIRS, DEMO_SENTENCES
 from test_cli import assert_same_stats
 
 import specdec_jax as sd
-from specdec_jax import package_data
-from specdec_jax.tools import cli
-from specdec_jax.tools.training import shift_right
+from specdec_jax import cli, package_data
+from specdec_jax_lab.training import shift_right
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,11 @@ from test_cli_train_eval import TRAIN, run, write_recipe
 from test_prepare import write_dictionary
 
 import specdec_jax as sd
+from specdec_jax import cli
 from specdec_jax.drafters.heads import fingerprint
-from specdec_jax.tools import cli, demo
-from specdec_jax.tools.errors import TrainingError
-from specdec_jax.tools.report import read_json
+from specdec_jax.runtime.report import read_json
+from specdec_jax_lab import demo
+from specdec_jax_lab.errors import TrainingError
 
 ALIGN = {**TRAIN, "steps": 6, "checkpoint_every": 6}
 
@@ -40,7 +41,7 @@ def with_sections(tmp_path, base_recipe, **sections):
 
 def test_shipped_recipes_keep_their_stages():
   """configs/demo runs the stages it always ran; configs/demo-large its own (all valid)."""
-  from specdec_jax.tools.cli import train
+  from specdec_jax_lab.commands import train
   demo_recipe = read_json(demo.REPO / "configs/demo/train.json", "recipe")
   assert demo.recipe_stages(demo_recipe) == (
       "data", "target", "drafter", "aligned", "distilled", "heads", "early_exit", "bundle")
@@ -131,7 +132,7 @@ def test_recipe_errors_for_the_new_stages(base, tmp_path, capsys):
                          "--stages", stages)
     assert code == 1 and message in err and "Traceback" not in err, err
   # "aligned" with an init needs no drafter section; without one it does
-  from specdec_jax.tools.cli import train
+  from specdec_jax_lab.commands import train
   no_drafter = {k: v for k, v in recipe.items() if k != "drafter"}
   train.read_recipe(str(with_sections(tmp_path, no_drafter,
                                       aligned={"init": str(init), **ALIGN})), ("aligned",))

@@ -10,10 +10,9 @@ import shlex
 import pytest
 
 import specdec_jax as sd
-from specdec_jax import package_data
+from specdec_jax import cli, package_data
 from specdec_jax.io.checkpoints import resolve
 from specdec_jax.io.tokenizer import bundled_tokenizers
-from specdec_jax.tools import cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

@@ -1,4 +1,4 @@
-"""specdec_jax.tools.hf_compare: our decoding side by side with transformers on the same weights."""
+"""specdec_jax_lab.hf_compare: our decoding side by side with transformers on the same weights."""
 
 import json
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import specdec_jax as sd
-from specdec_jax.tools import hf_compare
+from specdec_jax_lab import hf_compare
 
 pytest.importorskip("torch", reason="needs the interop extra (torch, transformers)")
 pytest.importorskip("transformers")

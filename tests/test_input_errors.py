@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import specdec_jax as sd
+from specdec_jax import cli
 from specdec_jax.io import checkpoints as ckpt
 from specdec_jax.rounds import engine, inputs
-from specdec_jax.tools import cli
 
 PAIRS = pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl"
 ENC = np.array([[5, 17, 42, 1], [7, 8, 1, 0]], np.int32)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import specdec_jax as sd
-from specdec_jax.tools import evaluation
+from specdec_jax_lab import evaluation
 
 pytest.importorskip("tokenizers")
 
@@ -65,8 +65,8 @@ def test_trained_target_is_better_than_drafter_and_a_shuffled_control(pair):
 def test_convert_to_hf_carries_the_groups_tokenizer(tmp_path, capsys):
   """`specdec convert demo-en-lm/drafter DST --to hf`: the bundled group's tokenizer.json
   and tokenizer_config.json go along, so DST loads as model and tokenizer alike."""
+  from specdec_jax import cli
   from specdec_jax.io import checkpoints
-  from specdec_jax.tools import cli
   assert cli.main(["convert", "demo-en-lm/drafter", str(tmp_path), "--to", "hf"]) == 0, \
       capsys.readouterr().err
   assert {p.name for p in tmp_path.iterdir()} == {

@@ -13,8 +13,12 @@ from test_prepare import write_dictionary  # noqa: E402
 
 import specdec_jax as sd  # noqa: E402
 from specdec_jax.io.tokenizer import HFTokenizer, check_tokenizer  # noqa: E402
-from specdec_jax.tools import evaluation, lm_demo, training  # noqa: E402
-from specdec_jax.tools.errors import DataError, EvaluationError  # noqa: E402
+from specdec_jax_lab import (
+  evaluation,
+  lm_demo,
+  training,  # noqa: E402
+)
+from specdec_jax_lab.errors import DataError, EvaluationError  # noqa: E402
 
 TINY = {"family": "llama", "vocab_size": 64, "emb_dim": 32, "num_layers": 1, "num_heads": 2,
         "num_kv_heads": 1, "mlp_dim": 64, "max_positions": 32}

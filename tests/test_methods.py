@@ -155,9 +155,9 @@ def test_tools_cli_and_bench_derive_from_the_core_fields():
   from flax import struct
 
   from specdec_jax import methods as core
-  from specdec_jax.tools import decode_methods as tools
-  from specdec_jax.tools.bench import method_specs as bench_methods
-  from specdec_jax.tools.cli import method_args
+  from specdec_jax import runs as tools
+  from specdec_jax.cli import method_args
+  from specdec_jax_lab.bench import method_specs as bench_methods
 
   @struct.dataclass
   class Patient(core.BiLD):

@@ -138,7 +138,7 @@ def test_demo_wheels_assets_stay_under_the_index_limit():
   stay under the package index's 100 MB file limit (with 5 MB for the code and metadata).
   (specdec-jax-demo-small's wheel is built and measured in tests/test_packaging.py.)"""
   assets = DEMO_PACKAGE / "specdec_jax_demo" / "assets"
-  from specdec_jax.tools.demo import compressed_mb
+  from specdec_jax_lab.demo import compressed_mb
   if not assets.is_dir():
     pytest.skip(f"{assets.relative_to(REPO)} holds no models yet (the bundle stage writes them)")
   assert compressed_mb(assets) < 95.0

@@ -177,7 +177,7 @@ def test_wheel_is_code_with_configs_and_kernel_sources(wheel):
 
 @pytest.mark.slow
 def test_demo_wheel_ships_every_model_under_the_index_limit(demo_wheel):
-  from specdec_jax.tools.demo import MAX_WHEEL_MB
+  from specdec_jax_lab.demo import MAX_WHEEL_MB
   with zipfile.ZipFile(demo_wheel) as z:
     names = set(z.namelist())
     metadata = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()

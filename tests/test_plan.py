@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 import specdec_jax as sd
+from specdec_jax import cli
 from specdec_jax import methods as core
+from specdec_jax import plan as plan_lib
 from specdec_jax.cache import cache_bytes as real_cache_bytes
 from specdec_jax.errors import ConfigError
-from specdec_jax.tools import cli
-from specdec_jax.tools import plan as plan_lib
 
 TINY, DRAFTER = sd.get_config("t5_1_1_tiny"), sd.get_config("t5_1_1_tiny_drafter")
 ONE = plan_lib.abstract_mesh(1, 1)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from specdec_jax.io.tokenizer import EOS_ID, load_tokenizer
-from specdec_jax.tools.data import de_en, prepare
+from specdec_jax_lab.data import de_en, prepare
 
 WORDS = [("Hund", "dog"), ("Katze", "cat"), ("Haus", "house"), ("Baum", "tree"),
          ("Wasser", "water"), ("Brot", "bread"), ("rot", "red"), ("grün", "green"),

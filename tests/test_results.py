@@ -1,4 +1,4 @@
-"""specdec_jax.tools.results: the demo-pair results pipeline on a tiny synthetic workdir."""
+"""specdec_jax_lab.results: the demo-pair results pipeline on a tiny synthetic workdir."""
 
 import json
 import pathlib
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import specdec_jax as sd
+from specdec_jax.cli.costs import verify_cost_text
 from specdec_jax.io.tokenizer import train_sentencepiece
-from specdec_jax.tools import results as R
-from specdec_jax.tools.costs import verify_cost_text
-from specdec_jax.tools.data import de_en, prepare
+from specdec_jax_lab import results as R
+from specdec_jax_lab.data import de_en, prepare
 
 WORDS_DE = "der die das haus hund katze baum wasser brot gut klein gross rot blau".split()
 WORDS_EN = "the the the house dog cat tree water bread good small big red blue".split()
@@ -100,7 +100,7 @@ def test_pipeline_writes_json_md_png_and_greedy_bleu_matches(workdir, tmp_path):
 
 @pytest.mark.slow
 def test_quality_table_every_model_alone_on_the_split(workdir, tmp_path):
-  from specdec_jax.tools import evaluation
+  from specdec_jax_lab import evaluation
   q = R.run_quality(workdir, batch_size=4, progress=False)
   assert [(r["model"], r["method"]) for r in q["rows"]] == [
       ("target", "greedy"), ("target", "sampling (T=1)"), ("drafter", "greedy")]
@@ -159,8 +159,8 @@ def test_larger_pair_tables_by_name_in_bfloat16(workdir, tmp_path):
   spliced from it; greedy output still the target's."""
   import shutil
 
-  from specdec_jax.tools.results import __main__ as main
-  from specdec_jax.tools.results import headline
+  from specdec_jax_lab.results import __main__ as main
+  from specdec_jax_lab.results import headline
   work = shutil.copytree(workdir, tmp_path / "work")
   shutil.copytree(work / "drafter", work / "aligned_small")
   readme = tmp_path / "README.md"

@@ -21,7 +21,7 @@ from typing import ClassVar
 import jax
 import pytest
 
-from specdec_jax.tools import cli
+from specdec_jax import cli
 
 HERE = pathlib.Path(__file__).parent
 SENTENCES = 2000

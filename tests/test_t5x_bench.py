@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax.tools import t5x_bench
+from specdec_jax_lab import t5x_bench
 
 SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "compare_t5x.py"
 
@@ -137,7 +137,7 @@ def test_compare_script_passes_the_dtype_through(monkeypatch, tmp_path):
   """--dtype reaches both the loader and the comparison (no T5X: both stubbed)."""
   import importlib.util
 
-  from specdec_jax.tools import models
+  from specdec_jax.cli import models
   spec = importlib.util.spec_from_file_location("compare_t5x", SCRIPT)
   script = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(script)
@@ -162,7 +162,7 @@ def test_bfloat16_compare_model_computes_in_bfloat16():
   bfloat16 activations (what sd.load(dtype="bfloat16") gives)."""
   import jax
 
-  from specdec_jax.tools.models import load_model
+  from specdec_jax.cli.models import load_model
   loaded = load_model("config:t5_1_1_tiny", "bfloat16")
   model = t5x_bench._compare_model(loaded, "bfloat16")
   assert model.config.dtype == "bfloat16"

@@ -8,10 +8,10 @@ import time
 import pytest
 
 from specdec_jax import theory
-from specdec_jax.tools import costs
-from specdec_jax.tools.cli.decode import _compare_block
-from specdec_jax.tools.results import headline
-from specdec_jax.tools.results.report import markdown_table
+from specdec_jax.cli import costs
+from specdec_jax.cli.decode import _compare_block
+from specdec_jax_lab.results import headline
+from specdec_jax_lab.results.report import markdown_table
 
 
 def _compare(verify_cost):

@@ -1,4 +1,4 @@
-"""The pieces every tool shares (specdec_jax.tools.*): one aggregator, padded batches, the
+"""The pieces every tool shares (the CLI and the lab): one aggregator, padded batches, the
 decode-method dispatch, sampling options, drafter names, timing rotation, files, errors."""
 
 import inspect
@@ -11,10 +11,12 @@ import pytest
 from conftest import peaked, perturbed, ragged_tokens
 
 import specdec_jax as sd
+from specdec_jax import errors
+from specdec_jax import runs as methods
+from specdec_jax.batching import Batch, cycled_rows, pad_rows, padded_batches, trim_padding
+from specdec_jax.cli import models, options, timing
 from specdec_jax.rounds import stats as stats_lib
-from specdec_jax.tools import decode_methods as methods
-from specdec_jax.tools import errors, models, options, report, timing
-from specdec_jax.tools.batching import Batch, cycled_rows, pad_rows, padded_batches, trim_padding
+from specdec_jax.runtime import report
 
 GAMMA, MAX_NEW = 3, 8
 
@@ -313,24 +315,29 @@ def test_atomic_writes_and_file_errors(tmp_path):
 
 
 def test_every_tool_error_is_a_specdec_error():
-  classes = [c for _, c in inspect.getmembers(errors, inspect.isclass)
-             if c.__module__ == errors.__name__]
-  assert len(classes) >= 13
+  from specdec_jax_lab import errors as lab_errors
+  classes = [c for module in (errors, lab_errors)
+             for _, c in inspect.getmembers(module, inspect.isclass)
+             if c.__module__ == module.__name__]
+  assert len(classes) >= 19
   for cls in classes:
     assert issubclass(cls, sd.SpecdecError) and issubclass(cls, ValueError), cls
-  assert issubclass(errors.MissingDataError, FileNotFoundError)
-  assert issubclass(errors.T5XSourceError, errors.CompareError)
-  from specdec_jax.tools import bench, data, evaluation, hf_compare, results, t5x_bench, training
+  assert issubclass(lab_errors.MissingDataError, FileNotFoundError)
+  assert issubclass(lab_errors.T5XSourceError, lab_errors.CompareError)
+  for cls in vars(lab_errors).values():
+    if isinstance(cls, type) and cls.__module__ == lab_errors.__name__:
+      assert issubclass(cls, errors.ToolError), cls
+  from specdec_jax_lab import bench, data, evaluation, hf_compare, results, t5x_bench, training
   for module, name in ((bench, "BenchError"), (evaluation, "EvaluationError"),
                        (hf_compare, "CompareError"), (results, "ResultsError"),
                        (t5x_bench, "T5XSourceError"), (training, "TrainingError"),
                        (data, "DataError"), (data, "MissingDataError")):
-    assert getattr(module, name) is getattr(errors, name)
+    assert getattr(module, name) is getattr(lab_errors, name)
 
 
 def test_sweep_pick_and_table1_read_the_bleu_drop():
-  from specdec_jax.tools import sweep
-  from specdec_jax.tools.errors import SweepError
+  from specdec_jax_lab import sweep
+  from specdec_jax_lab.errors import SweepError
   point = lambda label, group, bleu, speedup: {
       "label": label, "group": group, "bleu": bleu, "bleu_drop": 10.0 - bleu,
       "speedup": speedup, "fallback_rate": 0.5, "rollback_rate": 0.1}
@@ -352,8 +359,8 @@ def test_sweep_settings_record_the_config_that_resume_compares():
   """The command line becomes `BildSweep` / `BlockwiseSweep` once; the `config` they record
   keeps the keys (and order) of the results written before, so --resume reads those; bad
   flags are refused before any model is loaded."""
-  from specdec_jax.tools import cli
-  from specdec_jax.tools.cli import sweep
+  from specdec_jax import cli
+  from specdec_jax_lab.commands import sweep
   argv = ["sweep-bild", "--data", "pairs.jsonl", "--small", "a=b", "--fallback", "0.5,inf",
           "--out", "o"]
   args = cli.build_parser().parse_args(argv)

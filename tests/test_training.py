@@ -1,4 +1,4 @@
-"""specdec_jax.tools.training on a tiny model: optimisation, exact Orbax resume, batch order,
+"""specdec_jax_lab.training on a tiny model: optimisation, exact Orbax resume, batch order,
 distillation, shift_right."""
 
 import dataclasses
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import specdec_jax as sd
-from specdec_jax.tools import training
+from specdec_jax_lab import training
 
 CONFIG = sd.get_config("t5_1_1_tiny").replace(
     vocab_size=64, emb_dim=32, mlp_dim=64, num_heads=2, head_dim=16,

@@ -3,7 +3,7 @@
 A line `<!-- results: demo/quality.md -->` in a page is replaced by that file under
 results/ (its first `# ` title dropped). Images the file links to are published with the
 site and their links rewritten relative to the page. A missing file fails the build: the
-tables are rebuilt by `python -m specdec_jax.tools.results`.
+tables are rebuilt by `python -m specdec_jax_lab.results`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def _table(rel: str) -> tuple[str, list[str]]:
   path = (RESULTS / rel).resolve()
   if RESULTS.resolve() not in path.parents or not path.is_file():
     raise PluginError(f"results/{rel} is missing: rebuild it with "
-                      "`python -m specdec_jax.tools.results` (see docs/benchmarks.md)")
+                      "`python -m specdec_jax_lab.results` (see docs/benchmarks.md)")
   lines = path.read_text().splitlines()
   if lines and lines[0].startswith("# "):
     lines = lines[1:]

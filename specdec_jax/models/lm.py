@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import cache as cache_lib
+from specdec_jax.batching import prompt_lengths  # noqa: F401  (lm.prompt_lengths)
 from specdec_jax.config.lm import LMConfig
 from specdec_jax.errors import InputError
 from specdec_jax.models.layers import (
@@ -63,25 +64,6 @@ Array = jax.Array
 
 
 # ----------------------------------------------------------------------------- prompts
-
-
-def prompt_lengths(tokens, pad_id: int) -> np.ndarray:
-  """Per-row lengths of right-padded prompts [B, P]: one past the last id != `pad_id`.
-
-  A row that is all `pad_id` is an error (a prompt needs at least one token). Pass the
-  lengths explicitly when a prompt may end in the pad id (GPT-2 pads with its EOS).
-  """
-  if isinstance(tokens, jax.core.Tracer):
-    raise InputError("prompt lengths cannot be computed from traced tokens (inside jit): "
-                     "pass lengths=")
-  arr = np.asarray(tokens)
-  real = arr != pad_id
-  lengths = np.where(real.any(axis=1), arr.shape[1] - np.argmax(real[:, ::-1], axis=1), 0)
-  if np.any(lengths < 1):
-    rows = np.flatnonzero(lengths < 1).tolist()
-    raise InputError(f"prompt rows {rows[:8]} hold only the pad id {pad_id}: a prompt needs at "
-                     "least one token (or pass lengths=)")
-  return lengths.astype(np.int32)
 
 
 def first_tokens(tokens: Array, lengths: Array) -> Array:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from specdec_jax.tools.cli import train
+from specdec_jax_lab.commands import train
 
 pytestmark = pytest.mark.unit
 

@@ -23,19 +23,24 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("package_data",),          # files shipped as package data (named configs, assets)
     ("config",),                # T5Config, LMConfig and their shared base
     ("kernels",),               # the products' backends (C++ FFI, Pallas, XLA)
-    ("cache", "sampling", "theory"),
+    ("batching", "cache", "compilation", "sampling", "theory"),
     ("models",),                # T5 and decoder-only networks, the Model pytree
     ("io",),                    # checkpoints and tokenizers
     ("sharding",),              # meshes, placing and loading a Model onto one
     ("rounds",),                # the round engine, acceptance rules, buffer, statistics
     ("drafters",),              # proposers that plug into the engine
     ("methods",),               # method values, their wirings, decode, the functional API
+    ("plan", "runs"),           # memory plans; runs of a method over a corpus
     ("testing",),               # scripted proposers and table models for tests
     ("",),                      # specdec_jax/__init__.py: the public `sd` namespace
-    ("tools",),                 # CLI, bench, results, training, comparisons
+    ("runtime",),               # several processes, output files, streams
+    ("cli",),                   # the `specdec` command: parse flags, call the library
 )
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 ROOT = pathlib.Path(specdec_jax.__file__).parent
+REPO = ROOT.parent
+LAB = REPO / "packages" / "specdec-jax-lab" / "specdec_jax_lab"
+API_INDEX = REPO / "docs" / "api" / "index.md"
 
 
 def module_name(path: pathlib.Path, root: pathlib.Path) -> str:
@@ -155,3 +160,70 @@ def test_the_checks_see_function_local_imports_and_cycles(tmp_path):
   assert back_edges(graph) == ["specdec_jax.rounds.engine (rounds) imports "
                                "specdec_jax.methods.values (methods)"]
   assert cycles(graph) == [["specdec_jax.methods.values", "specdec_jax.methods.wiring"]]
+
+
+# ----------------------------------------------------------------------------- the lab
+
+
+def public_modules(index: pathlib.Path = API_INDEX) -> set[str]:
+  """The library's public modules: the backticked `specdec_jax...` names of the "Public
+  modules" section of docs/api/index.md (a name ending in `.*` covers its submodules)."""
+  text = index.read_text(encoding="utf-8")
+  section = text.split("## Public modules", 1)[1].split("\n## ", 1)[0]
+  return {part for part in section.split("`")[1::2] if part.startswith("specdec_jax")}
+
+
+def is_public(module: str, public: set[str]) -> bool:
+  return module in public or any(
+      p.endswith(".*") and (module == p[:-2] or module.startswith(p[:-1])) for p in public)
+
+
+def library_imports(root: pathlib.Path) -> dict[str, set[str]]:
+  """{lab module: the specdec_jax modules it imports, as written}, every import statement
+  (module level or function-local): `from a.b import c` counts as a.b (or a.b.c when that
+  is a module of the library)."""
+  modules = {module_name(p, ROOT) for p in ROOT.rglob("*.py")}
+  found: dict[str, set[str]] = {}
+  for path in sorted(root.rglob("*.py")):
+    edges = found.setdefault(str(path.relative_to(root)), set())
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+      if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+      elif isinstance(node, ast.ImportFrom) and not node.level:
+        base = node.module or ""
+        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                 for a in node.names]
+      else:
+        continue
+      edges.update(n for n in names if n == "specdec_jax" or n.startswith("specdec_jax."))
+  return found
+
+
+def private_imports(root: pathlib.Path, public: set[str]) -> list[str]:
+  return [f"{source} imports {target}" for source, targets in library_imports(root).items()
+          for target in sorted(targets) if not is_public(target, public)]
+
+
+def test_the_lab_uses_only_the_public_api():
+  """The lab (packages/specdec-jax-lab) imports specdec_jax through `sd` and the public
+  modules of docs/api/index.md only: what it needs is what any user gets."""
+  public = public_modules()
+  assert "specdec_jax" in public and "specdec_jax.errors" in public
+  assert private_imports(LAB, public) == []
+
+
+def test_the_public_modules_exist():
+  import importlib
+  for name in public_modules():
+    importlib.import_module(name.removesuffix(".*"))
+
+
+def test_the_lab_check_sees_a_private_import(tmp_path):
+  """Negative control: a lab module importing the engine's internals (function-local)."""
+  (tmp_path / "x.py").write_text(
+      "import specdec_jax as sd\n"
+      "def f():\n  from specdec_jax.rounds.inputs import as_rng\n  return as_rng\n")
+  public = {"specdec_jax", "specdec_jax.cli.*"}
+  assert private_imports(tmp_path, public) == ["x.py imports specdec_jax.rounds.inputs"]
+  (tmp_path / "x.py").write_text("from specdec_jax.cli import prompts\n")
+  assert private_imports(tmp_path, public) == []

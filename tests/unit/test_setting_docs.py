@@ -10,8 +10,8 @@ from flax import struct
 
 import specdec_jax as sd
 from specdec_jax import methods
+from specdec_jax.cli import method_args
 from specdec_jax.rounds import engine
-from specdec_jax.tools.cli import method_args
 
 pytestmark = pytest.mark.unit
 

@@ -1,0 +1,19 @@
+"""`specdec results ...` is `python -m specdec_jax_lab.results ...`: rebuild the tables under
+results/ (see that module for the tables and flags)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add(subparsers) -> None:
+  p = subparsers.add_parser(
+      "results", add_help=False, help="rebuild the tables under results/ (--help for the flags)",
+      description="python -m specdec_jax_lab.results")
+  p.add_argument("rest", nargs=argparse.REMAINDER)
+  p.set_defaults(func=run)
+
+
+def run(args) -> int:
+  from specdec_jax_lab.results.__main__ import main
+  return main(args.rest)

@@ -1,0 +1,101 @@
+"""Rows of token ids to batches: padded rows, fixed-size batches, cycled rows.
+
+    batches = padded_batches(inputs, 8)     # [Batch(tokens [8, L], real 8), ..., Batch(.., real 3)]
+    outputs = [decode(b.tokens) for b in batches]
+    stats.merge_outputs(outputs, [b.real for b in batches])   # padding rows dropped
+
+Every batch has `batch_size` rows, so one compiled decode serves a whole corpus: the
+last one is filled with copies of its final row (a real prompt, so the decoder's input
+checks pass and the real rows' greedy outputs are unchanged), and `real` counts the rows
+that are not padding.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import jax
+import numpy as np
+
+from specdec_jax.errors import InputError
+
+
+class Batch(NamedTuple):
+  """tokens: int32 [batch_size, L]; real: its first `real` rows are inputs, the rest padding."""
+
+  tokens: np.ndarray
+  real: int
+
+
+def padded_batches(inputs: np.ndarray, batch_size: int) -> list[Batch]:
+  """`inputs` [N, L] in batches of `batch_size` rows, the last padded by repeating its final row.
+
+  >>> [(b.tokens[:, 0].tolist(), b.real) for b in padded_batches(np.arange(5)[:, None], 2)]
+  [([0, 1], 2), ([2, 3], 2), ([4, 4], 1)]
+  """
+  inputs = np.asarray(inputs)
+  out = []
+  for i in range(0, len(inputs), batch_size):
+    chunk = inputs[i:i + batch_size]
+    real = len(chunk)
+    if real < batch_size:
+      chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch_size - real, 0)])
+    out.append(Batch(chunk, real))
+  return out
+
+
+def cycled_rows(rows: np.ndarray, batch: int) -> np.ndarray:
+  """The first `batch` rows of `rows` [N, L], cycling when N < batch (same rows for every B)."""
+  rows = np.asarray(rows)
+  return rows[np.arange(batch) % len(rows)]
+
+
+def pad_rows(rows: Sequence[Sequence[int] | np.ndarray] | np.ndarray,
+             length: int | None = None) -> np.ndarray:
+  """Rows of ids -> int32 [N, length] right-padded with 0 and cut at `length`
+  (default: the longest row, at least 1)."""
+  if length is None:
+    length = max([len(r) for r in rows] + [1])
+  out = np.zeros((len(rows), length), np.int32)
+  for i, row in enumerate(rows):
+    r = np.asarray(row)[:length]
+    out[i, :len(r)] = r
+  return out
+
+
+def bucket_width(used: int, limit: int) -> int:
+  """The width of a batch whose prompts use `used` columns: the next power of two from 8,
+  at most `limit` (the whole input's width) and at least `used`. A corpus in small batches
+  then compiles its decode for a few widths, not one per prompt length; the extra pad
+  columns are masked (the outputs stay the same, bitwise).
+
+  >>> [bucket_width(n, 40) for n in (1, 8, 9, 13, 17, 33, 40)]
+  [8, 8, 16, 16, 32, 40, 40]
+  """
+  return max(used, min(limit, max(8, 1 << max(used - 1, 0).bit_length())))
+
+
+def trim_padding(tokens: np.ndarray) -> np.ndarray:
+  """Drop all-pad (0) trailing columns down to a `bucket_width`: a batch of short prompts
+  need not pay for a long one, and batches of similar lengths share one compiled shape."""
+  used = np.flatnonzero(np.any(np.asarray(tokens) != 0, axis=0))
+  return tokens[:, :bucket_width(int(used[-1]) + 1 if used.size else 1, tokens.shape[1])]
+
+
+def prompt_lengths(tokens, pad_id: int) -> np.ndarray:
+  """Per-row lengths of right-padded prompts [B, P]: one past the last id != `pad_id`.
+
+  A row that is all `pad_id` is an error (a prompt needs at least one token). Pass the
+  lengths explicitly when a prompt may end in the pad id (GPT-2 pads with its EOS).
+  """
+  if isinstance(tokens, jax.core.Tracer):
+    raise InputError("prompt lengths cannot be computed from traced tokens (inside jit): "
+                     "pass lengths=")
+  arr = np.asarray(tokens)
+  real = arr != pad_id
+  lengths = np.where(real.any(axis=1), arr.shape[1] - np.argmax(real[:, ::-1], axis=1), 0)
+  if np.any(lengths < 1):
+    rows = np.flatnonzero(lengths < 1).tolist()
+    raise InputError(f"prompt rows {rows[:8]} hold only the pad id {pad_id}: a prompt needs at "
+                     "least one token (or pass lengths=)")
+  return lengths.astype(np.int32)

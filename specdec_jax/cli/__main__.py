@@ -1,0 +1,7 @@
+"""`python -m specdec_jax.cli ...` is `specdec ...`."""
+
+import sys
+
+from specdec_jax.cli import main
+
+sys.exit(main())

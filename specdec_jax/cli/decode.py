@@ -1,0 +1,552 @@
+"""`specdec decode`: decode prompts with a model: baseline, speculative, BiLD or blockwise.
+
+A T5 model translates each prompt (its encoder input); a decoder-only model (GPT-2,
+Llama-style) continues it: the prompt is encoded without EOS (BOS as the tokenizer's
+convention has it), batches are right-padded, each row's prompt length is passed on
+(`prompt_lengths`), and the output is the continuation alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import sys
+import time
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+import specdec_jax as sd
+from specdec_jax.batching import Batch, bucket_width, padded_batches, trim_padding
+from specdec_jax.cli.args import DefaultsHelpFormatter, add_drafter_flag, add_dtype_flag
+from specdec_jax.cli.costs import (
+  VERIFY_NOISE_NOTE,
+  CostTiming,
+  explain_run,
+  verify_cost_text,
+)
+from specdec_jax.cli.demo_notes import demo_note
+from specdec_jax.cli.mesh_args import (
+  add_mesh_flag,
+  check_batch,
+  load_target,
+  mesh_batch,
+  mesh_from_flag,
+  place_method,
+)
+from specdec_jax.cli.method_args import (
+  MethodChoice,
+  add_method_flags,
+  method_from_args,
+  placed_method,
+)
+from specdec_jax.cli.models import drafter_loader, note, resolve_drafter
+from specdec_jax.cli.options import check_at_least_one
+from specdec_jax.cli.prompts import (
+  encode_lm_prompts,
+  encode_prompts,
+  lm_batches,
+  lm_token_budget,
+  missing_eos,
+  read_prompt_lines,
+)
+from specdec_jax.cli.timing import is_exact, ms_per_token, time_rounds
+from specdec_jax.compilation import announce_kernel_build, compiling, use_persistent_cache
+from specdec_jax.errors import CLIError
+from specdec_jax.models.model import family
+from specdec_jax.runs import EXTRA_STATS, Baseline, decode_corpus
+from specdec_jax.runtime import liveness, output_file
+from specdec_jax.runtime.distributed import (
+  Processes,
+  add_distributed_flags,
+  gather_corpus,
+  gather_max,
+  initialize,
+  local_batches,
+  process_rows,
+  processes_from_args,
+)
+from specdec_jax.runtime.report import fmt, to_jsonable
+from specdec_jax.runtime.streams import emit
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DecodeRun:
+  """What `specdec decode` decodes and how, beside the method (`MethodChoice`).
+
+  Attributes:
+    model: the target: a checkpoint dir, a bundled name or config:NAME.
+    tokenizer: prompts are text for it (None: token ids).
+    prompts: the prompts given as arguments ("-": stdin).
+    input_file: a file of prompts, one per line ("-": stdin).
+    max_new_tokens: tokens decoded per prompt at most.
+    batch_size: prompts per decode call (None: all of them).
+    seed: the PRNG seed of sampling.
+    dtype: the models' compute dtype.
+    mesh: "data=D,model=M" (None: one device).
+    warmup: decode once untimed first, so the timing excludes compilation.
+    stats: print the decode statistics (stderr).
+    compare: also time the target alone on the same inputs.
+    json: print one JSON object instead of lines.
+    processes: how this process joins others (`jax.distributed`).
+    output: write the outputs to this file as each batch finishes (None: stdout).
+    resume: continue an interrupted `output` file.
+    compile_cache: keep compiled programs in JAX's persistent cache (per user).
+    compile_cache_dir: where (set by `decode` from `compile_cache`; None: off).
+  """
+
+  model: str
+  tokenizer: str | None = None
+  prompts: tuple[str, ...] = ()
+  input_file: str | None = None
+  max_new_tokens: int = 64
+  batch_size: int | None = None
+  seed: int = 0
+  dtype: str = "float32"
+  mesh: str | None = None
+  warmup: bool = True
+  stats: bool = False
+  compare: bool = False
+  json: bool = False
+  processes: Processes = Processes()
+  output: str | None = None
+  resume: bool = False
+  compile_cache: bool = True
+  compile_cache_dir: str | None = None
+
+  def __post_init__(self):
+    check_at_least_one(max_new_tokens=self.max_new_tokens, batch_size=self.batch_size)
+    if self.resume and not self.output:
+      raise CLIError("--resume continues an --output file: give --output")
+
+
+def from_args(args) -> tuple[MethodChoice, DecodeRun]:
+  """The typed settings of the flags, checked before any model is loaded: where the
+  command line's namespace stops."""
+  method = method_from_args(args)
+  return method, DecodeRun(
+      model=args.model, tokenizer=args.tokenizer, prompts=tuple(args.prompts),
+      input_file=args.input_file, max_new_tokens=args.max_new_tokens,
+      batch_size=args.batch_size, seed=args.seed, dtype=args.dtype, mesh=args.mesh,
+      warmup=args.warmup, stats=args.stats, compare=args.compare, json=args.json,
+      processes=processes_from_args(args), output=args.output, resume=args.resume,
+      compile_cache=args.compile_cache)
+
+
+def _stats_block(stats: dict[str, Any], timing: dict[str, Any], method) -> str:
+  def f(x, digits=3):
+    return fmt(x, digits, missing="n/a")
+  lines = ["-- specdec decode statistics --",
+           f"method               {timing['method']}",
+           f"prompts              {timing['prompts']} (batches of {timing['batch_size']})",
+           f"generated tokens     {timing['generated_tokens']}"]
+  if "compare" in timing:   # one figure per quantity: the comparison's medians, below
+    lines.append("timing               see 'speed' below (medians of alternating rounds)")
+  else:
+    lines += [f"wall time            {timing['wall_s']:.3f} s, one timed run"
+              + (" (compilation excluded)" if timing["warmup"] else
+                 " (INCLUDES compilation: --no-warmup)"),
+              f"tokens/s             {f(timing['tokens_per_s'], 1)}",
+              f"ms/token             {f(timing['ms_per_token'], 2)}   (wall time / generated "
+              "tokens, summed over rows)"]
+  lines += [f"target calls         {int(stats['target_calls'])} per-row verifier calls, "
+           f"{int(stats['rounds'])} batched rounds",
+           f"tokens/target call   {f(stats['tokens_per_target_call'])}   (per row)"]
+  if method.kind == "speculative":
+    lines += [f"drafter calls        {int(stats['drafter_calls'])}",
+              f"acceptance rate      {f(stats['acceptance_rate'])}   (accepted / drafted)",
+              f"alpha                {f(stats['alpha'])}   (mean of sum_x min(p, q))"]
+    if bool(stats.get("lossy", False)):
+      lines.append(f"lenience             {stats['lenience']} (LOSSY: output distribution "
+                   "differs from the target's)")
+  for key in EXTRA_STATS.get(method.kind, ()):
+    if key in stats:
+      lines.append(f"{key:<20} {f(stats[key])}")
+  if method.kind == "bild":
+    lines.append(f"small-model calls    {int(stats['drafter_calls'])}   (BiLD is LOSSY by design)")
+  return "\n".join(lines)
+
+
+def _format_output(row: list[int], tokenizer) -> str | list[int]:
+  if tokenizer is None:
+    return row
+  # A model's embedding may be padded beyond the tokenizer's vocabulary (T5: 32128 vs
+  # 32100); such ids have no text, show them as <unk> (dropped if it has none).
+  ids = np.asarray(row, np.int64)
+  if tokenizer.unk_id is None:
+    ids = ids[ids < tokenizer.vocab_size]
+  ids = np.where(ids < tokenizer.vocab_size, ids, tokenizer.unk_id)
+  return tokenizer.decode_continuations(ids[None])[0]
+
+
+class Prompts(NamedTuple):
+  """The encoded prompts: T5 encoder tokens [N, L] (0-padded, `lengths` None), or a
+  decoder-only model's right-padded prompts [N, P] and their lengths [N]."""
+
+  tokens: np.ndarray
+  lengths: np.ndarray | None = None
+
+
+def _encode(texts: list[str], tokenizer, target: sd.Model) -> Prompts:
+  if target.is_decoder_only:
+    return Prompts(*encode_lm_prompts(texts, tokenizer, target.config))
+  return Prompts(encode_prompts(texts, tokenizer, target.config.vocab_size,
+                                config=target.config))
+
+
+def _batches(prompts: Prompts, batch: int) -> tuple[list[Batch], list | None]:
+  """Padded batches (trimmed to their longest prompt) and, for an LM, their lengths."""
+  if prompts.lengths is not None:
+    return lm_batches(prompts.tokens, prompts.lengths, batch)
+  return [Batch(trim_padding(b.tokens), b.real)
+          for b in padded_batches(prompts.tokens, batch)], None
+
+
+def _fit_budget(run: DecodeRun, prompts: Prompts, target: sd.Model, tokenizer) -> DecodeRun:
+  """The run, for a decoder-only model with --max-new-tokens lowered (with a note) so the
+  longest prompt and the new tokens fit its positions; a prompt alone past them is an
+  error. T5 token ids without a final EOS: a note, since they are decoded verbatim (no EOS
+  is added)."""
+  if prompts.lengths is not None and isinstance(target.config, sd.LMConfig):   # decoder-only
+    budget = lm_token_budget(prompts.lengths, target.config, run.max_new_tokens)
+    if budget < run.max_new_tokens:
+      note(f"--max-new-tokens {run.max_new_tokens} lowered to {budget}: the model has "
+           f"{target.config.max_positions} positions and the longest prompt holds "
+           f"{int(np.max(prompts.lengths))} tokens")
+      return dataclasses.replace(run, max_new_tokens=budget)
+  elif tokenizer is None:
+    rows = missing_eos(prompts.tokens, target.config.eos_id, target.config.pad_id)
+    if rows:
+      shown = ", ".join(str(i + 1) for i in rows[:8]) + (", ..." if len(rows) > 8 else "")
+      note(f"prompt{'s' if len(rows) > 1 else ''} {shown} {'do' if len(rows) > 1 else 'does'} "
+           f"not end in EOS ({target.config.eos_id}): token ids are used verbatim, and T5 "
+           "reads EOS-terminated inputs (the tokenizer appends it), so the output differs "
+           f"from the same prompt ending in {target.config.eos_id}")
+  return run
+
+
+def _ngram_drafter(prompts: Prompts, target: sd.Model):
+  """The "ngram" drafter: bigram tables of the prompts' own tokens. An LM's prompts are
+  texts with no start token before them, cut at their lengths."""
+  vocab = target.config.vocab_size
+  if prompts.lengths is None:
+    return sd.NGramDrafter.fit([r[r > 0] for r in prompts.tokens], vocab_size=vocab)
+  return sd.NGramDrafter.fit([r[:n] for r, n in zip(prompts.tokens, prompts.lengths, strict=True)],
+                             vocab_size=vocab, start_id=None)
+
+
+def _family_loader(load, target: sd.Model, flag: str):
+  """`load` refusing a model of another kind than the target's (T5 vs decoder-only)."""
+  def checked(name: str) -> sd.Model:
+    model = load(name)
+    if isinstance(model, sd.Model) and model.is_decoder_only != target.is_decoder_only:
+      raise CLIError(f"{flag} {name} is {family(model)} but --model is {family(target)}: "
+                     "an LM drafts for an LM, a T5 for a T5")
+    return model
+  return checked
+
+
+def _local_batches(prompts: Prompts, batch: int, process: int, processes: int):
+  """This process's block of rows in padded batches (and, for an LM, their lengths)."""
+  blocks = local_batches(prompts.tokens, batch, process, processes)
+  if prompts.lengths is None:
+    return [Batch(trim_padding(b.tokens), b.real) for b in blocks], None
+  sizes = [np.asarray(b.tokens[:, 0], np.int32) for b in
+           local_batches(prompts.lengths[:, None], batch, process, processes)]
+  width = lambda n: bucket_width(int(n.max()), prompts.tokens.shape[1])
+  return [Batch(b.tokens[:, :width(n)], b.real) for b, n in zip(blocks, sizes, strict=True)], sizes
+
+
+def _decode(run: DecodeRun, method, target, prompts: Prompts, mesh):
+  """(corpus, wall seconds, batch size) of decoding the prompts in padded batches. With
+  several processes and a mesh of each one's own devices (or none), each decodes its block
+  of rows and all rows are gathered (the wall time is the slowest process's); on a mesh
+  over every process's devices, all of them decode every batch as one program."""
+  rng = jax.random.PRNGKey(run.seed)
+  processes, process = jax.process_count(), jax.process_index()
+  n = len(prompts.tokens)
+  split_rows = processes > 1 and not sd.sharding.spans_processes(mesh)
+  if split_rows:
+    batch = run.batch_size or mesh_batch(process_rows(n, process, processes)[2], mesh)
+    batches, lengths = _local_batches(prompts, batch, process, processes)
+    first_key = process * len(batches)      # no two batches of the file share a key
+  else:
+    batch = run.batch_size or mesh_batch(n, mesh)
+    batches, lengths = _batches(prompts, batch)
+    first_key = 0
+  call = functools.partial(decode_corpus, method, target, batches,
+                           max_new_tokens=run.max_new_tokens, rng=rng,
+                           prompt_lengths=lengths, first_key=first_key)
+  if run.warmup:   # every batch once: trimmed batches may differ in shape
+    with compiling(f"the decode programs for batch {batch}", run.compile_cache_dir,
+                   quiet=process != 0):
+      call()
+  t0 = time.perf_counter()
+  corpus = call()
+  wall = time.perf_counter() - t0
+  if split_rows:
+    corpus, wall = gather_corpus(corpus), gather_max(wall)
+  return corpus, wall, batch
+
+
+def _decode_to_file(run: DecodeRun, choice: MethodChoice, method, target, prompts: Prompts,
+                    mesh, lines: list[str], tokenizer):
+  """`_decode` for --output (`output_file`), and the row it resumed at: the file's batches
+  (keyed by their index in it), each decoded once and appended to the file as it finishes.
+  `lines`: the input lines (their digest goes in the sidecar)."""
+  if run.output is None:   # the caller decodes to a file only with --output
+    raise CLIError("decoding to a file needs --output FILE")
+  n = len(prompts.tokens)
+  processes = jax.process_count()
+  split_rows = processes > 1 and not sd.sharding.spans_processes(mesh)
+  batch = run.batch_size or mesh_batch(
+      process_rows(n, 0, processes)[2] if split_rows else n, mesh)
+  batches, lengths = _batches(prompts, batch)
+  output, error = None, None
+  if jax.process_index() == 0:
+    meta = output_file.fingerprint(lines, {**_settings(run, choice, method), "batch_size": batch},
+                                   output_file.weights_digest(target.params, method))
+    try:
+      output = output_file.open_output(run.output, meta, run.resume)
+    except sd.SpecdecError as e:
+      error = e
+  start = output_file.shared_start(output, error)
+  if error is not None:
+    raise error
+  t0 = time.perf_counter()
+  corpus = output_file.decode_to_file(
+      method, target, batches, lengths, output, start,
+      output_file.FileDecode(run.max_new_tokens, jax.random.PRNGKey(run.seed), split_rows),
+      format_row=lambda r: _format_output(r, tokenizer))
+  wall = time.perf_counter() - t0
+  if output is not None:
+    output.finish()
+  return corpus, gather_max(wall) if split_rows else wall, batch, start
+
+
+def _compare(run: DecodeRun, method, target, prompts: Prompts, mesh,
+             repeats: int = 3) -> dict[str, Any]:
+  """The method vs the target alone on the same inputs: all compiled first, then timed in
+  `repeats` alternating rounds; speedup of the medians over the FASTEST plain baseline
+  (`Baseline(exact=False)`: natural call width). An exact method's padding cost shows in
+  its own figure (`exact_cost`: the exact baseline over the plain one), not in the speedup."""
+  rng = jax.random.PRNGKey(run.seed)
+  batch = run.batch_size or mesh_batch(len(prompts.tokens), mesh)
+  batches, lengths = _batches(prompts, batch)
+  methods = {"method": method,
+             "baseline": place_method(Baseline(sampling=method.sampling, exact=False), mesh)}
+  if is_exact(method):
+    methods["exact baseline"] = place_method(Baseline(sampling=method.sampling, exact=True),
+                                             mesh)
+  calls = {name: functools.partial(decode_corpus, m, target, batches,
+                                   max_new_tokens=run.max_new_tokens, rng=rng,
+                                   prompt_lengths=lengths)
+           for name, m in methods.items()}
+  with compiling("the target alone for --compare", run.compile_cache_dir):
+    for call in calls.values():
+      call()
+  timed = time_rounds(calls, repeats)
+  ms = {name: ms_per_token(t) for name, t in timed.items()}
+  exact_ms = ms.get("exact baseline")
+  out: dict[str, Any] = {"ms_per_token": ms["method"], "baseline_ms_per_token": ms["baseline"],
+         "speedup": ms["baseline"] / ms["method"], "rounds": repeats,
+         "exact_baseline_ms_per_token": exact_ms,
+         "exact_cost": None if exact_ms is None else exact_ms / ms["baseline"],
+         "same_tokens": bool(np.array_equal(timed["method"]["output"].tokens(),
+                                            timed["baseline"]["output"].tokens()))}
+  if (method.kind == "speculative" and mesh is None
+      and not getattr(method.drafter, "shares_target_cache", False)):   # not an early exit
+    with compiling("the model-step timers of the 'why' line", run.compile_cache_dir):
+      out["costs"] = _costs(run, method, target, batches[0].tokens,
+                            timed["method"]["output"])
+  return out
+
+
+def _costs(run: DecodeRun, method, target, encoder_tokens, corpus) -> dict[str, Any]:
+  """The step costs behind a speculative run's speedup (`costs.explain_run`), measured
+  at its batch size, with its verify calls' width (exact mode pads them off the kernels)."""
+  from specdec_jax.rounds.engine import EXACT_WIDTH
+  padded = is_exact(method) and not target.width_invariant_decode
+  return explain_run(target, method.drafter, method.gamma, encoder_tokens, corpus.stats,
+                     CostTiming(capacity=run.max_new_tokens + EXACT_WIDTH + 1),
+                     call_tokens=EXACT_WIDTH if padded else method.gamma + 1)
+
+
+def _compare_block(compare: dict[str, Any], kind: str) -> str:
+  """The --compare lines: each figure once, labelled with what it measures."""
+  lines = [f"speed                target alone {compare['baseline_ms_per_token']:.2f} ms/token, "
+           f"{kind} {compare['ms_per_token']:.2f} ms/token, speedup {compare['speedup']:.2f}x",
+           f"                     (per generated token, median of {compare['rounds']} "
+           "alternating rounds after compilation, target alone at exact=False; same tokens: "
+           f"{'yes' if compare['same_tokens'] else 'no'})"]
+  if "costs" in compare:
+    k = compare["costs"]
+    lines += [f"why                  {k['tokens_per_target_call']:.2f} tokens per target call, "
+              f"a round costing {k['round_cost']:.2f} target steps: "
+              f"{k['drafts_per_target_call']:.2f} drafter steps x c {k['c']:.3f} + verify cost "
+              f"{verify_cost_text(k['verify_cost'])}",
+              f"                     (c: a drafter step / a 1-token target step; verify cost: a "
+              f"{k['call_tokens']}-token target call / a 1-token one; medians of "
+              f"{k['repeats']} alternating rounds; the rest of a round is its own work)"]
+    if k["verify_cost_noise"]:
+      lines.append(f"                     {VERIFY_NOISE_NOTE} (measured {k['verify_cost']:.2f})")
+  if compare["exact_cost"] is not None:
+    lines.append(f"exact mode's cost    {compare['exact_cost']:.2f}x: the target alone in exact "
+                 f"mode {compare['exact_baseline_ms_per_token']:.2f} ms/token over "
+                 f"{compare['baseline_ms_per_token']:.2f} at its natural width")
+  return "\n".join(lines)
+
+
+def _settings(run: DecodeRun, choice: MethodChoice, method) -> dict[str, Any]:
+  return {**method.settings(), "model": run.model, "drafter": choice.drafter,
+          "tokenizer": run.tokenizer, "max_new_tokens": run.max_new_tokens,
+          "seed": run.seed, "dtype": run.dtype, "mesh": run.mesh}
+
+
+def _payload(run: DecodeRun, choice: MethodChoice, outputs, corpus, timing, method,
+             prompts: Prompts, resumed: int | None) -> dict[str, Any]:
+  payload = {"outputs": outputs, "lengths": corpus.lengths, "stats": corpus.stats,
+             "prompt_lengths": prompts.lengths, "timing": timing,
+             "settings": _settings(run, choice, method)}
+  if run.output:    # the outputs are in the file; the rest covers this run's batches
+    payload.update(outputs=None, lengths=None, output=run.output,
+                   resumed_at_row=resumed)
+  return payload
+
+
+def run(args) -> int:
+  return decode(*from_args(args))
+
+
+def decode(choice: MethodChoice, run: DecodeRun) -> int:
+  """`specdec decode` on typed settings: decode, print the outputs (stdout) and the
+  requested reports (stderr)."""
+  run = dataclasses.replace(run, compile_cache_dir=use_persistent_cache(run.compile_cache))
+  announce_kernel_build()
+  if initialize(run.processes) and run.compare:
+    raise CLIError("--compare times one process: drop it with several processes")
+  if run.output and jax.process_index() == 0:
+    output_file.check_output_path(run.output, run.input_file, run.resume)
+  mesh = mesh_from_flag(run.mesh)
+  if run.batch_size is not None:
+    check_batch(run.batch_size, mesh)
+  prompts = read_prompt_lines(list(run.prompts), run.input_file)
+  tokenizer = sd.load_tokenizer(run.tokenizer) if run.tokenizer else None
+  t_load = time.perf_counter()
+  target = load_target(run.model, run.dtype, mesh, what="model")
+  encoded = _encode(prompts, tokenizer, target)
+  run = _fit_budget(run, encoded, target, tokenizer)
+  load = _family_loader(drafter_loader(run.dtype), target, "--drafter")
+  drafter = None
+  if choice.drafter == "ngram":
+    drafter = resolve_drafter(_ngram_drafter(encoded, target), target)
+  elif choice.drafter is not None and not choice.early_exit:
+    drafter = resolve_drafter(choice.drafter, target, load=load)
+  rescorer_load = _family_loader(drafter_loader(run.dtype), target, "--rescorer")
+  method = placed_method(choice, target, run.model, drafter, rescorer_load, mesh)
+  load_s = time.perf_counter() - t_load
+  resumed = None
+  try:
+    if run.output:
+      corpus, wall, batch, resumed = _decode_to_file(run, choice, method, target, encoded,
+                                                     mesh, prompts, tokenizer)
+    else:
+      corpus, wall, batch = _decode(run, method, target, encoded, mesh)
+  except Exception as e:
+    if not isinstance(e, sd.SpecdecError):   # several processes: a lost peer is named,
+      liveness.after_failure()               # not a trace
+    raise
+  if not corpus.outputs and jax.process_index() == 0:     # --resume of a complete file
+    print(f"specdec decode: {run.output!r} already holds all {len(prompts)} outputs: "
+          "nothing to decode", file=sys.stderr)
+  if not corpus.outputs:
+    return 0
+  generated = corpus.generated
+  timing = {"method": method.describe(), "prompts": len(prompts), "batch_size": batch,
+            "generated_tokens": generated, "wall_s": wall, "load_s": load_s,
+            "warmup": bool(run.warmup and not run.output),
+            "includes_compile": not run.warmup or bool(run.output),
+            "processes": jax.process_count(),
+            "mesh_spans_processes": sd.sharding.spans_processes(mesh),
+            "tokens_per_s": generated / wall if wall > 0 else None,
+            "ms_per_token": 1e3 * wall / generated if generated else None}
+  compare = None
+  if run.compare and method.kind != "baseline":
+    compare = timing["compare"] = _compare(run, method, target, encoded, mesh)
+  if jax.process_index() != 0:   # process 0 prints every process's rows
+    return 0
+  outputs = [] if run.output else [_format_output(row, tokenizer)
+                                   for row in corpus.token_rows()]
+  if run.json:
+    emit(json.dumps(to_jsonable(_payload(run, choice, outputs, corpus, timing, method,
+                                         encoded, resumed))))
+  else:
+    for o in outputs:
+      emit(o if isinstance(o, str) else " ".join(map(str, o)))
+  about = demo_note(run.model, choice.drafter)
+  if about is not None:
+    note(about)
+  if run.stats:
+    print(_stats_block(corpus.stats, timing, method), file=sys.stderr)
+  if compare is not None:
+    print(_compare_block(compare, method.kind), file=sys.stderr)
+  return 0
+
+
+def add(subparsers) -> None:
+  p = subparsers.add_parser(
+      "decode", help="decode prompts with a model (baseline, speculative, BiLD, blockwise)",
+      description="Decode prompts with a model, optionally speculatively with a drafter: a "
+      "T5 model translates each prompt, a decoder-only model (GPT-2, Llama) continues it and "
+      "prints the continuation. Without --tokenizer, prompts are space-separated token ids "
+      "used verbatim (no EOS is added: end a T5 prompt with 1, or a note says it lacks one) "
+      "and outputs are token ids (EOS included); with one, "
+      "prompts are text (a decoder-only model's prompt: no EOS, BOS as the tokenizer "
+      "prepends it).",
+      formatter_class=DefaultsHelpFormatter)
+  p.add_argument("prompts", nargs="*", metavar="PROMPT",
+                 help='prompts; "-" or none (with stdin not a terminal) reads stdin, one per line')
+  p.add_argument("--model", required=True, metavar="PATH_OR_NAME",
+                 help="target model: checkpoint dir (T5X, HF, ours), bundled name, or "
+                 "config:NAME for random weights")
+  add_drafter_flag(p, "bigram table fitted on the prompts' own tokens: poor but valid")
+  p.add_argument("--tokenizer", metavar="PATH_OR_NAME",
+                 help="SentencePiece model file/dir, Hugging Face tokenizer.json (or its dir) "
+                 "or bundled name; prompts become text")
+  p.add_argument("--input-file", metavar="FILE", help='one prompt per line ("-" = stdin)')
+  add_method_flags(p)
+  p.add_argument("--max-new-tokens", type=int, default=64,
+                 help="new tokens per prompt at most; a decoder-only model's budget is "
+                 "lowered (with a note) so the longest prompt and it fit its max_positions")
+  p.add_argument("--batch-size", type=int,
+                 help="prompts per decode call (default: all; the last call is padded)")
+  p.add_argument("--seed", type=int, default=0, help="PRNG seed of sampling")
+  add_dtype_flag(p)
+  add_mesh_flag(p)
+  p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                 help="decode once untimed before timing, so timing excludes compilation; "
+                 "--no-warmup times the compiling call too")
+  p.add_argument("--compile-cache", action=argparse.BooleanOptionalAction, default=True,
+                 help="keep compiled programs in JAX's persistent cache (per user: "
+                 "$XDG_CACHE_HOME/specdec_jax/jax, ~/.cache/... by default), so a second run "
+                 "compiles nothing; SPECDEC_COMPILE_CACHE=0 also turns it off")
+  p.add_argument("--stats", action="store_true", help="print decode statistics to stderr")
+  p.add_argument("--compare", action="store_true",
+                 help="also time the target alone on the same inputs (both compiled first, 3 "
+                 "alternating rounds) and print the speedup")
+  p.add_argument("--json", action="store_true",
+                 help='print one JSON object {"outputs", "stats", "timing", ...} instead of lines')
+  p.add_argument("--output", metavar="FILE",
+                 help="write the outputs to FILE, one line per input line, each batch appended "
+                 "and fsync'd as it finishes (no warm-up pass: the timing includes compilation)"
+                 "; FILE.specdec.json records the settings. Line breaks inside an output are "
+                 "written as \\n, backslashes doubled")
+  p.add_argument("--resume", action="store_true",
+                 help="continue an interrupted --output FILE: its complete lines are kept, a "
+                 "cut last line dropped, and decoding restarts at the first missing row "
+                 "(refused if FILE was written with other settings or input)")
+  add_distributed_flags(p)
+  p.set_defaults(func=run)

@@ -1,0 +1,115 @@
+"""Models and drafters from the names users type.
+
+    load_model("runs/demo/target/final")                     # sd.load, float32
+    load_model("config:t5_1_1_tiny", overrides={"num_heads": 2})   # random weights, noted
+    resolve_drafter("prompt-lookup", target)                 # a PromptLookupDrafter
+    resolve_drafter("ngram", target, ngram_rows=prompts)     # bigram tables fitted on rows
+    resolve_drafter("config:t5_1_1_tiny_drafter", target, load=load_model)
+
+A drafter name is a path or bundled name, "config:NAME", "ngram" or "prompt-lookup";
+an object (a Model or any drafter) passes through. The result is checked against the
+target's vocabulary.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from flax.traverse_util import unflatten_dict
+
+import specdec_jax as sd
+from specdec_jax import drafters as drafters_lib
+from specdec_jax.errors import OptionError
+
+#: Drafters named by kind rather than by a checkpoint.
+DRAFTER_KINDS = ("ngram", "prompt-lookup")
+DTYPES = ("float32", "bfloat16")
+
+
+def note(message: str) -> None:
+  """One "specdec: note: ..." line on stderr."""
+  print(f"specdec: note: {message}", file=sys.stderr)
+
+
+# Random-weight "config:" models are deterministic (seed 0) and immutable, and building
+# one compiles the initialiser: keep the last few, so that repeated `main([...])` calls in
+# one process (tests, notebooks) pay for it once.
+_CONFIG_MODELS: dict[tuple, Any] = {}
+_CONFIG_MODELS_MAX = 4
+
+
+def _config_model(name: str, overrides: dict[str, Any], dtype: str | None, mesh=None):
+  config = sd.get_config(name, **overrides)
+  key = (config, dtype, mesh)
+  if key not in _CONFIG_MODELS:
+    while len(_CONFIG_MODELS) >= _CONFIG_MODELS_MAX:
+      _CONFIG_MODELS.pop(next(iter(_CONFIG_MODELS)))
+    # What sd.load("config:NAME", dtype, mesh=) does: params AND activations in `dtype`,
+    # drawn straight in it (a T5-XXL in bfloat16 never exists in float32), and on a mesh
+    # straight into each parameter's shards (never whole on one device).
+    shardings = None
+    if mesh is not None:
+      shardings = unflatten_dict({tuple(k.split("/")): v for k, v in
+                                  sd.sharding.config_shardings(config, mesh).items()})
+    model = sd.init_model(config, 0, dtype, shardings=shardings)
+    if mesh is not None:   # its activations constrained by the same rules (sd.sharding)
+      model = model.replace(partitioner=sd.sharding.partitioner(mesh))
+    _CONFIG_MODELS[key] = sd.pack(model)   # the kernels "auto" picks, as sd.load packs
+  return _CONFIG_MODELS[key]
+
+
+def load_model(spec: str, dtype: str | None = "float32", what: str = "model",
+               overrides: dict[str, Any] | None = None, mesh=None) -> sd.Model:
+  """`sd.load` plus a note for random weights; "config:NAME" may take architecture
+  `overrides`. dtype: the compute dtype (params and activations), as in `sd.load`; None
+  keeps the stored dtype (config:NAME models: float32). mesh: a `jax.sharding.Mesh`:
+  every parameter loaded (or initialised) straight into its `RULES_1D` shards
+  (`sd.load(..., mesh=)`), the values those of `sd.shard(load_model(...), mesh)`."""
+  if spec.startswith("config:"):
+    model = _config_model(spec[len("config:"):], overrides or {}, dtype, mesh)
+    extra = f" with overrides {overrides}" if overrides else ""
+    note(f"{what} {spec}{extra} has RANDOM weights (seed 0): outputs are meaningless "
+         "apart from speed")
+    return model
+  if overrides:
+    raise OptionError(f"{what} overrides only apply to config:NAME models, not {spec!r}")
+  return sd.load(spec, dtype=dtype, mesh=mesh)
+
+
+def resolve_drafter(spec, target: sd.Model, *,
+                    ngram_rows: Sequence | Callable[[], Sequence] | None = None,
+                    load: Callable[[str], Any] | None = None):
+  """A drafter for `target` (vocabulary checked), or None for `spec` None.
+
+  Args:
+    spec: None, a Model or drafter object, "ngram", "prompt-lookup", or (with `load`) a
+      model path / name.
+    ngram_rows: token rows (0-padded) the "ngram" bigram tables are fitted on, or a
+      function returning them (called only for "ngram").
+    load: `name -> Model` for the other names (e.g. `load_model`); without it they are
+      an error.
+  """
+  if spec is None:
+    return None
+  vocab = target.config.vocab_size
+  drafter = spec
+  if spec == "prompt-lookup":
+    drafter = sd.PromptLookupDrafter(vocab_size=vocab)
+  elif spec == "ngram":
+    rows = ngram_rows() if callable(ngram_rows) else ngram_rows
+    if rows is None:
+      raise OptionError("drafter 'ngram' needs token rows to fit its tables on")
+    drafter = sd.NGramDrafter.fit([r[r > 0] for r in np.asarray(rows)], vocab_size=vocab)
+  elif isinstance(spec, str):
+    if load is None:
+      raise OptionError(f"drafter must be a Model, a drafter object or one of "
+                        f"{DRAFTER_KINDS}, got {spec!r}")
+    drafter = load(spec)
+  return drafters_lib.as_drafter(drafter, target)
+
+
+def drafter_loader(dtype: str | None) -> Callable[[str], sd.Model]:
+  """`load` for `resolve_drafter`: `load_model(name, dtype, what="drafter")`."""
+  return lambda name: load_model(name, dtype, what="drafter")

@@ -1,0 +1,222 @@
+"""Prompts in, encoder tokens (or decoder-only prompts) out: from arguments, files, stdin,
+or random ids.
+
+    lines = read_prompt_lines(["5 17 42 1"], input_file=None)
+    tokens = encode_prompts(lines, tokenizer=None, vocab_size=512)   # int32 [B, L], 0-padded
+    tokens = file_prompts("prompts.txt", 32, tokenizer, 512)         # [N, 32], padded or cut
+    tokens = random_prompts(8, 32, 512)                              # last token EOS
+    tokens, lengths = encode_lm_prompts(lines, tokenizer, lm.config)  # [B, P], [B]; no EOS
+
+Without a tokenizer a prompt is space- or comma-separated token ids, used verbatim
+(no EOS is appended); with one it is text (the tokenizer appends EOS for a T5 encoder,
+never for a decoder-only model's prompt).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Sequence
+
+import numpy as np
+
+from specdec_jax.batching import Batch, bucket_width, pad_rows, padded_batches
+from specdec_jax.errors import PromptError
+from specdec_jax.io.tokenizer import check_tokenizer
+from specdec_jax.runtime.report import read_text
+
+
+def read_prompt_lines(prompts: Sequence[str], input_file: str | None, stdin=None) -> list[str]:
+  """Prompts from arguments, `--input-file FILE` ("-" = stdin), or stdin.
+
+  Stdin is read when the only argument is "-", or when there are no prompt arguments
+  and stdin is not a terminal. File and stdin input is one prompt per line; blank
+  lines are skipped (so output line i answers the i-th non-blank input line).
+  """
+  stdin = sys.stdin if stdin is None else stdin
+  prompts = list(prompts)
+  if input_file is not None and prompts:
+    raise PromptError("give prompts either as arguments or with --input-file, not both")
+  if input_file is not None:
+    text = stdin.read() if input_file == "-" else read_text(input_file, "prompt file")
+  elif prompts == ["-"] or (not prompts and stdin is not None and not _isatty(stdin)):
+    text = stdin.read()
+  else:
+    if "-" in prompts:
+      raise PromptError('"-" (read stdin) must be the only prompt argument')
+    if not prompts:
+      raise PromptError("no prompts: give them as arguments, with --input-file, or on stdin")
+    return prompts
+  lines = [line for line in text.splitlines() if line.strip()]
+  if not lines:
+    where = "stdin" if input_file in (None, "-") else repr(input_file)
+    raise PromptError(f"no prompts: {where} holds no non-blank lines")
+  return lines
+
+
+def read_texts(path: str) -> list[str]:
+  """The texts of `path`, one per non-blank line: plain text, or (a .jsonl file) per line a
+  JSON string or an object with a "text" string."""
+  lines = [line for line in read_text(path, "text file").splitlines() if line.strip()]
+  if not str(path).endswith(".jsonl"):
+    return lines
+  texts = []
+  for i, line in enumerate(lines, 1):
+    try:
+      item = json.loads(line)
+    except ValueError as e:
+      raise PromptError(f"{path}: line {i} is not JSON: {e}") from None
+    text = item.get("text") if isinstance(item, dict) else item
+    if not isinstance(text, str):
+      raise PromptError(f"{path}: line {i} is neither a JSON string nor an object with a "
+                        '"text" string')
+    texts.append(text)
+  return texts
+
+
+def _isatty(stream) -> bool:
+  try:
+    return bool(stream.isatty())
+  except (AttributeError, ValueError, OSError):
+    return True  # unknown or closed stream: do not block on it
+
+
+def parse_token_ids(prompts: Sequence[str], vocab_size: int) -> np.ndarray:
+  """Space- or comma-separated token ids per prompt -> int32 [B, L], right-padded with 0.
+
+  Ids are used verbatim: no EOS is appended (end a prompt with 1 for T5's EOS).
+  """
+  return pad_rows(_id_rows(prompts, vocab_size))
+
+
+def _id_rows(prompts: Sequence[str], vocab_size: int) -> list[list[int]]:
+  """Each prompt's token ids, checked to lie in [0, vocab_size)."""
+  rows = []
+  for i, prompt in enumerate(prompts, 1):
+    parts = prompt.replace(",", " ").split()
+    if not parts:
+      raise PromptError(f"prompt {i} is empty")
+    row = []
+    for part in parts:
+      try:
+        row.append(int(part))
+      except ValueError:
+        raise PromptError(f"prompt {i}: {part!r} is not an integer token id (without "
+                          "--tokenizer prompts are space-separated token ids, e.g. "
+                          "\"5 17 42 1\")") from None
+    bad = [t for t in row if not 0 <= t < vocab_size]
+    if bad:
+      raise PromptError(f"prompt {i}: token id {bad[0]} is outside the model vocabulary "
+                        f"[0, {vocab_size})")
+    rows.append(row)
+  return rows
+
+
+def encode_prompts(prompts: Sequence[str], tokenizer, vocab_size: int,
+                   length: int | None = None, config=None) -> np.ndarray:
+  """Text prompts -> int32 [B, L] (EOS-terminated, 0-padded) with `tokenizer`, or token ids.
+
+  With `length`, every row is padded or cut to it. With the T5 model's `config`, the
+  tokenizer is checked against it (`check_tokenizer`: sizes and special ids).
+  """
+  if tokenizer is None:
+    return pad_rows(parse_token_ids(prompts, vocab_size), length)
+  if tokenizer.vocab_size > vocab_size:
+    raise PromptError(f"tokenizer {tokenizer.path!r} has {tokenizer.vocab_size} pieces but the "
+                      f"model vocabulary has only {vocab_size}: they do not belong together")
+  if config is not None:
+    check_tokenizer(tokenizer, config)
+  if length is None:
+    return np.asarray(tokenizer.encode(list(prompts)), np.int32)
+  return np.asarray(tokenizer.encode(list(prompts), max_length=length, truncate=True), np.int32)
+
+
+def encode_lm_prompts(prompts: Sequence[str], tokenizer, config,
+                      length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """Decoder-only prompts -> (int32 [B, P] right-padded with `config.pad_id`, int32 [B] lengths).
+
+  With a tokenizer (checked against the model: `check_tokenizer`), text is encoded as the
+  tokenizer's convention has it (BOS first when it prepends one: Llama; none: GPT-2, T5's
+  SentencePiece) and never with EOS, which would end the text to continue. Without one a
+  prompt is token ids, used verbatim. `length`: every row cut (its first `length` tokens
+  kept) or padded to it. The lengths are the prompts' own: pass them on as `prompt_lengths`,
+  since a prompt may end in the pad id (GPT-2 pads with its EOS).
+  """
+  if tokenizer is None:
+    rows = _id_rows(prompts, config.vocab_size)
+  else:
+    check_tokenizer(tokenizer, config)
+    rows = [tokenizer.encode_one(text, add_eos=False) for text in prompts]
+    for i, (text, row) in enumerate(zip(prompts, rows, strict=True), 1):
+      if not row:
+        raise PromptError(f"prompt {i} ({text!r}) encodes to no tokens: a decoder-only model "
+                          "needs at least one token to continue")
+  if length is not None:
+    rows = [r[:length] for r in rows]
+  lengths = np.asarray([len(r) for r in rows], np.int32)
+  width = length if length is not None else int(lengths.max(initial=1))
+  tokens = np.full((len(rows), width), config.pad_id, np.int32)
+  for i, r in enumerate(rows):
+    tokens[i, :len(r)] = r
+  return tokens, lengths
+
+
+def lm_token_budget(lengths: np.ndarray, config, max_new_tokens: int) -> int:
+  """New tokens per row that fit a decoder-only model: `max_new_tokens`, lowered so the
+  longest prompt (lengths [N]) plus them fit `config.max_positions` (its learned table, or
+  the rotary positions it was trained on). PromptError naming a prompt that leaves no room."""
+  limit = int(config.max_positions)
+  lengths = np.asarray(lengths)
+  long = np.flatnonzero(lengths >= limit)
+  if long.size:
+    i = int(long[0])
+    raise PromptError(f"prompt {i + 1} holds {int(lengths[i])} tokens, but the model has "
+                      f"{limit} positions (max_positions): a prompt may hold at most "
+                      f"{limit - 1}, leaving room for one new token; shorten it")
+  return min(int(max_new_tokens), limit - int(lengths.max(initial=0)))
+
+
+def missing_eos(tokens: np.ndarray, eos_id: int, pad_id: int = 0) -> list[int]:
+  """Indices of the rows of T5 encoder inputs [N, L] whose last non-pad token is not EOS."""
+  rows = []
+  for i, row in enumerate(np.asarray(tokens)):
+    real = row[row != pad_id]
+    if real.size and real[-1] != eos_id:
+      rows.append(i)
+  return rows
+
+
+def lm_batches(tokens: np.ndarray, lengths: np.ndarray,
+               batch_size: int) -> tuple[list[Batch], list[np.ndarray]]:
+  """Prompts [N, P] and lengths [N] in `padded_batches` of `batch_size` rows, each batch
+  cut to its longest prompt's `bucket_width`; (batches, their int32 [batch_size] prompt
+  lengths)."""
+  batches = padded_batches(tokens, batch_size)
+  sizes = [b.tokens[:, 0] for b in padded_batches(np.asarray(lengths)[:, None], batch_size)]
+  width = lambda n: bucket_width(int(n.max()), tokens.shape[1])
+  return ([Batch(b.tokens[:, :width(n)], b.real) for b, n in zip(batches, sizes, strict=True)],
+          [np.asarray(n, np.int32) for n in sizes])
+
+
+def file_prompts(path: str, length: int, tokenizer, vocab_size: int,
+                 config=None) -> np.ndarray:
+  """Lines of `path` -> [N, length] (text via `tokenizer`, else token ids), padded or cut.
+
+  With a decoder-only model's `config`, the lines are its prompts (`encode_lm_prompts`: no
+  EOS, right-padded with its pad id; a prompt ending in the pad id loses that token)."""
+  lines = read_prompt_lines([], path)
+  if config is not None and getattr(config, "is_decoder_only", False):
+    return encode_lm_prompts(lines, tokenizer, config, length)[0]
+  return encode_prompts(lines, tokenizer, vocab_size, length, config)
+
+
+def random_prompts(batch: int, length: int, vocab_size: int, seed: int = 0) -> np.ndarray:
+  """int32 [batch, length]: uniform ids in [3, vocab) (no pad/EOS/unk), last token EOS (1)."""
+  if length < 1:
+    raise PromptError(f"prompt length must be >= 1, got {length}")
+  if vocab_size < 4:
+    raise PromptError(f"vocab_size {vocab_size} too small for random prompts")
+  rng = np.random.RandomState(seed)
+  tokens = rng.randint(3, vocab_size, size=(batch, length)).astype(np.int32)
+  tokens[:, -1] = 1
+  return tokens
