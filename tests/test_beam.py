@@ -357,9 +357,9 @@ def test_cli_flags_and_bench_syntax_come_from_the_fields(capsys):
   method_args.add_method_flags(parser)
   args = parser.parse_args(["--method", "beam", "--num-beams", "3", "--alpha", "0"])
   assert method_args.settings_from_args(args, beam.Beam) == {"num_beams": 3, "alpha": 0.0}
-  extras = bench_methods.extra_methods(beam_specs=["4:0.6", "num_beams=2"])
+  extras = bench_methods.extra_methods({sd.Beam: ["4:0.6", "num_beams=2"]})
   assert list(extras) == ["beam K=4 alpha=0.6", "beam K=2"]
-  assert extras["beam K=4 alpha=0.6"](sd.Greedy()).value() == sd.Beam(num_beams=4, alpha=0.6)
+  assert extras["beam K=4 alpha=0.6"](sd.Greedy()).method == sd.Beam(num_beams=4, alpha=0.6)
   with pytest.raises(Exception, match="alpha .* must be >= 0"):
     bench_methods.parse_settings("4:-1", beam.Beam, "--beam")
   for argv, message in [(["--num-beams", "0"], "--num-beams must be an integer >= 1"),

@@ -9,12 +9,15 @@ import pytest
 from conftest import REPO_DIR, model_fixtures, ragged_tokens
 
 import specdec_jax as sd
+from specdec_jax.methods import METHODS
 from specdec_jax.rounds import stats as stats_lib
 
 MAX_NEW = 8
 SAMPLE = sd.Sampling(temperature=0.8)
 DOCS = {"autoregressive": "docs/api/decode.md", "speculative": "docs/methods/speculative.md",
         "bild": "docs/methods/bild.md", "blockwise": "docs/methods/blockwise.md"}
+#: Each method's statistics: its value's own (`Method.statistics`), by its name.
+STATS = {m.name: stats_lib.shown(m.statistics) for m in METHODS}
 ORACLE_ONLY = {"oracle_tokens_per_target_call"}
 
 
@@ -30,18 +33,18 @@ def _table_names(path: pathlib.Path) -> list[str]:
 def test_docs_tables_list_each_methods_statistics(method):
   names = _table_names(REPO_DIR / DOCS[method])
   assert len(names) == len(set(names)), f"{DOCS[method]} lists a name twice"
-  assert set(names) == set(stats_lib.method_stats(method))
+  assert set(names) == set(STATS[method])
 
 
 def test_method_stats_are_the_common_ones_plus_their_own():
-  assert set(stats_lib.METHOD_STATS) == set(DOCS)
-  assert stats_lib.method_stats("autoregressive") == stats_lib.COMMON_STATS
+  assert STATS["autoregressive"] == stats_lib.COMMON_STATS
   every = set(stats_lib.SUMMARY)
-  for method, own in stats_lib.METHOD_STATS.items():
+  for method in METHODS:
+    own = method.statistics
     assert set(own) <= every and not set(own) & set(stats_lib.COMMON_STATS), method
-  assert "rollback_rate" not in stats_lib.method_stats("speculative")
-  assert "alpha" not in stats_lib.method_stats("bild")
-  assert stats_lib.method_stats("a research method") == stats_lib.SUMMARY   # unknown: all
+  assert "rollback_rate" not in STATS["speculative"]
+  assert "alpha" not in STATS["bild"]
+  assert stats_lib.shown(None) == stats_lib.SUMMARY   # a research method: all
 
 
 target, drafter, heads = model_fixtures(5.0, 2.5, drafter="drafter", heads="heads")
@@ -64,17 +67,18 @@ def test_each_methods_stats_keys_are_exactly_its_own(target, drafter, heads, kin
   info = dict(out.info)
   assert info["method"] == kind
   statistics = set(out.stats) - set(info)
-  assert statistics == set(stats_lib.method_stats(kind)) - ORACLE_ONLY
+  assert statistics == set(STATS[kind]) - ORACLE_ONLY
   # a corpus of batches (what `specdec decode --json` prints) reports the same names
   merged = stats_lib.merge_outputs([out, out])
   assert set(merged) - set(info) == statistics
 
 
 def test_summary_of_another_methods_counters_keeps_its_own_names():
-  """The filter is by the run's method, not by which counters happen to be nonzero."""
+  """The filter is by the run's method (its value's `statistics`), not by which counters
+  happen to be nonzero."""
   zeros = stats_lib.DecodeStats.zeros(2, 3)
-  spec = stats_lib.summarize(zeros, {"method": "speculative"})
-  bild = stats_lib.summarize(zeros, {"method": "bild"})
+  spec = stats_lib.summarize(zeros, {"method": "speculative"}, statistics=sd.Speculative.statistics)
+  bild = stats_lib.summarize(zeros, {"method": "bild"}, statistics=sd.BiLD.statistics)
   assert "rollback_rate" in bild and "rollback_rate" not in spec
   assert "alpha" in spec and "alpha" not in bild
   assert set(stats_lib.summarize(zeros)) == set(stats_lib.SUMMARY) - ORACLE_ONLY

@@ -148,8 +148,8 @@ def test_oracle_runs_after_the_loop(target, heads, enc):
 
 
 def test_tools_cli_and_bench_derive_from_the_core_fields():
-  """A setting added to a core method value is a tools field, a CLI flag and a bench option
-  with no other change."""
+  """A setting added to a method value is a run setting, a CLI flag and a bench option with
+  no other change: the value is the method's one home."""
   import argparse
 
   from flax import struct
@@ -177,11 +177,11 @@ def test_tools_cli_and_bench_derive_from_the_core_fields():
   with pytest.raises(SystemExit):                     # choices come from the field
     parser.parse_args(["--batch-policy", "later"])
 
-  cls = tools.derive(Patient, "small_name")
-  assert cls(small=None, patience=5).settings()["patience"] == 5
-  assert cls(small=None, patience=5).value() == Patient(None, patience=5)
-  with pytest.raises(sd.InputError, match="batch_policy"):   # the core's checks
-    cls(small=None, batch_policy="later")
+  run = tools.Run(Patient(None, patience=5), label="aligned")
+  assert run.settings()["patience"] == 5 and run.kind == "bild"
+  assert run.describe() == "bild small=aligned patience=5, greedy"
+  with pytest.raises(sd.InputError, match="batch_policy"):   # the value's own checks
+    Patient(None, batch_policy="later")
 
   assert bench_methods.parse_settings("patience=4,rollback_threshold=inf", Patient,
                                       "--bild") == {"patience": 4, "rollback_threshold": np.inf}
@@ -193,12 +193,13 @@ def test_tools_cli_and_bench_derive_from_the_core_fields():
   assert method_args.settings_from_args(args, core.Blockwise) == {
       "top_k": 3, "num_drafts": 2, "oracle": True}
   assert method_args.settings_from_args(args, core.BiLD) == {"max_small_steps": 4}
-  extras = bench_methods.extra_methods(["0.5:3", "max_small_steps=4,batch_policy=sync"],
-                                       ["2:2"], heads=object(), heads_name="h")
+  extras = bench_methods.extra_methods(
+      {core.BiLD: ["0.5:3", "max_small_steps=4,batch_policy=sync"], core.Blockwise: ["", "2:2"]},
+      models={core.Blockwise: (object(), "h")})
   assert list(extras) == ["bild fb=0.5 rb=3", "bild max_small_steps=4 batch_policy=sync",
                           "blockwise", "blockwise k=2 p=2"]
   made = extras["bild max_small_steps=4 batch_policy=sync"](sd.Greedy())
-  assert made.value() == sd.BiLD(None, max_small_steps=4, batch_policy="sync")
+  assert made.method == sd.BiLD(None, max_small_steps=4, batch_policy="sync")
   for spec, message in [("0.5", "expected FALLBACK_THRESHOLD:ROLLBACK_THRESHOLD"),
                         ("gamma=3", "unknown setting 'gamma'"),
                         ("max_small_steps=two", "is not a int"),

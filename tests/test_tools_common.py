@@ -4,6 +4,7 @@ decode-method dispatch, sampling options, drafter names, timing rotation, files,
 import inspect
 import json
 import statistics
+from typing import ClassVar
 
 import jax
 import numpy as np
@@ -47,7 +48,7 @@ def test_corpus_of_padded_batches_has_the_stats_of_one_big_batch(pair, inputs):
   exactly the statistics of one batch of 5: alpha from summed beta sums and counts,
   target_calls per row, padding rows dropped."""
   target, drafter = pair
-  method = methods.Speculative(drafter=drafter, gamma=GAMMA)
+  method = methods.Run(sd.Speculative(drafter, gamma=GAMMA))
   whole = method.decode(target, inputs, max_new_tokens=MAX_NEW)
   batches = padded_batches(inputs, 2)
   corpus = methods.decode_corpus(method, target, batches, max_new_tokens=MAX_NEW)
@@ -77,7 +78,7 @@ def test_merge_is_not_an_average_of_batch_ratios(pair, inputs):
   """Two calls of different sizes: the merged alpha is sum(beta_sum) / sum(beta_count),
   not the mean of the two calls' alphas."""
   target, drafter = pair
-  method = methods.Speculative(drafter=drafter, gamma=GAMMA)
+  method = methods.Run(sd.Speculative(drafter, gamma=GAMMA))
   a = method.decode(target, inputs[:1], max_new_tokens=MAX_NEW)
   b = method.decode(target, inputs[1:], max_new_tokens=MAX_NEW)
   merged = stats_lib.merge_outputs([a, b])
@@ -90,9 +91,9 @@ def test_merge_is_not_an_average_of_batch_ratios(pair, inputs):
 
 def test_baseline_counts_one_target_call_per_row_and_token(pair, inputs):
   target, _ = pair
-  corpus = methods.decode_corpus(methods.Baseline(), target, padded_batches(inputs, 2),
-                                 max_new_tokens=MAX_NEW)
-  row = methods.stats_row(corpus.stats, speculative=False)
+  corpus = methods.decode_corpus(methods.Run(sd.Autoregressive()), target,
+                                 padded_batches(inputs, 2), max_new_tokens=MAX_NEW)
+  row = methods.stats_row(corpus.stats)
   assert row["target_calls"] == corpus.generated and row["block_efficiency"] == 1.0
   assert set(row) == {"target_calls", "rounds", "block_efficiency"}
   assert "_per_row" not in "".join(methods.totals(corpus.stats))
@@ -107,7 +108,7 @@ def test_out_stats_is_a_readable_summary_of_host_numbers(pair, inputs):
   doc = stats_lib.summarize.__doc__
   numbers = {k: v for k, v in s.items() if k not in dict(out.info)}
   # the common statistics and speculative decoding's own (tests/test_method_stats.py)
-  assert set(numbers) == set(stats_lib.method_stats("speculative")) and len(numbers) == 17
+  assert set(numbers) == set(stats_lib.shown(sd.Speculative.statistics)) and len(numbers) == 17
   for name, value in numbers.items():
     assert f"{name} " in doc or f"{name}," in doc, f"{name} is not documented"
     assert type(value) in (int, float, list), (name, type(value))
@@ -163,12 +164,12 @@ def test_methods_run_the_library_functions(pair, inputs):
   key = jax.random.PRNGKey(3)
   sampling = sd.Sampling(temperature=0.8, top_k=20)
   cases = [
-      (methods.Baseline(sampling=sampling),
+      (methods.Run(sd.Autoregressive(), sampling),
        sd.generate(target, inputs, max_new_tokens=MAX_NEW, sampling=sampling, rng=key)),
-      (methods.Speculative(drafter=drafter, gamma=2, lenience=0.5, sampling=sampling),
+      (methods.Run(sd.Speculative(drafter, gamma=2, lenience=0.5), sampling),
        sd.speculative_generate(target, drafter, inputs, gamma=2, max_new_tokens=MAX_NEW,
                                sampling=sampling, rng=key, lenience=0.5)),
-      (methods.Speculative(drafter=drafter, gamma=4, adaptive=True),
+      (methods.Run(sd.Speculative(drafter, gamma=4, adaptive=True)),
        sd.speculative_generate(target, drafter, inputs, gamma=4, max_new_tokens=MAX_NEW,
                                rng=key, adaptive=True)),
   ]
@@ -183,45 +184,57 @@ def test_methods_run_the_library_functions(pair, inputs):
   np.testing.assert_array_equal(corpus.tokens(), np.asarray(expected.tokens))
 
 
-def test_method_settings_and_registry(pair):
+def test_run_settings_and_description(pair):
   _, drafter = pair
-  spec = methods.Speculative(drafter=drafter, drafter_name="ngram", gamma=4, adaptive=True)
+  spec = methods.Run(sd.Speculative(drafter, gamma=4, adaptive=True), label="ngram")
   settings = spec.settings()
-  assert settings == {"method": "speculative", "sampling": "Greedy()", "exact": None,
-                      "drafter_name": "ngram", "gamma": 4, "lenience": 1.0, "adaptive": True}
+  assert settings == {"method": "speculative", "label": "ngram", "sampling": "Greedy()",
+                      "exact": None, "gamma": 4, "lenience": 1.0, "adaptive": True}
   json.dumps(settings)   # JSON-friendly: the drafter object is left out
-  assert spec.describe() == "speculative (drafter ngram, gamma 4, adaptive), greedy"
-  assert methods.Baseline().describe() == "baseline (sd.generate), greedy"
-  assert methods.Baseline(sampling=sd.Sampling()).settings()["method"] == "baseline"
-  assert methods.METHODS == {"baseline": methods.Baseline, "speculative": methods.Speculative,
-                             "bild": methods.Bild, "blockwise": methods.Blockwise,
-                             "beam": methods.Beam}
-  assert methods.Baseline(exact=False).settings()["exact"] is False
-  assert spec.uses_drafter and not methods.Baseline().uses_drafter
-  with pytest.raises(TypeError):
-    methods.Speculative(drafter, 4)         # keyword-only: settings are named
+  assert spec.describe() == "speculative drafter=ngram gamma=4 adaptive=True, greedy"
+  alone = methods.Run(sd.Autoregressive())
+  assert alone.describe() == "autoregressive, greedy" and alone.kind == "autoregressive"
+  assert methods.Run(sd.Autoregressive(), sd.Sampling()).settings()["method"] == "autoregressive"
+  assert methods.Run(sd.Autoregressive(exact=False)).settings()["exact"] is False
+  assert spec.method.drafter_role == "drafter" and alone.method.drafter_role is None
+  with pytest.raises(TypeError, match="a method value"):
+    methods.Run("speculative")
+  with pytest.raises(sd.SamplingError, match="deterministic"):
+    methods.Run(sd.Beam(), sd.Sampling())
 
 
-def test_a_new_method_is_one_subclass(pair, inputs):
-  """A method the tools do not know (here: speculative decoding with prompt lookup as its
-  proposer) runs through decode_corpus and the aggregator unchanged."""
+def test_a_new_method_is_one_value(pair, inputs):
+  """A method the library does not know (here: speculative decoding whose drafter is
+  always prompt lookup) is one value class; runs, corpora and the aggregator take it
+  unchanged, and it names and describes itself."""
+  from flax import struct
+
+  from specdec_jax import methods as core
   target, _ = pair
 
-  class PromptLookup(methods.DecodeMethod):
-    kind = "prompt-lookup"
+  @struct.dataclass
+  class PromptLookup(core.Speculative):
+    """Speculative decoding drafting by prompt lookup.
 
-    def decode(self, target, encoder_tokens, *, max_new_tokens, rng=None, eos_id=None):
-      return sd.speculative_generate(target, sd.PromptLookupDrafter(target.config.vocab_size),
-                                     encoder_tokens, gamma=2, max_new_tokens=max_new_tokens,
-                                     sampling=self.sampling, rng=rng, eos_id=eos_id)
+    Attributes:
+      ngram: unused here, shows in the description.
+    """
 
-  corpus = methods.decode_corpus(PromptLookup(), target, padded_batches(inputs, 2),
-                                 max_new_tokens=MAX_NEW)
-  baseline = methods.decode_corpus(methods.Baseline(), target, padded_batches(inputs, 2),
-                                   max_new_tokens=MAX_NEW)
+    name: ClassVar[str] = "prompt-lookup"
+    ngram: int = core.setting(3)
+
+    def proposer(self, target, sampling):
+      return core.Speculative(sd.PromptLookupDrafter(target.config.vocab_size),
+                              gamma=self.gamma).proposer(target, sampling)
+
+  run = methods.Run(PromptLookup(None, gamma=2, ngram=2))
+  corpus = methods.decode_corpus(run, target, padded_batches(inputs, 2), max_new_tokens=MAX_NEW)
+  baseline = methods.decode_corpus(methods.Run(sd.Autoregressive()), target,
+                                   padded_batches(inputs, 2), max_new_tokens=MAX_NEW)
   assert corpus.token_rows() == baseline.token_rows()          # greedy: exact
-  assert int(corpus.stats["drafted"]) > 0 and PromptLookup().settings() == {
-      "method": "prompt-lookup", "sampling": "Greedy()", "exact": None}
+  assert int(corpus.stats["drafted"]) > 0 and corpus.stats["method"] == "prompt-lookup"
+  assert run.settings()["method"] == "prompt-lookup" and run.settings()["ngram"] == 2
+  assert run.describe() == "prompt-lookup gamma=2 ngram=2, greedy"
 
 
 # ----------------------------------------------------------------------------- options
@@ -321,7 +334,8 @@ def test_every_tool_error_is_a_specdec_error():
              if c.__module__ == module.__name__]
   assert len(classes) >= 19
   for cls in classes:
-    assert issubclass(cls, sd.SpecdecError) and issubclass(cls, ValueError), cls
+    assert issubclass(cls, sd.SpecdecError), cls
+    assert cls is sd.SpecdecError or issubclass(cls, ValueError), cls
   assert issubclass(lab_errors.MissingDataError, FileNotFoundError)
   assert issubclass(lab_errors.T5XSourceError, lab_errors.CompareError)
   for cls in vars(lab_errors).values():

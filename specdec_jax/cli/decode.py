@@ -57,7 +57,7 @@ from specdec_jax.cli.timing import is_exact, ms_per_token, time_rounds
 from specdec_jax.compilation import announce_kernel_build, compiling, use_persistent_cache
 from specdec_jax.errors import CLIError
 from specdec_jax.models.model import family
-from specdec_jax.runs import EXTRA_STATS, Baseline, decode_corpus
+from specdec_jax.runs import Run, decode_corpus
 from specdec_jax.runtime import liveness, output_file
 from specdec_jax.runtime.distributed import (
   Processes,
@@ -155,18 +155,20 @@ def _stats_block(stats: dict[str, Any], timing: dict[str, Any], method) -> str:
   lines += [f"target calls         {int(stats['target_calls'])} per-row verifier calls, "
            f"{int(stats['rounds'])} batched rounds",
            f"tokens/target call   {f(stats['tokens_per_target_call'])}   (per row)"]
-  if method.kind == "speculative":
-    lines += [f"drafter calls        {int(stats['drafter_calls'])}",
-              f"acceptance rate      {f(stats['acceptance_rate'])}   (accepted / drafted)",
-              f"alpha                {f(stats['alpha'])}   (mean of sum_x min(p, q))"]
-    if bool(stats.get("lossy", False)):
-      lines.append(f"lenience             {stats['lenience']} (LOSSY: output distribution "
-                   "differs from the target's)")
-  for key in EXTRA_STATS.get(method.kind, ()):
+  # the method's own statistics, where its stats carry them (`Method.statistics`)
+  if "drafter_calls" in stats:
+    lines.append(f"drafter calls        {int(stats['drafter_calls'])}")
+  if "acceptance_rate" in stats:
+    lines.append(f"acceptance rate      {f(stats['acceptance_rate'])}   (accepted / drafted)")
+  if "alpha" in stats:
+    lines.append(f"alpha                {f(stats['alpha'])}   (mean of sum_x min(p, q))")
+  for key in ("fallback_rate", "rollback_rate", "repeated_draft_rate", "mean_max_run",
+              "oracle_tokens_per_target_call"):
     if key in stats:
       lines.append(f"{key:<20} {f(stats[key])}")
-  if method.kind == "bild":
-    lines.append(f"small-model calls    {int(stats['drafter_calls'])}   (BiLD is LOSSY by design)")
+  if bool(stats.get("lossy", False)):
+    lines.append("lossy                yes: the output (or its distribution) is not the "
+                 "target's" + (f" (lenience {stats['lenience']})" if "lenience" in stats else ""))
   return "\n".join(lines)
 
 
@@ -331,16 +333,15 @@ def _compare(run: DecodeRun, method, target, prompts: Prompts, mesh,
              repeats: int = 3) -> dict[str, Any]:
   """The method vs the target alone on the same inputs: all compiled first, then timed in
   `repeats` alternating rounds; speedup of the medians over the FASTEST plain baseline
-  (`Baseline(exact=False)`: natural call width). An exact method's padding cost shows in
+  (`sd.Autoregressive(exact=False)`: natural call width). An exact method's padding cost shows in
   its own figure (`exact_cost`: the exact baseline over the plain one), not in the speedup."""
   rng = jax.random.PRNGKey(run.seed)
   batch = run.batch_size or mesh_batch(len(prompts.tokens), mesh)
   batches, lengths = _batches(prompts, batch)
-  methods = {"method": method,
-             "baseline": place_method(Baseline(sampling=method.sampling, exact=False), mesh)}
+  alone = lambda exact: place_method(Run(sd.Autoregressive(exact=exact), method.sampling), mesh)
+  methods = {"method": method, "baseline": alone(False)}
   if is_exact(method):
-    methods["exact baseline"] = place_method(Baseline(sampling=method.sampling, exact=True),
-                                             mesh)
+    methods["exact baseline"] = alone(True)
   calls = {name: functools.partial(decode_corpus, m, target, batches,
                                    max_new_tokens=run.max_new_tokens, rng=rng,
                                    prompt_lengths=lengths)
@@ -357,8 +358,9 @@ def _compare(run: DecodeRun, method, target, prompts: Prompts, mesh,
          "exact_cost": None if exact_ms is None else exact_ms / ms["baseline"],
          "same_tokens": bool(np.array_equal(timed["method"]["output"].tokens(),
                                             timed["baseline"]["output"].tokens()))}
-  if (method.kind == "speculative" and mesh is None
-      and not getattr(method.drafter, "shares_target_cache", False)):   # not an early exit
+  value = method.method
+  if (isinstance(value, sd.Speculative) and mesh is None   # the theory of its 'why' line
+      and not getattr(value.drafter, "shares_target_cache", False)):   # not an early exit
     with compiling("the model-step timers of the 'why' line", run.compile_cache_dir):
       out["costs"] = _costs(run, method, target, batches[0].tokens,
                             timed["method"]["output"])
@@ -370,9 +372,10 @@ def _costs(run: DecodeRun, method, target, encoder_tokens, corpus) -> dict[str, 
   at its batch size, with its verify calls' width (exact mode pads them off the kernels)."""
   from specdec_jax.rounds.engine import EXACT_WIDTH
   padded = is_exact(method) and not target.width_invariant_decode
-  return explain_run(target, method.drafter, method.gamma, encoder_tokens, corpus.stats,
+  gamma = method.method.gamma
+  return explain_run(target, method.method.drafter, gamma, encoder_tokens, corpus.stats,
                      CostTiming(capacity=run.max_new_tokens + EXACT_WIDTH + 1),
-                     call_tokens=EXACT_WIDTH if padded else method.gamma + 1)
+                     call_tokens=EXACT_WIDTH if padded else gamma + 1)
 
 
 def _compare_block(compare: dict[str, Any], kind: str) -> str:
@@ -474,7 +477,7 @@ def decode(choice: MethodChoice, run: DecodeRun) -> int:
             "tokens_per_s": generated / wall if wall > 0 else None,
             "ms_per_token": 1e3 * wall / generated if generated else None}
   compare = None
-  if run.compare and method.kind != "baseline":
+  if run.compare and not isinstance(method.method, sd.Autoregressive):
     compare = timing["compare"] = _compare(run, method, target, encoded, mesh)
   if jax.process_index() != 0:   # process 0 prints every process's rows
     return 0

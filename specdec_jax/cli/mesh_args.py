@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 import jax
 from jax.sharding import Mesh
@@ -116,17 +116,18 @@ def place_method(method: Any, mesh: Mesh | None, keep: tuple[str, ...] = ()) -> 
   (BiLD's early-exit small model is the sharded target itself)."""
   if mesh is None:
     return method
-  core_type = getattr(method, "core", None)
-  if core_type is not None:
-    models = {f.name: sd.sharding.replicate(getattr(method, f.name), mesh)
-              for f in core.model_fields(core_type)
-              if getattr(method, f.name) is not None and f.name not in keep}
-    method = dataclasses.replace(method, **models)
+  value = getattr(method, "method", None)     # a `runs.Run`'s method value
+  if isinstance(value, core.Method):
+    models = {f.name: sd.sharding.replicate(getattr(value, f.name), mesh)
+              for f in core.model_fields(type(value))
+              if getattr(value, f.name) is not None and f.name not in keep}
+    placed = dataclasses.replace(cast(Any, value), **models)   # a flax.struct dataclass
+    method = dataclasses.replace(method, method=placed)
   return OnMesh(method, mesh)
 
 
 class OnMesh:
-  """A tools method (`tools.methods.DecodeMethod`) whose encoder tokens [B, L] are split
+  """A run (`runs.Run`) whose inputs [B, L] are split
   by batch over the mesh's "data" axis before it decodes; every other attribute is the
   method's own."""
 

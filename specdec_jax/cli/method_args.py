@@ -18,15 +18,15 @@ The flags stop here: `method_from_args` checks them and returns a `MethodChoice`
 method value with its settings, its models still None, the sampling, and the names of the
 models to load); `build_method` turns that into the tools method once the target is loaded.
 
-The flags of every method's settings are derived from the core method values
-(`sd.Speculative`, `sd.BiLD`, `sd.Blockwise`; `CORE`): one flag per setting, named after
-the field (`--fallback-threshold`), typed and defaulted by it, its help taken from the
-class's "Attributes:" docs (or `CLI_HELP`, where those read badly on a command line), its
-value checked by the class itself before any model is loaded. `FLAG_NAMES` renames those
-that would clash or read badly (`--lattice-k`: the lattice's top_k, beside sampling's
-`--top-k`; `--adaptive-gamma`). A flag of another method than the chosen one is an error
-naming the method it belongs to. The models
-(`--drafter`, `--heads`, `--rescorer`) are paths, read here.
+Everything here is derived from the method values (`sd.methods.METHODS`), each the
+method's one home: `--method` takes their `name`s; each gets a flag group titled by its
+`summary`, with one flag per setting, named after the field (`--fallback-threshold`) or
+its `setting(flag=)` (`--lattice-k`), typed and defaulted by it, its help its
+`setting(cli_help=)` or the class's "Attributes:" docs, its value checked by the class
+itself before any model is loaded; its models' flags are their `carried(flag=)`
+(`--heads`, `--rescorer`; `--drafter` is common); `drafter_role` says what `--drafter`
+is for it, `greedy_only` refuses sampling. A flag of another method than the chosen one
+is an error naming the method it belongs to. No table here names a method.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import argparse
 import dataclasses
 import os
 import re
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 from jax.sharding import Mesh
@@ -43,57 +43,35 @@ from jax.sharding import Mesh
 import specdec_jax as sd
 from specdec_jax import methods as core
 from specdec_jax.cli.mesh_args import place_method
-from specdec_jax.cli.models import DRAFTER_KINDS
 from specdec_jax.cli.options import MODES, make_sampling
 from specdec_jax.drafters.lattice import NGramLM
 from specdec_jax.errors import CLIError, FileAccessError, InputError
-from specdec_jax.runs import (
-  Baseline,
-  Beam,
-  Bild,
-  Blockwise,
-  DecodeMethod,
-  Speculative,
-)
+from specdec_jax.runs import Run
 
-#: --method: the core method type of each algorithm, in `--help` order.
-CORE = {"autoregressive": core.Autoregressive, "speculative": core.Speculative,
-        "bild": core.BiLD, "blockwise": core.Blockwise, "beam": core.Beam}
+#: --method: each method value by its name, in `--help` order.
+CORE = {m.name: m for m in core.METHODS}
 METHOD_NAMES = tuple(CORE)
 EARLY_EXIT = "early-exit:"
+DRAFTER = "--drafter"
 
-#: Flag names that differ from their field's: (core method type, field) -> flag.
-FLAG_NAMES = {(core.Blockwise, "top_k"): "--lattice-k",
-              (core.Speculative, "adaptive"): "--adaptive-gamma"}
-#: Help texts written for the command line where the field's docstring reads badly there
-#: (it names Python values or other modules): (core method type, field) -> help.
-CLI_HELP = {
-    (core.Speculative, "gamma"): "tokens drafted per round (with --adaptive-gamma: the most)",
-    (core.Speculative, "adaptive"): "choose each row's gamma in 1..--gamma on device, from "
-                                    "its acceptance so far",
-    (core.Speculative, "lenience"): "1: exact; below 1: Leviathan et al.'s lenient "
-                                    "acceptance (lossy)",
-    (core.BiLD, "batch_policy"): "wait: each row decodes as if alone; sync: the first row "
-                                 "to hand over ends every row's drafting (fewer small calls)",
-    (core.Blockwise, "rescoring"): "rescore the lattice's paths with a bigram LM (ngram) or "
-                                   "a small model (neural), given by --rescorer",
-}
-#: Flags of a method's models beside its settings (paths, read by `build_method`).
-MODEL_FLAGS = {"blockwise": ("heads", "rescorer")}
 
 _SCALARS = {"bool": bool, "int": int, "float": float, "str": str}
 
 
-def _flag(core_type: type, name: str) -> str:
-  """--name, or its `FLAG_NAMES` entry (a subclass's fields keep their base's flags)."""
-  renamed = [FLAG_NAMES[(cls, name)] for cls in core_type.__mro__ if (cls, name) in FLAG_NAMES]
-  return renamed[0] if renamed else "--" + name.replace("_", "-")
+def _flag(f: dataclasses.Field) -> str:
+  """The field's `setting(flag=)`, or --name."""
+  return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
 def setting_flags(core_type: type) -> list[tuple[str, dataclasses.Field]]:
   """(flag, field) of every setting of a core method type (`exact` is the tools' own)."""
-  return [(_flag(core_type, f.name), f) for f in core.settings_fields(core_type)
-          if f.name != "exact"]
+  return [(_flag(f), f) for f in core.settings_fields(core_type) if f.name != "exact"]
+
+
+def model_flags(core_type: type) -> list[tuple[str, dataclasses.Field]]:
+  """(flag, field) of a method's models other than --drafter's (`carried(flag=)`)."""
+  return [(f.metadata["flag"], f) for f in core.model_fields(core_type)
+          if f.metadata.get("flag") not in (None, DRAFTER)]
 
 
 def _dest(flag: str) -> str:
@@ -121,8 +99,7 @@ def add_setting_flags(group, core_type: type, skip: frozenset[str] = frozenset()
     if _dest(flag) in skip:
       continue
     kind = _value_type(f)
-    help = next((CLI_HELP[(cls, f.name)] for cls in core_type.__mro__
-                 if (cls, f.name) in CLI_HELP), None) or docs.get(f.name, f.name).rstrip(".")
+    help = f.metadata.get("cli_help") or docs.get(f.name, f.name).rstrip(".")
     if kind is not bool and f.default is not None:
       help += f" (default {f.default})"
     help = help.replace("%", "%%")
@@ -148,8 +125,7 @@ def settings_from_args(args, core_type: type) -> dict[str, Any]:
 
 def method_flags(method: str) -> tuple[str, ...]:
   """The dests of the flags that belong to `method` (its models' and its settings')."""
-  return MODEL_FLAGS.get(method, ()) + tuple(_dest(flag) for flag, _ in
-                                             setting_flags(CORE[method]))
+  return tuple(_dest(flag) for flag, _ in model_flags(CORE[method]) + setting_flags(CORE[method]))
 
 
 def _method_name(text: str) -> str:
@@ -161,11 +137,11 @@ def _method_name(text: str) -> str:
   return text
 
 
-_GROUPS = {
-    "speculative": "speculative decoding (--method speculative, the default with --drafter)",
-    "bild": "BiLD (--method bild; the small model: --drafter)",
-    "blockwise": "blockwise parallel decoding (--method blockwise)",
-    "beam": "beam search, T5X's beam_search (--method beam)",
+#: --help of the model flags (their fields' docs name Python values).
+MODEL_HELP = {
+    "--heads": "heads file or model dir (default: the heads saved with --model)",
+    "--rescorer": "neural: a small model path/name; ngram: a prepared data dir whose train "
+                  "targets fit the bigram LM ('data' in specdec eval: --data)",
 }
 
 
@@ -182,16 +158,14 @@ def add_method_flags(p: argparse.ArgumentParser) -> None:
   p.add_argument("--top-k", type=int, help="keep the k most likely tokens (0 = off)")
   p.add_argument("--top-p", type=float, help="nucleus mass in (0, 1] (1 = off)")
   added: set[str] = set()
-  for name, title in _GROUPS.items():
-    group = p.add_argument_group(title)
-    if name == "blockwise":
-      group.add_argument("--heads", metavar="PATH",
-                         help="heads file or model dir (default: the heads saved with --model)")
-      group.add_argument("--rescorer", metavar="PATH",
-                         help="neural: a small model path/name; ngram: a prepared data dir "
-                         "whose train targets fit the bigram LM ('data' in specdec eval: "
-                         "--data)")
-    add_setting_flags(group, CORE[name], skip=frozenset(added))
+  for name, method in CORE.items():
+    if not method_flags(name):
+      continue
+    group = p.add_argument_group(f"--method {name}: {method.summary}")
+    for flag, f in model_flags(method):
+      if _dest(flag) not in added:
+        group.add_argument(flag, metavar="PATH", help=MODEL_HELP.get(flag, f.name))
+    add_setting_flags(group, method, skip=frozenset(added))
     added.update(method_flags(name))
 
 
@@ -216,16 +190,24 @@ def _check_settings(args, method: str) -> core.Method:
   (no model needed), its message naming the flag instead of the field."""
   core_type = CORE[method]
   settings = settings_from_args(args, core_type)
-  models: dict[str, Any] = {f.name: None for f in core.model_fields(core_type)}
-  if method == "blockwise" and args.rescoring is not None:
-    models["rescorer"] = args.rescorer   # its name until loaded (checked given above)
+  # the models' flags as given (their names until loaded), for the class's own checks
+  models: dict[str, Any] = {f.name: getattr(args, _dest(flag), None)
+                            for flag, f in model_flags(core_type)}
+  models.update({f.name: None for f in core.model_fields(core_type) if f.name not in models})
   try:
     return core_type(**models, **settings)
   except InputError as e:
     message = str(e)
-    for flag, f in setting_flags(core_type):
-      message = re.sub(rf"^{f.name}\b", flag, message)
+    for flag, f in setting_flags(core_type) + model_flags(core_type):
+      message = re.sub(rf"\b{f.name}\b(=(\S+))?", _as_flag(flag), message)
     raise CLIError(message) from None
+
+
+def _as_flag(flag: str):
+  """A re.sub replacement: "name=value" -> "--flag value", "name" -> "--flag"."""
+  def replace(m: re.Match) -> str:
+    return flag + (f" {m.group(2)}" if m.group(2) else "")
+  return replace
 
 
 def check_method_flags(args) -> core.Method:
@@ -241,29 +223,20 @@ def check_method_flags(args) -> core.Method:
     hint = ": add --drafter" if owners == ["speculative"] and method == "autoregressive" else ""
     raise CLIError(f"{', '.join(bad)} only {verb} to --method {' / '.join(owners)}, not "
                    f"--method {method}{hint}")
-  drafter = args.drafter
-  if drafter is not None and drafter.startswith(EARLY_EXIT) and method != "bild":
+  drafter, role = args.drafter, CORE[method].drafter_role
+  if drafter is not None and drafter.startswith(EARLY_EXIT) and role != "small model":
     raise CLIError(f"--drafter {drafter} is BiLD's early-exit small model: add --method bild")
-  if method == "speculative" and drafter is None:
-    raise CLIError("--method speculative needs a drafter: --drafter PATH_OR_NAME, ngram or "
-                   "prompt-lookup")
-  if method == "bild" and drafter is None:
-    raise CLIError("--method bild needs the small model: --drafter PATH or early-exit:K")
-  if method == "blockwise" and drafter is not None:
-    raise CLIError("--method blockwise drafts with prediction heads: drop --drafter")
-  if method == "beam" and drafter is not None:
-    raise CLIError("--method beam searches with the target alone: drop --drafter")
-  if method == "autoregressive" and drafter is not None:
-    raise CLIError("--method autoregressive decodes with the target alone: drop --drafter")
-  if method == "beam" and (args.sampling == "sample" or _given(
+  if role is not None and drafter is None:
+    kinds = "PATH_OR_NAME, ngram or prompt-lookup" if role == "drafter" else "PATH or early-exit:K"
+    raise CLIError(f"--method {method} needs {'a' if role == 'drafter' else 'the'} {role}: "
+                   f"--drafter {kinds}")
+  if role is None and drafter is not None:
+    raise CLIError(f"--method {method} ({CORE[method].summary}) takes no --drafter: drop "
+                   f"--drafter")
+  if CORE[method].greedy_only and (args.sampling == "sample" or _given(
       args, ("temperature", "top_k", "top_p"))):
-    raise CLIError("--method beam is deterministic (T5X's beam search): drop --sampling "
-                   "sample, --temperature, --top-k and --top-p")
-  if method == "blockwise":
-    if args.rescoring is None and args.rescorer is not None:
-      raise CLIError("--rescorer needs --rescoring ngram|neural")
-    if args.rescoring is not None and args.rescorer is None:
-      raise CLIError(f"--rescoring {args.rescoring} needs --rescorer")
+    raise CLIError(f"--method {method} is deterministic ({CORE[method].summary}): drop "
+                   "--sampling sample, --temperature, --top-k and --top-p")
   return _check_settings(args, method)
 
 
@@ -273,42 +246,36 @@ class MethodChoice:
 
   Attributes:
     value: the core method value (`sd.Speculative(None, gamma=4)`, ...): its settings set
-      and checked, its models None (a rescorer: its --rescorer name).
+      and checked, its models None.
     sampling: `sd.Greedy()` or `sd.Sampling(...)`.
     drafter: --drafter: a model path/name, "ngram", "prompt-lookup" or "early-exit:K".
-    heads: --heads (blockwise; None: the heads saved with the target).
-    rescorer: --rescorer (blockwise): a model path/name (neural) or a data dir (ngram).
+    models: {flag: value} of the method's other model flags given (`--heads`, `--rescorer`).
   """
 
   value: core.Method
   sampling: Any
   drafter: str | None = None
-  heads: str | None = None
-  rescorer: str | None = None
+  models: tuple[tuple[str, str], ...] = ()
 
   @property
   def name(self) -> str:
-    """The --method name ("autoregressive", "speculative", "bild", "blockwise")."""
-    return next(name for name, t in CORE.items() if type(self.value) is t)
+    """The --method name (the value's `name`)."""
+    return self.value.name
 
   @property
   def early_exit(self) -> bool:
     """BiLD's small model is the target itself, read after K layers."""
     return self.drafter is not None and self.drafter.startswith(EARLY_EXIT)
 
-  def settings(self) -> dict[str, Any]:
-    """{field: value} of the method's settings (`setting_flags`' fields)."""
-    return {f.name: getattr(self.value, f.name) for _, f in setting_flags(type(self.value))}
-
 
 def method_from_args(args) -> MethodChoice:
   """The `MethodChoice` of the flags (`check_method_flags`, `sampling_from_method_args`):
   where the method's flags leave argparse."""
   value = check_method_flags(args)
-  blockwise = isinstance(value, core.Blockwise)
+  given = tuple((flag, getattr(args, _dest(flag))) for flag, _ in model_flags(type(value))
+                if getattr(args, _dest(flag), None) is not None)
   return MethodChoice(value=value, sampling=sampling_from_method_args(args),
-                      drafter=args.drafter, heads=args.heads if blockwise else None,
-                      rescorer=args.rescorer if blockwise else None)
+                      drafter=args.drafter, models=given)
 
 
 def sampling_from_method_args(args):
@@ -349,33 +316,28 @@ def early_exit_layer(spec: str, target: sd.Model) -> int:
 
 
 def build_method(choice: MethodChoice, target: sd.Model, model: str, drafter: Any,
-                 load: Callable[[str], sd.Model]) -> DecodeMethod:
-  """The tools method of `choice` on the loaded `target` (named `model`: blockwise reads
-  its saved heads); `drafter` is the resolved --drafter (None for early-exit:K and
-  blockwise), `load` reads a model path/name (a neural rescorer)."""
-  settings, sampling = choice.settings(), choice.sampling
-  if choice.name == "autoregressive":
-    return Baseline(sampling=sampling)
-  if choice.name == "beam":
-    return Beam(**settings)
-  if choice.name == "bild":
-    small = drafter
-    if choice.drafter is not None and choice.early_exit:
-      small = sd.early_exit(target, early_exit_layer(choice.drafter, target))
-    return Bild(sampling=sampling, small=small, small_name=choice.drafter, **settings)
-  if isinstance(choice.value, core.Blockwise):
-    heads = sd.load_heads(choice.heads or model, target)
-    rescorer: sd.Model | NGramLM | None = None
-    if choice.value.rescoring is not None and choice.rescorer is None:
-      raise CLIError(f"--rescoring {choice.value.rescoring} needs --rescorer")
-    if choice.value.rescoring == "neural" and choice.rescorer is not None:
-      rescorer = load(choice.rescorer)
-    elif choice.value.rescoring == "ngram" and choice.rescorer is not None:
-      rescorer = fit_ngram(choice.rescorer, target.config.vocab_size)
-    return Blockwise(sampling=sampling, heads=heads, heads_name=choice.heads or model,
-                     rescorer=rescorer, **settings)
-  name = choice.drafter if choice.drafter in DRAFTER_KINDS else "model"
-  return Speculative(sampling=sampling, drafter=drafter, drafter_name=name, **settings)
+                 load: Callable[[str], sd.Model]) -> Run:
+  """The run of `choice` on the loaded `target` (named `model`: blockwise reads its saved
+  heads); `drafter` is the resolved --drafter (None for early-exit:K), `load` reads a
+  model path/name (a neural rescorer). Each model field is filled from its flag."""
+  value, given = choice.value, dict(choice.models)
+  if choice.early_exit and choice.drafter is not None:
+    drafter = sd.early_exit(target, early_exit_layer(choice.drafter, target))
+  models: dict[str, Any] = {}
+  label = choice.drafter
+  for f in core.model_fields(type(value)):
+    flag = f.metadata.get("flag")
+    if flag == DRAFTER:
+      models[f.name] = drafter
+    elif flag == "--heads":
+      label = given.get(flag) or model
+      models[f.name] = sd.load_heads(label, target)
+    elif flag == "--rescorer" and flag in given:
+      rescoring = getattr(value, "rescoring", None)
+      models[f.name] = (load(given[flag]) if rescoring == "neural"
+                        else fit_ngram(given[flag], target.config.vocab_size))
+  built = dataclasses.replace(cast(Any, value), **models)   # a flax.struct dataclass
+  return Run(built, choice.sampling, label=label)
 
 
 def placed_method(choice: MethodChoice, target: sd.Model, model: str, drafter: Any,

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -47,7 +47,7 @@ from flax import struct
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import sharding
 from specdec_jax.cache import DecoderCache
-from specdec_jax.errors import InputError, SamplingError
+from specdec_jax.errors import InputError
 from specdec_jax.methods.values import Method, _check_exact, _check_number, setting
 from specdec_jax.models.model import Model
 from specdec_jax.rounds import engine, inputs
@@ -291,7 +291,13 @@ class Beam(Method):
       specdec_jax.errors.InputError: num_beams must be an integer >= 1, got 0
   """
 
-  num_beams: int = setting(4)
+  name: ClassVar[str] = "beam"
+  summary: ClassVar[str] = "beam search, T5X's beam_search (greedy only)"
+  greedy_only: ClassVar[bool] = True
+  statistics: ClassVar[tuple[str, ...]] = ()
+  shorthand: ClassVar[tuple[str, ...]] = ("num_beams", "alpha")
+
+  num_beams: int = setting(4, short="K")
   alpha: float = setting(0.6)
   min_log_prob: float = setting(NEG_INF)
   exact: bool | None = setting(None)
@@ -305,9 +311,7 @@ class Beam(Method):
 
   def run(self, target, encoder_tokens, max_new_tokens, sampling, rng, eos_id,
           prompt_lengths):
-    if not sampling.is_greedy:
-      raise SamplingError("beam search is deterministic: drop sampling (sd.Beam takes no "
-                          f"temperature, top-k or top-p), got {sampling!r}")
+    # sampling: greedy (`greedy_only`, checked by `decode`)
     config = SearchConfig(num_beams=self.num_beams, alpha=float(self.alpha), eos_id=eos_id,
                           max_decode_len=max_new_tokens + 1,
                           min_log_prob=float(self.min_log_prob))

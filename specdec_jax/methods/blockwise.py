@@ -125,6 +125,8 @@ def check_rescoring(rescoring: str | None, rescorer: Any, num_drafts: int) -> No
     raise InputError(f"rescoring must be one of {RESCORING}, got {rescoring!r}")
   if rescoring is not None and rescorer is None:
     raise InputError(f"rescoring={rescoring!r} needs a rescorer (an n-gram LM or a model)")
+  if rescoring is None and rescorer is not None:
+    raise InputError("a rescorer needs rescoring='ngram' or 'neural'")
   if rescoring == "neural" and num_drafts > 1:
     raise InputError("neural rescoring builds one draft: use num_drafts=1")
 

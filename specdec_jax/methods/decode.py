@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.config.lm import LMConfig
-from specdec_jax.errors import InputError
+from specdec_jax.errors import InputError, SamplingError
 from specdec_jax.methods.beam import Beam
 from specdec_jax.methods.values import Autoregressive, BiLD, Blockwise, Method, Speculative
 from specdec_jax.models.model import Model
@@ -63,5 +65,11 @@ def decode(target: Model, method: Method, encoder_tokens, max_new_tokens: int = 
   else:
     encoder_tokens = inputs.check_request(encoder_tokens, target.config, max_new_tokens)
   sampling = sampling_lib.as_sampling(sampling)
-  return method.run(target, encoder_tokens, max_new_tokens, sampling, rng,
-                    inputs.resolve_eos(eos_id, target.config), prompt_lengths)
+  if method.greedy_only and not sampling.is_greedy:
+    raise SamplingError(f"sd.{type(method).__name__} is deterministic: drop sampling (it takes "
+                        f"no temperature, top-k or top-p), got {sampling!r}")
+  out = method.run(target, encoder_tokens, max_new_tokens, sampling, rng,
+                   inputs.resolve_eos(eos_id, target.config), prompt_lengths)
+  # the value names its run and says which statistics it reports (`Method`)
+  info = (("method", method.name),) + tuple(kv for kv in out.info if kv[0] != "method")
+  return dataclasses.replace(out, info=info, statistics=method.statistics)

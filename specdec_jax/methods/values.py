@@ -12,6 +12,14 @@ Each value builds the two things the round engine needs (see `engine`): a
 proposer (`method.proposer(target, sampling)`). `decode` checks the request, builds
 both, and runs ONE jitted `engine.run`; the `*_generate` functions are calls of it.
 
+The value is the method's one home: beside its settings it names itself (`name`, the
+`specdec --method` and the statistics' "method"), says what it is (`summary`), what
+`--drafter` means for it (`drafter_role`), which readable statistics it reports
+(`statistics`, computed by `rounds.stats`), its flags (`setting(flag=, cli_help=,
+short=)`, `carried(flag=)`) and its bench shorthand (`shorthand`). The CLI, the runs of
+`specdec_jax.runs` and the lab derive everything from these: a new method is one module
+(its value and its wiring) and its docs page.
+
 Settings are checked when the value is made (a bad gamma fails at `sd.Speculative(...)`,
 before any model is touched). The values are `flax.struct` dataclasses: the models they
 carry (drafter, small model, heads, rescorer, a drafter's own input) are pytree leaves,
@@ -24,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, ClassVar, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +51,7 @@ from specdec_jax.models.model import Model
 from specdec_jax.rounds import engine, inputs
 from specdec_jax.rounds.buffer import DecodeOutput
 from specdec_jax.rounds.phases import AcceptRule, Proposer
+from specdec_jax.rounds.stats import PROPOSED, SCORED
 
 Array = jax.Array
 
@@ -64,26 +73,64 @@ def _check_number(value, name: str) -> float:
   return float(value)
 
 
-def setting(default, choices: tuple | None = None, research: bool = False):
+def setting(default, choices: tuple | None = None, research: bool = False, *,
+            flag: str | None = None, cli_help: str | None = None, short: str | None = None):
   """A static field: part of the treedef (and of equality / hash), never traced.
 
   `choices`: the values it takes (the CLI offers them); `research`: a hook the tools
-  leave at its default (another acceptance rule).
+  leave at its default (another acceptance rule); `flag`: its command-line flag where
+  `--<field-name>` would clash or read badly (`--lattice-k`); `cli_help`: its help there
+  where the "Attributes:" text names Python values; `short`: its name in run labels
+  ("fb" for fallback_threshold: "bild fb=0.5").
   """
-  metadata = {"choices": choices, "research": research}
+  metadata = {"choices": choices, "research": research, "flag": flag, "cli_help": cli_help,
+              "short": short}
   return struct.field(pytree_node=False, default=default, metadata=metadata)
 
 
-def carried(default=None, per_call: bool = False):
+def carried(default=None, per_call: bool = False, *, flag: str | None = None):
   """A field holding models or arrays: a pytree leaf, left out of equality and hash.
 
-  `per_call`: an input of one call (a drafter's own encoder tokens), not a setting.
+  `per_call`: an input of one call (a drafter's own encoder tokens), not a setting;
+  `flag`: the command-line flag that names the model (`--drafter`, `--heads`).
   """
-  return struct.field(default=default, compare=False, metadata={"per_call": per_call})
+  return struct.field(default=default, compare=False,
+                      metadata={"per_call": per_call, "flag": flag})
 
 
 class Method:
-  """What every method value provides to `decode` (the subclasses below)."""
+  """What every method value provides to `decode` (the subclasses below).
+
+  Class attributes (the method's one home; the CLI, the runs and the lab read them):
+    name: the method's name: `specdec decode --method NAME`, out.stats["method"].
+    summary: one line saying what it is (the CLI's help).
+    drafter_role: what `--drafter` is for it ("drafter", "small model"); None: it takes
+      none (the target alone, or prediction heads).
+    greedy_only: deterministic (beam search): sampling is refused.
+    statistics: its readable statistics beside `stats.COMMON_STATS` (names documented in
+      `stats.summarize`, which computes them); None: every statistic (a research method).
+    shorthand: the settings of the bench's "A:B" short form (`--bild 0.5:3`).
+  """
+
+  name: ClassVar[str] = "method"
+  summary: ClassVar[str] = ""
+  drafter_role: ClassVar[str | None] = None
+  greedy_only: ClassVar[bool] = False
+  statistics: ClassVar[tuple[str, ...] | None] = None
+  shorthand: ClassVar[tuple[str, ...]] = ()
+
+  def describe(self, names: Mapping[str, str | None] | None = None) -> str:
+    """How reports name this run: its name, then its settings that differ from their
+    defaults, in their short names where they have one ("bild fb=0.4"); `names`: how to
+    name its models ({"drafter": "ngram"}), shown first."""
+    parts = [self.name]
+    parts += [f"{f}={n}" for f, n in (names or {}).items() if n]
+    for f in settings_fields(type(self)):
+      value = getattr(self, f.name)
+      if value != f.default:
+        show = f"{value:g}" if isinstance(value, float) else str(value)
+        parts.append(f"{f.metadata.get('short') or f.name}={show}")
+    return " ".join(parts)
 
   def proposer(self, target: Model, sampling: sampling_lib.SamplingSettings) -> Proposer:
     raise NotImplementedError
@@ -134,6 +181,10 @@ class Autoregressive(Method):
       (1, 4)
   """
 
+  name: ClassVar[str] = "autoregressive"
+  summary: ClassVar[str] = "the target alone, one token per call (sd.generate)"
+  statistics: ClassVar[tuple[str, ...]] = ()
+
   exact: bool | None = setting(None)
 
   def __post_init__(self):
@@ -178,10 +229,18 @@ class Speculative(Method):
       True
   """
 
-  drafter: Any = carried()
-  gamma: int = setting(5)
-  adaptive: AdaptiveGamma | bool | None = setting(None)
-  lenience: float = setting(1.0)
+  name: ClassVar[str] = "speculative"
+  summary: ClassVar[str] = "speculative decoding: --drafter proposes, the target verifies"
+  drafter_role: ClassVar[str | None] = "drafter"
+  statistics: ClassVar[tuple[str, ...]] = ("drafter_calls", *PROPOSED, *SCORED)
+
+  drafter: Any = carried(flag="--drafter")
+  gamma: int = setting(5, cli_help="tokens drafted per round (with --adaptive-gamma: the most)")
+  adaptive: AdaptiveGamma | bool | None = setting(
+      None, flag="--adaptive-gamma",
+      cli_help="choose each row's gamma in 1..--gamma on device, from its acceptance so far")
+  lenience: float = setting(
+      1.0, cli_help="1: exact; below 1: Leviathan et al.'s lenient acceptance (lossy)")
   drafter_encoder_tokens: Any = carried(per_call=True)
   accept: AcceptRule | None = setting(None, research=True)
   exact: bool | None = setting(None)
@@ -261,11 +320,21 @@ class BiLD(Method):
       specdec_jax.errors.InputError: batch_policy must be one of ('wait', 'sync'), got 'later'
   """
 
-  small: Any = carried()
-  fallback_threshold: float = setting(0.5)
-  rollback_threshold: float = setting(5.0)
+  name: ClassVar[str] = "bild"
+  summary: ClassVar[str] = "BiLD: the small model (--drafter) writes, the target falls back"
+  drafter_role: ClassVar[str | None] = "small model"
+  statistics: ClassVar[tuple[str, ...]] = ("drafter_calls", *PROPOSED, "fallbacks",
+                                           "fallback_rate", "rollback_rate")
+  shorthand: ClassVar[tuple[str, ...]] = ("fallback_threshold", "rollback_threshold")
+
+  small: Any = carried(flag="--drafter")
+  fallback_threshold: float = setting(0.5, short="fb")
+  rollback_threshold: float = setting(5.0, short="rb")
   max_small_steps: int = setting(10)
-  batch_policy: str = setting("wait", choices=bild.BATCH_POLICIES)
+  batch_policy: str = setting(
+      "wait", choices=bild.BATCH_POLICIES,
+      cli_help="wait: each row decodes as if alone; sync: the first row to hand over ends "
+      "every row's drafting (fewer small calls)")
   small_encoder_tokens: Any = carried(per_call=True)
   exact: bool | None = setting(None)
 
@@ -319,11 +388,20 @@ class Blockwise(Method):
       (1,)
   """
 
-  heads: Any = carried()
-  top_k: int = setting(1)
-  num_drafts: int = setting(1)
-  rescoring: str | None = setting(None, choices=RESCORING)
-  rescorer: Any = carried()
+  name: ClassVar[str] = "blockwise"
+  summary: ClassVar[str] = "blockwise parallel decoding: prediction heads draft"
+  statistics: ClassVar[tuple[str, ...]] = (*PROPOSED, *SCORED, "repeated_draft_rate",
+                                           "mean_max_run", "oracle_tokens_per_target_call")
+  shorthand: ClassVar[tuple[str, ...]] = ("top_k", "num_drafts")
+
+  heads: Any = carried(flag="--heads")
+  top_k: int = setting(1, flag="--lattice-k", short="k")
+  num_drafts: int = setting(1, short="p")
+  rescoring: str | None = setting(
+      None, choices=RESCORING,
+      cli_help="rescore the lattice's paths with a bigram LM (ngram) or a small model "
+      "(neural), given by --rescorer")
+  rescorer: Any = carried(flag="--rescorer")
   rescoring_weight: float = setting(1.0)
   oracle: bool = setting(False)
   accept: AcceptRule | None = setting(None, research=True)

@@ -34,12 +34,15 @@ class DecodeOutput:
     lengths: int32 [B], tokens generated per row including EOS.
     counters: the `DecodeStats` counters, per row (merge several calls with `stats.merge`).
     info: static facts about the run (method, gamma, lossy, ...), as (key, value) pairs.
+    statistics: the method's own readable statistics beside the common ones (its
+      `statistics`; None: every one), what `.stats` shows.
   """
 
   tokens: Array
   lengths: Array
   counters: DecodeStats
   info: tuple[tuple[str, Any], ...] = struct.field(pytree_node=False, default=())
+  statistics: tuple[str, ...] | None = struct.field(pytree_node=False, default=None)
 
   @functools.cached_property
   def stats(self) -> Mapping[str, Any]:
@@ -47,7 +50,7 @@ class DecodeOutput:
     tokens_per_target_call, alpha, acceptance_rate, ...; `stats.summarize` documents each
     name), plus `info`. Computed once per output. Per-row values: `counters` ([B] each),
     or `stats.summarize(out.counters, dict(out.info), raw=True)`."""
-    return summarize(self.counters, dict(self.info))
+    return summarize(self.counters, dict(self.info), statistics=self.statistics)
 
 
 def init_sequence(batch: int, max_new_tokens: int, start_id) -> Array:

@@ -133,34 +133,28 @@ SUMMARY = ("rows", "tokens", "rounds", "target_calls", "tokens_per_target_call",
            "mean_max_run", "oracle_tokens_per_target_call", "log_prob")
 
 
-#: What every method's readable statistics carry (`summarize`), then each method's own,
-#: by the `info["method"]` of its run; docs/methods/*.md tables list the same names. A run
-#: of a method not named here (no `info`, a research method) reports every statistic.
+#: What every method's readable statistics carry (`summarize`); each method value adds its
+#: own (`Method.statistics`, e.g. `("drafter_calls", *PROPOSED, *SCORED)`); docs/methods/*.md
+#: tables list the same names. A run with no such list (a research method) shows them all.
 COMMON_STATS = ("rows", "tokens", "rounds", "target_calls", "tokens_per_target_call",
                 "log_prob")
-_PROPOSED = ("drafted", "accepted", "acceptance_rate", "per_position_accepted", "rejections",
-             "drafter_tokens", "target_tokens")
-_SCORED = ("alpha", "beta_sum", "beta_count")
-METHOD_STATS = {
-    "autoregressive": (),
-    "speculative": ("drafter_calls", *_PROPOSED, *_SCORED),
-    "bild": ("drafter_calls", *_PROPOSED, "fallbacks", "fallback_rate", "rollback_rate"),
-    "blockwise": (*_PROPOSED, *_SCORED, "repeated_draft_rate", "mean_max_run",
-                  "oracle_tokens_per_target_call"),
-}
+#: Statistics of methods that propose tokens, and of those whose proposals are scored.
+PROPOSED = ("drafted", "accepted", "acceptance_rate", "per_position_accepted", "rejections",
+            "drafter_tokens", "target_tokens")
+SCORED = ("alpha", "beta_sum", "beta_count")
 
 
-def method_stats(method: str | None) -> tuple[str, ...]:
-  """The readable statistics of a run of `method` (an `info["method"]`), in SUMMARY order;
-  every name for a method not in METHOD_STATS."""
-  if method not in METHOD_STATS:
+def shown(statistics: Sequence[str] | None) -> tuple[str, ...]:
+  """The readable statistics of a run whose method adds `statistics` to the common ones,
+  in SUMMARY order; every name for None."""
+  if statistics is None:
     return SUMMARY
-  own = set(COMMON_STATS) | set(METHOD_STATS[method])
+  own = set(COMMON_STATS) | set(statistics)
   return tuple(k for k in SUMMARY if k in own)
 
 
 def summarize(stats: DecodeStats, info: Mapping[str, Any] | None = None, *,
-              raw: bool = False) -> dict[str, Any]:
+              raw: bool = False, statistics: Sequence[str] | None = None) -> dict[str, Any]:
   """The statistics of a decode call as host Python numbers, plus the run's `info`.
 
   Totals over the rows (ints unless noted); ratios are ratios of totals:
@@ -191,7 +185,7 @@ def summarize(stats: DecodeStats, info: Mapping[str, Any] | None = None, *,
                              target's adjusted distribution.
 
   of which a run reports the common ones (`COMMON_STATS`) and its method's own
-  (`METHOD_STATS[info["method"]]`, `method_stats`): speculative decoding has no
+  (`statistics`, the method value's; None: all, `shown`): speculative decoding has no
   rollback_rate, the baseline no alpha. Then `info` (method, gamma, lossy, exact, ...),
   the run's settings. The per-row counters stay in the
   `DecodeStats` (`out.counters`, [B] each); `raw=True` returns the full mapping of
@@ -217,7 +211,7 @@ def summarize(stats: DecodeStats, info: Mapping[str, Any] | None = None, *,
     if name in total and name not in out:
       out[name] = float(total[name]) if name in _FLOAT_COUNTERS else int(total[name])
   out["per_position_accepted"] = host.per_position_accepted.sum(axis=0).astype(int).tolist()
-  out = {k: out[k] for k in method_stats(dict(info or {}).get("method")) if k in out}
+  out = {k: out[k] for k in shown(statistics) if k in out}
   out.update(dict(info or {}))
   return out
 
@@ -285,4 +279,5 @@ def merge_outputs(outputs: Sequence[Any], real_rows: Sequence[int] | None = None
   if len(rows) != len(outputs):
     raise InputError(f"stats.merge_outputs: {len(rows)} real_rows for {len(outputs)} outputs")
   merged = merge([(o.counters, r) for o, r in zip(outputs, rows, strict=True)])
-  return summarize(merged, dict(outputs[0].info), raw=raw)
+  return summarize(merged, dict(outputs[0].info), raw=raw,
+                   statistics=getattr(outputs[0], "statistics", None))

@@ -47,8 +47,8 @@ def test_the_check_finds_an_undocumented_field():
 
 
 def test_every_setting_flag_carries_its_fields_description():
-  """A flag's help is its field's description, or the CLI's own wording (`CLI_HELP`) where
-  the docstring reads as Python; never empty."""
+  """A flag's help is its field's description, or the CLI's own wording (the field's
+  `setting(cli_help=)`) where the docstring reads as Python; never empty."""
   parser = argparse.ArgumentParser()
   method_args.add_method_flags(parser)
   helps = {flag: action.help for action in parser._actions for flag in action.option_strings}
@@ -56,8 +56,7 @@ def test_every_setting_flag_carries_its_fields_description():
   for name, core in method_args.CORE.items():
     docs = methods.field_docs(core)
     for flag, field in method_args.setting_flags(core):
-      override = next((method_args.CLI_HELP[(cls, field.name)] for cls in core.__mro__
-                       if (cls, field.name) in method_args.CLI_HELP), None)
+      override = field.metadata.get("cli_help")
       text = (override or docs[field.name]).rstrip(".").replace("%", "%%")
       assert text and helps[flag].startswith(text), (name, flag)
       checked += 1

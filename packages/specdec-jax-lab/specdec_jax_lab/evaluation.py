@@ -34,6 +34,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+import specdec_jax as sd
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.batching import padded_batches
 from specdec_jax.cli import models
@@ -41,9 +42,7 @@ from specdec_jax.cli.options import make_sampling
 from specdec_jax.io.tokenizer import check_tokenizer
 from specdec_jax.models.model import Model
 from specdec_jax.runs import (
-  Baseline,
-  DecodeMethod,
-  Speculative,
+  Run,
   decode_corpus,
   totals,
 )
@@ -214,7 +213,7 @@ class EvalSettings:
 
 
 def evaluate(model: Model, data, settings: EvalSettings = EvalSettings(), *, drafter=None,
-             decode_method: DecodeMethod | None = None, tokenizer=None,
+             decode_method: Run | None = None, tokenizer=None,
              train_targets: np.ndarray | None = None) -> dict[str, Any]:
   """BLEU / chrF and speed of `model` (baseline, or speculative with `drafter`) on a split.
 
@@ -225,7 +224,7 @@ def evaluate(model: Model, data, settings: EvalSettings = EvalSettings(), *, dra
     settings: how the split is decoded and scored (`EvalSettings`).
     drafter: None (baseline `sd.generate`), a Model, a drafter object, "ngram" (bigram
       tables fitted on the train split's targets, or on `train_targets`) or "prompt-lookup".
-    decode_method: any `methods.DecodeMethod` (BiLD, blockwise, ...) instead of the one
+    decode_method: any `runs.Run` (BiLD, blockwise, ...) instead of the one
       `drafter` and the settings' gamma and sampling describe.
     tokenizer: a Tokenizer (default: the data directory's spiece.model).
     train_targets: the rows an "ngram" drafter is fitted on (default: the train split's).
@@ -246,8 +245,8 @@ def evaluate(model: Model, data, settings: EvalSettings = EvalSettings(), *, dra
   max_new_tokens = width if s.max_new_tokens is None else s.max_new_tokens
   if decode_method is None:
     drafter = resolve_drafter(drafter, model, data_dir, train_targets)
-    decode_method = (Baseline(sampling=sampling) if drafter is None else
-                     Speculative(drafter=drafter, gamma=s.gamma, sampling=sampling))
+    decode_method = Run(sd.Autoregressive() if drafter is None else
+                        sd.Speculative(drafter, gamma=s.gamma), sampling)
   batch_size = min(s.batch_size, len(inputs))   # a small split needs no padding rows
   batches = padded_batches(inputs, batch_size)
   if s.warmup:
@@ -266,8 +265,8 @@ def evaluate(model: Model, data, settings: EvalSettings = EvalSettings(), *, dra
           "includes_compile": not s.warmup, "batch_size": batch_size,
           "max_new_tokens": max_new_tokens, "method": decode_method.kind,
           "sampling": repr(decode_method.sampling),
-          "speculative": decode_method.kind == "speculative",
-          "gamma": s.gamma if decode_method.kind == "speculative" else None,
+          "speculative": decode_method.method.drafter_role == "drafter",
+          "gamma": getattr(decode_method.method, "gamma", None),
           "settings": decode_method.settings(),
           "stats": to_jsonable(totals(corpus.stats)), "hypotheses": hypotheses,
           "references": references}

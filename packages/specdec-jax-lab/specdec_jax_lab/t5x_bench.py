@@ -50,13 +50,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import specdec_jax as sd
 from specdec_jax.batching import cycled_rows
 from specdec_jax.cli.models import DTYPES
 from specdec_jax.cli.prompts import random_prompts
 from specdec_jax.cli.timing import time_rounds
 from specdec_jax.config import T5Config
 from specdec_jax.models.model import Model
-from specdec_jax.runs import Baseline, Beam
+from specdec_jax.runs import Run
 from specdec_jax.runtime.report import machine_info
 from specdec_jax_lab.errors import CompareError, T5XSourceError
 
@@ -290,11 +291,11 @@ def run_t5x_compare(model: Model, t5x: types.SimpleNamespace,
     ours: Callable[..., Any]    # two lambdas with other defaults: one type for both
     if beam is None:
       t5x_fn = t5x_greedy_fn(t5x, module, b, prompt_len, steps)
-      ours = lambda enc=enc: Baseline().decode(model, enc, max_new_tokens=steps,
+      ours = lambda enc=enc: Run(sd.Autoregressive()).decode(model, enc, max_new_tokens=steps,
                                                eos_id=-1).tokens
     else:
       t5x_fn = t5x_beam_fn(t5x, module, b, steps, *beam)
-      method = Beam(num_beams=beam[0], alpha=beam[1])
+      method = Run(sd.Beam(num_beams=beam[0], alpha=beam[1]))
       ours = lambda enc=enc, method=method: method.decode(model, enc, max_new_tokens=steps,
                                                           eos_id=-1).beams
     flat = lambda x, b=b: np.asarray(x).reshape(b, -1)

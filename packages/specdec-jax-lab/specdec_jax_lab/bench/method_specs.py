@@ -1,4 +1,4 @@
-"""The bench's mini-syntax for more methods, derived from the core method values' fields.
+"""The bench's mini-syntax for more methods, derived from the method values.
 
     --bild 0.5:3                                   fallback_threshold:rollback_threshold
     --bild fallback_threshold=0.5,max_small_steps=4,batch_policy=sync
@@ -6,26 +6,20 @@
     --heads-lattice top_k=3,num_drafts=2,rescoring_weight=0.5
     --beam 4:0.6                                   num_beams:alpha (greedy modes only)
 
-A spec is either the short form A:B (the fields of `SHORTHAND`) or field=value pairs
-naming any setting of the core value (`sd.BiLD`, `sd.Blockwise`, `sd.Beam`; typed by its default,
-checked by building it). The entry's label lists the settings given, in short names
-where `LABEL_NAMES` has one: "bild fb=0.5 rb=3", "blockwise k=2 p=2".
+A spec is either the short form A:B (the value's `shorthand` settings) or field=value
+pairs naming any setting of the method value (`sd.BiLD`, `sd.Blockwise`, `sd.Beam`;
+typed by its default, checked by building it). The entry's label is the value's own
+`describe()`: its name and the settings that differ from their defaults, in their short
+names where they have one ("bild fb=0.5 rb=3", "blockwise k=2 p=2").
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 from specdec_jax import methods as core
 from specdec_jax.errors import BenchError, InputError
-from specdec_jax.runs import Beam, Bild, Blockwise, DecodeMethod
-
-#: Fields of the A:B short form, per core method type.
-SHORTHAND = {core.BiLD: ("fallback_threshold", "rollback_threshold"),
-             core.Blockwise: ("top_k", "num_drafts"), core.Beam: ("num_beams", "alpha")}
-#: Short names of settings in entry labels.
-LABEL_NAMES = {"fallback_threshold": "fb", "rollback_threshold": "rb", "top_k": "k",
-               "num_drafts": "p", "num_beams": "K"}
+from specdec_jax.runs import Run
 
 
 def _value(text: str, default: Any, name: str, flag: str) -> Any:
@@ -44,13 +38,18 @@ def _value(text: str, default: Any, name: str, flag: str) -> Any:
   return None if text.lower() == "none" else text
 
 
+def flag_of(core_type: type) -> str:
+  """The bench's flag of a method type: --bild, --heads-lattice, --beam."""
+  return {"blockwise": "--heads-lattice"}.get(core_type.name, f"--{core_type.name}")
+
+
 def parse_settings(text: str, core_type: type, flag: str) -> dict[str, Any]:
   """{field: value} of one spec (module doc), checked against `core_type`'s settings."""
   fields = {f.name: f for f in core.settings_fields(core_type)}
   if "=" not in text:
-    names = SHORTHAND[core_type]
+    names = core_type.shorthand
     parts = text.split(":")
-    if len(parts) != len(names):
+    if not names or len(parts) != len(names):
       raise BenchError(f"{flag} {text!r}: expected {':'.join(n.upper() for n in names)} "
                        f"({', '.join(names)}) or field=value pairs")
     pairs = list(zip(names, parts, strict=True))
@@ -70,39 +69,32 @@ def parse_settings(text: str, core_type: type, flag: str) -> dict[str, Any]:
   return settings
 
 
-def label(kind: str, settings: dict[str, Any]) -> str:
-  """"bild fb=0.5 rb=3": the kind, then each given setting (numbers as %g)."""
+def label(core_type: type, settings: Mapping[str, Any]) -> str:
+  """"bild fb=0.5 rb=3": the method's name, then each given setting in its short name
+  (`setting(short=)`; numbers as %g)."""
+  shorts = {f.name: f.metadata.get("short") or f.name for f in core.settings_fields(core_type)}
   show = lambda v: f"{v:g}" if isinstance(v, float) else str(v)
-  return " ".join([kind] + [f"{LABEL_NAMES.get(k, k)}={show(v)}" for k, v in settings.items()])
+  return " ".join([core_type.name] + [f"{shorts[k]}={show(v)}" for k, v in settings.items()])
 
 
-def extra_methods(bild_specs=(), lattice_specs=(), *, small: Any = None,
-                  small_name: str | None = None, heads: Any = None,
-                  heads_name: str | None = None,
-                  beam_specs=()) -> dict[str, Callable[[Any], DecodeMethod]]:
-  """{label: sampling -> method} for `run_bench(extras=...)`: BiLD per --bild spec (with
-  `small`), with `heads` blockwise decoding plain and per --heads-lattice spec, and beam
-  search per --beam spec (deterministic: the bench times it in greedy mode only)."""
-  extras: dict[str, Callable[[Any], DecodeMethod]] = {}
-  for text in beam_specs:
-    s = parse_settings(text, core.Beam, "--beam")
+def extra_methods(specs: Mapping[type, Sequence[str]],
+                  models: Mapping[type, tuple[Any, str | None]] | None = None
+                  ) -> dict[str, Callable[[Any], Run]]:
+  """{label: sampling -> run} for `run_bench(extras=...)`: a run per spec of each method
+  type (`{sd.BiLD: ["0.5:3"], sd.Beam: ["4:0.6"]}`; "" is its defaults), its first model
+  field set from `models` ({sd.BiLD: (small, how reports name it)}). A deterministic
+  method (beam search) is timed in greedy modes only."""
+  extras: dict[str, Callable[[Any], Run]] = {}
+  models = dict(models or {})
+  for core_type, texts in specs.items():
+    fields = core.model_fields(core_type)
+    model, name = models.get(core_type, (None, None))
+    given = {fields[0].name: model} if fields else {}
+    for text in texts:
+      s = parse_settings(text, core_type, flag_of(core_type)) if text else {}
+      value = core_type(**given, **s)
 
-    def beam(sampling, s=s) -> DecodeMethod:   # a def: mypy cannot type a lambda's s=s
-      return Beam(**s)
-    extras[label("beam", s)] = beam
-  for text in bild_specs:
-    s = parse_settings(text, core.BiLD, "--bild")
-
-    def bild(sampling, s=s) -> DecodeMethod:
-      return Bild(small=small, small_name=small_name, sampling=sampling, **s)
-    extras[label("bild", s)] = bild
-  if heads is not None:
-    specs: list[dict[str, Any]] = [{}] + [parse_settings(t, core.Blockwise, "--heads-lattice")
-                                          for t in lattice_specs]
-    for s in specs:
-      plain = all(s.get(k, 1) == 1 for k in ("top_k", "num_drafts")) and len(s) <= 2
-
-      def blockwise(sampling, s=s) -> DecodeMethod:
-        return Blockwise(heads=heads, heads_name=heads_name, sampling=sampling, **s)
-      extras["blockwise" if plain else label("blockwise", s)] = blockwise
+      def make(sampling, value=value, name=name) -> Run:
+        return Run(value, sampling, name)
+      extras[label(core_type, s)] = make
   return extras

@@ -116,7 +116,7 @@ def plot(results: dict[str, Any], path: str) -> None:
   if spec:
     _plot_speedups(ax, spec)
   else:
-    base = [e for e in results["results"] if e["method"] == "baseline"]
+    base = [e for e in results["results"] if e["method"] == "autoregressive"]
     ax.bar([f"{e['mode']}\nB={e['batch_size']}" for e in base], [e["ms_per_token"] for e in base])
     ax.set_ylabel("baseline ms/token")
   cfg = results["config"]

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import specdec_jax as sd
 from specdec_jax.batching import cycled_rows
 from specdec_jax.cli import costs as costs_lib
 from specdec_jax.cli.costs import CostTiming
@@ -22,13 +23,7 @@ from specdec_jax.cli.options import MODES, make_sampling
 from specdec_jax.cli.prompts import random_prompts
 from specdec_jax.cli.timing import default_compile_workers, run_parallel, time_rounds, timed_call
 from specdec_jax.errors import BenchError
-from specdec_jax.runs import (
-  EXTRA_STATS,
-  Baseline,
-  DecodeMethod,
-  Speculative,
-  stats_row,
-)
+from specdec_jax.runs import Run, stats_row
 from specdec_jax.runtime.report import machine_info, utc_now
 
 SCHEMA_VERSION = 1
@@ -168,21 +163,19 @@ def _cost_batches(plan, kept_costs, gammas) -> list[int]:
 # ----------------------------------------------------------------------------- entries
 
 
-def _entry(batch: int, mode: str, method: DecodeMethod, timed: dict[str, Any],
+def _entry(batch: int, mode: str, method: Run, timed: dict[str, Any],
            first_call_s: float, label: str | None = None) -> dict[str, Any]:
   out = timed["output"]
   generated = int(np.sum(np.asarray(out.lengths)))
   wall = timed["median_s"]
-  speculative = method.kind == "speculative"
   entry = {"batch_size": batch, "mode": mode, "method": method.kind,
-           # (ignored attr-defined: a speculative method, perhaps wrapped by OnMesh, has gamma)
-           "gamma": method.gamma if speculative else None,  # type: ignore[attr-defined]
+           "gamma": getattr(method.method, "gamma", None) if label is None else None,
            "label": label,
            "generated_tokens": generated, "wall_s_median": wall, "wall_s": timed["times_s"],
            "first_call_s": first_call_s, "ms_per_token": 1e3 * wall / max(generated, 1),
            "tokens_per_s": generated / wall if wall > 0 else None}
-  entry.update(stats_row(out.stats, speculative, EXTRA_STATS.get(method.kind, ())))
-  if method.kind == "baseline":
+  entry.update(stats_row(out.stats))
+  if isinstance(method.method, sd.Autoregressive):
     entry["speedup"] = 1.0
   return entry
 
@@ -218,13 +211,14 @@ class _Run:
     enc = jnp.asarray(cycled_rows(self.prompts, batch))
     return enc if self.place_inputs is None else self.place_inputs(enc)
 
-  def method(self, item, sampling) -> DecodeMethod:
+  def method(self, item, sampling) -> Run:
     """The baseline (None), speculative decoding (a gamma) or an extra (its label)."""
     if item is None:
-      return Baseline(sampling=sampling, exact=self.exact)
+      return Run(sd.Autoregressive(exact=self.exact), sampling)
     if isinstance(item, str):
-      return dataclasses.replace(self.extras[item](sampling), exact=self.exact)
-    return Speculative(drafter=self.drafter, gamma=item, sampling=sampling, exact=self.exact)
+      run = self.extras[item](sampling)
+      return dataclasses.replace(run, method=dataclasses.replace(run.method, exact=self.exact))
+    return Run(sd.Speculative(self.drafter, gamma=item, exact=self.exact), sampling)
 
   def methods(self, batch: int, mode: str, todo) -> Mapping[str, Callable[[], Any]]:
     """{"baseline" / "gamma=G" / label: a call decoding the group's batch} for the missing
@@ -343,7 +337,7 @@ class BenchRecord:
 def run_bench(target, drafter=None, settings: BenchSettings = BenchSettings(), *,
               prompts: np.ndarray | None = None, record: BenchRecord = BenchRecord(),
               on_update: Callable[[dict[str, Any]], object] | None = None,
-              extras: dict[str, Callable[[Any], DecodeMethod]] | None = None,
+              extras: dict[str, Callable[[Any], Run]] | None = None,
               place_inputs: Callable[[jax.Array], jax.Array] | None = None) -> dict[str, Any]:
   """Benchmark baseline vs speculative decoding (and `extras`); returns the bench.json dict.
 
@@ -353,7 +347,7 @@ def run_bench(target, drafter=None, settings: BenchSettings = BenchSettings(), *
     prompts: [N, L] encoder tokens; default `random_prompts(max batch, prompt_len, V, seed)`.
     record: the descriptive "config" to store and the bench.json to resume (`BenchRecord`).
     on_update: called with the results so far after each (batch, mode) group.
-    extras: {label: sampling -> DecodeMethod}, more methods timed in every (batch, mode)
+    extras: {label: sampling -> Run}, more methods timed in every (batch, mode)
       group beside the baseline (BiLD, blockwise decoding, ...); entries carry the label.
     place_inputs: encoder tokens [B, L] -> placed (e.g. `sd.sharding.shard_batch` on a
       mesh); None: as they are.

@@ -174,9 +174,11 @@ def _extras(run: BenchRun, target, drafter, mesh) -> dict[str, Any]:
   heads = sd.load_heads(run.heads, target) if run.heads else None
   if heads is not None and mesh is not None:
     heads = sd.sharding.replicate(heads, mesh)
-  return extra_methods(list(run.bild), list(run.heads_lattice), small=drafter,
-                       small_name=run.drafter, heads=heads, heads_name=run.heads,
-                       beam_specs=list(run.beam))
+  # with heads: blockwise decoding plain ("": the defaults) and per --heads-lattice spec
+  specs = {sd.BiLD: list(run.bild), sd.Blockwise: [""] + list(run.heads_lattice) if heads else [],
+           sd.Beam: list(run.beam)}
+  return extra_methods(specs, models={sd.BiLD: (drafter, run.drafter),
+                                      sd.Blockwise: (heads, run.heads)})
 
 
 def run(args) -> int:

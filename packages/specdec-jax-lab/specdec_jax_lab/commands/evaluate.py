@@ -35,7 +35,7 @@ from specdec_jax.cli.models import DRAFTER_KINDS, drafter_loader
 from specdec_jax.cli.options import check_at_least_one
 from specdec_jax.cli.prompts import encode_lm_prompts, read_texts
 from specdec_jax.errors import CLIError
-from specdec_jax.runs import EXTRA_STATS
+from specdec_jax.runs import REPORTED
 from specdec_jax.runtime.report import fmt, to_jsonable
 from specdec_jax.runtime.streams import emit
 from specdec_jax_lab import evaluation
@@ -60,11 +60,11 @@ def _report(result: dict[str, Any]) -> str:
            f"tokens/target call   {f(stats['tokens_per_target_call'])}",
            f"target calls         {stats['target_calls']} per-row verifier calls, "
            f"{stats['rounds']} batched rounds"]
-  if result["speculative"]:
-    lines += [f"acceptance rate      {f(stats['acceptance_rate'])}   (accepted / drafted)",
-              f"alpha                {f(stats['alpha'])}"]
-  for key in EXTRA_STATS.get(result["method"], ()):
-    if key in stats:
+  if "acceptance_rate" in stats:
+    lines.append(f"acceptance rate      {f(stats['acceptance_rate'])}   (accepted / drafted)")
+  # the method's own statistics (its value's `statistics`), as its stats carry them
+  for key in REPORTED:
+    if key in stats and key != "acceptance_rate":
       lines.append(f"{key:<20} {f(stats[key])}")
   return "\n".join(lines)
 

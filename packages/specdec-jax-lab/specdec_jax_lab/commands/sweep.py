@@ -45,7 +45,7 @@ from specdec_jax.cli.prompts import encode_lm_prompts, read_texts
 from specdec_jax.drafters.lattice import NGramLM
 from specdec_jax.errors import CLIError
 from specdec_jax.models.model import family
-from specdec_jax.runs import Bild, Blockwise, Speculative
+from specdec_jax.runs import Run
 from specdec_jax.runtime.report import check_output_dir, read_json, to_jsonable
 from specdec_jax.runtime.streams import emit
 from specdec_jax.sampling import SamplingSettings
@@ -254,23 +254,20 @@ def bild_points(s: BildSweep, target) -> list[Point]:
         points.append(Point(f"{name}/fb{f:g}/rb{r:g}" + ("" if policy == "wait" else
                                                          f"/{policy}"),
                             f"BiLD {name}{tag}",
-                            Bild(small=small, small_name=name, fallback_threshold=f,
-                                 rollback_threshold=r, sampling=sampling,
-                                 batch_policy=policy, exact=exact)))
+                            Run(sd.BiLD(small, fallback_threshold=f, rollback_threshold=r,
+                                        batch_policy=policy, exact=exact), sampling, name)))
   for name, small in smalls:
     for g in s.gammas:
       points.append(Point(f"speculative/{name}/g{g}", f"speculative {name} (exact)",
-                          Speculative(drafter=small, drafter_name=name, gamma=g,
-                                      sampling=sampling, exact=exact)))
+                          Run(sd.Speculative(small, gamma=g, exact=exact), sampling, name)))
   if s.early_exit:
     path, _, k = s.early_exit.rpartition(":")
     large = load_model(path, s.dtype, what="early-exit model")
     small = sd.early_exit(large, early_exit_layer(f"early-exit:{k}", large))
     for f, r in grid:
       points.append(Point(f"early-exit{k}/fb{f:g}/rb{r:g}", f"BiLD early exit (layer {k})",
-                          Bild(small=small, small_name=f"early-exit:{k}",
-                               fallback_threshold=f, rollback_threshold=r, sampling=sampling,
-                               exact=exact),
+                          Run(sd.BiLD(small, fallback_threshold=f, rollback_threshold=r,
+                                      exact=exact), sampling, f"early-exit:{k}"),
                           target=large, target_name=path))
   return points
 
@@ -326,8 +323,9 @@ def blockwise_points(s: BlockwiseSweep, target, split: Split | None = None) -> l
           (f"parallel ngram p={p}", dict(top_k=k, num_drafts=p, rescoring="ngram",
                                          rescorer=lm)),
           (f"oracle k={k}", dict(top_k=k, oracle=True))]
-  return [Point(label, "blockwise", Blockwise(heads=heads, heads_name=s.heads or s.model,
-                                              rescoring_weight=w, exact=s.exact_mode, **kw))
+  return [Point(label, "blockwise", Run(sd.Blockwise(heads, rescoring_weight=w,
+                                                     exact=s.exact_mode, **kw),
+                                        label=s.heads or s.model))
           for label, kw in rows]
 
 
@@ -388,7 +386,7 @@ def sweep(s: SweepSettings) -> int:
                        config=config, existing=existing,
                        on_update=lambda r: write_outputs(r, s.out, s.kind))
   if isinstance(s, BlockwiseSweep):
-    methods = [p.method for p in points if isinstance(p.method, Blockwise)]
+    methods = [p.method.method for p in points if isinstance(p.method.method, sd.Blockwise)]
     g = methods[0].heads.num_drafts
     lm = next(m.rescorer for m in methods if m.rescoring == "ngram")
     results["lattice_ms"] = {

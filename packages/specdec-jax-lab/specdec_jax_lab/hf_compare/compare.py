@@ -16,13 +16,12 @@ import specdec_jax as sd
 from specdec_jax.batching import pad_rows, padded_batches
 from specdec_jax.cli.timing import time_rounds
 from specdec_jax.runs import (
-  Baseline,
-  DecodeMethod,
-  Speculative,
+  Run,
   decode_corpus,
+  finite,
   stats_row,
 )
-from specdec_jax.runtime.report import finite, machine_info, utc_now
+from specdec_jax.runtime.report import machine_info, utc_now
 from specdec_jax_lab.errors import CompareError
 from specdec_jax_lab.hf_compare.hf import (
   count_target_calls,
@@ -88,7 +87,7 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
   return min(len(a), len(b))
 
 
-def our_method(method: DecodeMethod, target, padded: np.ndarray, batch: int,
+def our_method(method: Run, target, padded: np.ndarray, batch: int,
                max_new_tokens: int) -> Callable[[], Any]:
   """One call: `method` on all prompts `padded` [N, L] in padded batches of `batch` rows."""
   batches = padded_batches(padded, batch)
@@ -166,10 +165,12 @@ def _our_methods(target, drafter, padded, batch_sizes, max_new_tokens, gamma) ->
   for b in batch_sizes:
     suffix = "" if b == 1 else f"_b{b}"
     out[f"ours_greedy{suffix}"] = _method(
-        our_method(Baseline(), target, padded, b, max_new_tokens), b, "ours", "greedy",
+        our_method(Run(sd.Autoregressive()), target, padded, b, max_new_tokens), b, "ours",
+        "greedy",
         f"ours sd.generate, batch {b}", None)
     out[f"ours_speculative{suffix}"] = _method(
-        our_method(Speculative(drafter=drafter, gamma=gamma), target, padded, b, max_new_tokens),
+        our_method(Run(sd.Speculative(drafter, gamma=gamma)), target, padded, b,
+                   max_new_tokens),
         b, "ours", "speculative", f"ours sd.speculative_generate gamma={gamma}, batch {b}",
         gamma)
   return out
@@ -293,7 +294,7 @@ def _timed_row(m: dict[str, Any], name: str, t: dict[str, Any], first, hf_calls)
       row["hf_target_calls"] = hf_calls[name]
       row["tokens_per_target_call"] = finite(generated / max(hf_calls[name], 1))
   else:
-    row.update(stats_row(output.stats, m["kind"] == "speculative"))
+    row.update(stats_row(output.stats))
     row["tokens_per_target_call"] = row.pop("block_efficiency")
   return row
 

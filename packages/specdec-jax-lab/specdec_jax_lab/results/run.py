@@ -21,7 +21,7 @@ from specdec_jax.cli.timing import (
   run_parallel,
   time_rounds,
 )
-from specdec_jax.runs import Baseline, Speculative, decode_corpus, stats_row
+from specdec_jax.runs import Run, decode_corpus, stats_row
 from specdec_jax.runtime.report import machine_info, read_json, utc_now
 from specdec_jax_lab import evaluation
 from specdec_jax_lab.errors import ResultsError
@@ -208,17 +208,17 @@ class _Run:
                     else max(1, settings.compile_workers))
 
   def methods(self, todo, ref_key) -> tuple[dict, dict]:
-    """({label: DecodeMethod}, {label: (key, drafter, mode, gamma)}); the target-greedy
-    baseline is in every group, as "baseline"."""
-    methods = {"baseline": Baseline(exact=False), EXACT_BASELINE: Baseline(exact=True)}
+    """({label: Run}, {label: (key, drafter, mode, gamma)}); the target-greedy baseline
+    is in every group, as "baseline"."""
+    methods = {"baseline": Run(sd.Autoregressive(exact=False)),
+               EXACT_BASELINE: Run(sd.Autoregressive(exact=True))}
     meta = {"baseline": (ref_key, None, "greedy", None)}
     for key, drafter, mode, g in todo:
       if key == ref_key:
         continue
       sampling = make_sampling(mode)
-      methods[key] = (Baseline(sampling=sampling) if drafter is None else
-                      Speculative(drafter=self.drafters[drafter], drafter_name=drafter, gamma=g,
-                                  sampling=sampling))
+      methods[key] = (Run(sd.Autoregressive(), sampling) if drafter is None else
+                      Run(sd.Speculative(self.drafters[drafter], gamma=g), sampling, drafter))
       meta[key] = (key, drafter, mode, g)
     return methods, meta
 
@@ -255,7 +255,7 @@ class _Run:
            "exact_cost": None if exact_ms is None else exact_ms / base,
            **evaluation.corpus_scores(hyps, self.references),
            "example": hyps[0] if hyps else None,
-           **stats_row(corpus.stats, drafter is not None)}
+           **stats_row(corpus.stats)}
     if mode == "greedy" and drafter is not None:
       row["mismatching_rows"] = sum(a != r for a, r in zip(corpus.token_rows(), base_tokens,
                                                            strict=True))

@@ -1,12 +1,12 @@
 """Quality and speed of many decode methods on one split: each timed beside the target alone.
 
-    points = [Point("aligned/fb0.5/rb3", "BiLD aligned", Bild(small=s, ...)), ...]
+    points = [Point("aligned/fb0.5/rb3", "BiLD aligned", Run(sd.BiLD(s, ...))), ...]
     results = run_points(target, split, tokenizer, points, Timing(batch_size=1, repeats=3))
 
 For every point not yet in `existing` (resume): decode the split once untimed
 (compiles), then time the point and the target alone with the point's sampling in
 alternating rounds (`timing.time_rounds`). The speedup is against the FASTEST plain
-baseline: `Baseline(exact=False)`, every target call at its natural width (1 token).
+baseline: `sd.Autoregressive(exact=False)`, every target call at its natural width (1 token).
 When the point runs in exact mode, the baseline in exact mode (its calls padded to the
 exact width, as the point's) is timed too and reported as its own column
 (`exact_baseline_ms_per_token`, `exact_cost`), never as the speedup's denominator: that
@@ -23,12 +23,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+import specdec_jax as sd
 from specdec_jax.batching import padded_batches
 from specdec_jax.cli.timing import is_exact, ms_per_token, time_rounds
 from specdec_jax.runs import (
-  EXTRA_STATS,
-  Baseline,
-  DecodeMethod,
+  Run,
   decode_corpus,
   sampling_label,
   stats_row,
@@ -67,7 +66,7 @@ class Point:
 
   label: str
   group: str
-  method: DecodeMethod
+  method: Run
   target: Any = dataclasses.field(default=None, compare=False, repr=False)
   target_name: str = "target"
 
@@ -104,7 +103,7 @@ class Timing:
   progress: bool = True
 
 
-def _corpus_call(method: DecodeMethod, target, batches, max_new_tokens: int, seed: int):
+def _corpus_call(method: Run, target, batches, max_new_tokens: int, seed: int):
   return functools.partial(decode_corpus, method, target, batches,
                            max_new_tokens=max_new_tokens, rng=seed)
 
@@ -114,8 +113,7 @@ def _entry(point: Point, timed: dict[str, Any], base_timed: dict[str, Any], scor
   corpus = timed["output"]
   ms, base_ms = ms_per_token(timed), ms_per_token(base_timed)
   exact_ms = None if exact_timed is None else ms_per_token(exact_timed)
-  row = stats_row(totals(corpus.stats), point.method.kind == "speculative",
-                  EXTRA_STATS.get(point.method.kind, ()))
+  row = stats_row(totals(corpus.stats))
   return {"label": point.label, "group": point.group, "target": point.target_name,
           "settings": point.method.settings(),
           "sampling": sampling_label(point.method.sampling), **scores,
@@ -139,11 +137,11 @@ def measure_point(point: Point, target, split: Split, tokenizer, timing: Timing 
   target = target if point.target is None else point.target
   seed = timing.seed
   batches = padded_batches(split.inputs, min(timing.batch_size, len(split.inputs)))
-  plain = Baseline(sampling=point.method.sampling, exact=False)
+  plain = Run(sd.Autoregressive(exact=False), point.method.sampling)
   calls = {"baseline": _corpus_call(plain, target, batches, split.max_new_tokens, seed),
            point.label: _corpus_call(point.method, target, batches, split.max_new_tokens, seed)}
   if is_exact(point.method):
-    exact = Baseline(sampling=point.method.sampling, exact=True)
+    exact = Run(sd.Autoregressive(exact=True), point.method.sampling)
     calls[EXACT_BASELINE] = _corpus_call(exact, target, batches, split.max_new_tokens, seed)
   for call in calls.values():   # compile (the baselines' once: jit caches them)
     call()
