@@ -1,6 +1,7 @@
 """From a token-level drafter to a proposer: the autoregressive drafting loop of a round.
 
-A token-level drafter is a pytree with three pure methods:
+A token-level drafter (`protocol.Drafter`) is a pytree with a `vocab_size` and three pure
+methods:
 
     state = drafter.init(encoder_tokens [B, Le], capacity)     # a decoder-only target's
                                                                 # prompt: lengths=[B] too
@@ -33,6 +34,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specdec_jax import sampling as sampling_lib
+from specdec_jax.drafters import protocol
 from specdec_jax.rounds.phases import Proposal, RoundContext, RoundOutcome
 
 Array = jax.Array
@@ -108,7 +110,7 @@ class DraftLoop:
 
   @property
   def kind(self) -> str:
-    return self.drafter.kind
+    return protocol.kind(self.drafter)
 
   def init(self, encoder_tokens: Array, capacity: int, lengths: Array | None = None) -> Any:
     if lengths is None:       # a T5 target (token-level drafters written for T5 take 2 args)

@@ -32,7 +32,7 @@ import numpy as np
 from flax import struct
 
 from specdec_jax import sampling as sampling_lib
-from specdec_jax.drafters import as_drafter
+from specdec_jax.drafters import as_drafter, protocol
 from specdec_jax.drafters.head_drafter import RESCORING, HeadDrafter
 from specdec_jax.drafters.heads import Heads
 from specdec_jax.drafters.loop import NoProposals
@@ -40,7 +40,7 @@ from specdec_jax.errors import InputError
 from specdec_jax.methods import autoregressive, bild, blockwise, speculative
 from specdec_jax.methods.adaptive import AdaptiveGamma
 from specdec_jax.models.model import Model
-from specdec_jax.rounds import engine, inputs
+from specdec_jax.rounds import acceptance, engine, inputs
 from specdec_jax.rounds.buffer import DecodeOutput
 from specdec_jax.rounds.phases import AcceptRule, Proposer
 
@@ -53,9 +53,8 @@ def _check_exact(exact) -> None:
 
 
 def _check_accept(accept) -> None:
-  if accept is not None and not callable(accept):
-    raise InputError(f"accept must be an acceptance rule (see rounds.acceptance), "
-                     f"got {accept!r}")
+  if accept is not None:
+    acceptance.check_rule(accept)
 
 
 def _check_number(value, name: str) -> float:
@@ -284,7 +283,8 @@ class BiLD(Method):
   def round_config(self, target, max_new_tokens, sampling, eos_id):
     return bild.round_config(self.fallback_threshold, self.rollback_threshold,
                              self.max_small_steps, max_new_tokens, sampling, eos_id,
-                             self.batch_policy, as_drafter(self.small, target).kind, self.exact)
+                             self.batch_policy, protocol.kind(as_drafter(self.small, target)),
+                             self.exact)
 
   def proposer_inputs(self, proposer, encoder_tokens, max_new_tokens):
     return _drafter_inputs(proposer, self.small_encoder_tokens, encoder_tokens, max_new_tokens)
