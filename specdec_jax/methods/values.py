@@ -151,15 +151,15 @@ class Speculative(Method):
 
   Attributes:
     drafter: a `Model` of the target's kind (T5 or decoder-only) and vocabulary, a drafter
-      of `specdec_jax.drafters` (`sd.NGramDrafter`, `sd.PromptLookupDrafter`), or any
-      proposer.
+      of `specdec_jax.drafters` (`sd.NGramDrafter`, `sd.PromptLookupDrafter`), or one of
+      your own: an `sd.Drafter` or an `sd.Proposer` (docs/extending/drafter.md).
     gamma: drafts per round (the maximum, with `adaptive`), >= 1.
     adaptive: True or an `sd.AdaptiveGamma`: per-row gamma in 1..gamma chosen on device.
     lenience: 1 is exact; in (0, 1) is their lossy variant (reported as lossy).
     drafter_encoder_tokens: int [B, Le'] the drafter's input if it differs from the
       target's (None: the same; a decoder-only drafter continues the target's prompt).
-    accept: another acceptance rule (see `acceptance`), for research; None: the exact
-      rule `acceptance.SpeculativeSampling(lenience)`.
+    accept: another acceptance rule (an `sd.AcceptRule`, docs/extending/acceptance.md),
+      for research; None: the exact rule `acceptance.SpeculativeSampling(lenience)`.
     exact: every target call of `engine.EXACT_WIDTH` tokens: greedy output bitwise the
       baseline's on any backend and dtype. None: for greedy decoding.
 
@@ -304,8 +304,8 @@ class Blockwise(Method):
     rescorer: the n-gram LM or model of `rescoring`.
     rescoring_weight: the weight of the rescorer's log-probs against the heads'.
     oracle: also count the oracle top-k block efficiency (one teacher-forced pass).
-    accept: another acceptance rule (research); it also picks the winning draft when
-      `num_drafts > 1`. None: `acceptance.SpeculativeSampling()`.
+    accept: another acceptance rule (research, an `sd.AcceptRule`); it also picks the
+      winning draft when `num_drafts > 1`. None: `acceptance.SpeculativeSampling()`.
     exact: verifier calls of `engine.EXACT_WIDTH` tokens. None: greedy, if it fits.
 
   Example::
