@@ -91,6 +91,30 @@ class TopKGreedy:
                                  scored=(jnp.arange(g)[None] <= m[:, None]) & real)
 
 
+V, T, GAMMA = 8, 7, 3
+TABLE_ENC = np.array([[7, 2, 1], [3, 4, 1], [6, 5, 1]], np.int32)
+
+
+@pytest.fixture(scope="module")
+def table():
+  rng = np.random.default_rng(0)
+  inputs = rng.normal(size=(V, V)).astype(np.float32)
+  return testing.TableModel(next_logits=2.0 * rng.normal(size=(V, V)).astype(np.float32),
+                            position_logits=rng.normal(size=(T + GAMMA + 1, V)).astype(
+                                np.float32),
+                            input_logits=inputs)
+
+
+def _run_table(table, rule, drafter=None):
+  """The table target decoded with a user drafter (by default the target's table without
+  its position and input terms: right often, not always) and a user rule; rows never stop
+  early."""
+  drafter = TableArgmax(table.next_logits) if drafter is None else drafter
+  proposer = speculative.proposer(drafter, table, GAMMA)
+  config = speculative.round_config(GAMMA, T, None, -1, accept=rule)
+  return engine.run(table, proposer, TABLE_ENC, None, jax.random.key(0), config=config)
+
+
 # ----------------------------------------------------------------------------- near misses
 
 
@@ -230,6 +254,40 @@ def test_a_near_miss_rule_is_an_input_error_when_the_method_is_made(make, messag
     make()
 
 
+@struct.dataclass
+class LogitsOnly(RepeatLast):
+  def first(self, state, seq, n):                  # forgot the state
+    return RepeatLast.first(self, state, seq, n)[0]
+
+
+@struct.dataclass
+class ExtraAxis(RepeatLast):
+  def next(self, state, token):                    # logits [B, 1, V]
+    logits, state = RepeatLast.next(self, state, token)
+    return logits[:, None], state
+
+
+@struct.dataclass
+class FloatState(RepeatLast):
+  def first(self, state, seq, n):                  # init's state is int32 [B]
+    logits, last = RepeatLast.first(self, state, seq, n)
+    return logits, last.astype(jnp.float32)
+
+
+@pytest.mark.parametrize("drafter, message", [
+    (LogitsOnly(vocab_size=V), r"LogitsOnly\.first must return a pair \(logits \[B, V\], "
+                               r"state\), got"),
+    (ExtraAxis(vocab_size=V), r"ExtraAxis\.next returned logits of shape \(3, 1, 8\) .*"
+                              r"floating \[B, V\] = \[3, 8\]"),
+    (FloatState(vocab_size=V), r"FloatState\.first returned a state unlike init's"),
+], ids=["not-a-pair", "logits-shape", "state-dtype"])
+def test_what_a_drafter_returns_is_checked_when_traced(table, drafter, message):
+  """Mistakes only tracing can see are InputErrors too, not JAX's unpacking or
+  `lax.cond` type errors."""
+  with pytest.raises(sd.InputError, match=message):
+    _run_table(table, TopKGreedy(), drafter)
+
+
 # ----------------------------------------------------------------------------- the protocols
 
 
@@ -274,28 +332,6 @@ def test_the_package_rules_satisfy_the_rule_protocol():
 
 
 # ----------------------------------------------------------------------------- they work
-
-
-V, T, GAMMA = 8, 7, 3
-TABLE_ENC = np.array([[7, 2, 1], [3, 4, 1], [6, 5, 1]], np.int32)
-
-
-@pytest.fixture(scope="module")
-def table():
-  rng = np.random.default_rng(0)
-  inputs = rng.normal(size=(V, V)).astype(np.float32)
-  return testing.TableModel(next_logits=2.0 * rng.normal(size=(V, V)).astype(np.float32),
-                            position_logits=rng.normal(size=(T + GAMMA + 1, V)).astype(
-                                np.float32),
-                            input_logits=inputs)
-
-
-def _run_table(table, rule):
-  """The table target decoded with a user drafter (the target's table without its position
-  and input terms: right often, not always) and a user rule; rows never stop early."""
-  proposer = speculative.proposer(TableArgmax(table.next_logits), table, GAMMA)
-  config = speculative.round_config(GAMMA, T, None, -1, accept=rule)
-  return engine.run(table, proposer, TABLE_ENC, None, jax.random.key(0), config=config)
 
 
 def test_a_user_drafter_and_rule_run_through_the_engine(table):

@@ -123,7 +123,10 @@ class DraftLoop:
   def propose(self, state: Any, ctx: RoundContext, key: Array) -> Proposal:
     g, sampling = ctx.max_proposals, ctx.sampling
     shared = getattr(self.drafter, "shares_target_cache", False)
-    logits, drafter_state = self.drafter.first(ctx.cache if shared else state, ctx.seq, ctx.n)
+    first = self.drafter.first(ctx.cache if shared else state, ctx.seq, ctx.n)
+    protocol.check_step(self.drafter, "first", first, ctx.n.shape[0],
+                        state_like=None if shared else state, state_of="init")
+    logits, drafter_state = first
     batch, vocab = logits.shape
     keys = jax.random.split(key, g)
     active = ctx.limit > 0
@@ -154,9 +157,13 @@ class DraftLoop:
       active = active & (count < ctx.limit)
       if self.stop_together:
         active = active & ~jnp.any(unsure)
+      def step():
+        out = self.drafter.next(d.drafter, x)
+        protocol.check_step(self.drafter, "next", out, batch, d.logits, d.drafter, "first")
+        return out
+
       # The last draft of every row needs no drafter call after it.
-      logits, drafter_state = jax.lax.cond(jnp.any(active),
-                                           lambda: self.drafter.next(d.drafter, x),
+      logits, drafter_state = jax.lax.cond(jnp.any(active), step,
                                            lambda: (d.logits, d.drafter))
       return DraftState(step=d.step + 1, logits=logits, drafter=drafter_state, active=active,
                         tokens=tokens, count=count, calls=d.calls + active,

@@ -15,6 +15,7 @@ import inspect
 from typing import Any, Protocol, runtime_checkable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.errors import InputError
@@ -150,6 +151,35 @@ def _check_call(value: Any, member: str, args: tuple[str, ...], kwargs: dict,
     call = ", ".join([*args, *(f"{k}={v}" for k, v in kwargs.items())])
     raise InputError(f"the {what} {type(value).__name__}.{member} cannot be called as "
                      f"{member}({call}): {e}") from None
+
+
+def check_step(drafter: Any, member: str, out: Any, batch: int, logits_like: Any = None,
+               state_like: Any = None, state_of: str = "") -> None:
+  """At trace time, what `first` or `next` returned: a pair (logits [B, V] floating,
+  state), its logits like `logits_like` and its state like `state_like` (what `state_of`
+  returned) in structure, shapes and dtypes, where given: states and logits are loop
+  carries (the drafting loop's, the rounds')."""
+  name, vocab = type(drafter).__name__, drafter.vocab_size
+  if not isinstance(out, tuple) or len(out) != 2:
+    raise InputError(f"the drafter {name}.{member} must return a pair (logits [B, V], "
+                     f"state), got {type(out).__name__}")
+  shape, dtype = getattr(out[0], "shape", None), getattr(out[0], "dtype", None)
+  if shape != (batch, vocab) or dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+    raise InputError(f"the drafter {name}.{member} returned logits of shape {shape} and "
+                     f"dtype {dtype}; a drafter's logits are floating [B, V] = "
+                     f"[{batch}, {vocab}]")
+  for part, now, then, of in (("logits", out[0], logits_like, "first"),
+                              ("state", out[1], state_like, state_of)):
+    if then is not None and _spec(now) != _spec(then):
+      raise InputError(f"the drafter {name}.{member} returned a {part} unlike {of}'s "
+                       f"(structure, shapes or dtypes differ: {_spec(now)} vs "
+                       f"{_spec(then)}): it is a loop carry, of fixed shapes")
+
+
+def _spec(tree: Any) -> tuple[str, list]:
+  """A pytree's structure and its leaves' (shape, dtype)."""
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  return str(treedef), [(np.shape(x), str(jnp.result_type(x))) for x in leaves]
 
 
 def check_drafter(drafter: Any, decoder_only: bool = False) -> None:
