@@ -18,7 +18,7 @@ import jax
 from specdec_jax import sharding, theory
 from specdec_jax.cache import DecoderCache
 from specdec_jax.config import LMConfig, T5Config, available_configs, get_config
-from specdec_jax.drafters import ModelDrafter, NGramDrafter, PromptLookupDrafter
+from specdec_jax.drafters import Drafter, ModelDrafter, NGramDrafter, PromptLookupDrafter
 from specdec_jax.drafters.heads import Heads, init_heads, load_heads, save_heads
 from specdec_jax.errors import (
   CheckpointError,
@@ -48,6 +48,14 @@ from specdec_jax.methods import (
 from specdec_jax.models.model import Model, init_model, logical_axes
 from specdec_jax.models.packing import pack
 from specdec_jax.rounds.buffer import DecodeOutput
+from specdec_jax.rounds.phases import (
+  Acceptance,
+  AcceptRule,
+  Proposal,
+  Proposer,
+  RoundContext,
+  RoundOutcome,
+)
 from specdec_jax.rounds.stats import DecodeStats
 from specdec_jax.sampling import Greedy, Sampling
 from specdec_jax.sharding import make_mesh, shard
@@ -63,6 +71,9 @@ __all__ = [
     "save", "save_heads", "speculative_generate", "t5x_compat", "theory",
 ]
 __all__ += ["make_mesh", "shard", "sharding"]
+# The extension points (docs/extending/): protocols to implement and what they hand around.
+__all__ += ["AcceptRule", "Acceptance", "Drafter", "Proposal", "Proposer", "RoundContext",
+            "RoundOutcome"]
 
 
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")

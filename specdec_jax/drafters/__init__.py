@@ -4,9 +4,10 @@
     NGramDrafter.fit(sequences)    unigram / bigram tables (cost c ~ 0)
     PromptLookupDrafter(V)         copies continuations of matching n-grams from the input
 
-These are token-level drafters (init / first / next, see `loop`); `as_proposer`
-wraps one in a `DraftLoop`, the proposer the round engine calls. A proposer
-written from scratch (prediction heads, ...) implements `rounds.phases.Proposer`.
+These are token-level drafters (`protocol.Drafter`: vocab_size, init / first / next);
+`as_proposer` wraps one in a `DraftLoop`, the proposer the round engine calls. A proposer
+written from scratch (prediction heads, ...) implements `rounds.phases.Proposer`. Both are
+checked here, before any tracing (docs/extending/drafter.md).
 """
 
 from __future__ import annotations
@@ -17,22 +18,22 @@ from specdec_jax.drafters.lookup import LookupState, PromptLookupDrafter
 from specdec_jax.drafters.loop import DraftLoop, DraftState, NoProposals, Unsure
 from specdec_jax.drafters.model import ModelDrafter
 from specdec_jax.drafters.ngram import NGramDrafter
+from specdec_jax.drafters.protocol import Drafter, check_drafter, check_proposer
 from specdec_jax.errors import InputError
 from specdec_jax.models.model import Model, family
 from specdec_jax.rounds.inputs import check_same_vocabulary
 from specdec_jax.rounds.phases import Proposer
 
-__all__ = ["DraftLoop", "DraftState", "LookupState", "ModelDrafter", "NGramDrafter",
+__all__ = ["DraftLoop", "DraftState", "Drafter", "LookupState", "ModelDrafter", "NGramDrafter",
            "NoProposals", "PromptLookupDrafter", "Unsure", "as_drafter", "as_proposer"]
 
 
-def as_drafter(drafter: Any, target: Model) -> Any:
-  """A `Model` becomes a `ModelDrafter`; token-level drafters pass through. Checks the
-  vocabulary."""
+def as_drafter(drafter: Any, target: Model) -> Drafter:
+  """A `Model` becomes a `ModelDrafter`; token-level drafters pass through, checked: their
+  members (`Drafter`), that they are pytrees, and the vocabulary."""
   if isinstance(drafter, Model):
     drafter = ModelDrafter(drafter)
-  if not all(hasattr(drafter, a) for a in ("init", "first", "next", "vocab_size")):
-    raise InputError(f"not a drafter: {type(drafter).__name__} (need init/first/next)")
+  check_drafter(drafter, target.is_decoder_only)
   check_same_vocabulary(target.config.vocab_size, drafter.vocab_size)
   check_same_family(target, getattr(drafter, "model", None))
   return drafter
@@ -49,8 +50,11 @@ def check_same_family(target: Model, model: Any) -> None:
 
 
 def as_proposer(proposer: Any, target: Model) -> Proposer:
-  """A proposer passes through; a `Model` or token-level drafter is wrapped in a `DraftLoop`."""
-  if all(hasattr(proposer, a) for a in ("init", "propose", "update", "vocab_size")):
+  """A proposer passes through (checked: `rounds.phases.Proposer`, a pytree, the vocabulary);
+  a `Model` or token-level drafter is wrapped in a `DraftLoop`. A value with a `propose`
+  is taken for a proposer, anything else for a drafter."""
+  if hasattr(proposer, "propose") and not isinstance(proposer, Model):
+    check_proposer(proposer, target.is_decoder_only)
     check_same_vocabulary(target.config.vocab_size, proposer.vocab_size)
     inner = getattr(proposer, "drafter", None)
     check_same_family(target, getattr(inner, "model", None))

@@ -1,6 +1,7 @@
 """From a token-level drafter to a proposer: the autoregressive drafting loop of a round.
 
-A token-level drafter is a pytree with three pure methods:
+A token-level drafter (`protocol.Drafter`) is a pytree with a `vocab_size` and three pure
+methods:
 
     state = drafter.init(encoder_tokens [B, Le], capacity)     # a decoder-only target's
                                                                 # prompt: lengths=[B] too
@@ -33,6 +34,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specdec_jax import sampling as sampling_lib
+from specdec_jax.drafters import protocol
 from specdec_jax.rounds.phases import Proposal, RoundContext, RoundOutcome
 
 Array = jax.Array
@@ -108,7 +110,7 @@ class DraftLoop:
 
   @property
   def kind(self) -> str:
-    return self.drafter.kind
+    return protocol.kind(self.drafter)
 
   def init(self, encoder_tokens: Array, capacity: int, lengths: Array | None = None) -> Any:
     if lengths is None:       # a T5 target (token-level drafters written for T5 take 2 args)
@@ -121,7 +123,10 @@ class DraftLoop:
   def propose(self, state: Any, ctx: RoundContext, key: Array) -> Proposal:
     g, sampling = ctx.max_proposals, ctx.sampling
     shared = getattr(self.drafter, "shares_target_cache", False)
-    logits, drafter_state = self.drafter.first(ctx.cache if shared else state, ctx.seq, ctx.n)
+    first = self.drafter.first(ctx.cache if shared else state, ctx.seq, ctx.n)
+    protocol.check_step(self.drafter, "first", first, ctx.n.shape[0],
+                        state_like=None if shared else state, state_of="init")
+    logits, drafter_state = first
     batch, vocab = logits.shape
     keys = jax.random.split(key, g)
     active = ctx.limit > 0
@@ -152,9 +157,13 @@ class DraftLoop:
       active = active & (count < ctx.limit)
       if self.stop_together:
         active = active & ~jnp.any(unsure)
+      def step():
+        out = self.drafter.next(d.drafter, x)
+        protocol.check_step(self.drafter, "next", out, batch, d.logits, d.drafter, "first")
+        return out
+
       # The last draft of every row needs no drafter call after it.
-      logits, drafter_state = jax.lax.cond(jnp.any(active),
-                                           lambda: self.drafter.next(d.drafter, x),
+      logits, drafter_state = jax.lax.cond(jnp.any(active), step,
                                            lambda: (d.logits, d.drafter))
       return DraftState(step=d.step + 1, logits=logits, drafter=drafter_state, active=active,
                         tokens=tokens, count=count, calls=d.calls + active,

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specdec_jax.drafters import protocol
 from specdec_jax.errors import InputError
 from specdec_jax.rounds.phases import Proposal, RoundContext, RoundOutcome
 
@@ -107,7 +108,7 @@ class Adaptive:
 
   @property
   def kind(self) -> str:
-    return self.inner.kind
+    return protocol.kind(self.inner)
 
   def init(self, encoder_tokens: Array, capacity: int,
            lengths: Array | None = None) -> AdaptiveState:

@@ -40,7 +40,7 @@ import numpy as np
 from flax import struct
 
 from specdec_jax import sampling as sampling_lib
-from specdec_jax.drafters import as_drafter
+from specdec_jax.drafters import as_drafter, protocol
 from specdec_jax.drafters.head_drafter import RESCORING, HeadDrafter
 from specdec_jax.drafters.heads import Heads
 from specdec_jax.drafters.loop import NoProposals
@@ -48,7 +48,7 @@ from specdec_jax.errors import InputError
 from specdec_jax.methods import autoregressive, bild, blockwise, speculative
 from specdec_jax.methods.adaptive import AdaptiveGamma
 from specdec_jax.models.model import Model
-from specdec_jax.rounds import engine, inputs
+from specdec_jax.rounds import acceptance, engine, inputs
 from specdec_jax.rounds.buffer import DecodeOutput
 from specdec_jax.rounds.phases import AcceptRule, Proposer
 from specdec_jax.rounds.stats import PROPOSED, SCORED
@@ -62,9 +62,8 @@ def _check_exact(exact) -> None:
 
 
 def _check_accept(accept) -> None:
-  if accept is not None and not callable(accept):
-    raise InputError(f"accept must be an acceptance rule (see rounds.acceptance), "
-                     f"got {accept!r}")
+  if accept is not None:
+    acceptance.check_rule(accept)
 
 
 def _check_number(value, name: str) -> float:
@@ -203,15 +202,15 @@ class Speculative(Method):
 
   Attributes:
     drafter: a `Model` of the target's kind (T5 or decoder-only) and vocabulary, a drafter
-      of `specdec_jax.drafters` (`sd.NGramDrafter`, `sd.PromptLookupDrafter`), or any
-      proposer.
+      of `specdec_jax.drafters` (`sd.NGramDrafter`, `sd.PromptLookupDrafter`), or one of
+      your own: an `sd.Drafter` or an `sd.Proposer` (docs/extending/drafter.md).
     gamma: drafts per round (the maximum, with `adaptive`), >= 1.
     adaptive: True or an `sd.AdaptiveGamma`: per-row gamma in 1..gamma chosen on device.
     lenience: 1 is exact; in (0, 1) is their lossy variant (reported as lossy).
     drafter_encoder_tokens: int [B, Le'] the drafter's input if it differs from the
       target's (None: the same; a decoder-only drafter continues the target's prompt).
-    accept: another acceptance rule (see `acceptance`), for research; None: the exact
-      rule `acceptance.SpeculativeSampling(lenience)`.
+    accept: another acceptance rule (an `sd.AcceptRule`, docs/extending/acceptance.md),
+      for research; None: the exact rule `acceptance.SpeculativeSampling(lenience)`.
     exact: every target call of `engine.EXACT_WIDTH` tokens: greedy output bitwise the
       baseline's on any backend and dtype. None: for greedy decoding.
 
@@ -353,7 +352,8 @@ class BiLD(Method):
   def round_config(self, target, max_new_tokens, sampling, eos_id):
     return bild.round_config(self.fallback_threshold, self.rollback_threshold,
                              self.max_small_steps, max_new_tokens, sampling, eos_id,
-                             self.batch_policy, as_drafter(self.small, target).kind, self.exact)
+                             self.batch_policy, protocol.kind(as_drafter(self.small, target)),
+                             self.exact)
 
   def proposer_inputs(self, proposer, encoder_tokens, max_new_tokens):
     return _drafter_inputs(proposer, self.small_encoder_tokens, encoder_tokens, max_new_tokens)
@@ -373,8 +373,8 @@ class Blockwise(Method):
     rescorer: the n-gram LM or model of `rescoring`.
     rescoring_weight: the weight of the rescorer's log-probs against the heads'.
     oracle: also count the oracle top-k block efficiency (one teacher-forced pass).
-    accept: another acceptance rule (research); it also picks the winning draft when
-      `num_drafts > 1`. None: `acceptance.SpeculativeSampling()`.
+    accept: another acceptance rule (research, an `sd.AcceptRule`); it also picks the
+      winning draft when `num_drafts > 1`. None: `acceptance.SpeculativeSampling()`.
     exact: verifier calls of `engine.EXACT_WIDTH` tokens. None: greedy, if it fits.
 
   Example::

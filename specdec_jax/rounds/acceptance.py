@@ -1,6 +1,8 @@
 """Acceptance rules: given the target's logits over [last, x_1 .. x_G], keep a prefix of the
 proposals and pick the target's next token. Each rule is a frozen dataclass (a static,
-hashable value) that the engine calls; write your own with the same signature.
+hashable value) that the engine calls; write your own with the same signature
+(`phases.AcceptRule`, docs/extending/acceptance.md); `check_rule` refuses, before any
+tracing, a rule the engine could not take.
 
     TargetOnly()                        no proposals: the next token is the target's (baseline)
     SpeculativeSampling()               Leviathan et al.'s rule: exact (output ~ the target)
@@ -23,6 +25,8 @@ Worked example (greedy, G = 3, V = 5; one row; argmax of each logits row in brac
 from __future__ import annotations
 
 import dataclasses
+import inspect
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +36,37 @@ from specdec_jax.errors import InputError
 from specdec_jax.rounds.phases import Acceptance, Proposal
 
 Array = jax.Array
+
+
+def check_rule(rule: Any, what: str = "accept") -> None:
+  """Refuse a rule `jax.jit` cannot take as a static argument, or that cannot be called as
+  rule(logits, proposal, sampling, key): not callable, a dataclass that is not frozen, or
+  a value that is not hashable (an array field, say)."""
+  name = type(rule).__name__
+  if not callable(rule):
+    raise InputError(f"{what} must be an acceptance rule: a frozen dataclass called as "
+                     f"rule(logits, proposal, sampling, key) -> Acceptance (sd.AcceptRule), "
+                     f"got {rule!r}")
+  if (dataclasses.is_dataclass(rule) and not isinstance(rule, type)
+      and not type(rule).__dataclass_params__.frozen):         # type: ignore[attr-defined]
+    raise InputError(f"the acceptance rule {name} must be a frozen dataclass "
+                     "(@dataclasses.dataclass(frozen=True)): the engine takes it as a static, "
+                     "hashable jax.jit argument, compared by its settings")
+  try:
+    hash(rule)
+  except TypeError as e:
+    raise InputError(f"the acceptance rule {name} must be hashable, a frozen dataclass of "
+                     f"settings (numbers, strings; no arrays): the engine takes it as a static "
+                     f"jax.jit argument ({e})") from None
+  try:
+    signature = inspect.signature(rule)
+  except (TypeError, ValueError):     # a builtin or a C callable: nothing to read
+    return
+  try:
+    signature.bind("logits", "proposal", "sampling", "key")
+  except TypeError as e:
+    raise InputError(f"the acceptance rule {name} cannot be called as "
+                     f"rule(logits, proposal, sampling, key): {e}") from None
 
 
 def prefix_length(ok: Array) -> Array:

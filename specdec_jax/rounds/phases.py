@@ -13,7 +13,7 @@ slots at or beyond it hold 0 and are never accepted.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import jax
 from flax import struct
@@ -132,12 +132,30 @@ class RoundOutcome:
   verified: Verified
 
 
+@runtime_checkable
 class Proposer(Protocol):
-  """Anything that proposes tokens for the target to verify (a pytree: it passes through jit)."""
+  """Anything that proposes tokens for the target to verify: the proposer protocol.
+
+  A proposer is a JAX pytree (a `@flax.struct.dataclass`: it passes through `jax.jit` as
+  an argument), with a state of its own threaded through the rounds (any pytree of fixed
+  shapes). A token-level drafter (`drafters.Drafter`) becomes one in `drafters.DraftLoop`;
+  write a proposer from scratch when drafts do not come one token at a time (prediction
+  heads read the verifier's hidden states in `update`; a lattice proposes several paths).
+
+      state    = proposer.init(encoder_tokens [B, Le], capacity)   (decoder-only: lengths=)
+      proposal = proposer.propose(state, ctx, key)     Proposal: tokens [B, G], count [B], ...
+      state    = proposer.update(proposal.state, RoundOutcome(...))   after the commit
+
+  `propose` makes at most `ctx.limit[b]` proposals for row b (0 for finished rows) in
+  G = `ctx.max_proposals` slots; the slots at or beyond `count` hold 0. Under sampling it
+  sets `Proposal.q` [B, G, V], the distributions the proposals were drawn from after the
+  run's transform (`sampling.probs(logits, ctx.sampling)`): the exact rule needs them.
+  Optional: `kind`, a short label for reports.
+  """
 
   @property
   def vocab_size(self) -> int:
-    """V, the vocabulary it proposes from (a field or a property)."""
+    """V, the vocabulary it proposes from (a field or a property): the target's (checked)."""
 
   def init(self, encoder_tokens: Array, capacity: int, lengths: Array | None = None) -> Any:
     """State before the first round (e.g. a drafter's cache of `capacity` positions).
@@ -147,14 +165,33 @@ class Proposer(Protocol):
     """
 
   def propose(self, state: Any, ctx: RoundContext, key: Array) -> Proposal:
-    """Up to ctx.limit[b] proposals for each row."""
+    """Up to ctx.limit[b] proposals for each row; `Proposal.state` is the state after."""
 
   def update(self, state: Any, outcome: RoundOutcome) -> Any:
     """State after the round is committed (most proposers return it unchanged)."""
 
 
+@runtime_checkable
 class AcceptRule(Protocol):
-  """A frozen, hashable dataclass: the engine receives the rule as a value."""
+  """An acceptance rule: which proposals to keep, and the target's token after them.
+
+  A rule is a value the engine takes as a static `jax.jit` argument, so it must be
+  hashable and compare by its settings: a frozen dataclass
+  (`@dataclasses.dataclass(frozen=True)`) whose fields are settings (numbers, strings),
+  never arrays. Equal settings then compile to the same program. B rows, G proposal slots,
+  V vocabulary:
+
+      acceptance = rule(logits [B, G + 1, V] float32, proposal, sampling, key)
+
+  `logits[:, i]` scores the token after proposal i (i = 0: after the last emitted token);
+  `proposal.tokens` int32 [B, G], `proposal.count` int32 [B] real slots, `proposal.q`
+  the proposer's distributions [B, G, V] (None under greedy decoding). The rule returns an
+  `Acceptance`: `m` [B] a prefix of the real proposals (0 <= m <= count), `next_token`
+  [B] the target's token at position m (a correction, or a bonus token if m == count),
+  `beta` [B, G] and `scored` [B, G] for the statistics (alpha).
+  A rule that may keep what the target would not have chosen sets a class attribute
+  `lossy = True` (the statistics report it).
+  """
 
   def __call__(self, logits: Array, proposal: Proposal, sampling: SamplingSettings,
                key: Array) -> Acceptance:
