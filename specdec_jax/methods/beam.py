@@ -303,16 +303,24 @@ class Beam(Method):
     _check_number(self.min_log_prob, "min_log_prob")
     _check_exact(self.exact)
 
-  def run(self, target, encoder_tokens, max_new_tokens, sampling, rng, eos_id,
-          prompt_lengths):
+  def program(self, target, encoder_tokens, max_new_tokens, sampling, rng, eos_id,
+              prompt_lengths):
     if not sampling.is_greedy:
       raise SamplingError("beam search is deterministic: drop sampling (sd.Beam takes no "
                           f"temperature, top-k or top-p), got {sampling!r}")
     config = SearchConfig(num_beams=self.num_beams, alpha=float(self.alpha), eos_id=eos_id,
                           max_decode_len=max_new_tokens + 1,
                           min_log_prob=float(self.min_log_prob))
-    return run(target, encoder_tokens, config=config, exact=bool(self.exact),
-               prompt_lengths=prompt_lengths)
+    return program(target, encoder_tokens, config=config, exact=bool(self.exact),
+                   prompt_lengths=prompt_lengths)
+
+
+def program(target: Model, encoder_tokens: Array, *, config: SearchConfig, exact: bool = False,
+            prompt_lengths: Array | None = None) -> engine.Program:
+  """The call `run` makes: the jitted search and its arguments (`engine.Program`)."""
+  return engine.Program(_run, (target, encoder_tokens, prompt_lengths),
+                        {"config": config, "exact": exact,
+                         "layout": sharding.decode_layout(target, encoder_tokens)})
 
 
 def run(target: Model, encoder_tokens: Array, *, config: SearchConfig, exact: bool = False,
@@ -320,8 +328,8 @@ def run(target: Model, encoder_tokens: Array, *, config: SearchConfig, exact: bo
   """Beam search of `target` over `encoder_tokens` [B, Le] (a decoder-only target: prompts
   [B, P] with `prompt_lengths` [B]) as ONE jitted program, on the model as given (packed
   ones, `sd.pack` / `sd.load`, on their backend's kernels; others on XLA)."""
-  return _run(target, encoder_tokens, prompt_lengths, config=config, exact=exact,
-              layout=sharding.decode_layout(target, encoder_tokens))
+  return program(target, encoder_tokens, config=config, exact=exact,
+                 prompt_lengths=prompt_lengths)()
 
 
 @functools.partial(jax.jit, static_argnames=("config", "exact", "layout"))

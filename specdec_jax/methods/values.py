@@ -102,16 +102,25 @@ class Method:
     """Work after the loop (blockwise decoding's oracle); the output as is by default."""
     return out
 
-  def run(self, target: Model, encoder_tokens: Array, max_new_tokens: int,
-          sampling: sampling_lib.SamplingSettings, rng, eos_id: int,
-          prompt_lengths: Array | None) -> DecodeOutput:
-    """The checked request through the round engine (a method with a loop of its own,
-    such as beam search, overrides this)."""
+  def program(self, target: Model, encoder_tokens: Array, max_new_tokens: int,
+              sampling: sampling_lib.SamplingSettings, rng, eos_id: int,
+              prompt_lengths: Array | None) -> engine.Program:
+    """The checked request's jitted program and its arguments: the round engine's loop
+    (a method with a loop of its own, such as beam search, overrides this). `run` calls
+    it; `sd.lower` lowers it."""
     proposer = self.proposer(target, sampling)
     config = self.round_config(target, max_new_tokens, sampling, eos_id)
     proposer_inputs = self.proposer_inputs(proposer, encoder_tokens, max_new_tokens)
-    out = engine.run(target, proposer, encoder_tokens, proposer_inputs,
-                     inputs.as_rng(rng, sampling), config=config, prompt_lengths=prompt_lengths)
+    return engine.program(target, proposer, encoder_tokens, proposer_inputs,
+                          inputs.as_rng(rng, sampling), config=config,
+                          prompt_lengths=prompt_lengths)
+
+  def run(self, target: Model, encoder_tokens: Array, max_new_tokens: int,
+          sampling: sampling_lib.SamplingSettings, rng, eos_id: int,
+          prompt_lengths: Array | None) -> DecodeOutput:
+    """The checked request: its `program`, then `finish`."""
+    out = self.program(target, encoder_tokens, max_new_tokens, sampling, rng, eos_id,
+                       prompt_lengths)()
     return self.finish(target, encoder_tokens, out, prompt_lengths)
 
 
