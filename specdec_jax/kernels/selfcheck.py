@@ -80,7 +80,7 @@ def _invariant(call, x, full) -> list[str]:
   for m in (1, 5):
     rows = _rows(m, seed=m)
     if not np.array_equal(np.asarray(call(x[rows])), full[rows]):
-      out.append(f"rows differ between an {M}-row call and a {m}-row call")
+      out.append(f"rows differ between a {M}-row call and a {m}-row call")
   return out
 
 
