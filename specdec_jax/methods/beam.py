@@ -305,14 +305,23 @@ class Beam(Method):
 
   def program(self, target, encoder_tokens, max_new_tokens, sampling, rng, eos_id,
               prompt_lengths):
+    return program(target, encoder_tokens, **self._search(max_new_tokens, sampling, eos_id),
+                   prompt_lengths=prompt_lengths)
+
+  def run(self, target, encoder_tokens, max_new_tokens, sampling, rng, eos_id,
+          prompt_lengths):
+    return run(target, encoder_tokens, **self._search(max_new_tokens, sampling, eos_id),
+               prompt_lengths=prompt_lengths)
+
+  def _search(self, max_new_tokens, sampling, eos_id) -> dict:
+    """The static settings of `run` / `program`: {config, exact}."""
     if not sampling.is_greedy:
       raise SamplingError("beam search is deterministic: drop sampling (sd.Beam takes no "
                           f"temperature, top-k or top-p), got {sampling!r}")
     config = SearchConfig(num_beams=self.num_beams, alpha=float(self.alpha), eos_id=eos_id,
                           max_decode_len=max_new_tokens + 1,
                           min_log_prob=float(self.min_log_prob))
-    return program(target, encoder_tokens, config=config, exact=bool(self.exact),
-                   prompt_lengths=prompt_lengths)
+    return {"config": config, "exact": bool(self.exact)}
 
 
 def program(target: Model, encoder_tokens: Array, *, config: SearchConfig, exact: bool = False,

@@ -105,23 +105,29 @@ class Method:
   def program(self, target: Model, encoder_tokens: Array, max_new_tokens: int,
               sampling: sampling_lib.SamplingSettings, rng, eos_id: int,
               prompt_lengths: Array | None) -> engine.Program:
-    """The checked request's jitted program and its arguments: the round engine's loop
-    (a method with a loop of its own, such as beam search, overrides this). `run` calls
-    it; `sd.lower` lowers it."""
-    proposer = self.proposer(target, sampling)
-    config = self.round_config(target, max_new_tokens, sampling, eos_id)
-    proposer_inputs = self.proposer_inputs(proposer, encoder_tokens, max_new_tokens)
-    return engine.program(target, proposer, encoder_tokens, proposer_inputs,
-                          inputs.as_rng(rng, sampling), config=config,
-                          prompt_lengths=prompt_lengths)
+    """The jitted program `run` calls, with its arguments (`engine.program`): what
+    `sd.lower` lowers. A method with a loop of its own (beam search) overrides this and
+    `run`."""
+    return self._engine(engine.program, target, encoder_tokens, max_new_tokens, sampling, rng,
+                        eos_id, prompt_lengths)
 
   def run(self, target: Model, encoder_tokens: Array, max_new_tokens: int,
           sampling: sampling_lib.SamplingSettings, rng, eos_id: int,
           prompt_lengths: Array | None) -> DecodeOutput:
-    """The checked request: its `program`, then `finish`."""
-    out = self.program(target, encoder_tokens, max_new_tokens, sampling, rng, eos_id,
-                       prompt_lengths)()
+    """The checked request through the round engine (`engine.run`: `program`'s call),
+    then `finish`."""
+    out = self._engine(engine.run, target, encoder_tokens, max_new_tokens, sampling, rng,
+                       eos_id, prompt_lengths)
     return self.finish(target, encoder_tokens, out, prompt_lengths)
+
+  def _engine(self, call, target, encoder_tokens, max_new_tokens, sampling, rng, eos_id,
+              prompt_lengths):
+    """`call` (`engine.run` or `engine.program`) on this method's proposer and config."""
+    proposer = self.proposer(target, sampling)
+    config = self.round_config(target, max_new_tokens, sampling, eos_id)
+    proposer_inputs = self.proposer_inputs(proposer, encoder_tokens, max_new_tokens)
+    return call(target, proposer, encoder_tokens, proposer_inputs, inputs.as_rng(rng, sampling),
+                config=config, prompt_lengths=prompt_lengths)
 
 
 @struct.dataclass
