@@ -68,8 +68,8 @@ def lower(target: Model, method: Method, encoder_tokens, *, max_new_tokens: int,
   the program for a TPU or a GPU: `sd.lower(...).as_text()` is its StableHLO.
 
   Args:
-    target, method, encoder_tokens, max_new_tokens, sampling, eos_id, prompt_lengths:
-      as `decode` (the rng is traced: any key gives the same program).
+    target: as `decode`; so are method, encoder_tokens, max_new_tokens, sampling, eos_id
+      and prompt_lengths (no rng: the key is an argument of the program, any gives it).
     platforms: the lowering platforms, e.g. ("tpu",), ("cuda",), ("cpu",), or several
       (one program that runs on each; XLA's ops only).
   Returns:
