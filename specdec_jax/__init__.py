@@ -42,6 +42,7 @@ from specdec_jax.methods import (
   decode,
   early_exit,
   generate,
+  lower,
   speculative_generate,
   t5x_compat,
 )
@@ -67,7 +68,8 @@ __all__ = [
     "Model", "ModelDrafter", "NGramDrafter", "PromptLookupDrafter", "Sampling", "SamplingError",
     "SpecdecError", "Speculative", "T5Config", "TokenizerError", "available_configs",
     "bild_generate", "blockwise_generate", "decode", "early_exit", "generate", "get_config",
-    "init_heads", "init_model", "load", "load_heads", "load_tokenizer", "logical_axes", "pack",
+    "init_heads", "init_model", "load", "load_heads", "load_tokenizer", "logical_axes", "lower",
+    "pack",
     "save", "save_heads", "speculative_generate", "t5x_compat", "theory",
 ]
 __all__ += ["make_mesh", "shard", "sharding"]

@@ -20,22 +20,49 @@ A backend runs a product kind on its kernel when it lists the kind in `kinds`;
 `invariant` (a subset) are the kinds whose rows are bitwise independent of M, the row's
 position and the call width. `dispatch.width_invariant(model)` holds when every product
 of the model's decode runs on such a kernel.
+
+Hardware: "auto" picks a backend whose kernels compile for an accelerator (`Backend.checked`:
+gpu, later tpu) only on a device kind the device check has recorded as measured
+(`verified`: invariant, agreeing with XLA, not slower than the padded XLA baseline); named
+explicitly, such a backend must suit the device (`Backend.unsupported`: Mosaic GPU needs
+Hopper) and passes a seconds-long self-check on its first use there (`selfcheck`).
+`lowering(platforms)` traces the kernels as they run on other platforms (`sd.lower`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 
 from specdec_jax.errors import InputError
-from specdec_jax.kernels import build
+from specdec_jax.kernels import build, selfcheck, verified
 
 Array = jax.Array
 KINDS = ("dot", "sum_squares", "attention")
 CHOICES = ("auto", "cpu", "gpu", "xla")
+
+#: The platforms the program being traced is lowered for (`lowering`); None: it runs here.
+#: A jit cache key, so a program traced for CUDA is never the one run on this CPU.
+_LOWERING = jax.make_user_context(None)
+
+
+def lowering(platforms):
+  """Context: trace kernels as they run on `platforms` (("cuda",), ("tpu",), ...), not
+  here: a Pallas backend compiles for its platform (`Backend.compiles_for`) where it is
+  lowered for it, and interprets where it is lowered for the CPU."""
+  return _LOWERING(tuple(platforms))
+
+
+def interpret(platform: str) -> bool | None:
+  """pallas_call's `interpret` for kernels that compile for `platform` ("cuda", "tpu") in
+  the program being traced: False when lowering for it, True otherwise (the CPU), None
+  when not lowering (JAX's default backend decides, e.g. `gpu.mode.interpret`)."""
+  platforms = _LOWERING.value
+  return None if platforms is None else platform not in platforms
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +77,13 @@ class Backend:
   sum_squares: (x [..., K], packed ones) -> [..., 1] float32.
   attention: (q [B, T, H, D], k/v [B, H, S, D], bias [B|1, H|1, T|1, S]) -> [B, T, H, D]
     float32.
+  platform: the JAX backend its kernels run compiled on ("cpu", "gpu", "tpu"; None: xla).
+  compiles_for: the lowering platforms its compiled kernels target ("cpu", "cuda",
+    "tpu"); () for xla, which lowers for any.
+  interprets: its kernels also run in Pallas's interpret mode on a CPU (tests, CI).
+  checked: compiled kernels for an accelerator: "auto" picks it only where `verified`
+    has a pass for the device kind, and its first use on a device runs `selfcheck`.
+  unsupported: device -> why its kernels cannot compile there (None: they can).
   """
 
   name: str
@@ -61,6 +95,12 @@ class Backend:
   sum_squares: Callable[..., Array] | None = dataclasses.field(default=None, compare=False)
   attention: Callable[..., Array] | None = dataclasses.field(default=None, compare=False)
   needs_one_device: bool = True
+  platform: str | None = None
+  compiles_for: tuple[str, ...] = ()
+  interprets: bool = False
+  checked: bool = False
+  unsupported: Callable[[Any], str | None] | None = dataclasses.field(default=None,
+                                                                       compare=False)
 
   def status(self) -> tuple[bool, str]:
     """(available, reason) of this backend in this process."""
@@ -82,6 +122,14 @@ class Backend:
       raise InputError(f"the {self.name} backend has no {kind} kernel")
     return fn
 
+  def lowers_for(self, platforms) -> bool:
+    """Whether a program on its kernels lowers for `platforms` (`sd.lower`): xla for any;
+    the others for the platforms they compile for, or the CPU alone where they interpret."""
+    platforms = set(platforms)
+    if not self.kinds:
+      return True
+    return platforms <= set(self.compiles_for) or (self.interprets and platforms == {"cpu"})
+
 
 def _cpu() -> Backend:
   from specdec_jax.kernels import row_attention, skinny
@@ -92,18 +140,48 @@ def _cpu() -> Backend:
   return Backend("cpu", frozenset(KINDS), frozenset(KINDS),
                  (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)), pack, skinny.dot,
                  lambda x, ones: skinny.dot(jnp.square(x), ones, 1),
-                 row_attention.attention)
+                 row_attention.attention, platform="cpu", compiles_for=("cpu",))
+
+
+def mosaic_gpu_unsupported(device) -> str | None:
+  """Why Mosaic GPU cannot compile for `device` (None: it can): it needs NVIDIA Hopper,
+  compute capability 9.0 or higher (sm_90+)."""
+  capability = getattr(device, "compute_capability", None)
+  kind = getattr(device, "device_kind", str(device))
+  try:
+    major = float(str(capability))
+  except ValueError:
+    return f"{kind} reports no CUDA compute capability: Mosaic GPU needs NVIDIA Hopper (sm_90+)"
+  if major < 9.0:
+    return (f"{kind} has compute capability {capability}: Mosaic GPU needs Hopper "
+            f"(sm_90+)")
+  return None
 
 
 def _gpu() -> Backend:
   from specdec_jax.kernels import gpu
+
+  # Compiled where the program is lowered for CUDA (`lowering`), else as `gpu.mode` says.
+  def dot(x, wp, n):
+    return gpu.dot(x, wp, n, interpret=interpret("cuda"))
+
+  def sum_squares(x, ones):
+    return gpu.sum_squares(x, ones, interpret=interpret("cuda"))
+
+  def attention(q, k, v, bias):
+    return gpu.attention(q, k, v, bias, interpret=interpret("cuda"))
+
   return Backend("gpu", frozenset(KINDS), frozenset(KINDS),
-                 (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)), gpu.pack, gpu.dot,
-                 gpu.sum_squares, gpu.attention)
+                 (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)), gpu.pack, dot,
+                 sum_squares, attention, platform="gpu", compiles_for=("cuda",),
+                 interprets=True, checked=True, unsupported=mosaic_gpu_unsupported)
 
 
 _XLA = Backend("xla", frozenset(), frozenset(), needs_one_device=False)
-_MAKERS = {"cpu": _cpu, "gpu": _gpu, "xla": lambda: _XLA}
+#: name -> (the JAX platform its kernels run compiled on, its maker). A new backend is one
+#: line here and one module of kernels.
+_MAKERS: dict[str, tuple[str | None, Callable[[], Backend]]] = {
+    "cpu": ("cpu", _cpu), "gpu": ("gpu", _gpu), "xla": (None, lambda: _XLA)}
 _MADE: dict[str, Backend] = {}
 
 
@@ -112,32 +190,88 @@ def get(name: str) -> Backend:
   if name not in _MAKERS:
     raise InputError(f"kernels must be one of {', '.join(CHOICES)}, got {name!r}")
   if name not in _MADE:
-    _MADE[name] = _MAKERS[name]()
+    _MADE[name] = _MAKERS[name][1]()
   return _MADE[name]
 
 
 def choose(kernels: str, params=None) -> str:
   """The backend name for `kernels` ("auto", "cpu", "gpu", "xla") and `params`.
 
-  "auto": "gpu" where JAX's default backend is a GPU and the params live on one device;
-  "cpu" where it is the CPU, the C++ kernels are built (`kernels.status()`) and the
-  params live on one CPU device; "xla" otherwise (a mesh of several devices, TPUs, the
-  kernels disabled or unbuilt). The gpu backend in interpret mode is never "auto"'s
-  choice: it is for tests. A name is returned as given (checked).
+  "auto": on one device of JAX's default backend, the first backend whose kernels run
+  compiled there and are available (`Backend.status`), for an accelerator (gpu) only
+  where the device check recorded its kernels measured on that device kind (`verified`)
+  and its self-check passes; "xla" otherwise (a mesh of several devices, a GPU without
+  a record, TPUs, the kernels disabled or unbuilt). So: "cpu" on a CPU where the C++
+  kernels build, "xla" on any GPU until the record names its kind. The gpu backend in
+  interpret mode is never "auto"'s choice: it is for tests.
+
+  A name is returned as given (checked): a backend with compiled accelerator kernels,
+  named on its own platform, must suit the device (`Backend.unsupported`: an InputError
+  naming the device) and pass `selfcheck` on first use there (`selfcheck.SelfCheckFailed`).
   """
   if kernels not in CHOICES:
     raise InputError(f"kernels must be one of {', '.join(CHOICES)}, got {kernels!r}")
-  if kernels != "auto":
-    return kernels
   devices = placement(params)
   here = jax.default_backend()
-  if len(devices) > 1:
+  if kernels != "auto":
+    if _MAKERS[kernels][0] == here and get(kernels).checked:
+      _check_device(get(kernels), _device(devices))
+    return kernels
+  if len(devices) > 1 or any(d.platform != here for d in devices):
     return "xla"
-  if here == "gpu" and all(d.platform == "gpu" for d in devices):
-    return "gpu"
-  if here == "cpu" and build.available() and all(d.platform == "cpu" for d in devices):
-    return "cpu"
+  for name, (platform, _) in _MAKERS.items():
+    if platform != here:
+      continue
+    backend = get(name)
+    if not backend.status()[0]:
+      continue
+    if backend.checked:
+      device = _device(devices)
+      kind = device_kind(device)
+      if not verified.passed(name, kind):
+        continue
+      why = (backend.unsupported and backend.unsupported(device)) or selfcheck.check(backend,
+                                                                                      kind)
+      if why:
+        warnings.warn(f"kernels='auto': the {name} kernels recorded for {kind} fail here "
+                      f"({why}); using XLA's ops", stacklevel=2)
+        continue
+    return name
   return "xla"
+
+
+def auto_reason(params=None) -> str:
+  """Why "auto" keeps XLA's ops off the CPU (`dispatch`'s reason for the policy)."""
+  here = jax.default_backend()
+  checked = [n for n, (p, _) in _MAKERS.items() if p == here and get(n).checked]
+  if not checked:
+    return f"no kernels for the {here} backend"
+  kind = device_kind(_device(placement(params)))
+  return (f"the {', '.join(checked)} kernels are not recorded as measured on {kind} "
+          f"(specdec_jax/kernels/verified.json); kernels={checked[0]!r} opts in")
+
+
+def _check_device(backend: Backend, device) -> None:
+  """Raise unless `backend`'s compiled kernels suit `device` and pass `selfcheck` there."""
+  why = backend.unsupported(device) if backend.unsupported else None
+  if why:
+    raise InputError(f"kernels={backend.name!r}: {why}; use kernels='xla' (or 'auto')")
+  kind = device_kind(device)
+  failed = selfcheck.check(backend, kind)
+  if failed:
+    raise selfcheck.SelfCheckFailed(
+        f"kernels={backend.name!r} failed its self-check on {kind}: {failed}; use "
+        f"kernels='xla' (or 'auto')")
+
+
+def _device(devices):
+  """The one device of `devices` (the params'), else JAX's first default device."""
+  return min(devices, key=lambda d: d.id) if devices else jax.devices()[0]
+
+
+def device_kind(device) -> str:
+  """The device's kind as JAX names it ("NVIDIA H100 80GB HBM3", "TPU v5 lite", "cpu")."""
+  return str(getattr(device, "device_kind", device))
 
 
 def placement(tree) -> set:

@@ -132,7 +132,7 @@ def _why_xla(params) -> str:
     return "params on several devices"
   if jax.default_backend() == "cpu":
     return backends.get("cpu").status()[1]
-  return f"no kernels for the {jax.default_backend()} backend"
+  return backends.auto_reason(params)
 
 
 @struct.dataclass

@@ -7,7 +7,8 @@
                     proposer
     adaptive        per-row adaptive gamma (a proposer wrapper)
     beam            T5X's beam search (Beam): a loop of its own, not a round wiring
-    decode          `decode(target, method, encoder_tokens, ...)`, one jitted round loop
+    decode          `decode(target, method, encoder_tokens, ...)`, one jitted round loop;
+                    `lower(...)`: the same program lowered for TPU, CUDA, ...
     functional      `generate`, `speculative_generate`, ...: `decode` by keyword
     t5x_compat      drop-ins for T5X's decoding functions
 
@@ -18,7 +19,7 @@ from specdec_jax.methods import t5x_compat
 from specdec_jax.methods.adaptive import AdaptiveGamma
 from specdec_jax.methods.beam import Beam, BeamOutput
 from specdec_jax.methods.bild import early_exit
-from specdec_jax.methods.decode import METHODS, decode
+from specdec_jax.methods.decode import METHODS, decode, lower
 from specdec_jax.methods.functional import (
   bild_generate,
   blockwise_generate,
@@ -41,5 +42,5 @@ from specdec_jax.methods.values import (
 __all__ = ["METHODS", "AdaptiveGamma", "Autoregressive", "Beam", "BeamOutput", "BiLD",
            "Blockwise", "Method",
            "Speculative", "bild_generate", "blockwise_generate", "carried", "decode",
-           "early_exit", "field_docs", "generate", "model_fields", "setting", "settings_fields",
-           "speculative_generate", "t5x_compat"]
+           "early_exit", "field_docs", "generate", "lower", "model_fields", "setting",
+           "settings_fields", "speculative_generate", "t5x_compat"]

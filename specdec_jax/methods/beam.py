@@ -47,7 +47,7 @@ from flax import struct
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import sharding
 from specdec_jax.cache import DecoderCache
-from specdec_jax.errors import InputError
+from specdec_jax.errors import InputError, SamplingError
 from specdec_jax.methods.values import Method, _check_exact, _check_number, setting
 from specdec_jax.models.model import Model
 from specdec_jax.rounds import engine, inputs
@@ -309,14 +309,33 @@ class Beam(Method):
     _check_number(self.min_log_prob, "min_log_prob")
     _check_exact(self.exact)
 
+  def program(self, target, encoder_tokens, max_new_tokens, sampling, rng, eos_id,
+              prompt_lengths):
+    return program(target, encoder_tokens, **self._search(max_new_tokens, sampling, eos_id),
+                   prompt_lengths=prompt_lengths)
+
   def run(self, target, encoder_tokens, max_new_tokens, sampling, rng, eos_id,
           prompt_lengths):
-    # sampling: greedy (`greedy_only`, checked by `decode`)
+    return run(target, encoder_tokens, **self._search(max_new_tokens, sampling, eos_id),
+               prompt_lengths=prompt_lengths)
+
+  def _search(self, max_new_tokens, sampling, eos_id) -> dict:
+    """The static settings of `run` / `program`: {config, exact}."""
+    if not sampling.is_greedy:
+      raise SamplingError("beam search is deterministic: drop sampling (sd.Beam takes no "
+                          f"temperature, top-k or top-p), got {sampling!r}")
     config = SearchConfig(num_beams=self.num_beams, alpha=float(self.alpha), eos_id=eos_id,
                           max_decode_len=max_new_tokens + 1,
                           min_log_prob=float(self.min_log_prob))
-    return run(target, encoder_tokens, config=config, exact=bool(self.exact),
-               prompt_lengths=prompt_lengths)
+    return {"config": config, "exact": bool(self.exact)}
+
+
+def program(target: Model, encoder_tokens: Array, *, config: SearchConfig, exact: bool = False,
+            prompt_lengths: Array | None = None) -> engine.Program:
+  """The call `run` makes: the jitted search and its arguments (`engine.Program`)."""
+  return engine.Program(_run, (target, encoder_tokens, prompt_lengths),
+                        {"config": config, "exact": exact,
+                         "layout": sharding.decode_layout(target, encoder_tokens)})
 
 
 def run(target: Model, encoder_tokens: Array, *, config: SearchConfig, exact: bool = False,
@@ -324,8 +343,8 @@ def run(target: Model, encoder_tokens: Array, *, config: SearchConfig, exact: bo
   """Beam search of `target` over `encoder_tokens` [B, Le] (a decoder-only target: prompts
   [B, P] with `prompt_lengths` [B]) as ONE jitted program, on the model as given (packed
   ones, `sd.pack` / `sd.load`, on their backend's kernels; others on XLA)."""
-  return _run(target, encoder_tokens, prompt_lengths, config=config, exact=exact,
-              layout=sharding.decode_layout(target, encoder_tokens))
+  return program(target, encoder_tokens, config=config, exact=exact,
+                 prompt_lengths=prompt_lengths)()
 
 
 @functools.partial(jax.jit, static_argnames=("config", "exact", "layout"))

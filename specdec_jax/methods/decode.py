@@ -1,12 +1,17 @@
-"""`decode`: the one entry point that runs any method value (see `values`)."""
+"""`decode`: the one entry point that runs any method value (see `values`); `lower`: the
+same program lowered for other platforms (TPU, CUDA) without running it."""
 
 from __future__ import annotations
 
 import dataclasses
 
+import jax
+
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.config.lm import LMConfig
 from specdec_jax.errors import InputError, SamplingError
+from specdec_jax.kernels import backends
+from specdec_jax.kernels.dispatch import DecodeWeights
 from specdec_jax.methods.beam import Beam
 from specdec_jax.methods.values import Autoregressive, BiLD, Blockwise, Method, Speculative
 from specdec_jax.models.model import Model
@@ -51,6 +56,59 @@ def decode(target: Model, method: Method, encoder_tokens, max_new_tokens: int = 
       >>> out.tokens.shape, out.lengths.shape
       ((1, 3), (1,))
   """
+  out = method.run(*_request(target, method, encoder_tokens, max_new_tokens, sampling, rng,
+                             eos_id, prompt_lengths))
+  # the value names its run and says which statistics it reports (`Method`)
+  info = (("method", method.name),) + tuple(kv for kv in out.info if kv[0] != "method")
+  return dataclasses.replace(out, info=info, statistics=method.statistics)
+
+
+def lower(target: Model, method: Method, encoder_tokens, *, max_new_tokens: int,
+          platforms=("tpu",), sampling: sampling_lib.SamplingSettings | None = None,
+          eos_id: int | None = None, prompt_lengths=None) -> jax.stages.Lowered:
+  """The program `decode(target, method, encoder_tokens, ...)` runs, lowered for
+  `platforms` and compiled for none: the same checks, the same jitted function with the
+  same arguments (`Method.program`), traced with each packed model's kernels as they run
+  there (`backends.lowering`). On a CPU machine it checks, or compiles ahead of time,
+  the program for a TPU or a GPU: `sd.lower(...).as_text()` is its StableHLO.
+
+  Args:
+    target: as `decode`; so are method, encoder_tokens, max_new_tokens, sampling, eos_id
+      and prompt_lengths (no rng: the key is an argument of the program, any gives it).
+    platforms: the lowering platforms, e.g. ("tpu",), ("cuda",), ("cpu",), or several
+      (one program that runs on each; XLA's ops only).
+  Returns:
+    `jax.stages.Lowered` (`.as_text()`, `.compile()` on a machine of that platform).
+  Raises:
+    InputError: a model packed for kernels that do not compile for `platforms` (the cpu
+      backend's C++ kernels for anything but ("cpu",); gpu: ("cuda",) or ("cpu",)).
+
+  Only the decode loop is lowered: `sd.Blockwise(oracle=True)`'s oracle pass is a
+  second program `decode` runs after it.
+
+  Example::
+
+      >>> import specdec_jax as sd, numpy as np
+      >>> target = sd.load("config:t5_1_1_tiny", kernels="xla")
+      >>> lowered = sd.lower(target, sd.Speculative(target, gamma=2), np.array([[5, 6, 1]]),
+      ...                    max_new_tokens=3, platforms=("tpu",))
+      >>> "stablehlo.while" in lowered.as_text()
+      True
+  """
+  if isinstance(platforms, str) or not platforms or not all(
+      isinstance(p, str) for p in platforms):
+    raise InputError(f"platforms must be a non-empty tuple of platform names such as "
+                     f"('tpu',) or ('cuda',), got {platforms!r}")
+  platforms = tuple(platforms)
+  request = _request(target, method, encoder_tokens, max_new_tokens, sampling, 0, eos_id,
+                     prompt_lengths)       # the key is an argument: any gives this program
+  _check_kernels(target, method, platforms)
+  return method.program(*request).lower(platforms)
+
+
+def _request(target, method, encoder_tokens, max_new_tokens, sampling, rng, eos_id,
+             prompt_lengths) -> tuple:
+  """The checked arguments of `Method.run` / `Method.program` for a `decode` call."""
   if not isinstance(method, Method):
     names = [m.__name__ for m in METHODS]
     raise InputError(f"method must be one of sd.{', sd.'.join(names)}, "
@@ -68,8 +126,21 @@ def decode(target: Model, method: Method, encoder_tokens, max_new_tokens: int = 
   if method.greedy_only and not sampling.is_greedy:
     raise SamplingError(f"sd.{type(method).__name__} is deterministic: drop sampling (it takes "
                         f"no temperature, top-k or top-p), got {sampling!r}")
-  out = method.run(target, encoder_tokens, max_new_tokens, sampling, rng,
-                   inputs.resolve_eos(eos_id, target.config), prompt_lengths)
-  # the value names its run and says which statistics it reports (`Method`)
-  info = (("method", method.name),) + tuple(kv for kv in out.info if kv[0] != "method")
-  return dataclasses.replace(out, info=info, statistics=method.statistics)
+  return (target, encoder_tokens, max_new_tokens, sampling, rng,
+          inputs.resolve_eos(eos_id, target.config), prompt_lengths)
+
+
+def _check_kernels(target: Model, method: Method, platforms: tuple[str, ...]) -> None:
+  """Raise unless every model of the request (the target's and the method's) is packed for
+  kernels that lower for `platforms` (`backends.Backend.lowers_for`)."""
+  found = jax.tree_util.tree_leaves((target, method),
+                                    is_leaf=lambda x: isinstance(x, DecodeWeights))
+  for name in sorted({w.policy.backend for w in found
+                      if isinstance(w, DecodeWeights) and w.policy is not None}):
+    backend = backends.get(name)
+    if not backend.lowers_for(platforms):
+      targets = ", ".join(repr((p,)) for p in backend.compiles_for)
+      also = " or ('cpu',) (interpreted)" if backend.interprets else ""
+      raise InputError(f"a model is packed for the {name} kernels, which lower for "
+                       f"{targets}{also}, not {platforms}: pack it with kernels='xla' "
+                       f"(sd.pack(model, kernels='xla'))")

@@ -148,17 +148,32 @@ class Method:
     """Work after the loop (blockwise decoding's oracle); the output as is by default."""
     return out
 
+  def program(self, target: Model, encoder_tokens: Array, max_new_tokens: int,
+              sampling: sampling_lib.SamplingSettings, rng, eos_id: int,
+              prompt_lengths: Array | None) -> engine.Program:
+    """The jitted program `run` calls, with its arguments (`engine.program`): what
+    `sd.lower` lowers. A method with a loop of its own (beam search) overrides this and
+    `run`."""
+    return self._engine(engine.program, target, encoder_tokens, max_new_tokens, sampling, rng,
+                        eos_id, prompt_lengths)
+
   def run(self, target: Model, encoder_tokens: Array, max_new_tokens: int,
           sampling: sampling_lib.SamplingSettings, rng, eos_id: int,
           prompt_lengths: Array | None) -> DecodeOutput:
-    """The checked request through the round engine (a method with a loop of its own,
-    such as beam search, overrides this)."""
+    """The checked request through the round engine (`engine.run`: `program`'s call),
+    then `finish`."""
+    out = self._engine(engine.run, target, encoder_tokens, max_new_tokens, sampling, rng,
+                       eos_id, prompt_lengths)
+    return self.finish(target, encoder_tokens, out, prompt_lengths)
+
+  def _engine(self, call, target, encoder_tokens, max_new_tokens, sampling, rng, eos_id,
+              prompt_lengths):
+    """`call` (`engine.run` or `engine.program`) on this method's proposer and config."""
     proposer = self.proposer(target, sampling)
     config = self.round_config(target, max_new_tokens, sampling, eos_id)
     proposer_inputs = self.proposer_inputs(proposer, encoder_tokens, max_new_tokens)
-    out = engine.run(target, proposer, encoder_tokens, proposer_inputs,
-                     inputs.as_rng(rng, sampling), config=config, prompt_lengths=prompt_lengths)
-    return self.finish(target, encoder_tokens, out, prompt_lengths)
+    return call(target, proposer, encoder_tokens, proposer_inputs, inputs.as_rng(rng, sampling),
+                config=config, prompt_lengths=prompt_lengths)
 
 
 @struct.dataclass

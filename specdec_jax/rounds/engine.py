@@ -39,6 +39,7 @@ from specdec_jax import sharding
 from specdec_jax.cache import DecoderCache
 from specdec_jax.config.lm import LMConfig
 from specdec_jax.errors import InputError
+from specdec_jax.kernels import backends
 from specdec_jax.models.model import Model
 from specdec_jax.rounds import buffer
 from specdec_jax.rounds.acceptance import SpeculativeSampling
@@ -329,6 +330,43 @@ def finish(state: RoundState, config: RoundConfig) -> buffer.DecodeOutput:
 # ----------------------------------------------------------------------------- driver
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Program:
+  """One call of a jitted function: `program()` runs it; `program.lower(platforms)` lowers
+  the same call (the same function, the same arguments) for `platforms`, compiling
+  nothing (`sd.lower`).
+
+  Attributes:
+    fn: the `jax.jit`-wrapped function.
+    args, kwargs: its arguments.
+  """
+
+  fn: Any
+  args: tuple
+  kwargs: dict
+
+  def __call__(self):
+    return self.fn(*self.args, **self.kwargs)
+
+  def lower(self, platforms: tuple[str, ...]) -> jax.stages.Lowered:
+    """The call traced and lowered for `platforms` ("cpu", "cuda", "rocm", "tpu"); the
+    kernels are traced as they run there (`backends.lowering`)."""
+    with backends.lowering(platforms):
+      traced = self.fn.trace(*self.args, **self.kwargs)
+      return traced.lower(lowering_platforms=tuple(platforms))
+
+
+def program(target: Model, proposer: Proposer, encoder_tokens: Array,
+            proposer_inputs: Array | None, rng: Array, *, config: RoundConfig,
+            prompt_lengths: Array | None = None) -> Program:
+  """The call `run` makes: the jitted decode loop and its arguments (`Program`)."""
+  if target.is_decoder_only and prompt_lengths is None:
+    raise InputError("a decoder-only target needs prompt_lengths (inputs.check_prompt)")
+  return Program(_run, (target, proposer, encoder_tokens, proposer_inputs, rng),
+                 {"config": config, "prompt_lengths": prompt_lengths,
+                  "layout": sharding.decode_layout(target, encoder_tokens)})
+
+
 def run(target: Model, proposer: Proposer, encoder_tokens: Array, proposer_inputs: Array | None,
         rng: Array, *, config: RoundConfig,
         prompt_lengths: Array | None = None) -> buffer.DecodeOutput:
@@ -338,11 +376,8 @@ def run(target: Model, proposer: Proposer, encoder_tokens: Array, proposer_input
   A decoder-only target takes its prompts [B, P] as `encoder_tokens`, with their lengths
   `prompt_lengths` [B] (required: `inputs.check_prompt` gives them).
   """
-  if target.is_decoder_only and prompt_lengths is None:
-    raise InputError("a decoder-only target needs prompt_lengths (inputs.check_prompt)")
-  return _run(target, proposer, encoder_tokens, proposer_inputs, rng, config=config,
-              prompt_lengths=prompt_lengths,
-              layout=sharding.decode_layout(target, encoder_tokens))
+  return program(target, proposer, encoder_tokens, proposer_inputs, rng, config=config,
+                 prompt_lengths=prompt_lengths)()
 
 
 @functools.partial(jax.jit, static_argnames=("config", "layout"))

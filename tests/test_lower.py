@@ -1,0 +1,195 @@
+"""sd.lower: the program sd.decode runs, lowered for TPU and CUDA on this CPU.
+
+Every method (Autoregressive, Speculative, BiLD, Blockwise, Beam), on a tiny T5 and a tiny
+decoder-only LM, lowers for ("tpu",) and ("cuda",) with XLA's ops and carries no CPU-only
+custom call (the cpu backend's C++ FFI targets, Python callbacks of interpret mode); with
+the gpu backend's Pallas kernels it lowers for CUDA through Mosaic GPU (slow: Mosaic GPU's
+lowering). sd.lower builds exactly decode's call (the same jitted function, the same
+arguments) and its output has decode's structure and shapes. On the 8-device CPU mesh
+(one subprocess: tests/lower_mesh_checks.py) every method on a sharded target lowers for
+both with 8 partitions and the mesh's sharding annotations. Lowering compiles nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+import jax
+import numpy as np
+import pytest
+from loopback import run_child
+from lower_mesh_checks import custom_calls, methods, tokens
+
+import specdec_jax as sd
+from specdec_jax.kernels import build
+from specdec_jax.rounds import engine
+
+HERE = pathlib.Path(__file__).resolve().parent
+METHODS = ("Autoregressive", "Speculative", "BiLD", "Blockwise", "Beam")
+PLATFORMS = (("tpu",), ("cuda",))
+T = 3
+
+
+def cpu_only(text: str) -> list[str]:
+  """The custom calls of a lowered program that only a CPU runs: the cpu backend's C++
+  kernels (XLA FFI) and Python callbacks (Pallas's interpret mode)."""
+  return [c for c in custom_calls(text) if c in build.TARGETS or "cpu_callback" in c]
+
+
+@pytest.fixture(scope="module")
+def models():
+  """{"t5": (target, encoder tokens), "lm": (target, prompts)}, on XLA's ops."""
+  t5 = sd.load("config:t5_1_1_tiny", kernels="xla")
+  lm = sd.load("config:llama_tiny", kernels="xla")
+  return {"t5": (t5, tokens(t5.vocab_size, 6)), "lm": (lm, tokens(lm.vocab_size, 5))}
+
+
+def method(name: str, target: sd.Model):
+  return methods(target, target, sd.init_heads(target, 2))[name]
+
+
+@pytest.mark.parametrize("platforms", PLATFORMS, ids=lambda p: p[0])
+@pytest.mark.parametrize("name", METHODS)
+@pytest.mark.parametrize("kind", ["t5", "lm"])
+def test_every_method_lowers_for_tpu_and_cuda(models, kind, name, platforms):
+  target, enc = models[kind]
+  lowered = sd.lower(target, method(name, target), enc, max_new_tokens=T, platforms=platforms)
+  assert isinstance(lowered, jax.stages.Lowered)
+  text = lowered.as_text()
+  assert "stablehlo.while" in text                       # the decode loop, on device
+  assert cpu_only(text) == [] and "cpu_callback" not in text
+  assert not any(target in text for target in build.TARGETS)
+
+
+class Spy:
+  """Records the `engine.Program`s run (by decode) and lowered (by sd.lower)."""
+
+  def __init__(self, monkeypatch):
+    self.run: list[engine.Program] = []
+    self.lowered: list[engine.Program] = []
+    call, lower = engine.Program.__call__, engine.Program.lower
+    monkeypatch.setattr(engine.Program, "__call__",
+                        lambda p: (self.run.append(p), call(p))[1])
+    monkeypatch.setattr(engine.Program, "lower",
+                        lambda p, platforms: (self.lowered.append(p), lower(p, platforms))[1])
+
+
+def _values(tree):
+  """Leaves as numpy (PRNG keys as their data) and the tree's structure."""
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  data = [np.asarray(jax.random.key_data(x)) if jax.dtypes.issubdtype(
+      getattr(x, "dtype", None), jax.dtypes.prng_key) else np.asarray(x) for x in leaves]
+  return data, treedef
+
+
+@pytest.mark.parametrize("kind,name", [
+    ("t5", "Autoregressive"), pytest.param("t5", "Speculative", marks=pytest.mark.slow),
+    pytest.param("t5", "Beam", marks=pytest.mark.slow),
+    pytest.param("lm", "Autoregressive", marks=pytest.mark.slow)])
+def test_lower_builds_exactly_the_call_decode_makes(models, monkeypatch, kind, name):
+  target, enc = models[kind]
+  m = method(name, target)
+  spy = Spy(monkeypatch)
+  out = sd.decode(target, m, enc, max_new_tokens=T)
+  lowered = sd.lower(target, m, enc, max_new_tokens=T, platforms=("tpu",))
+  (ran,), (low,) = spy.run, spy.lowered
+  assert low.fn is ran.fn                                 # one jitted function
+  assert low.kwargs.keys() == ran.kwargs.keys()
+  for key in ran.kwargs:
+    got, want = _values(low.kwargs[key]), _values(ran.kwargs[key])
+    assert got[1] == want[1], key
+    assert all(np.array_equal(a, b) for a, b in zip(got[0], want[0], strict=True)), key
+  got, want = _values(low.args), _values(ran.args)
+  assert got[1] == want[1]
+  assert all(np.array_equal(a, b) for a, b in zip(got[0], want[0], strict=True))
+  # the lowered program's output is decode's: the same pytree of the same shapes
+  shapes = jax.tree_util.tree_map(lambda s: (s.shape, s.dtype), lowered.out_info)
+  assert shapes == jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), out)
+
+
+def test_lower_checks_its_request_as_decode_does(models):
+  target, enc = models["t5"]
+  with pytest.raises(sd.InputError, match="platforms must be"):
+    sd.lower(target, sd.Autoregressive(), enc, max_new_tokens=T, platforms="tpu")
+  with pytest.raises(sd.InputError, match="platforms must be"):
+    sd.lower(target, sd.Autoregressive(), enc, max_new_tokens=T, platforms=())
+  with pytest.raises(sd.InputError, match="method must be one of"):
+    sd.lower(target, "greedy", enc, max_new_tokens=T)
+  with pytest.raises(sd.InputError, match="max_new_tokens"):
+    sd.lower(target, sd.Autoregressive(), enc, max_new_tokens=0)
+  with pytest.raises(sd.SamplingError, match="beam search is deterministic"):
+    sd.lower(target, sd.Beam(2), enc, max_new_tokens=T, sampling=sd.Sampling(temperature=0.5))
+  # sampling needs no key: the key is an argument of the program
+  sd.lower(target, sd.Speculative(target, gamma=2), enc, max_new_tokens=T,
+           sampling=sd.Sampling(temperature=0.7))
+
+
+def test_kernels_that_do_not_lower_for_the_platform_are_refused(models):
+  t5, enc = models["t5"]
+  gpu = sd.pack(t5, kernels="gpu")
+  for platforms in (("tpu",), ("cuda", "cpu")):
+    with pytest.raises(sd.InputError, match=r"packed for the gpu kernels, which lower for "
+                                            r"\('cuda',\) or \('cpu',\)"):
+      sd.lower(gpu, sd.Autoregressive(), enc, max_new_tokens=T, platforms=platforms)
+  with pytest.raises(sd.InputError, match="gpu kernels"):          # a drafter's too
+    sd.lower(t5, sd.Speculative(gpu, gamma=2), enc, max_new_tokens=T, platforms=("tpu",))
+
+
+def test_a_program_on_xla_lowers_for_several_platforms_at_once(models):
+  t5, enc = models["t5"]
+  text = sd.lower(t5, sd.Autoregressive(), enc, max_new_tokens=T,
+                  platforms=("tpu", "cuda", "cpu")).as_text()
+  assert "stablehlo.while" in text and cpu_only(text) == []
+
+
+def test_the_cpu_kernels_lower_for_the_cpu_only(models):
+  """The positive control of `cpu_only`: the C++ kernels' FFI targets are found."""
+  if not build.available():
+    pytest.skip(build.status().reason)
+  t5, enc = models["t5"]
+  cpu = sd.pack(t5, kernels="cpu")
+  text = sd.lower(cpu, sd.Autoregressive(), enc, max_new_tokens=T, platforms=("cpu",)).as_text()
+  assert set(cpu_only(text)) == set(build.TARGETS)
+  with pytest.raises(sd.InputError, match=r"cpu kernels, which lower for \('cpu',\), not "
+                                          r"\('tpu',\)"):
+    sd.lower(cpu, sd.Autoregressive(), enc, max_new_tokens=T, platforms=("tpu",))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["t5", "lm"])
+def test_every_method_on_the_gpu_kernels_lowers_for_cuda_through_mosaic_gpu(models, kind):
+  """The program decode runs on a GPU: every product on the Pallas kernels, compiled
+  (Mosaic GPU's custom call), none interpreted (no Python callback). The LM: even after
+  decode ran the same model here in interpret mode (a jit cache key keeps the two apart),
+  and decode still runs here after the lowering."""
+  model, enc = models[kind]
+  target = sd.pack(model.with_dtype("bfloat16"), kernels="gpu")
+  assert target.decode_weights.policy.backend == "gpu"
+  names = METHODS if kind == "t5" else ("Autoregressive",)
+  if kind == "lm":
+    before = sd.decode(target, sd.Autoregressive(), enc[:1], max_new_tokens=1)
+  for name in names:
+    text = sd.lower(target, method(name, target), enc[:1], max_new_tokens=T,
+                    platforms=("cuda",)).as_text()
+    assert "mosaic_gpu_v2" in custom_calls(text), name
+    assert cpu_only(text) == [] and "cpu_callback" not in text, name
+  if kind == "lm":
+    after = sd.decode(target, sd.Autoregressive(), enc[:1], max_new_tokens=1)
+    np.testing.assert_array_equal(np.asarray(after.tokens), np.asarray(before.tokens))
+
+
+@pytest.mark.slow
+def test_every_method_on_a_sharded_target_lowers_on_the_8_device_mesh(tmp_path):
+  out = tmp_path / "lower_mesh.json"
+  run_child([sys.executable, str(HERE / "lower_mesh_checks.py"), str(out)], devices=8,
+            timeout=600)
+  report = json.loads(out.read_text())
+  assert set(report) == {f"{kind}/{name}/{p[0]}" for kind in ("t5", "lm") for name in METHODS
+                         for p in PLATFORMS}
+  for key, got in report.items():
+    assert got["partitions"] == 8, key
+    assert got["sharding_constraints"] > 0 and got["model_axis_shardings"] > 0, key
+    assert not got["cpu_callbacks"], key
+    assert not [c for c in got["custom_calls"] if c in build.TARGETS or "callback" in c], key
