@@ -5,10 +5,11 @@ The library's wheel is code only (no models; under 2 MB); the demo models ship i
 built from copies of the working tree (without build isolation, so nothing is downloaded)
 and installed with ``--no-deps`` into new virtualenvs: one with the library alone, one with
 both. That virtualenv sees the
-test environment's dependencies (jax, flax, ...) through a ``.pth`` line naming this
-environment's site-packages; ``.pth`` files inside a directory named that way are not run, so
-this environment's editable installs (specdec-jax and its demo distributions) stay
-invisible, and every check asserts that ``specdec_jax`` is imported from the fresh virtualenv.
+test environment's dependencies (jax, flax, ...) through a ``.pth`` line naming a directory
+of links to this environment's installed packages LESS specdec-jax's own distributions
+(the library, the lab, the demo models; installed editable or not, as README's and CI's
+set-ups differ), so they stay invisible, and every check asserts that ``specdec_jax`` is
+imported from the fresh virtualenv.
 Commands run outside the repository.
 """
 
@@ -82,9 +83,31 @@ def _make_venv(root: pathlib.Path, wheels: list[pathlib.Path]) -> pathlib.Path:
         "--no-index", "--no-compile", "-q", *map(str, wheels)], cwd=root.parent)
   site = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
               cwd=root.parent).stdout.strip()
-  deps = sorted({sysconfig.get_path("purelib"), sysconfig.get_path("platlib")})
-  (pathlib.Path(site) / "_test_environment_deps.pth").write_text("\n".join(deps) + "\n")
+  (pathlib.Path(site) / "_test_environment_deps.pth").write_text(
+      f"{_dependencies(root.parent / 'deps')}\n")
   return root
+
+
+#: Names (lower case) of this project's own distributions and their import packages, and of
+#: editable installs' hooks: what a fresh virtualenv must not see from the test environment.
+OWN = ("specdec_jax", "specdec-jax", "__editable__", "_specdec")
+
+
+def _dependencies(out: pathlib.Path) -> pathlib.Path:
+  """A directory of links to this environment's installed packages (site-packages'
+  entries) except this project's own distributions and any .pth file: a fresh virtualenv
+  sees jax, flax, ... there and nothing of specdec-jax's."""
+  if out.exists():
+    return out
+  out.mkdir(parents=True)
+  for site in sorted({sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}):
+    for entry in sorted(pathlib.Path(site).iterdir()):
+      name = entry.name.lower()
+      if (name.startswith(OWN) or name.endswith((".pth", ".egg-link"))
+          or (out / entry.name).exists()):
+        continue
+      (out / entry.name).symlink_to(entry)
+  return out
 
 
 def _run_json(venv: pathlib.Path, script: str, cwd: pathlib.Path) -> dict:

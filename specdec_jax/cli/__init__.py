@@ -67,15 +67,23 @@ LAB_INSTALL = "pip install ./packages/specdec-jax-lab (docs/install.md)"
 
 
 def plugins() -> list:
-  """The subcommand modules companions register under `PLUGIN_GROUP`, by entry-point name."""
+  """The subcommand modules companions register under `PLUGIN_GROUP`, by entry-point name
+  (one whose module cannot be imported is left out, as if not installed: its distribution's
+  metadata without its code, or code missing a dependency)."""
   found = sorted(importlib.metadata.entry_points(group=PLUGIN_GROUP), key=lambda e: e.name)
-  return [entry.load() for entry in found]
+  modules = []
+  for entry in found:
+    try:
+      modules.append(entry.load())
+    except ImportError:
+      continue
+  return modules
 
 
 def _not_installed(name: str):
   def run(args) -> int:
     raise CLIError(f"`specdec {name}` comes with the lab, specdec-jax-lab, which is not "
-                   f"installed: {LAB_INSTALL}")
+                   f"installed (or cannot be imported): {LAB_INSTALL}")
   return run
 
 

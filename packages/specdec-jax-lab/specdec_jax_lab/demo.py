@@ -49,7 +49,7 @@ STAGE_KEYS = {"target": {"config"}, "drafter": {"config"},
               **{name: {"init", "examples"} for name in ALIGNED}}
 #: Keys of the optional "bundle" section (default: the demo-de-en pair into ASSETS).
 BUNDLE_KEYS = {"assets", "models", "heads", "max_wheel_mb"}
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[3]   # the repository (a source tree)
 
 
 def source_assets(group: str) -> pathlib.Path:

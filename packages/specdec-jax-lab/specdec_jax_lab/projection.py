@@ -54,7 +54,7 @@ DEFAULT_PAIRS = (
 )
 DEFAULT_BATCHES = (1, 8)
 MAX_K = 8
-DEMO_PAIRS_FILE = pathlib.Path(__file__).resolve().parents[2] / "tests/data/demo_test_pairs.jsonl"
+DEMO_PAIRS_FILE = pathlib.Path(__file__).resolve().parents[3] / "tests/data/demo_test_pairs.jsonl"
 
 
 def load_model(name: str, dtype: str):

@@ -39,7 +39,7 @@ KERNEL_ENV = "SPECDEC_CPU_KERNELS"
 VERIFY_WIDTHS = (1, 2, 3, 4, 5, 8, 16)
 VERIFY_CALLS = 20          # calls per round of the verify-cost timing (median kept)
 GAMMAS = (2, 4)
-PAIRS = pathlib.Path(__file__).resolve().parents[3] / "tests" / "data" / "demo_test_pairs.jsonl"
+PAIRS = pathlib.Path(__file__).resolve().parents[4] / "tests" / "data" / "demo_test_pairs.jsonl"
 
 
 def _interleaved(calls: dict[Any, Any], rounds: int, seed: int, per_round: int = 1
