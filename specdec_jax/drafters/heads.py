@@ -150,14 +150,14 @@ def heads_path(path: str | pathlib.Path) -> pathlib.Path:
 def save_heads(path: str | pathlib.Path, heads: Heads, dtype="float32") -> pathlib.Path:
   """Write `heads` as safetensors (a file, or `heads.safetensors` inside a model dir),
   in `dtype` (bfloat16 halves the file)."""
-  from safetensors.numpy import save_file
+  from specdec_jax.io.checkpoints.files import write_safetensors
   target = heads_path(path)
   target.parent.mkdir(parents=True, exist_ok=True)
   tensors = {f"{name}/{k}": np.asarray(jnp.asarray(v, dtype))
              for name, p in heads.params.items() for k, v in p.items()}
   meta = {"format": FORMAT, "num_heads": str(heads.num_heads), "base_fingerprint": heads.base}
   tmp = target.with_suffix(".tmp")
-  save_file(tensors, str(tmp), metadata=meta)
+  write_safetensors(tensors, str(tmp), metadata=meta)    # honours the umask
   tmp.replace(target)
   return target
 

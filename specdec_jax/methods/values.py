@@ -47,6 +47,18 @@ from specdec_jax.rounds.phases import AcceptRule, Proposer
 Array = jax.Array
 
 
+#: Upper bounds of the size settings: generous, but each keeps a mistyped value (gamma=100000
+#: compiled for minutes into gigabytes) a clear error. gamma: a round keeps the drafter's
+#: distributions q [B, gamma, V] and verifies gamma + 1 tokens in one call, while a round
+#: gains (1 - alpha^(gamma+1)) / (1 - alpha) < 1 / (1 - alpha) tokens (Leviathan et al.):
+#: at alpha 0.9, gamma 64 is within 0.1% of that bound; papers use 3 to 10. top_k,
+#: num_drafts: the lattice keeps [B, heads, top_k] candidates and one verifier call holds
+#: 1 + num_drafts * heads tokens.
+MAX_GAMMA = 64
+MAX_LATTICE_K = 64
+MAX_NUM_DRAFTS = 64
+
+
 def _check_exact(exact) -> None:
   if exact is not None and not isinstance(exact, bool):
     raise InputError(f"exact must be True, False or None (greedy: exact), got {exact!r}")
@@ -187,7 +199,9 @@ class Speculative(Method):
   exact: bool | None = setting(None)
 
   def __post_init__(self):
-    inputs.check_positive_int(self.gamma, "gamma")
+    inputs.check_positive_int(self.gamma, "gamma", MAX_GAMMA,
+                              "drafts per round: a round gains fewer than 1 / (1 - alpha) "
+                              "tokens, so longer drafts only add cost")
     lenience = _check_number(self.lenience, "lenience")
     if not 0.0 < lenience <= 1.0:
       raise InputError(f"lenience must be in (0, 1] (1 = exact), got {self.lenience!r}")
@@ -234,7 +248,8 @@ def _drafter_inputs(proposer, own_tokens, encoder_tokens, max_new_tokens):
 
 @struct.dataclass
 class BiLD(Method):
-  """BiLD, the Big Little Decoder (Kim et al. 2023); the target is the large model. Lossy.
+  """BiLD, the Big Little Decoder (Kim et al. 2023); the target is the large model. Lossy
+  (`stats["lossy"]`), except at fallback_threshold=1.0: the large model's output, exactly.
 
   Attributes:
     small: a `Model` of the large one's kind with the same vocabulary, or
@@ -330,8 +345,9 @@ class Blockwise(Method):
   exact: bool | None = setting(None)
 
   def __post_init__(self):
-    inputs.check_positive_int(self.top_k, "top_k")
-    inputs.check_positive_int(self.num_drafts, "num_drafts")
+    inputs.check_positive_int(self.top_k, "top_k", MAX_LATTICE_K, "lattice candidates per head")
+    inputs.check_positive_int(self.num_drafts, "num_drafts", MAX_NUM_DRAFTS,
+                              "drafts verified together in one target call")
     blockwise.check_rescoring(self.rescoring, self.rescorer, self.num_drafts)
     _check_number(self.rescoring_weight, "rescoring_weight")
     if not isinstance(self.oracle, bool):

@@ -14,7 +14,6 @@ request fails with an `InputError` that names the argument, never inside a jit t
 
 from __future__ import annotations
 
-import functools
 import os
 
 import jax
@@ -46,7 +45,7 @@ def check_request(encoder_tokens, config: T5Config, max_new_tokens: int) -> Arra
   """
   encoder_tokens = as_token_array(encoder_tokens, "encoder_tokens")
   check_tokens(encoder_tokens, config, "encoder_tokens")
-  max_new_tokens = check_positive_int(max_new_tokens, "max_new_tokens")
+  max_new_tokens = check_max_new_tokens(max_new_tokens)
   limit = getattr(config, "max_encoder_length", None)
   if limit is not None and encoder_tokens.shape[1] > limit:
     raise InputError(f"encoder_tokens has length {encoder_tokens.shape[1]}, longer than the "
@@ -70,7 +69,7 @@ def check_prompt(prompt, config, max_new_tokens: int, lengths=None) -> tuple[Arr
   from specdec_jax.models import lm
   prompt = as_token_array(prompt, "prompt tokens")
   check_tokens(prompt, config, "prompt tokens")
-  max_new_tokens = check_positive_int(max_new_tokens, "max_new_tokens")
+  max_new_tokens = check_max_new_tokens(max_new_tokens)
   if isinstance(prompt, jax.core.Tracer):
     raise InputError("decode a decoder-only model on concrete prompts (its lengths are "
                      "checked before tracing), not inside jit")
@@ -157,10 +156,27 @@ def check_buffer_fits(config: T5Config, batch: int, max_new_tokens: int) -> None
         f"more than the device's {have / 2**30:.1f} GiB: lower max_new_tokens or the batch")
 
 
-def check_positive_int(value, name: str) -> int:
+#: The most new tokens one decode call takes: far past any trained length (T5's relative
+#: positions have no limit, LMs' `max_positions` bound them sooner), and it keeps every
+#: position and buffer index well inside int32. The cache's memory is checked on its own
+#: (`check_buffer_fits`).
+MAX_NEW_TOKENS = 2**20
+
+
+def check_positive_int(value, name: str, maximum: int | None = None, why: str = "") -> int:
+  """`value` as an int >= 1 (and <= `maximum`, `why` saying what the limit protects)."""
   if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
     raise InputError(f"{name} must be an integer >= 1, got {value!r}")
+  if maximum is not None and value > maximum:
+    raise InputError(f"{name}={value} is above the limit of {maximum}"
+                     + (f" ({why})" if why else ""))
   return int(value)
+
+
+def check_max_new_tokens(value) -> int:
+  """max_new_tokens as an int in [1, MAX_NEW_TOKENS]."""
+  return check_positive_int(value, "max_new_tokens", MAX_NEW_TOKENS,
+                            "tokens per decode call: decode longer outputs in pieces")
 
 
 def check_same_vocabulary(target_vocab: int, drafter_vocab: int, what: str = "drafter") -> None:
@@ -187,9 +203,9 @@ def resolve_eos(eos_id: int | None, config: T5Config | LMConfig) -> int:
   return int(eos_id)
 
 
-@functools.lru_cache(maxsize=64)
 def _seed_key(seed: int) -> Array:
-  # Building a key is a dispatched computation (~0.5 ms on CPU): pay it once per seed.
+  # Built on every call (~0.1 ms on CPU), never memoised: a key first built inside a user's
+  # jax.jit or vmap is a tracer, and a cached tracer breaks every later decode.
   return jax.random.PRNGKey(seed)
 
 

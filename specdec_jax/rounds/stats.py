@@ -150,12 +150,24 @@ METHOD_STATS = {
 }
 
 
+#: Methods with a loop of their own, not the round engine's, and the only statistics that
+#: mean something for them (none of the common ones beyond these). Beam search: a step is
+#: one call over the row's K beams, and the search goes on after the best beam ends, so
+#: tokens per call, proposals and alpha do not apply; its scores are on `out.scores`.
+OWN_LOOP_STATS = {
+    "beam": ("rows", "tokens", "rounds", "target_calls"),
+}
+
+
 def method_stats(method: str | None) -> tuple[str, ...]:
   """The readable statistics of a run of `method` (an `info["method"]`), in SUMMARY order;
-  every name for a method not in METHOD_STATS."""
-  if method not in METHOD_STATS:
+  every name for a method not in METHOD_STATS or OWN_LOOP_STATS."""
+  if method in OWN_LOOP_STATS:
+    own = set(OWN_LOOP_STATS[method])
+  elif method in METHOD_STATS:
+    own = set(COMMON_STATS) | set(METHOD_STATS[method])
+  else:
     return SUMMARY
-  own = set(COMMON_STATS) | set(METHOD_STATS[method])
   return tuple(k for k in SUMMARY if k in own)
 
 
@@ -192,7 +204,8 @@ def summarize(stats: DecodeStats, info: Mapping[str, Any] | None = None, *,
 
   of which a run reports the common ones (`COMMON_STATS`) and its method's own
   (`METHOD_STATS[info["method"]]`, `method_stats`): speculative decoding has no
-  rollback_rate, the baseline no alpha. Then `info` (method, gamma, lossy, exact, ...),
+  rollback_rate, the baseline no alpha; beam search (`OWN_LOOP_STATS`) only rows,
+  tokens, rounds (search steps) and target_calls (steps per row, each over K beams). Then `info` (method, gamma, lossy, exact, ...),
   the run's settings. The per-row counters stay in the
   `DecodeStats` (`out.counters`, [B] each); `raw=True` returns the full mapping of
   device arrays instead: every counter's total, the ratios, and each per row under
