@@ -35,7 +35,9 @@ def _all_finite(value: Any) -> bool:
   wide = np.float64 if array.dtype == np.float64 else np.float32
   # NaN and inf propagate through a sum, so a finite sum proves every element finite;
   # a non-finite one may be an overflow of finite values: the exact test then decides.
-  if np.isfinite(np.add.reduce(array, axis=None, dtype=wide)):
+  with np.errstate(over="ignore", invalid="ignore"):
+    total = np.add.reduce(array, axis=None, dtype=wide)
+  if np.isfinite(total):
     return True
   return bool(np.isfinite(array).all())
 
