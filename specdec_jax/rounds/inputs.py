@@ -45,7 +45,7 @@ def check_request(encoder_tokens, config: T5Config, max_new_tokens: int) -> Arra
   """
   encoder_tokens = as_token_array(encoder_tokens, "encoder_tokens")
   check_tokens(encoder_tokens, config, "encoder_tokens")
-  max_new_tokens = check_max_new_tokens(max_new_tokens)
+  max_new_tokens = check_positive_int(max_new_tokens, "max_new_tokens")
   limit = getattr(config, "max_encoder_length", None)
   if limit is not None and encoder_tokens.shape[1] > limit:
     raise InputError(f"encoder_tokens has length {encoder_tokens.shape[1]}, longer than the "
@@ -53,6 +53,7 @@ def check_request(encoder_tokens, config: T5Config, max_new_tokens: int) -> Arra
   if not isinstance(encoder_tokens, jax.core.Tracer):
     check_nonempty_rows(host_array(encoder_tokens), config, "encoder_tokens")
   check_buffer_fits(config, encoder_tokens.shape[0], max_new_tokens)
+  check_max_new_tokens(max_new_tokens)     # after: the memory check says more when both fail
   return jnp.asarray(encoder_tokens, jnp.int32)
 
 
@@ -69,7 +70,7 @@ def check_prompt(prompt, config, max_new_tokens: int, lengths=None) -> tuple[Arr
   from specdec_jax.models import lm
   prompt = as_token_array(prompt, "prompt tokens")
   check_tokens(prompt, config, "prompt tokens")
-  max_new_tokens = check_max_new_tokens(max_new_tokens)
+  max_new_tokens = check_positive_int(max_new_tokens, "max_new_tokens")
   if isinstance(prompt, jax.core.Tracer):
     raise InputError("decode a decoder-only model on concrete prompts (its lengths are "
                      "checked before tracing), not inside jit")
@@ -80,6 +81,7 @@ def check_prompt(prompt, config, max_new_tokens: int, lengths=None) -> tuple[Arr
                      "(max_positions): shorten the prompt or lower max_new_tokens")
   lengths = lm.check_prompt(prompt, lengths, prompt.shape[1], config)
   check_buffer_fits(config, prompt.shape[0], max_new_tokens + prompt.shape[1])
+  check_max_new_tokens(max_new_tokens)
   return jnp.asarray(prompt, jnp.int32), jnp.asarray(lengths, jnp.int32)
 
 
