@@ -205,9 +205,10 @@ def summarize(stats: DecodeStats, info: Mapping[str, Any] | None = None, *,
   of which a run reports the common ones (`COMMON_STATS`) and its method's own
   (`METHOD_STATS[info["method"]]`, `method_stats`): speculative decoding has no
   rollback_rate, the baseline no alpha; beam search (`OWN_LOOP_STATS`) only rows,
-  tokens, rounds (search steps) and target_calls (steps per row, each over K beams). Then `info` (method, gamma, lossy, exact, ...),
-  the run's settings. The per-row counters stay in the
-  `DecodeStats` (`out.counters`, [B] each); `raw=True` returns the full mapping of
+  tokens, rounds (search steps) and target_calls (steps per row, each over K beams).
+  Then `info` (method, gamma, lossy, exact, ...), the run's settings. The per-row
+  counters stay in the `DecodeStats` (`out.counters`, [B] each); `raw=True` returns the
+  full mapping of
   device arrays instead: every counter's total, the ratios, and each per row under
   `<name>_per_row` (also usable inside `jax.jit`).
   """

@@ -56,7 +56,7 @@ def first_nonfinite(params: Mapping[str, Any]) -> str | None:
   inf, or None when every one is finite. params: nested or flat {name: array}."""
   for name, value in tree.flatten(params).items():
     dtype = getattr(value, "dtype", None)
-    if dtype is not None and jnp.issubdtype(dtype, jnp.floating) and getattr(value, "size", 1):
+    if dtype is not None and jnp.issubdtype(dtype, jnp.floating) and np.size(value):
       if not _all_finite(value):
         return name
   return None
