@@ -105,6 +105,20 @@ def test_seed_key_built_under_jit_is_not_reused_eagerly():
   assert not isinstance(inputs.as_rng(None), jax.core.Tracer)     # greedy's default key
 
 
+@pytest.mark.slow
+def test_target_as_an_argument_of_the_users_jit(model):
+  """The model a traced argument, and heads made inside the trace: blockwise decoding's
+  check that the heads fit the model cannot read traced weights, and skips it."""
+  enc = jnp.asarray(ENC)
+  want = sd.generate(model, ENC, 3).tokens
+  heads = sd.init_heads(model, 3)
+  for make in (lambda t: sd.Autoregressive(), lambda t: sd.Blockwise(heads),
+               lambda t: sd.Blockwise(sd.init_heads(model, 3))):
+    got = jax.jit(lambda t, e, make=make: sd.decode(t, make(t), e, max_new_tokens=3).tokens)(
+        model, enc)
+    np.testing.assert_array_equal(got, want)
+
+
 # ----------------------------------------------------------------------------- finite weights
 
 def _nan_in(path, name: str, value=np.nan) -> None:
@@ -244,6 +258,13 @@ def test_size_settings_have_an_upper_bound(make, limit):
   for bad in (limit + 1, 100_000):
     with pytest.raises(sd.InputError, match=rf"={bad} is above the limit of {limit} \("):
       make(bad)
+
+
+def test_lattice_k_past_a_small_vocabulary_is_still_refused():
+  """Under the bound, top_k is also checked against the vocabulary (a model of 32 ids)."""
+  small = sd.init_model(sd.get_config("t5_1_1_tiny", vocab_size=32), 0)
+  with pytest.raises(sd.InputError, match="top_k=40 exceeds the vocabulary size 32"):
+    sd.blockwise_generate(small, sd.init_heads(small, 3), ENC, 4, top_k=40)
 
 
 def test_gamma_bound_through_the_functional_wrapper_and_max_new_tokens(model):
