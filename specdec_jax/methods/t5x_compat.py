@@ -120,16 +120,16 @@ def _max_offset(cache: Any) -> int:
 def check_capacity(cache: Any, positions: int, fn: str) -> None:
   """InputError when `cache` holds fewer slots than the decode writes.
 
-  A write past the last slot is dropped (`cache.write`, T5X's one-hot update alike) and
-  the token there then attends to neither itself nor, later, is seen by others: the
-  decode runs on and returns other tokens, without any error. `positions`: the slots the
-  decode writes, from 0.
+  A write past the last slot is dropped (`cache.write`; T5X's one-hot update likewise):
+  that token attends to no key of its own and later tokens never see it, so the decode
+  runs on and returns other tokens without any error. `positions`: the slots the decode
+  writes, counted from slot 0.
   """
   capacity = _capacity(cache)
   if capacity is not None and capacity < positions:
     raise InputError(f"{fn}: the cache holds {capacity} positions, the decode needs "
                      f"{positions} (its length); make the cache with capacity >= {positions} "
-                     f"(model.start(encoder_tokens, capacity={positions}))")
+                     f"(ours: model.start(encoder_tokens, capacity={positions}))")
 
 
 def _adjusted_logits(logits: Array, temperature: Array, topk, topp) -> Array:
