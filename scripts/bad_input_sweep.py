@@ -166,6 +166,11 @@ class Fixtures:
 # ----------------------------------------------------------------------------- python cases
 
 
+def _jnp():
+  import jax.numpy as jnp
+  return jnp
+
+
 def _python_cases() -> list[Case]:  # noqa: C901 (a table)
   import numpy as np
 
@@ -220,10 +225,22 @@ def _python_cases() -> list[Case]:  # noqa: C901 (a table)
       from safetensors.numpy import load_file, save_file
       tensors = load_file(str(params))
       save_file({k: v.astype(np.int8) for k, v in tensors.items()}, str(params))
+    elif how in ("nan", "inf"):        # issue 38: non-finite weights are refused at load
+      from safetensors.numpy import load_file, save_file
+      tensors = load_file(str(params))
+      name = sorted(tensors)[len(tensors) // 2]
+      tensors[name] = tensors[name].copy()
+      tensors[name].reshape(-1)[0] = np.nan if how == "nan" else -np.inf
+      save_file(tensors, str(params))
+    elif how == "0xff-block":          # a damaged block of the payload: NaN in float32
+      data = bytearray(params.read_bytes())
+      data[-256:] = b"\xff" * 256
+      params.write_bytes(bytes(data))
     return sd.load(str(p))
 
   for how in ("truncate", "empty", "missing", "garbage", "config-json", "config-missing",
-              "config-field", "config-shape", "one-tensor", "bad-dtype"):
+              "config-field", "config-shape", "one-tensor", "bad-dtype", "nan", "inf",
+              "0xff-block"):
     py(f"load: our checkpoint, {how}", lambda f, how=how: ours_damaged(f, f"ours-{how}", how))
 
   def hf_damaged(f: Fixtures, name: str, how: str):
@@ -253,6 +270,11 @@ def _python_cases() -> list[Case]:  # noqa: C901 (a table)
   py("load: dtype int8", lambda _: sd.load(T5, dtype="int8"))
   py("load: dtype float64", lambda _: sd.load(T5, dtype="float64"))
   py("load: dtype 3", lambda _: sd.load(T5, dtype=3))
+  py("load: dtype np.int32 (a dtype object)", lambda _: sd.load(T5, dtype=np.int32))
+  py("load: dtype jnp.bfloat16 (a dtype object)", lambda f: sd.load(str(f.saved("ours-bf16")),
+                                                                  dtype=_jnp().bfloat16),
+     handled="a numpy / JAX dtype object is taken as its name (documented in sd.load)")
+  py("load: check_finite 'no'", lambda _: sd.load(T5, check_finite="no"))
   py("load: kernels tpu", lambda _: sd.load(T5, kernels="tpu"))
   py("load: kernels None", lambda _: sd.load(T5, kernels=None))
   py("load: rules without mesh", lambda _: sd.load(T5, rules=sd.sharding.RULES_1D))
@@ -283,6 +305,10 @@ def _python_cases() -> list[Case]:  # noqa: C901 (a table)
   py("generate: list of strings", lambda f: gen(f, [["a", "b"]]))
   py("generate: all-padding row", lambda f: gen(f, np.array([[5, 1], [0, 0]], np.int32)))
   py("generate: int64 ids past int32", lambda f: gen(f, np.array([[2**40, 1]], np.int64)))
+  py("generate: one id past the vocabulary in row 1", lambda f: gen(
+      f, np.array([[5, 17, 42, 1], [7, 512, 1, 0]], np.int32)))
+  py("LM: prompt id past the vocabulary", lambda f: sd.generate(
+      f.lm, np.array([[5, 6, 7], [8, 10**6, 0]], np.int32), 2))
   py("generate: prompt past max_encoder_length", lambda f: sd.generate(
       f.t5.replace(config=f.t5.config.replace(max_encoder_length=4)),
       np.array([[5] * 8 + [1]], np.int32), 4))
@@ -291,8 +317,9 @@ def _python_cases() -> list[Case]:  # noqa: C901 (a table)
     py(f"generate: max_new_tokens {bad!r}", lambda f, bad=bad: gen(f, f.enc, bad))
   py("speculative: max_new_tokens 0", lambda f: sd.speculative_generate(
       f.t5, f.t5, f.enc, gamma=2, max_new_tokens=0))
+  py("generate: max_new_tokens 2**20 + 1 (one row)", lambda f: gen(f, f.enc[:1], 2**20 + 1))
   # --- gamma
-  for bad in (0, -1, 1.5, True, "2", None):
+  for bad in (0, -1, 1.5, True, "2", None, 65, 100000):
     py(f"speculative: gamma {bad!r}", lambda f, bad=bad: sd.speculative_generate(
         f.t5, f.t5, f.enc, gamma=bad, max_new_tokens=4))
     py(f"Speculative(gamma={bad!r})", lambda f, bad=bad: sd.Speculative(f.t5, gamma=bad))
@@ -378,7 +405,7 @@ def _python_cases() -> list[Case]:  # noqa: C901 (a table)
   for kw in ({"fallback_threshold": -0.1}, {"fallback_threshold": 1.5},
              {"fallback_threshold": math.nan}, {"rollback_threshold": 0.0},
              {"rollback_threshold": -1.0}, {"max_small_steps": 0}, {"max_small_steps": -1},
-             {"max_small_steps": 1.5}, {"batch_policy": "bogus"}):
+             {"max_small_steps": 1.5}, {"max_small_steps": 65}, {"batch_policy": "bogus"}):
     py(f"BiLD({kw})", lambda f, kw=kw: sd.BiLD(f.t5, **kw))
     py(f"bild_generate({kw})", lambda f, kw=kw: sd.bild_generate(
         f.t5, f.t5, f.enc, max_new_tokens=4, **kw))
@@ -397,7 +424,8 @@ def _python_cases() -> list[Case]:  # noqa: C901 (a table)
                                                                     max_new_tokens=4))
   py("blockwise: heads of another model", lambda f: sd.blockwise_generate(
       f.t5, sd.init_heads(f.t5_small_vocab, 3), f.enc, max_new_tokens=4))
-  for kw in ({"top_k": 0}, {"top_k": -1}, {"num_drafts": 0}, {"rescoring": "bogus"},
+  for kw in ({"top_k": 0}, {"top_k": -1}, {"top_k": 65}, {"num_drafts": 0},
+             {"num_drafts": 65}, {"rescoring": "bogus"},
              {"rescoring": "ngram"}, {"rescoring_weight": math.nan}, {"oracle": "yes"}):
     py(f"Blockwise({kw})", lambda f, kw=kw: sd.blockwise_generate(
         f.t5, sd.init_heads(f.t5, 3), f.enc, max_new_tokens=4, **kw))
@@ -408,12 +436,23 @@ def _python_cases() -> list[Case]:  # noqa: C901 (a table)
                                                          f.t5))
   # --- Beam
   for kw in ({"num_beams": 0}, {"num_beams": -1}, {"num_beams": 1.5}, {"num_beams": True},
+             {"num_beams": 129},
              {"alpha": math.nan}, {"alpha": "x"}, {"min_log_prob": "x"}, {"exact": "yes"}):
     py(f"Beam({kw})", lambda _, kw=kw: sd.Beam(**kw))
   py("Beam with sampling", lambda f: sd.decode(f.t5, sd.Beam(2), f.enc, 4,
                                                sampling=sd.Sampling(), rng=0))
   py("Beam on too-long prompt", lambda f: sd.decode(
       f.lm, sd.Beam(2), np.full((1, 20), 5, np.int32), 2))
+  # --- the T5X drop-in (sd.t5x_compat): a cache smaller than the decode
+  def t5x_small_cache(f: Fixtures, fn: str):
+    import jax.numpy as jnp
+    cache = f.t5.start(jnp.asarray(f.enc), capacity=6)
+    return getattr(sd.t5x_compat, fn)(jnp.zeros((2, 10), jnp.int32), cache,
+                                      sd.t5x_compat.tokens_to_logits_for(f.t5), eos_id=1)
+
+  for fn in ("temperature_sample", "beam_search"):
+    py(f"t5x_compat.{fn}: cache smaller than the decode",
+       lambda f, fn=fn: t5x_small_cache(f, fn))
   # --- drafters
   py("NGramDrafter.fit: vocab 0", lambda _: sd.NGramDrafter.fit([[5, 6, 7]], vocab_size=0))
   py("NGramDrafter.fit: ids past vocab", lambda _: sd.NGramDrafter.fit([[5, 600]],

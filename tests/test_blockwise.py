@@ -266,7 +266,7 @@ def test_bad_settings_give_clear_errors(model, trained, bigram):
   enc = ragged_tokens(1, 5, 512)
   for kwargs, message in [
       (dict(num_drafts=0), "num_drafts must be an integer >= 1"),
-      (dict(top_k=600), "top_k=600 exceeds the vocabulary size 512"),
+      (dict(top_k=600), "top_k=600 is above the limit of 64"),   # vocab: test_research_path
       (dict(top_k=2, num_drafts=9), "num_drafts=9 exceeds the 2\\^3 paths"),
       (dict(rescoring="ngram"), "needs a rescorer"),
       (dict(rescoring="beam", rescorer=bigram), "rescoring must be one of"),

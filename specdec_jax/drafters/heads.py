@@ -70,11 +70,12 @@ def fingerprint(model: Model) -> str:
   arch = {k: v for k, v in model.config.to_dict().items() if k != "dtype"}   # not activations
   h = hashlib.sha256(json.dumps(arch, sort_keys=True).encode())
   leaves, _ = jax.tree_util.tree_flatten_with_path(model.params)
-  for path, leaf in leaves:
-    flat = jnp.ravel(leaf)
-    step = max(1, flat.shape[0] // 256)
-    h.update(jax.tree_util.keystr(path).encode() + str(leaf.shape).encode())
-    h.update(np.asarray(flat[::step][:256].astype(jnp.bfloat16), np.float32).tobytes())
+  with jax.ensure_compile_time_eval():    # concrete weights stay concrete inside a jit trace
+    for path, leaf in leaves:
+      flat = jnp.ravel(leaf)
+      step = max(1, flat.shape[0] // 256)
+      h.update(jax.tree_util.keystr(path).encode() + str(leaf.shape).encode())
+      h.update(np.asarray(flat[::step][:256].astype(jnp.bfloat16), np.float32).tobytes())
   return h.hexdigest()[:16]
 
 
@@ -135,7 +136,9 @@ def check_heads(model: Model, heads: Heads) -> None:
     raise InputError(f"heads trained for another model: hidden size "
                      f"{heads.params['head_2']['wi'].shape[0]} != the model's emb_dim "
                      f"{model.config.emb_dim}")
-  if heads.base and heads.base != model_fingerprint(model):
+  traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(model.params))
+  # Under the user's jit (the model an argument) the weights cannot be read: no fingerprint.
+  if heads.base and not traced and heads.base != model_fingerprint(model):
     raise InputError(f"heads trained for another model (fingerprint {heads.base}, this model "
                      f"{model_fingerprint(model)}); train heads for it with "
                      "`specdec train --heads`")
@@ -150,14 +153,14 @@ def heads_path(path: str | pathlib.Path) -> pathlib.Path:
 def save_heads(path: str | pathlib.Path, heads: Heads, dtype="float32") -> pathlib.Path:
   """Write `heads` as safetensors (a file, or `heads.safetensors` inside a model dir),
   in `dtype` (bfloat16 halves the file)."""
-  from safetensors.numpy import save_file
+  from specdec_jax.io.checkpoints.files import write_safetensors
   target = heads_path(path)
   target.parent.mkdir(parents=True, exist_ok=True)
   tensors = {f"{name}/{k}": np.asarray(jnp.asarray(v, dtype))
              for name, p in heads.params.items() for k, v in p.items()}
   meta = {"format": FORMAT, "num_heads": str(heads.num_heads), "base_fingerprint": heads.base}
   tmp = target.with_suffix(".tmp")
-  save_file(tensors, str(tmp), metadata=meta)
+  write_safetensors(tensors, str(tmp), metadata=meta)    # honours the umask
   tmp.replace(target)
   return target
 

@@ -52,10 +52,13 @@ from specdec_jax.methods.values import Method, _check_exact, _check_number, sett
 from specdec_jax.models.model import Model
 from specdec_jax.rounds import engine, inputs
 from specdec_jax.rounds.buffer import DecodeOutput
-from specdec_jax.rounds.stats import DecodeStats
+from specdec_jax.rounds.stats import OWN_LOOP_STATS, DecodeStats
 
 Array = jax.Array
 NEG_INF = -1.0e7     # T5X's NEG_INF: finite, so NEG_INF * 0 stays 0
+#: The most beams per row: the model runs over B * K rows with a cache each, and every step
+#: ranks K x V candidates per row. T5X's default is 4; n-best lists rarely pass 100.
+MAX_BEAMS = 128
 
 
 def brevity_penalty(alpha: float, length) -> Array:
@@ -294,7 +297,7 @@ class Beam(Method):
   name: ClassVar[str] = "beam"
   summary: ClassVar[str] = "beam search, T5X's beam_search (greedy only)"
   greedy_only: ClassVar[bool] = True
-  statistics: ClassVar[tuple[str, ...]] = ()
+  statistics: ClassVar[tuple[str, ...]] = OWN_LOOP_STATS
   shorthand: ClassVar[tuple[str, ...]] = ("num_beams", "alpha")
 
   num_beams: int = setting(4, short="K")
@@ -303,7 +306,8 @@ class Beam(Method):
   exact: bool | None = setting(None)
 
   def __post_init__(self):
-    inputs.check_positive_int(self.num_beams, "num_beams")
+    inputs.check_positive_int(self.num_beams, "num_beams", MAX_BEAMS,
+                              "beams per row: the model runs over batch x num_beams rows")
     if _check_number(self.alpha, "alpha") < 0:
       raise InputError(f"alpha (the brevity penalty's exponent) must be >= 0, got {self.alpha!r}")
     _check_number(self.min_log_prob, "min_log_prob")

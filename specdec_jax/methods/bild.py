@@ -24,7 +24,8 @@ Batched semantics (B > 1, fixed shapes; `batch_policy`):
       are verified early (their small-model run is cut short, which can change their
       tokens). Fewer small calls per large call, more large calls.
 
-BiLD is lossy by design: `stats["lossy"]` is True. Its statistics: `fallbacks`
+BiLD is lossy by design: `stats["lossy"]` is True, except at fallback_threshold 1.0 (the
+small model always hands over: the large model's output, exactly). Its statistics: `fallbacks`
 (rounds ended because the small model was unsure), `rejections` (rollbacks),
 `drafter_tokens` / `target_tokens` (tokens each model produced), `drafter_calls` /
 `target_calls` (small / large calls per row), `tokens_per_target_call`, and
@@ -49,6 +50,9 @@ from specdec_jax.rounds.acceptance import Rollback
 from specdec_jax.rounds.phases import Proposal, Verified
 
 BATCH_POLICIES = ("wait", "sync")
+#: The most consecutive small-model tokens (BiLD's gamma; the paper uses 10): a round keeps
+#: max_small_steps proposals per row and the large model verifies them in one call.
+MAX_SMALL_STEPS = 64
 
 
 def verify_unless_final(target: Model, state: engine.RoundState, proposal: Proposal,
@@ -75,7 +79,8 @@ def check_thresholds(fallback_threshold: float, rollback_threshold: float,
   r = rollback_threshold
   if not isinstance(r, (int, float)) or isinstance(r, bool) or math.isnan(r) or r <= 0:
     raise InputError(f"rollback_threshold must be > 0 (inf: never roll back), got {r!r}")
-  inputs.check_positive_int(max_small_steps, "max_small_steps")
+  inputs.check_positive_int(max_small_steps, "max_small_steps", MAX_SMALL_STEPS,
+                            "small-model tokens per large-model call")
 
 
 def check_batch_policy(batch_policy: str) -> None:
@@ -96,7 +101,14 @@ def round_config(fallback_threshold: float, rollback_threshold: float, max_small
       info=(("method", "bild"), ("fallback_threshold", float(fallback_threshold)),
             ("rollback_threshold", float(rollback_threshold)),
             ("max_small_steps", int(max_small_steps)), ("batch_policy", batch_policy),
-            ("small", small_kind), ("lossy", True)))
+            ("small", small_kind), ("lossy", lossy(fallback_threshold))))
+
+
+def lossy(fallback_threshold: float) -> bool:
+  """Whether BiLD's output may differ from the large model's: at fallback_threshold 1.0
+  the small model is never confident enough (max p_S <= 1 always), every token is the
+  large model's own, drawn from its distribution, so the run is exact."""
+  return float(fallback_threshold) < 1.0
 
 
 def proposer(small: Any, large: Model, fallback_threshold: float,

@@ -30,6 +30,8 @@ import jax.numpy as jnp
 from flax import struct, traverse_util
 
 from specdec_jax import sampling as sampling_lib
+from specdec_jax.cache import DecoderCache
+from specdec_jax.errors import InputError
 from specdec_jax.methods import beam
 from specdec_jax.rounds import buffer
 
@@ -89,6 +91,45 @@ def cache_map(fn: Callable[[Array], Array], cache: Any, apply_to_index: bool = F
 
 def _is_tracer(x) -> bool:
   return isinstance(x, jax.core.Tracer)
+
+
+def _capacity(cache: Any) -> int | None:
+  """Self-attention slots of `cache`: our `DecoderCache`'s capacity, or the length axis
+  (last) of a T5X flax cache's `cached_key` [..., heads, head_dim, length]; None for a
+  cache of another kind (a callback's own state)."""
+  if isinstance(cache, DecoderCache):
+    return cache.capacity
+  if isinstance(cache, Mapping):
+    flat = traverse_util.flatten_dict(flax.core.unfreeze(cache)
+                                      if isinstance(cache, flax.core.FrozenDict) else dict(cache))
+    lengths = [v.shape[-1] for k, v in flat.items()
+               if k[-1] == "cached_key" and getattr(v, "ndim", 0) >= 3]
+    return min(lengths) if lengths else None
+  return None
+
+
+def _max_offset(cache: Any) -> int:
+  """The largest slot before position 0 of a `DecoderCache` row (`offset`: an anchored
+  prompt); 0 when it has none, or when it is traced (then only the static part is checked)."""
+  offset = getattr(cache, "offset", None) if isinstance(cache, DecoderCache) else None
+  if offset is None or _is_tracer(offset):
+    return 0
+  return int(jnp.max(offset))
+
+
+def check_capacity(cache: Any, positions: int, fn: str) -> None:
+  """InputError when `cache` holds fewer slots than the decode writes.
+
+  A write past the last slot is dropped (`cache.write`; T5X's one-hot update likewise):
+  that token attends to no key of its own and later tokens never see it, so the decode
+  runs on and returns other tokens without any error. `positions`: the slots the decode
+  writes, counted from slot 0.
+  """
+  capacity = _capacity(cache)
+  if capacity is not None and capacity < positions:
+    raise InputError(f"{fn}: the cache holds {capacity} positions, the decode needs "
+                     f"{positions} (its length); make the cache with capacity >= {positions} "
+                     f"(ours: model.start(encoder_tokens, capacity={positions}))")
 
 
 def _adjusted_logits(logits: Array, temperature: Array, topk, topp) -> Array:
@@ -194,6 +235,8 @@ def temperature_sample(
   """
   if not _is_tracer(topp) and not _is_tracer(topk) and topp and topk:
     raise ValueError("At most one of `topp` or `topk` may be non-zero.")
+  # Positions 0 .. L-1 are fed (each call predicts the next slot), after any anchored prompt.
+  check_capacity(cache, inputs.shape[1] + _max_offset(cache), "temperature_sample")
   if decode_rng is None:
     decode_rng = jax.random.PRNGKey(0)
   if max_decode_steps is not None:
@@ -240,6 +283,20 @@ def tokens_to_logits_for(model) -> Callable[[DecodingState], Tuple[Array, Any]]:
   return tokens_to_logits
 
 
+def _beam_positions(cache: Any, length: int, initial_index) -> int:
+  """The slots a beam search of `length` slots (L) writes: L - 1 steps, L - 1 - min(initial
+  index) with one (`beam.cond`). Our cache writes each row from its own next slot (a
+  prefilled prompt's end); a T5X cache, or a traced length or index: slots 0 .. L - 2."""
+  if not isinstance(cache, DecoderCache):
+    return length - 1
+  first, start = cache.next_slot, 0
+  if initial_index is not None:
+    if _is_tracer(initial_index):
+      return length - 1
+    start = int(jnp.min(jnp.asarray(initial_index)))
+  return length - 1 if _is_tracer(first) else int(jnp.max(first)) + length - 1 - start
+
+
 def beam_search(
     inputs: Array,
     cache: Mapping[str, Array],
@@ -265,6 +322,7 @@ def beam_search(
   del decode_rng
   batch = inputs.shape[0]
   length = (inputs.shape[1] if max_decode_len is None else max_decode_len) + 1
+  check_capacity(cache, _beam_positions(cache, length, initial_index), "beam_search")
   aligned = None
   first = jnp.zeros((batch,), jnp.int32)
   if initial_index is not None:

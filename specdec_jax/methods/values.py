@@ -51,9 +51,21 @@ from specdec_jax.models.model import Model
 from specdec_jax.rounds import acceptance, engine, inputs
 from specdec_jax.rounds.buffer import DecodeOutput
 from specdec_jax.rounds.phases import AcceptRule, Proposer
-from specdec_jax.rounds.stats import PROPOSED, SCORED
+from specdec_jax.rounds.stats import COMMON_STATS, PROPOSED, SCORED
 
 Array = jax.Array
+
+
+#: Upper bounds of the size settings: generous, but each keeps a mistyped value (gamma=100000
+#: compiled for minutes into gigabytes) a clear error. gamma: a round keeps the drafter's
+#: distributions q [B, gamma, V] and verifies gamma + 1 tokens in one call, while a round
+#: gains (1 - alpha^(gamma+1)) / (1 - alpha) < 1 / (1 - alpha) tokens (Leviathan et al.):
+#: at alpha 0.9, gamma 64 is within 0.1% of that bound; papers use 3 to 10. top_k,
+#: num_drafts: the lattice keeps [B, heads, top_k] candidates and one verifier call holds
+#: 1 + num_drafts * heads tokens.
+MAX_GAMMA = 64
+MAX_LATTICE_K = 64
+MAX_NUM_DRAFTS = 64
 
 
 def _check_exact(exact) -> None:
@@ -106,8 +118,9 @@ class Method:
     drafter_role: what `--drafter` is for it ("drafter", "small model"); None: it takes
       none (the target alone, or prediction heads).
     greedy_only: deterministic (beam search): sampling is refused.
-    statistics: its readable statistics beside `stats.COMMON_STATS` (names documented in
-      `stats.summarize`, which computes them); None: every statistic (a research method).
+    statistics: its readable statistics (names documented in `stats.summarize`, which
+      computes them; the round engine's methods start from `stats.COMMON_STATS`); None:
+      every statistic (a research method).
     shorthand: the settings of the bench's "A:B" short form (`--bild 0.5:3`).
   """
 
@@ -197,7 +210,7 @@ class Autoregressive(Method):
 
   name: ClassVar[str] = "autoregressive"
   summary: ClassVar[str] = "the target alone, one token per call (sd.generate)"
-  statistics: ClassVar[tuple[str, ...]] = ()
+  statistics: ClassVar[tuple[str, ...]] = COMMON_STATS
 
   exact: bool | None = setting(None)
 
@@ -246,7 +259,8 @@ class Speculative(Method):
   name: ClassVar[str] = "speculative"
   summary: ClassVar[str] = "speculative decoding: --drafter proposes, the target verifies"
   drafter_role: ClassVar[str | None] = "drafter"
-  statistics: ClassVar[tuple[str, ...]] = ("drafter_calls", *PROPOSED, *SCORED)
+  statistics: ClassVar[tuple[str, ...]] = (*COMMON_STATS, "drafter_calls", *PROPOSED,
+                                           *SCORED)
 
   drafter: Any = carried(flag="--drafter")
   gamma: int = setting(5, cli_help="tokens drafted per round (with --adaptive-gamma: the most)")
@@ -260,7 +274,9 @@ class Speculative(Method):
   exact: bool | None = setting(None)
 
   def __post_init__(self):
-    inputs.check_positive_int(self.gamma, "gamma")
+    inputs.check_positive_int(self.gamma, "gamma", MAX_GAMMA,
+                              "drafts per round: a round gains fewer than 1 / (1 - alpha) "
+                              "tokens, so longer drafts only add cost")
     lenience = _check_number(self.lenience, "lenience")
     if not 0.0 < lenience <= 1.0:
       raise InputError(f"lenience must be in (0, 1] (1 = exact), got {self.lenience!r}")
@@ -307,7 +323,8 @@ def _drafter_inputs(proposer, own_tokens, encoder_tokens, max_new_tokens):
 
 @struct.dataclass
 class BiLD(Method):
-  """BiLD, the Big Little Decoder (Kim et al. 2023); the target is the large model. Lossy.
+  """BiLD, the Big Little Decoder (Kim et al. 2023); the target is the large model. Lossy
+  (`stats["lossy"]`), except at fallback_threshold=1.0: the large model's output, exactly.
 
   Attributes:
     small: a `Model` of the large one's kind with the same vocabulary, or
@@ -337,8 +354,8 @@ class BiLD(Method):
   name: ClassVar[str] = "bild"
   summary: ClassVar[str] = "BiLD: the small model (--drafter) writes, the target falls back"
   drafter_role: ClassVar[str | None] = "small model"
-  statistics: ClassVar[tuple[str, ...]] = ("drafter_calls", *PROPOSED, "fallbacks",
-                                           "fallback_rate", "rollback_rate")
+  statistics: ClassVar[tuple[str, ...]] = (*COMMON_STATS, "drafter_calls", *PROPOSED,
+                                           "fallbacks", "fallback_rate", "rollback_rate")
   shorthand: ClassVar[tuple[str, ...]] = ("fallback_threshold", "rollback_threshold")
 
   small: Any = carried(flag="--drafter")
@@ -405,8 +422,9 @@ class Blockwise(Method):
 
   name: ClassVar[str] = "blockwise"
   summary: ClassVar[str] = "blockwise parallel decoding: prediction heads draft"
-  statistics: ClassVar[tuple[str, ...]] = (*PROPOSED, *SCORED, "repeated_draft_rate",
-                                           "mean_max_run", "oracle_tokens_per_target_call")
+  statistics: ClassVar[tuple[str, ...]] = (*COMMON_STATS, *PROPOSED, *SCORED,
+                                           "repeated_draft_rate", "mean_max_run",
+                                           "oracle_tokens_per_target_call")
   shorthand: ClassVar[tuple[str, ...]] = ("top_k", "num_drafts")
 
   heads: Any = carried(flag="--heads")
@@ -423,8 +441,9 @@ class Blockwise(Method):
   exact: bool | None = setting(None)
 
   def __post_init__(self):
-    inputs.check_positive_int(self.top_k, "top_k")
-    inputs.check_positive_int(self.num_drafts, "num_drafts")
+    inputs.check_positive_int(self.top_k, "top_k", MAX_LATTICE_K, "lattice candidates per head")
+    inputs.check_positive_int(self.num_drafts, "num_drafts", MAX_NUM_DRAFTS,
+                              "drafts verified together in one target call")
     blockwise.check_rescoring(self.rescoring, self.rescorer, self.num_drafts)
     _check_number(self.rescoring_weight, "rescoring_weight")
     if not isinstance(self.oracle, bool):

@@ -370,8 +370,13 @@ def check_tokens(tokens, config: Config, name: str) -> None:
     return
   arr = host_array(tokens)
   if arr.size and (arr.min() < 0 or arr.max() >= config.vocab_size):
-    raise InputError(f"{name} has token ids outside [0, {config.vocab_size}) "
-                     f"(min {arr.min()}, max {arr.max()})")
+    # An id past the embedding table is not an error to XLA: its gather clamps the index,
+    # so the decode would run on another token. Name the first bad one.
+    rows, cols = np.nonzero((arr < 0) | (arr >= config.vocab_size))
+    raise InputError(f"{name} row {rows[0]} holds token id {arr[rows[0], cols[0]]} (column "
+                     f"{cols[0]}), outside the model's vocabulary [0, {config.vocab_size}) "
+                     f"(vocab_size {config.vocab_size}; {rows.size} such id"
+                     f"{'s' if rows.size > 1 else ''} in all)")
 
 
 def host_array(tokens) -> Any:

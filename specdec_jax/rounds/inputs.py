@@ -14,7 +14,6 @@ request fails with an `InputError` that names the argument, never inside a jit t
 
 from __future__ import annotations
 
-import functools
 import os
 
 import jax
@@ -54,6 +53,7 @@ def check_request(encoder_tokens, config: T5Config, max_new_tokens: int) -> Arra
   if not isinstance(encoder_tokens, jax.core.Tracer):
     check_nonempty_rows(host_array(encoder_tokens), config, "encoder_tokens")
   check_buffer_fits(config, encoder_tokens.shape[0], max_new_tokens)
+  check_max_new_tokens(max_new_tokens)     # after: the memory check says more when both fail
   return jnp.asarray(encoder_tokens, jnp.int32)
 
 
@@ -81,6 +81,7 @@ def check_prompt(prompt, config, max_new_tokens: int, lengths=None) -> tuple[Arr
                      "(max_positions): shorten the prompt or lower max_new_tokens")
   lengths = lm.check_prompt(prompt, lengths, prompt.shape[1], config)
   check_buffer_fits(config, prompt.shape[0], max_new_tokens + prompt.shape[1])
+  check_max_new_tokens(max_new_tokens)
   return jnp.asarray(prompt, jnp.int32), jnp.asarray(lengths, jnp.int32)
 
 
@@ -157,10 +158,27 @@ def check_buffer_fits(config: T5Config, batch: int, max_new_tokens: int) -> None
         f"more than the device's {have / 2**30:.1f} GiB: lower max_new_tokens or the batch")
 
 
-def check_positive_int(value, name: str) -> int:
+#: The most new tokens one decode call takes: far past any trained length (T5's relative
+#: positions have no limit, LMs' `max_positions` bound them sooner), and it keeps every
+#: position and buffer index well inside int32. The cache's memory is checked on its own
+#: (`check_buffer_fits`).
+MAX_NEW_TOKENS = 2**20
+
+
+def check_positive_int(value, name: str, maximum: int | None = None, why: str = "") -> int:
+  """`value` as an int >= 1 (and <= `maximum`, `why` saying what the limit protects)."""
   if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
     raise InputError(f"{name} must be an integer >= 1, got {value!r}")
+  if maximum is not None and value > maximum:
+    raise InputError(f"{name}={value} is above the limit of {maximum}"
+                     + (f" ({why})" if why else ""))
   return int(value)
+
+
+def check_max_new_tokens(value) -> int:
+  """max_new_tokens as an int in [1, MAX_NEW_TOKENS]."""
+  return check_positive_int(value, "max_new_tokens", MAX_NEW_TOKENS,
+                            "tokens per decode call: decode longer outputs in pieces")
 
 
 def check_same_vocabulary(target_vocab: int, drafter_vocab: int, what: str = "drafter") -> None:
@@ -187,9 +205,9 @@ def resolve_eos(eos_id: int | None, config: T5Config | LMConfig) -> int:
   return int(eos_id)
 
 
-@functools.lru_cache(maxsize=64)
 def _seed_key(seed: int) -> Array:
-  # Building a key is a dispatched computation (~0.5 ms on CPU): pay it once per seed.
+  # Built on every call (~0.1 ms on CPU), never memoised: a key first built inside a user's
+  # jax.jit or vmap is a tracer, and a cached tracer breaks every later decode.
   return jax.random.PRNGKey(seed)
 
 

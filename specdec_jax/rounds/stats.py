@@ -133,11 +133,16 @@ SUMMARY = ("rows", "tokens", "rounds", "target_calls", "tokens_per_target_call",
            "mean_max_run", "oracle_tokens_per_target_call", "log_prob")
 
 
-#: What every method's readable statistics carry (`summarize`); each method value adds its
-#: own (`Method.statistics`, e.g. `("drafter_calls", *PROPOSED, *SCORED)`); docs/methods/*.md
-#: tables list the same names. A run with no such list (a research method) shows them all.
+#: What the round engine's methods' readable statistics carry (`summarize`); each method
+#: value lists all of its own (`Method.statistics`, e.g. `(*COMMON_STATS, "drafter_calls",
+#: *PROPOSED, *SCORED)`); docs/methods/*.md tables list the same names. A run with no such
+#: list (a research method run by the engine directly) shows them all. A method with a
+#: loop of its own lists what means something for it (beam search: `OWN_LOOP_STATS`).
 COMMON_STATS = ("rows", "tokens", "rounds", "target_calls", "tokens_per_target_call",
                 "log_prob")
+#: Beam search's: a step is one call over the row's K beams and the search goes on after
+#: the best beam ends, so tokens per call, proposals and alpha do not apply.
+OWN_LOOP_STATS = ("rows", "tokens", "rounds", "target_calls")
 #: Statistics of methods that propose tokens, and of those whose proposals are scored.
 PROPOSED = ("drafted", "accepted", "acceptance_rate", "per_position_accepted", "rejections",
             "drafter_tokens", "target_tokens")
@@ -145,11 +150,11 @@ SCORED = ("alpha", "beta_sum", "beta_count")
 
 
 def shown(statistics: Sequence[str] | None) -> tuple[str, ...]:
-  """The readable statistics of a run whose method adds `statistics` to the common ones,
-  in SUMMARY order; every name for None."""
+  """The readable statistics of a run whose method reports `statistics`, in SUMMARY
+  order; every name for None."""
   if statistics is None:
     return SUMMARY
-  own = set(COMMON_STATS) | set(statistics)
+  own = set(statistics)
   return tuple(k for k in SUMMARY if k in own)
 
 
@@ -184,9 +189,10 @@ def summarize(stats: DecodeStats, info: Mapping[str, Any] | None = None, *,
     log_prob                 float, the emitted tokens' summed log-probability under the
                              target's adjusted distribution.
 
-  of which a run reports the common ones (`COMMON_STATS`) and its method's own
-  (`statistics`, the method value's; None: all, `shown`): speculative decoding has no
-  rollback_rate, the baseline no alpha. Then `info` (method, gamma, lossy, exact, ...),
+  of which a run reports its method's (`statistics`, the method value's; None: all,
+  `shown`): speculative decoding has no rollback_rate, the baseline no alpha, beam search
+  only rows, tokens, rounds (search steps) and target_calls (steps per row, each over K
+  beams). Then `info` (method, gamma, lossy, exact, ...),
   the run's settings. The per-row counters stay in the
   `DecodeStats` (`out.counters`, [B] each); `raw=True` returns the full mapping of
   device arrays instead: every counter's total, the ratios, and each per row under

@@ -28,7 +28,7 @@ import safetensors.numpy
 
 from specdec_jax.config import T5Config
 from specdec_jax.errors import ConfigError
-from specdec_jax.io.checkpoints import leaves, resolve, tree
+from specdec_jax.io.checkpoints import files, leaves, resolve, tree
 from specdec_jax.io.checkpoints.errors import CheckpointError
 
 CONFIG_NAME = "config.json"
@@ -471,7 +471,7 @@ def export_hf(path: str | os.PathLike, config: T5Config, params: Mapping[str, An
   state = t5x_to_hf_state_dict(params, config)
   hf_config = config_to_hf_dict(config, dtype=_common_dtype(state))
   os.makedirs(path, exist_ok=True)
-  safetensors.numpy.save_file(state, os.path.join(path, WEIGHTS_NAME), metadata={"format": "pt"})
+  files.write_safetensors(state, os.path.join(path, WEIGHTS_NAME), metadata={"format": "pt"})
   with open(os.path.join(path, CONFIG_NAME), "w") as f:
     json.dump(hf_config, f, indent=2)
   return path

@@ -35,11 +35,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import safetensors.numpy
 
 from specdec_jax.config.lm import LMConfig
 from specdec_jax.errors import ConfigError
-from specdec_jax.io.checkpoints import hf, leaves, resolve, tree
+from specdec_jax.io.checkpoints import files, hf, leaves, resolve, tree
 from specdec_jax.io.checkpoints.errors import CheckpointError
 
 MODEL_TYPES = ("gpt2", "llama")
@@ -359,8 +358,8 @@ def export_hf(path: str | os.PathLike, config: LMConfig, params: Mapping[str, An
   dtypes = {str(v.dtype) for v in state.values()}
   hf_config = config_to_hf_dict(config, dtype=dtypes.pop() if len(dtypes) == 1 else None)
   os.makedirs(path, exist_ok=True)
-  safetensors.numpy.save_file(state, os.path.join(path, hf.WEIGHTS_NAME),
-                              metadata={"format": "pt"})
+  files.write_safetensors(state, os.path.join(path, hf.WEIGHTS_NAME),
+                          metadata={"format": "pt"})
   with open(os.path.join(path, hf.CONFIG_NAME), "w") as f:
     json.dump(hf_config, f, indent=2)
   return path

@@ -14,12 +14,11 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
-import safetensors.numpy
 
 from specdec_jax.config import T5Config
 from specdec_jax.config.lm import LMConfig
 from specdec_jax.errors import ConfigError
-from specdec_jax.io.checkpoints import hf, resolve, tree
+from specdec_jax.io.checkpoints import files, hf, resolve, tree
 from specdec_jax.io.checkpoints.errors import CheckpointError
 from specdec_jax.io.tokenizer import TOKENIZER_FILES
 
@@ -64,7 +63,7 @@ def save(path: str | os.PathLike, config: T5Config | LMConfig, params: Mapping[s
   meta = {"format": FORMAT, "version": VERSION, "config": config.to_dict(),
           "dtype": _dtype_name(flat)}
   params_tmp = os.path.join(path, PARAMS_NAME + ".tmp")
-  safetensors.numpy.save_file(flat, params_tmp, metadata={"format": FORMAT})
+  files.write_safetensors(flat, params_tmp, metadata={"format": FORMAT})
   os.replace(params_tmp, os.path.join(path, PARAMS_NAME))
   config_tmp = os.path.join(path, CONFIG_NAME + ".tmp")
   with open(config_tmp, "w") as f:
