@@ -194,7 +194,7 @@ def stats_row(stats: Mapping[str, Any]) -> dict[str, Any]:
   method's own: alpha for speculative decoding, fallback_rate for BiLD, ...); alpha
   clipped to [0, 1]."""
   row = {"target_calls": int(stats["target_calls"]), "rounds": int(stats["rounds"]),
-         "block_efficiency": finite(stats["tokens_per_target_call"])}
+         "block_efficiency": finite(stats.get("tokens_per_target_call"))}
   for k in REPORTED:
     if k in stats:
       row[k] = (int(stats[k]) if k in _INTEGERS else

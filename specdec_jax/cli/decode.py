@@ -152,9 +152,10 @@ def _stats_block(stats: dict[str, Any], timing: dict[str, Any], method) -> str:
               f"tokens/s             {f(timing['tokens_per_s'], 1)}",
               f"ms/token             {f(timing['ms_per_token'], 2)}   (wall time / generated "
               "tokens, summed over rows)"]
-  lines += [f"target calls         {int(stats['target_calls'])} per-row verifier calls, "
-           f"{int(stats['rounds'])} batched rounds",
-           f"tokens/target call   {f(stats['tokens_per_target_call'])}   (per row)"]
+  lines.append(f"target calls         {int(stats['target_calls'])} per-row verifier calls, "
+               f"{int(stats['rounds'])} batched rounds")
+  if "tokens_per_target_call" in stats:    # not beam search's (a call scores K beams)
+    lines.append(f"tokens/target call   {f(stats['tokens_per_target_call'])}   (per row)")
   # the method's own statistics, where its stats carry them (`Method.statistics`)
   if "drafter_calls" in stats:
     lines.append(f"drafter calls        {int(stats['drafter_calls'])}")

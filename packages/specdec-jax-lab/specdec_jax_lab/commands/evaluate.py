@@ -57,7 +57,7 @@ def _report(result: dict[str, Any]) -> str:
               else " (compilation excluded)"),
            f"ms/token             {f(result['ms_per_token'], 2)}",
            f"tokens/s             {f(result['tokens_per_s'], 1)}",
-           f"tokens/target call   {f(stats['tokens_per_target_call'])}",
+           f"tokens/target call   {f(stats.get('tokens_per_target_call'))}",
            f"target calls         {stats['target_calls']} per-row verifier calls, "
            f"{stats['rounds']} batched rounds"]
   if "acceptance_rate" in stats:
