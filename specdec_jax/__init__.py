@@ -1,22 +1,26 @@
-"""specdec-jax: drafter/verifier decoding for T5 encoder-decoders in JAX/Flax.
+"""specdec-jax: drafter/verifier decoding for T5 encoder-decoders and decoder-only LMs in
+JAX/Flax.
 
     import specdec_jax as sd
     target, drafter = sd.load("path/to/target"), sd.load("path/to/drafter")
     method = sd.Speculative(drafter, gamma=5)
-    out = sd.decode(target, method, encoder_tokens, max_new_tokens=64)
+    out = sd.decode(target, method, inputs, max_new_tokens=64)
     out.tokens, out.lengths, out.stats
 
 Methods are values (`sd.Autoregressive`, `sd.Speculative`, `sd.BiLD`, `sd.Blockwise`,
 `sd.Beam`) run by `sd.decode`; `sd.generate`, `sd.speculative_generate`, ... are the same
-calls by keyword.
+calls by keyword. `dir(sd)` lists the public names (`__all__`); the public modules are
+listed in docs/api/index.md.
 """
 
-import os
+import os as _os
 
-import jax
+import jax as _jax
 
 from specdec_jax import sharding, theory
+from specdec_jax.batching import pad_to_bucket
 from specdec_jax.cache import DecoderCache
+from specdec_jax.compilation import use_persistent_cache as use_compilation_cache
 from specdec_jax.config import LMConfig, T5Config, available_configs, get_config
 from specdec_jax.drafters import Drafter, ModelDrafter, NGramDrafter, PromptLookupDrafter
 from specdec_jax.drafters.heads import Heads, init_heads, load_heads, save_heads
@@ -28,7 +32,7 @@ from specdec_jax.errors import (
   SpecdecError,
   TokenizerError,
 )
-from specdec_jax.kernels import backends
+from specdec_jax.kernels import backends as _backends
 from specdec_jax.methods import (
   AdaptiveGamma,
   Autoregressive,
@@ -73,12 +77,18 @@ __all__ = [
     "save", "save_heads", "speculative_generate", "t5x_compat", "theory",
 ]
 __all__ += ["make_mesh", "shard", "sharding"]
+# Compiling once from a script: prompt widths in buckets, the persistent compilation cache.
+__all__ += ["pad_to_bucket", "use_compilation_cache"]
+
 # The extension points (docs/extending/): protocols to implement and what they hand around.
 __all__ += ["AcceptRule", "Acceptance", "Drafter", "Proposal", "Proposer", "RoundContext",
             "RoundOutcome"]
 
 
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
+def __dir__() -> list[str]:
+  """The public names only (`__all__`): not the modules imported on the way (PEP 562)."""
+  return sorted(__all__)
 
 
 def load(path_or_name: str, dtype="float32", config: T5Config | None = None, *,
@@ -113,8 +123,8 @@ def load(path_or_name: str, dtype="float32", config: T5Config | None = None, *,
   dtype = _compute_dtype(dtype)
   if not isinstance(check_finite, bool):
     raise InputError(f"sd.load: check_finite must be True or False, got {check_finite!r}")
-  backends.choose(kernels)     # a bad name fails before any loading
-  if not isinstance(path_or_name, (str, os.PathLike)):
+  _backends.choose(kernels)     # a bad name fails before any loading
+  if not isinstance(path_or_name, (str, _os.PathLike)):
     raise InputError(f"sd.load takes a path or a name (str), got {type(path_or_name).__name__}")
   if config is not None and not isinstance(config, (T5Config, LMConfig)):
     raise InputError(f"sd.load: config must be an sd.T5Config or sd.LMConfig "
@@ -123,7 +133,7 @@ def load(path_or_name: str, dtype="float32", config: T5Config | None = None, *,
   if mesh is not None:
     model = sharding.load(path_or_name, mesh, dtype, config, rules)
     if check_finite and not is_config:    # on the shards: nothing is gathered
-      finite.check_finite(model.params, os.fspath(path_or_name))
+      finite.check_finite(model.params, _os.fspath(path_or_name))
     return pack(model, kernels=kernels)
   if rules is not None:
     raise InputError("sd.load: rules= places parameters on a mesh; pass mesh= too")
@@ -132,10 +142,10 @@ def load(path_or_name: str, dtype="float32", config: T5Config | None = None, *,
                 kernels=kernels)
   cfg, params = checkpoints.load_checkpoint(path_or_name, config=config)
   if check_finite:    # as stored, on the host, before any copy to a device
-    finite.check_finite(params, os.fspath(path_or_name))
+    finite.check_finite(params, _os.fspath(path_or_name))
   # Device arrays, not numpy: a jitted call would copy numpy params host -> device
   # on every call (for the demo target, ~8 ms per sentence on CPU).
-  model = Model(config=cfg, params=jax.device_put(params))
+  model = Model(config=cfg, params=_jax.device_put(params))
   return pack(model if dtype is None else model.with_dtype(dtype), kernels=kernels)
 
 
@@ -145,7 +155,7 @@ def _compute_dtype(dtype) -> str | None:
   if dtype is None:
     return None
   try:
-    name = jax.numpy.dtype(dtype).name if not isinstance(dtype, bool) else None
+    name = _jax.numpy.dtype(dtype).name if not isinstance(dtype, bool) else None
   except (TypeError, ValueError):
     name = None
   if name not in COMPUTE_DTYPES:
@@ -162,16 +172,14 @@ def save(path, model: Model, dtype=None) -> None:
   Saving over another model's checkpoint (another config) removes the tokenizer files
   saved beside it (spiece.model, tokenizer.json, ...): they were the old model's.
   """
-  import os
-
   from specdec_jax.io import checkpoints
-  if isinstance(path, Model) and isinstance(model, (str, os.PathLike)):
+  if isinstance(path, Model) and isinstance(model, (str, _os.PathLike)):
     raise InputError(f"sd.save takes (path, model), got (model, {model!r}): call "
                      f"sd.save({model!r}, model)")
   if not isinstance(model, Model):
     raise InputError(f"sd.save(path, model): model must be an sd.Model, got "
                      f"{type(model).__name__}")
-  if not isinstance(path, (str, os.PathLike)):
+  if not isinstance(path, (str, _os.PathLike)):
     raise InputError(f"sd.save(path, model): path must be a directory path, got "
                      f"{type(path).__name__}")
   checkpoints.save_checkpoint(path, model.config, model.params, dtype=dtype)

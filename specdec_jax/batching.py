@@ -99,3 +99,27 @@ def prompt_lengths(tokens, pad_id: int) -> np.ndarray:
     raise InputError(f"prompt rows {rows[:8]} hold only the pad id {pad_id}: a prompt needs at "
                      "least one token (or pass lengths=)")
   return lengths.astype(np.int32)
+
+
+def pad_to_bucket(tokens, pad_id: int = 0) -> np.ndarray:
+  """`tokens` int [B, L] right-padded (or trimmed of all-pad columns) to the bucket width
+  of the columns they use: the next power of two from 8. A script decoding many batches
+  then compiles `sd.decode` once per bucket, not once per longest prompt (a new width is a
+  new program: seconds each). The extra columns are pad, masked: outputs are bitwise the
+  same. `pad_id`: the model's pad id (T5: 0; a decoder-only model's `config.pad_id`).
+
+  >>> pad_to_bucket(np.array([[5, 6, 1], [7, 1, 0]])).shape
+  (2, 8)
+  >>> pad_to_bucket(np.ones((1, 9), np.int32)).shape
+  (1, 16)
+  """
+  arr = np.asarray(tokens)
+  if arr.ndim != 2 or arr.dtype.kind not in "iu":
+    raise InputError(f"pad_to_bucket takes int token ids [B, L], got {arr.dtype} "
+                     f"{tuple(arr.shape)}")
+  used = np.flatnonzero(np.any(arr != pad_id, axis=0))
+  n = int(used[-1]) + 1 if used.size else 1
+  width = max(8, 1 << (n - 1).bit_length())
+  out = np.full((arr.shape[0], width), pad_id, arr.dtype)
+  out[:, :min(width, arr.shape[1])] = arr[:, :width]
+  return out

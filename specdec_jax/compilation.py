@@ -52,7 +52,14 @@ def switched_off(flag: bool = True) -> bool:
 def use_persistent_cache(flag: bool = True) -> str | None:
   """Turn JAX's persistent compilation cache on for this process; its directory, or None
   when switched off. Every program is cached (no minimum compile time or size), so a
-  second run of the same command compiles nothing. Call before the first compilation."""
+  second run of the same command or script compiles nothing. Call before the first
+  compilation; from Python it is `sd.use_compilation_cache()` (the `specdec` command
+  calls it itself):
+
+      import specdec_jax as sd
+      sd.use_compilation_cache()        # ~/.cache/specdec_jax/jax (SPECDEC_CACHE_DIR moves it)
+      target = sd.load("demo-de-en/target")
+  """
   if switched_off(flag):
     jax.config.update("jax_enable_compilation_cache", False)
     return None
