@@ -13,6 +13,9 @@ width- and batch-invariant.
   matmul, the RMSNorm sum of squares and decode attention; on a machine without a GPU
   the same kernels run in Pallas's GPU interpret mode (slow: for tests and CI). Needs
   params on one device.
+- tpu: Pallas kernels through Mosaic TPU (`kernels.tpu`), the same three products; off
+  a TPU they run in Pallas's TPU interpret mode (slow: for tests and CI). Never run on a
+  TPU yet, so never "auto"'s choice: an explicit opt-in. Needs params on one device.
 - xla: no kernels: every product on XLA's ops, which round a row differently with the
   number of rows (exact greedy then pads every call to one width).
 
@@ -35,7 +38,7 @@ from specdec_jax.kernels import build
 
 Array = jax.Array
 KINDS = ("dot", "sum_squares", "attention")
-CHOICES = ("auto", "cpu", "gpu", "xla")
+CHOICES = ("auto", "cpu", "gpu", "tpu", "xla")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +75,11 @@ class Backend:
       if here == "gpu":
         return True, "Pallas kernels compiled by Mosaic GPU"
       return True, f"Pallas kernels in GPU interpret mode (the JAX backend is {here})"
+    if self.name == "tpu":
+      here = jax.default_backend()
+      if here == "tpu":
+        return True, "Pallas kernels compiled by Mosaic TPU"
+      return True, f"Pallas kernels in TPU interpret mode (the JAX backend is {here})"
     return True, "XLA's ops"
 
   def kernel(self, kind: str) -> Callable[..., Array]:
@@ -102,8 +110,15 @@ def _gpu() -> Backend:
                  gpu.sum_squares, gpu.attention)
 
 
+def _tpu() -> Backend:
+  from specdec_jax.kernels import tpu
+  return Backend("tpu", frozenset(KINDS), frozenset(KINDS),
+                 (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)), tpu.pack, tpu.dot,
+                 tpu.sum_squares, tpu.attention)
+
+
 _XLA = Backend("xla", frozenset(), frozenset(), needs_one_device=False)
-_MAKERS = {"cpu": _cpu, "gpu": _gpu, "xla": lambda: _XLA}
+_MAKERS = {"cpu": _cpu, "gpu": _gpu, "tpu": _tpu, "xla": lambda: _XLA}
 _MADE: dict[str, Backend] = {}
 
 
