@@ -20,9 +20,10 @@ multiply float32 rows at Precision.HIGHEST (the MXU's multi-pass float32 product
 
 Interpret mode (`mode.params`, on a machine without a TPU) runs the same grid, blocks and
 K order, but each tile product is an in-order product, acc += x[:, j] * w[j, :] for
-j = 0..TK-1, every element alike: the interpreter's dot is the host's matmul (Eigen on
-XLA:CPU), whose rows may differ in the last bit with their place in the tile, which would
-test the host library rather than the tiling (an MXU computes each row from that row).
+j = 0..TK-1, every element alike: the interpreter's dot is XLA:CPU's matmul, whose rows
+are as invariant as the host library's blocking makes them (they were on the machine
+that wrote this, but nothing promises it), so the tests would check the host library
+rather than the tiling (an MXU computes each row from that row alone).
 """
 
 from __future__ import annotations
