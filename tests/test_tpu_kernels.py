@@ -241,6 +241,26 @@ def _tiny(vocab: int = 509) -> sd.Model:
   return sd.init_model(config, 1, "bfloat16")
 
 
+def test_a_decode_request_on_tpu_kernels_lowers_for_tpu(monkeypatch):
+  """A whole decode request (`Model.start` + a 3-token `Model.decode`) of a model packed
+  for tpu, its kernels compiled (not interpreted), lowers for TPU on this machine: every
+  product is one Mosaic TPU kernel at the model's real shapes (head_dim 16, vocabulary
+  509), and nothing calls back to the host."""
+  monkeypatch.setattr(tpu.mode, "interpret", lambda: False)
+  jax.clear_caches()                     # no jaxpr traced in interpret mode is reused
+  target = sd.pack(_tiny(), kernels="tpu")
+
+  def request(model, enc, tokens):
+    return model.decode(tokens, model.start(enc, capacity=16))[0]
+
+  text = tpu.lower_for_tpu(request, target, jnp.ones((2, 8), jnp.int32),
+                           jnp.ones((2, 3), jnp.int32)).as_text()
+  products = target.decode_weights.products
+  assert {p.kind for p in products} == set(backends.KINDS)
+  assert text.count("tpu_custom_call") == len(products) and "callback" not in text
+  jax.clear_caches()
+
+
 @pytest.mark.slow
 def test_verify_call_and_batch_rows_are_bitwise_the_single_steps_alone():
   """Model level: a 4-token decode call on tpu kernels gives bitwise the logits of four
