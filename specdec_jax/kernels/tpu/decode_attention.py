@@ -49,12 +49,12 @@ def _row_sum(p: Array, interpret: bool) -> Array:
 
 
 def _kernel_call(qp: Array, kp: Array, vp: Array, bias: Array, interpret) -> Array:
-  """qp [B, H, Tp, Dp], kp/vp [B, H, Sp, Dp] (one dtype), bias [Bb, Hb, Tp, Sp] float32
-  -> [B, H, Tp, Dp] float32."""
+  """qp [B, H, Tp, Dp], kp/vp [B, H, chunks, C, Dp] (one dtype), bias [Bb, Hb, chunks, Tp,
+  C] float32 -> [B, H, Tp, Dp] float32. Chunks are a leading axis: the kernel picks one by
+  a dynamic index on an untiled dimension, which any TPU layout allows."""
   b, h, tp, dp = qp.shape
-  sp = kp.shape[2]
+  chunks = kp.shape[2]
   bias_b, bias_h = bias.shape[:2]
-  chunks = sp // C
   inline = bool(interpret)
   low = qp.dtype == jnp.bfloat16
 
@@ -63,13 +63,12 @@ def _kernel_call(qp: Array, kp: Array, vp: Array, bias: Array, interpret) -> Arr
 
     def chunk(c, state):
       """Chunk c of the keys; state (o, m, l) of the chunks before, None for the first."""
-      keys = pl.ds(pl.multiple_of(c * C, C), C)
-      s = product(q, k_ref[keys, :], inline, contract_b=1) + bias_ref[:, keys]
+      s = product(q, k_ref[c], inline, contract_b=1) + bias_ref[c]
       m_new = s.max(axis=1, keepdims=True)
       if state is not None:
         m_new = jnp.maximum(state[1], m_new)
       probs = jnp.exp(s - m_new)
-      pv = product(probs.astype(jnp.bfloat16) if low else probs, v_ref[keys, :], inline)
+      pv = product(probs.astype(jnp.bfloat16) if low else probs, v_ref[c], inline)
       if state is None:
         return pv, m_new, _row_sum(probs, inline)
       o, m, denom = state
@@ -81,15 +80,15 @@ def _kernel_call(qp: Array, kp: Array, vp: Array, bias: Array, interpret) -> Arr
     o_ref[...] = o / denom
 
   row = lambda bb, hh, t: (bb, hh, t, 0)
-  cache = lambda bb, hh, t: (bb, hh, 0, 0)
-  on_bias = lambda bb, hh, t: (bb if bias_b > 1 else 0, hh if bias_h > 1 else 0, t, 0)
+  cache = lambda bb, hh, t: (bb, hh, 0, 0, 0)
+  on_bias = lambda bb, hh, t: (bb if bias_b > 1 else 0, hh if bias_h > 1 else 0, 0, t, 0)
   return pl.pallas_call(
       kernel, out_shape=jax.ShapeDtypeStruct((b, h, tp, dp), jnp.float32),
       grid=(b, h, tp // TQ),
       in_specs=[pl.BlockSpec((None, None, TQ, dp), row),
-                pl.BlockSpec((None, None, sp, dp), cache),
-                pl.BlockSpec((None, None, sp, dp), cache),
-                pl.BlockSpec((None, None, TQ, sp), on_bias)],
+                pl.BlockSpec((None, None, chunks, C, dp), cache),
+                pl.BlockSpec((None, None, chunks, C, dp), cache),
+                pl.BlockSpec((None, None, chunks, TQ, C), on_bias)],
       out_specs=pl.BlockSpec((None, None, TQ, dp), row),
       compiler_params=pltpu.CompilerParams(
           dimension_semantics=("parallel", "parallel", "parallel")),
@@ -107,9 +106,11 @@ def attention(q: Array, k: Array, v: Array, bias: Array, interpret: bool | None 
   dtype = bf16 if {jnp.dtype(a.dtype) for a in (q, k, v)} == {bf16} else jnp.dtype(jnp.float32)
   tp, dp, sp = _ceil(t, TQ), _ceil(d, LANE), _ceil(s, C)
   qh = jnp.pad(jnp.swapaxes(q, 1, 2).astype(dtype), ((0, 0), (0, 0), (0, tp - t), (0, dp - d)))
-  pad_keys = ((0, 0), (0, 0), (0, sp - s), (0, dp - d))
-  kp, vp = jnp.pad(k.astype(dtype), pad_keys), jnp.pad(v.astype(dtype), pad_keys)
+  chunked = lambda a: jnp.pad(a.astype(dtype), ((0, 0), (0, 0), (0, sp - s), (0, dp - d))
+                             ).reshape(b, h, sp // C, C, dp)
+  kp, vp = chunked(k), chunked(v)
   bias = jnp.broadcast_to(bias.astype(jnp.float32), bias.shape[:2] + (t, s))
   bias = jnp.pad(bias, ((0, 0), (0, 0), (0, tp - t), (0, sp - s)), constant_values=_MASKED)
+  bias = jnp.swapaxes(bias.reshape(bias.shape[:3] + (sp // C, C)), 2, 3)
   out = _kernel_call(qh, kp, vp, bias, mode.params(interpret))
   return jnp.swapaxes(out[:, :, :t, :d], 1, 2)
