@@ -216,9 +216,23 @@ def test_tpu_lowering_rejects_block_shapes_a_tpu_cannot_tile(products, monkeypat
 # ----------------------------------------------------------------------------- the model
 
 
-def test_tpu_packing_puts_every_product_on_the_kernels_and_auto_never_picks_it(monkeypatch):
-  model = sd.init_model(sd.get_config("t5_1_1_tiny"), 0, "bfloat16")
-  packed = sd.pack(model, kernels="tpu")
+def _tiny(vocab: int = 509) -> sd.Model:
+  """A one-layer t5_1_1_tiny in bfloat16 with an odd vocabulary (the output product's
+  columns padded to 512 and cut)."""
+  config = dataclasses.replace(sd.get_config("t5_1_1_tiny"), vocab_size=vocab,
+                               num_encoder_layers=1, num_decoder_layers=1)
+  return sd.init_model(config, 1, "bfloat16")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  """(`_tiny()`, it packed for the tpu backend)."""
+  model = _tiny()
+  return model, sd.pack(model, kernels="tpu")
+
+
+def test_tpu_packing_puts_every_product_on_the_kernels_and_auto_never_picks_it(tiny, monkeypatch):
+  model, packed = tiny
   weights = packed.decode_weights
   assert weights.policy.backend == "tpu" and weights.xla == ()
   assert "TPU interpret mode" in weights.policy.reason or jax.default_backend() == "tpu"
@@ -233,22 +247,14 @@ def test_tpu_packing_puts_every_product_on_the_kernels_and_auto_never_picks_it(m
   assert backends.choose("tpu", None) == "tpu"
 
 
-def _tiny(vocab: int = 509) -> sd.Model:
-  """A one-layer t5_1_1_tiny in bfloat16 with an odd vocabulary (the output product's
-  columns padded to 512 and cut)."""
-  config = dataclasses.replace(sd.get_config("t5_1_1_tiny"), vocab_size=vocab,
-                               num_encoder_layers=1, num_decoder_layers=1)
-  return sd.init_model(config, 1, "bfloat16")
-
-
-def test_a_decode_request_on_tpu_kernels_lowers_for_tpu(monkeypatch):
+def test_a_decode_request_on_tpu_kernels_lowers_for_tpu(tiny, monkeypatch):
   """A whole decode request (`Model.start` + a 3-token `Model.decode`) of a model packed
   for tpu, its kernels compiled (not interpreted), lowers for TPU on this machine: every
   product is one Mosaic TPU kernel at the model's real shapes (head_dim 16, vocabulary
   509), and nothing calls back to the host."""
   monkeypatch.setattr(tpu.mode, "interpret", lambda: False)
   jax.clear_caches()                     # no jaxpr traced in interpret mode is reused
-  target = sd.pack(_tiny(), kernels="tpu")
+  _, target = tiny
 
   def request(model, enc, tokens):
     return model.decode(tokens, model.start(enc, capacity=16))[0]
@@ -262,12 +268,11 @@ def test_a_decode_request_on_tpu_kernels_lowers_for_tpu(monkeypatch):
 
 
 @pytest.mark.slow
-def test_verify_call_and_batch_rows_are_bitwise_the_single_steps_alone():
+def test_verify_call_and_batch_rows_are_bitwise_the_single_steps_alone(tiny):
   """Model level: a 4-token decode call on tpu kernels gives bitwise the logits of four
   1-token calls, a row of the batch bitwise what it gets alone (its encoder run alone
   too), and both agree with the same model on XLA's ops to bfloat16 rounding."""
-  model = _tiny()
-  target = sd.pack(model, kernels="tpu")
+  model, target = tiny
   enc = jnp.asarray(ragged_tokens(2, 8, model.vocab_size, seed=2))
   tokens = jnp.asarray(np.random.default_rng(3).integers(2, model.vocab_size, (2, 4)), jnp.int32)
 
@@ -289,14 +294,14 @@ def test_verify_call_and_batch_rows_are_bitwise_the_single_steps_alone():
 
 
 @pytest.mark.slow
-def test_every_method_on_tpu_kernels_is_bitwise_the_baseline_at_natural_widths(monkeypatch):
+def test_every_method_on_tpu_kernels_is_bitwise_the_baseline_at_natural_widths(tiny,
+                                                                              monkeypatch):
   """A tiny bfloat16 target packed for the tpu backend (interpret mode here): greedy
   output of speculative decoding, BiLD at fallback threshold 1, blockwise drafts and one
   beam is bitwise the autoregressive baseline's, with every target call at its natural
   width (no padding to EXACT_WIDTH: the backend makes every product width-invariant).
   No EOS (eos_id=-1): one beam is then greedy decoding."""
-  model = _tiny()
-  target = sd.pack(model, kernels="tpu")
+  model, target = tiny
   drafter = perturbed(model, 0.05, seed=0)            # unpacked: XLA's ops
   heads = sd.init_heads(model, 2, rng=1, init_scale=1.0)
   enc = ragged_tokens(2, 8, model.vocab_size, seed=4)

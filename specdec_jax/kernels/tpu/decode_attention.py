@@ -62,21 +62,19 @@ def _kernel_call(qp: Array, kp: Array, vp: Array, bias: Array, interpret) -> Arr
     q = q_ref[...]
 
     def chunk(c, state):
-      """Chunk c of the keys; state (o, m, l) of the chunks before, None for the first."""
+      """Chunk c of the keys after the state (o, m, l) of the chunks before it."""
+      o, m, denom = state
       s = product(q, k_ref[c], inline, contract_b=1) + bias_ref[c]
-      m_new = s.max(axis=1, keepdims=True)
-      if state is not None:
-        m_new = jnp.maximum(state[1], m_new)
+      m_new = jnp.maximum(m, s.max(axis=1, keepdims=True))
       probs = jnp.exp(s - m_new)
       pv = product(probs.astype(jnp.bfloat16) if low else probs, v_ref[c], inline)
-      if state is None:
-        return pv, m_new, _row_sum(probs, inline)
-      o, m, denom = state
-      alpha = jnp.exp(m - m_new)
+      alpha = jnp.exp(m - m_new)          # 0 before the first chunk (m = -inf, o = l = 0)
       return o * alpha + pv, m_new, denom * alpha + _row_sum(probs, inline)
 
-    # The first chunk starts the state: no -inf start, no alpha of an empty prefix.
-    o, _, denom = lax.fori_loop(1, chunks, chunk, chunk(0, None))
+    # Every score is finite (masked keys carry a finite bias), so m_new is too.
+    start = (jnp.zeros((TQ, dp), jnp.float32), jnp.full((TQ, 1), -jnp.inf, jnp.float32),
+             jnp.zeros((TQ, 1), jnp.float32))
+    o, _, denom = lax.fori_loop(0, chunks, chunk, start)
     o_ref[...] = o / denom
 
   row = lambda bb, hh, t: (bb, hh, t, 0)
