@@ -415,8 +415,8 @@ def test_packing_is_explicit_and_new_params_unpack(monkeypatch, demo):
 
 
 def test_kernels_choice_is_checked_and_auto_documented():
-  with pytest.raises(InputError, match="kernels must be one of auto, cpu, gpu, xla"):
-    sd.load("config:t5_1_1_tiny", kernels="tpu")
+  with pytest.raises(InputError, match="kernels must be one of auto, cpu, gpu, tpu, xla"):
+    sd.load("config:t5_1_1_tiny", kernels="npu")
   with pytest.raises(InputError, match="kernels must be one of"):
     backends.get("auto")
   model = sd.init_model(sd.get_config("t5_1_1_tiny"), 0)

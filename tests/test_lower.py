@@ -181,6 +181,22 @@ def test_every_method_on_the_gpu_kernels_lowers_for_cuda_through_mosaic_gpu(mode
 
 
 @pytest.mark.slow
+def test_every_method_on_the_tpu_kernels_lowers_for_tpu_through_mosaic_tpu(models):
+  """The program decode runs on a TPU: every product on the Pallas TPU kernels, compiled
+  (Mosaic TPU's custom call), none interpreted, for every method."""
+  model, enc = models["t5"]
+  target = sd.pack(model.with_dtype("bfloat16"), kernels="tpu")
+  assert target.decode_weights.policy.backend == "tpu"
+  for name in METHODS:
+    text = sd.lower(target, method(name, target), enc[:1], max_new_tokens=T,
+                    platforms=("tpu",)).as_text()
+    assert "tpu_custom_call" in custom_calls(text), name
+    assert cpu_only(text) == [] and "cpu_callback" not in text, name
+  with pytest.raises(sd.InputError, match="tpu kernels"):     # not for CUDA
+    sd.lower(target, sd.Autoregressive(), enc[:1], max_new_tokens=T, platforms=("cuda",))
+
+
+@pytest.mark.slow
 def test_every_method_on_a_sharded_target_lowers_on_the_8_device_mesh(tmp_path):
   out = tmp_path / "lower_mesh.json"
   run_child([sys.executable, str(HERE / "lower_mesh_checks.py"), str(out)], devices=8,

@@ -13,6 +13,9 @@ width- and batch-invariant.
   matmul, the RMSNorm sum of squares and decode attention; on a machine without a GPU
   the same kernels run in Pallas's GPU interpret mode (slow: for tests and CI). Needs
   params on one device.
+- tpu: Pallas kernels through Mosaic TPU (`kernels.tpu`), the same three products; off
+  a TPU they run in Pallas's TPU interpret mode (slow: for tests and CI). Never run on a
+  TPU yet, so never "auto"'s choice: an explicit opt-in. Needs params on one device.
 - xla: no kernels: every product on XLA's ops, which round a row differently with the
   number of rows (exact greedy then pads every call to one width).
 
@@ -43,7 +46,7 @@ from specdec_jax.kernels import build, selfcheck, verified
 
 Array = jax.Array
 KINDS = ("dot", "sum_squares", "attention")
-CHOICES = ("auto", "cpu", "gpu", "xla")
+CHOICES = ("auto", "cpu", "gpu", "tpu", "xla")
 
 #: The platforms the program being traced is lowered for (`lowering`); None: it runs here.
 #: A jit cache key, so a program traced for CUDA is never the one run on this CPU.
@@ -107,11 +110,12 @@ class Backend:
     if self.name == "cpu":
       s = build.status()
       return s.available, s.reason
-    if self.name == "gpu":
-      here = jax.default_backend()
-      if here == "gpu":
-        return True, "Pallas kernels compiled by Mosaic GPU"
-      return True, f"Pallas kernels in GPU interpret mode (the JAX backend is {here})"
+    if self.interprets and self.platform is not None:    # Pallas: Mosaic GPU / Mosaic TPU
+      here, mosaic = jax.default_backend(), f"Mosaic {self.platform.upper()}"
+      if here == self.platform:
+        return True, f"Pallas kernels compiled by {mosaic}"
+      return True, (f"Pallas kernels in {self.platform.upper()} interpret mode (the JAX "
+                    f"backend is {here})")
     return True, "XLA's ops"
 
   def kernel(self, kind: str) -> Callable[..., Array]:
@@ -177,11 +181,31 @@ def _gpu() -> Backend:
                  interprets=True, checked=True, unsupported=mosaic_gpu_unsupported)
 
 
+def _tpu() -> Backend:
+  from specdec_jax.kernels import tpu
+
+  # Compiled where the program is lowered for TPU (`lowering`), else as `tpu.mode` says.
+  def dot(x, wp, n):
+    return tpu.dot(x, wp, n, interpret=interpret("tpu"))
+
+  def sum_squares(x, ones):
+    return tpu.sum_squares(x, ones, interpret=interpret("tpu"))
+
+  def attention(q, k, v, bias):
+    return tpu.attention(q, k, v, bias, interpret=interpret("tpu"))
+
+  return Backend("tpu", frozenset(KINDS), frozenset(KINDS),
+                 (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)), tpu.pack, dot,
+                 sum_squares, attention, platform="tpu", compiles_for=("tpu",),
+                 interprets=True, checked=True)
+
+
 _XLA = Backend("xla", frozenset(), frozenset(), needs_one_device=False)
 #: name -> (the JAX platform its kernels run compiled on, its maker). A new backend is one
 #: line here and one module of kernels.
 _MAKERS: dict[str, tuple[str | None, Callable[[], Backend]]] = {
-    "cpu": ("cpu", _cpu), "gpu": ("gpu", _gpu), "xla": (None, lambda: _XLA)}
+    "cpu": ("cpu", _cpu), "gpu": ("gpu", _gpu), "tpu": ("tpu", _tpu),
+    "xla": (None, lambda: _XLA)}
 _MADE: dict[str, Backend] = {}
 
 

@@ -1,0 +1,114 @@
+"""Decode attention on TPU (Pallas, Mosaic TPU): every query row computed alike.
+
+    out = attention(q, k, v, bias)  # q [B, T, H, D], k/v [B, H, S, D],
+                                    # bias [B|1, H|1, T|1, S] -> out [B, T, H, D] float32
+
+softmax(q . k + bias) @ v per (b, h, query row), T5's conventions (no 1/sqrt(D): it lives
+in the query weights; masked keys, beyond a row's length, carry a large negative bias).
+The grid is (b, h, query tile): the query rows of a (b, h) are cut into tiles of TQ = 16
+(zero rows pad the last), and each tile walks the fixed-shape cache, S rounded up to
+chunks of C = 128 keys (a fixed SIZE, whatever S is), in order, with an online softmax
+(running max m, sum l, output o): the same operations for every row, whatever T, B, H
+and the row's place, so a row is bitwise the same in a 1-token call and in a 16-token
+one. The keys padding S up to chunks carry a -1e30 bias (exact zero weight); a row's
+lengths are its bias.
+
+bfloat16 q, k and v: bfloat16 MXU products with float32 accumulation, the probabilities
+of a chunk entering p @ v rounded to bfloat16 before normalisation (XLA's path rounds
+the normalised weights: the two agree within bfloat16's rounding); anything else runs
+in float32 (products at Precision.HIGHEST). Interpret mode replaces each product, and
+the row sums, by in-order loops (`matmul.product`: the interpreter's are the host's).
+D is padded to a multiple of 128 (zeros: exact zero terms).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from specdec_jax.kernels.shapes import check_attention
+from specdec_jax.kernels.tpu import mode
+from specdec_jax.kernels.tpu.matmul import LANE, _ceil, product
+
+Array = jax.Array
+
+TQ = 16          # query rows per tile (a bfloat16 vreg's sublanes)
+C = 128          # keys per chunk: a fixed SIZE, whatever S is
+_MASKED = -1e30  # bias of the keys padding S up to chunks: exp() of it is 0
+
+
+def _row_sum(p: Array, interpret: bool) -> Array:
+  """p [R, C] -> [R, 1] float32: a lane reduction on a TPU; in order when interpreting."""
+  if not interpret:
+    return p.sum(axis=1, keepdims=True)
+  return lax.fori_loop(0, p.shape[1], lambda j, c: c + p[:, j, None],
+                       jnp.zeros((p.shape[0], 1), jnp.float32))
+
+
+def _kernel_call(qp: Array, kp: Array, vp: Array, bias: Array, interpret) -> Array:
+  """qp [B, H, Tp, Dp], kp/vp [B, H, chunks, C, Dp] (one dtype), bias [Bb, Hb, chunks, Tp,
+  C] float32 -> [B, H, Tp, Dp] float32. Chunks are a leading axis: the kernel picks one by
+  a dynamic index on an untiled dimension, which any TPU layout allows."""
+  b, h, tp, dp = qp.shape
+  chunks = kp.shape[2]
+  bias_b, bias_h = bias.shape[:2]
+  inline = bool(interpret)
+  low = qp.dtype == jnp.bfloat16
+
+  def kernel(q_ref, k_ref, v_ref, bias_ref, o_ref):
+    q = q_ref[...]
+
+    def chunk(c, state):
+      """Chunk c of the keys after the state (o, m, l) of the chunks before it."""
+      o, m, denom = state
+      s = product(q, k_ref[c], inline, contract_b=1) + bias_ref[c]
+      m_new = jnp.maximum(m, s.max(axis=1, keepdims=True))
+      probs = jnp.exp(s - m_new)
+      pv = product(probs.astype(jnp.bfloat16) if low else probs, v_ref[c], inline)
+      alpha = jnp.exp(m - m_new)          # 0 before the first chunk (m = -inf, o = l = 0)
+      return o * alpha + pv, m_new, denom * alpha + _row_sum(probs, inline)
+
+    # Every score is finite (masked keys carry a finite bias), so m_new is too.
+    start = (jnp.zeros((TQ, dp), jnp.float32), jnp.full((TQ, 1), -jnp.inf, jnp.float32),
+             jnp.zeros((TQ, 1), jnp.float32))
+    o, _, denom = lax.fori_loop(0, chunks, chunk, start)
+    o_ref[...] = o / denom
+
+  row = lambda bb, hh, t: (bb, hh, t, 0)
+  cache = lambda bb, hh, t: (bb, hh, 0, 0, 0)
+  on_bias = lambda bb, hh, t: (bb if bias_b > 1 else 0, hh if bias_h > 1 else 0, 0, t, 0)
+  return pl.pallas_call(
+      kernel, out_shape=jax.ShapeDtypeStruct((b, h, tp, dp), jnp.float32),
+      grid=(b, h, tp // TQ),
+      in_specs=[pl.BlockSpec((None, None, TQ, dp), row),
+                pl.BlockSpec((None, None, chunks, C, dp), cache),
+                pl.BlockSpec((None, None, chunks, C, dp), cache),
+                pl.BlockSpec((None, None, chunks, TQ, C), on_bias)],
+      out_specs=pl.BlockSpec((None, None, TQ, dp), row),
+      compiler_params=pltpu.CompilerParams(
+          dimension_semantics=("parallel", "parallel", "parallel")),
+      interpret=interpret)(qp, kp, vp, bias)
+
+
+def attention(q: Array, k: Array, v: Array, bias: Array, interpret: bool | None = None) -> Array:
+  """q [B, T, H, D], k/v [B, H, S, D] (float32 or bfloat16; float16 computed as float32),
+  bias [B|1, H|1, T|1, S] -> [B, T, H, D] float32.
+
+  interpret: None: `mode.interpret()`; False compiles for Mosaic TPU (`lower_for_tpu`).
+  """
+  b, t, h, d, s = check_attention(q, k, v, bias)
+  bf16 = jnp.dtype(jnp.bfloat16)
+  dtype = bf16 if {jnp.dtype(a.dtype) for a in (q, k, v)} == {bf16} else jnp.dtype(jnp.float32)
+  tp, dp, sp = _ceil(t, TQ), _ceil(d, LANE), _ceil(s, C)
+  qh = jnp.pad(jnp.swapaxes(q, 1, 2).astype(dtype), ((0, 0), (0, 0), (0, tp - t), (0, dp - d)))
+  chunked = lambda a: jnp.pad(a.astype(dtype), ((0, 0), (0, 0), (0, sp - s), (0, dp - d))
+                             ).reshape(b, h, sp // C, C, dp)
+  kp, vp = chunked(k), chunked(v)
+  bias = jnp.broadcast_to(bias.astype(jnp.float32), bias.shape[:2] + (t, s))
+  bias = jnp.pad(bias, ((0, 0), (0, 0), (0, tp - t), (0, sp - s)), constant_values=_MASKED)
+  bias = jnp.swapaxes(bias.reshape(bias.shape[:3] + (sp // C, C)), 2, 3)
+  out = _kernel_call(qh, kp, vp, bias, mode.params(interpret))
+  return jnp.swapaxes(out[:, :, :t, :d], 1, 2)
