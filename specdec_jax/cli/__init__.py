@@ -26,7 +26,8 @@ Exit codes: 0 done; 1 a `specdec_jax.errors.SpecdecError` (bad input found anywh
 an unknown model or config, invalid sampling or gamma, malformed prompts, a drafter whose
 vocabulary differs from the target's, a missing file, ...), reported as one line
 ``specdec <command>: error: <message>`` on stderr; 2 a command line that does not parse
-(argparse's usage errors); 130 interrupted (Ctrl-C). Anything else is a bug and keeps its
+(argparse's usage errors); 130 interrupted (Ctrl-C), 143 terminated (SIGTERM), either
+with one line saying how many rows were kept and how to go on. Anything else is a bug and keeps its
 traceback. `main` returns the exit code instead of raising SystemExit, so tests and
 scripts can call `main([...])` directly.
 
@@ -49,10 +50,10 @@ from typing import Sequence
 
 from specdec_jax.cli import convert, decode, plan
 from specdec_jax.errors import CLIError, SpecdecError
-from specdec_jax.runtime import distributed, supervise
+from specdec_jax.runtime import distributed, progress, supervise
 from specdec_jax.runtime.streams import results_stdout
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 
 #: The library's own subcommands, in the order `specdec --help` lists them.
 COMMANDS = (decode, convert, plan)
@@ -138,6 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   args.argv = list(sys.argv[1:] if argv is None else argv)
   if argv is None:
     supervise.as_child()      # a supervised child: a SIGINT sent twice is one interrupt
+    progress.on_sigterm()     # SIGTERM ends the run as Ctrl-C does: with what was kept
   try:
     if argv is None and args.command == "decode":
       processes = distributed.processes_from_args(args)
@@ -148,6 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   except SpecdecError as e:
     print(f"specdec {args.command}: error: {error_line(e)}", file=sys.stderr)
     return EXIT_ERROR
-  except KeyboardInterrupt:
-    print(f"specdec {args.command}: interrupted", file=sys.stderr)
-    return EXIT_INTERRUPTED
+  except KeyboardInterrupt as e:
+    terminated = isinstance(e, progress.Terminated) or getattr(e, "terminated", False)
+    detail = getattr(e, "detail", "")
+    print(f"specdec {args.command}: {'terminated' if terminated else 'interrupted'}"
+          + (f": {detail}" if detail else ""), file=sys.stderr)
+    return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED

@@ -14,7 +14,7 @@ import functools
 import json
 import sys
 import time
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import numpy as np
@@ -57,7 +57,7 @@ from specdec_jax.cli.timing import is_exact, ms_per_token, time_rounds
 from specdec_jax.compilation import announce_kernel_build, compiling, use_persistent_cache
 from specdec_jax.errors import CLIError
 from specdec_jax.models.model import family
-from specdec_jax.runs import Run, decode_corpus
+from specdec_jax.runs import Corpus, Run, decode_corpus
 from specdec_jax.runtime import liveness, output_file
 from specdec_jax.runtime.distributed import (
   Processes,
@@ -69,6 +69,7 @@ from specdec_jax.runtime.distributed import (
   process_rows,
   processes_from_args,
 )
+from specdec_jax.runtime.progress import Interrupted, Progress, Terminated
 from specdec_jax.runtime.report import fmt, to_jsonable
 from specdec_jax.runtime.streams import emit
 
@@ -173,6 +174,13 @@ def _stats_block(stats: dict[str, Any], timing: dict[str, Any], method) -> str:
   return "\n".join(lines)
 
 
+def _emit_rows(corpus: Corpus, tokenizer) -> None:
+  """Each real row's output on stdout, one line each (flushed: a pipe sees them now)."""
+  for row in corpus.token_rows():
+    o = _format_output(row, tokenizer)
+    emit(o if isinstance(o, str) else " ".join(map(str, o)))
+
+
 def _format_output(row: list[int], tokenizer) -> str | list[int]:
   if tokenizer is None:
     return row
@@ -263,11 +271,23 @@ def _local_batches(prompts: Prompts, batch: int, process: int, processes: int):
   return [Batch(b.tokens[:, :width(n)], b.real) for b, n in zip(blocks, sizes, strict=True)], sizes
 
 
-def _decode(run: DecodeRun, method, target, prompts: Prompts, mesh):
-  """(corpus, wall seconds, batch size) of decoding the prompts in padded batches. With
-  several processes and a mesh of each one's own devices (or none), each decodes its block
-  of rows and all rows are gathered (the wall time is the slowest process's); on a mesh
-  over every process's devices, all of them decode every batch as one program."""
+def _first_of_each_shape(batches, lengths) -> list[int]:
+  """The index of the first batch of each shape: decoding those compiles every program."""
+  seen: dict[tuple, int] = {}
+  for i, b in enumerate(batches):
+    seen.setdefault((np.shape(b.tokens), None if lengths is None else np.shape(lengths[i])), i)
+  return sorted(seen.values())
+
+
+def _decode(run: DecodeRun, method, target, prompts: Prompts, mesh,
+            stream: Callable[[Corpus], None] | None = None):
+  """(corpus, wall seconds, batch size, streamed) of decoding the prompts in padded
+  batches, batch by batch: `stream` gets each batch's corpus as it finishes (its rows
+  printed then; not with several processes splitting the rows: `streamed` False), a file's
+  progress goes to stderr, and an interrupt says how many rows were kept. With several
+  processes and a mesh of each one's own devices (or none), each decodes its block of rows
+  and all rows are gathered (the wall time is the slowest process's); on a mesh over every
+  process's devices, all of them decode every batch as one program."""
   rng = jax.random.PRNGKey(run.seed)
   processes, process = jax.process_count(), jax.process_index()
   n = len(prompts.tokens)
@@ -280,19 +300,40 @@ def _decode(run: DecodeRun, method, target, prompts: Prompts, mesh):
     batch = run.batch_size or mesh_batch(n, mesh)
     batches, lengths = _batches(prompts, batch)
     first_key = 0
-  call = functools.partial(decode_corpus, method, target, batches,
-                           max_new_tokens=run.max_new_tokens, rng=rng,
-                           prompt_lengths=lengths, first_key=first_key)
-  if run.warmup:   # every batch once: trimmed batches may differ in shape
+  def part(i: int) -> Corpus:     # batch i, with the key it has in the whole corpus
+    return decode_corpus(method, target, [batches[i]], max_new_tokens=run.max_new_tokens,
+                         rng=rng, prompt_lengths=None if lengths is None else [lengths[i]],
+                         first_key=first_key + i)
+  if run.warmup:   # each shape once (trimmed batches may differ): every program, untimed
     with compiling(f"the decode programs for batch {batch}", run.compile_cache_dir,
                    quiet=process != 0):
-      call()
+      for i in _first_of_each_shape(batches, lengths):
+        part(i)
+  stream = None if split_rows else stream
+  progress = (Progress(n, "specdec decode") if run.input_file is not None and process == 0
+              and len(batches) > 1 else None)
+  parts: list[Corpus] = []
   t0 = time.perf_counter()
-  corpus = call()
+  try:
+    for i in range(len(batches)):
+      parts.append(part(i))
+      if stream is not None:
+        stream(parts[-1])
+      if progress is not None:
+        progress.update(parts[-1].real_rows[0], parts[-1].generated)
+  except KeyboardInterrupt as e:
+    if stream is None:
+      raise
+    done = sum(p.real_rows[0] for p in parts)
+    raise Interrupted(f"{done} of {n} rows kept (written above); --output FILE writes rows "
+                      "as they finish and --resume continues where a run stopped",
+                      terminated=isinstance(e, Terminated)) from None
   wall = time.perf_counter() - t0
+  corpus = Corpus(tuple(o for p in parts for o in p.outputs),
+                  tuple(r for p in parts for r in p.real_rows))
   if split_rows:
     corpus, wall = gather_corpus(corpus), gather_max(wall)
-  return corpus, wall, batch
+  return corpus, wall, batch, stream is not None
 
 
 def _decode_to_file(run: DecodeRun, choice: MethodChoice, method, target, prompts: Prompts,
@@ -319,11 +360,22 @@ def _decode_to_file(run: DecodeRun, choice: MethodChoice, method, target, prompt
   start = output_file.shared_start(output, error)
   if error is not None:
     raise error
+  progress = (Progress(n, "specdec decode", done=output.rows) if output is not None
+              and len(batches) > 1 else None)
   t0 = time.perf_counter()
-  corpus = output_file.decode_to_file(
-      method, target, batches, lengths, output, start,
-      output_file.FileDecode(run.max_new_tokens, jax.random.PRNGKey(run.seed), split_rows),
-      format_row=lambda r: _format_output(r, tokenizer))
+  try:
+    corpus = output_file.decode_to_file(
+        method, target, batches, lengths, output, start,
+        output_file.FileDecode(run.max_new_tokens, jax.random.PRNGKey(run.seed), split_rows),
+        format_row=lambda r: _format_output(r, tokenizer),
+        on_batch=None if progress is None else
+        lambda c: progress.update(sum(c.real_rows), c.generated))
+  except KeyboardInterrupt as e:
+    if output is None:
+      raise
+    raise Interrupted(f"{output.rows} of {n} rows kept in {run.output!r}; the same command "
+                      "with --resume continues from there",
+                      terminated=isinstance(e, Terminated)) from None
   wall = time.perf_counter() - t0
   if output is not None:
     output.finish()
@@ -452,13 +504,14 @@ def decode(choice: MethodChoice, run: DecodeRun) -> int:
   rescorer_load = _family_loader(drafter_loader(run.dtype), target, "--rescorer")
   method = placed_method(choice, target, run.model, drafter, rescorer_load, mesh)
   load_s = time.perf_counter() - t_load
-  resumed = None
+  resumed, streamed = None, False
   try:
     if run.output:
       corpus, wall, batch, resumed = _decode_to_file(run, choice, method, target, encoded,
                                                      mesh, prompts, tokenizer)
     else:
-      corpus, wall, batch = _decode(run, method, target, encoded, mesh)
+      stream = None if run.json else (lambda part: _emit_rows(part, tokenizer))
+      corpus, wall, batch, streamed = _decode(run, method, target, encoded, mesh, stream)
   except Exception as e:
     if not isinstance(e, sd.SpecdecError):   # several processes: a lost peer is named,
       liveness.after_failure()               # not a trace
@@ -482,14 +535,13 @@ def decode(choice: MethodChoice, run: DecodeRun) -> int:
     compare = timing["compare"] = _compare(run, method, target, encoded, mesh)
   if jax.process_index() != 0:   # process 0 prints every process's rows
     return 0
-  outputs = [] if run.output else [_format_output(row, tokenizer)
-                                   for row in corpus.token_rows()]
   if run.json:
+    outputs = [] if run.output else [_format_output(row, tokenizer)
+                                     for row in corpus.token_rows()]
     emit(json.dumps(to_jsonable(_payload(run, choice, outputs, corpus, timing, method,
                                          encoded, resumed))))
-  else:
-    for o in outputs:
-      emit(o if isinstance(o, str) else " ".join(map(str, o)))
+  elif not (run.output or streamed):     # several processes: process 0 prints every row
+    _emit_rows(corpus, tokenizer)
   about = demo_note(run.model, choice.drafter)
   if about is not None:
     note(about)

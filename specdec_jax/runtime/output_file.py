@@ -243,12 +243,13 @@ class FileDecode:
 
 def decode_to_file(method, target, batches: Sequence[Batch], lengths: Sequence | None,
                    output: OutputFile | None, start_row: int, settings: FileDecode, *,
-                   format_row: Callable[[list[int]], str | list[int]]) -> Corpus:
+                   format_row: Callable[[list[int]], str | list[int]],
+                   on_batch: Callable[[Corpus], None] | None = None) -> Corpus:
   """Decode the file's `batches` (equal row counts; batch g keyed by g) from the one
   holding row `start_row`, appending each finished batch's rows past `start_row` to
   `output` (process 0's; None elsewhere); the corpus of the batches decoded here.
   `settings`: the decode budget, PRNG key and whether the processes split the batches
-  (`FileDecode`)."""
+  (`FileDecode`); `on_batch`: called with each round's corpus once it is written."""
   from specdec_jax.runtime.distributed import gather_corpus
   if start_row >= sum(b.real for b in batches):
     return Corpus((), ())                  # all written already
@@ -274,6 +275,8 @@ def decode_to_file(method, target, batches: Sequence[Batch], lengths: Sequence |
       row0 = r * processes * size
       output.append([output_line(format_row(row)) for i, row in enumerate(corpus.token_rows())
                      if row0 + i >= output.rows])
+    if on_batch is not None:
+      on_batch(corpus)
   return Corpus(tuple(o for c in decoded for o in c.outputs),
                 tuple(n for c in decoded for n in c.real_rows))
 

@@ -1,0 +1,67 @@
+"""Long runs: a progress line on stderr, and interrupts that say what was kept.
+
+    progress = Progress(total=160, label="specdec decode")
+    progress.update(rows=8, tokens=91)      # stderr, at most once a second (and the last):
+                                            # "specdec decode: 8/160 rows, 91 tokens, 45 tokens/s"
+    raise Interrupted(progress.kept("written above"), terminated=False)
+
+`specdec`'s main turns SIGTERM into `Terminated` (`on_sigterm`), so a terminated run ends
+as an interrupted one does: with one line saying how many rows were kept and how to go
+on, exit code 143 (130 for Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from typing import TextIO
+
+
+class Terminated(KeyboardInterrupt):
+  """SIGTERM, raised in the main thread (`on_sigterm`)."""
+
+
+class Interrupted(KeyboardInterrupt):
+  """An interrupt (Ctrl-C or SIGTERM) that says what was kept and how to go on."""
+
+  def __init__(self, detail: str, terminated: bool = False):
+    super().__init__(detail)
+    self.detail, self.terminated = detail, terminated
+
+
+def on_sigterm() -> None:
+  """SIGTERM raises `Terminated` in the main thread (a no-op elsewhere)."""
+  if threading.current_thread() is not threading.main_thread():
+    return
+
+  def terminate(signum, frame):
+    raise Terminated()
+  signal.signal(signal.SIGTERM, terminate)
+
+
+class Progress:
+  """Rows done of `total`, tokens and tokens/s, printed on `stream` at most every
+  `every` seconds (and always for the last rows)."""
+
+  def __init__(self, total: int, label: str, *, every: float = 1.0,
+               stream: TextIO | None = None, done: int = 0):
+    self.total, self.label, self.every = total, label, every
+    self.stream = stream if stream is not None else sys.stderr
+    self.rows, self.tokens = done, 0
+    self.start = self.last = time.perf_counter()
+
+  def update(self, rows: int, tokens: int) -> None:
+    self.rows += rows
+    self.tokens += tokens
+    now = time.perf_counter()
+    if now - self.last >= self.every or self.rows >= self.total:
+      self.last = now
+      rate = self.tokens / max(now - self.start, 1e-9)
+      print(f"{self.label}: {self.rows}/{self.total} rows, {self.tokens} tokens, "
+            f"{rate:.0f} tokens/s", file=self.stream, flush=True)
+
+  def kept(self, where: str) -> str:
+    """"32 of 160 rows kept (<where>)"."""
+    return f"{self.rows} of {self.total} rows kept ({where})"

@@ -1,0 +1,98 @@
+"""Long files (issue 38): `specdec decode` prints each row as its batch finishes, shows a
+file's progress on stderr, and an interrupt or SIGTERM ends with one line saying how many
+rows were kept and how to go on."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import REPO_DIR
+
+TARGET = "config:t5_1_1_tiny"
+
+
+def _prompts(path, n: int, seed: int = 0) -> list[str]:
+  rng = np.random.default_rng(seed)
+  lines = [" ".join(map(str, [*rng.integers(3, 500, size=int(rng.integers(2, 6))), 1]))
+           for _ in range(n)]
+  path.write_text("\n".join(lines) + "\n")
+  return lines
+
+
+def _command(*args) -> list[str]:
+  return [sys.executable, "-m", "specdec_jax.cli", "decode", "--model", TARGET,
+          "--max-new-tokens", "24", "--batch-size", "1", *args]
+
+
+def _env(tmp_path) -> dict:
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  env.update(PYTHONPATH=str(REPO_DIR), JAX_PLATFORMS="cpu",
+             SPECDEC_CACHE_DIR=str(tmp_path / "cache"))
+  return env
+
+
+def _stop_after(cmd, env, cwd, lines: int, sig) -> tuple[list[str], str, int]:
+  """Run `cmd`, read `lines` stdout lines as they come, send `sig`; (all stdout lines,
+  stderr, exit code)."""
+  proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  seen = [proc.stdout.readline() for _ in range(lines)]
+  proc.send_signal(sig)
+  rest, err = proc.communicate(timeout=120)
+  return [s.rstrip("\n") for s in seen] + rest.splitlines(), err, proc.returncode
+
+
+def test_an_interrupted_stdout_run_has_printed_its_finished_rows(tmp_path):
+  prompts = _prompts(tmp_path / "in.txt", 3000)
+  env = _env(tmp_path)
+  out, err, code = _stop_after(_command("--input-file", "in.txt"), env, tmp_path, 3,
+                               signal.SIGINT)
+  assert code == 130, err[-2000:]
+  last = err.strip().splitlines()[-1]
+  assert last.startswith("specdec decode: interrupted: ") and "Traceback" not in err, err
+  kept = int(last.split("interrupted: ")[1].split(" of ")[0])
+  assert 3 <= kept < len(prompts) and len(out) == kept, (kept, len(out))
+  assert "3000 rows kept (written above)" in last and "--resume" in last
+  # the printed rows are the outputs of those prompts (a clean run of the first ones)
+  (tmp_path / "head.txt").write_text("\n".join(prompts[:kept]) + "\n")
+  full = subprocess.run(_command("--input-file", "head.txt"), env=env, cwd=tmp_path,
+                        capture_output=True, text=True, timeout=300)
+  assert full.returncode == 0, full.stderr[-2000:]
+  assert full.stdout.splitlines() == out
+
+
+@pytest.mark.slow
+def test_sigterm_ends_an_output_file_run_with_what_it_kept(tmp_path):
+  """--output: progress lines on stderr (rows done / total, tokens/s); SIGTERM says how many
+  rows the file keeps and that --resume continues; --resume then completes it."""
+  _prompts(tmp_path / "in.txt", 3000, seed=1)
+  env = _env(tmp_path)
+  cmd = _command("--input-file", "in.txt", "--output", "out.txt")
+  proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  line = ""
+  while "rows," not in line:                 # the first progress line
+    line = proc.stderr.readline()
+    assert line, "no progress line"
+  assert line.startswith("specdec decode: ") and "/3000 rows" in line and "tokens/s" in line
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 143, err[-2000:]
+  last = err.strip().splitlines()[-1]
+  assert last.startswith("specdec decode: terminated: ") and "Traceback" not in err
+  kept = int(last.split("terminated: ")[1].split(" of ")[0])
+  assert "in 'out.txt'" in last and "--resume" in last
+  assert len((tmp_path / "out.txt").read_text().splitlines()) == kept < 3000
+
+
+@pytest.mark.slow
+def test_sigterm_without_a_progress_file_still_says_what_was_kept(tmp_path):
+  _prompts(tmp_path / "in.txt", 3000, seed=2)
+  out, err, code = _stop_after(_command("--input-file", "in.txt"), _env(tmp_path), tmp_path,
+                               2, signal.SIGTERM)
+  assert code == 143, err[-2000:]
+  last = err.strip().splitlines()[-1]
+  assert last.startswith("specdec decode: terminated: ") and f"{len(out)} of 3000" in last
