@@ -3,7 +3,7 @@ counts, and progress lines while a command compiles.
 
     where = use_persistent_cache()        # <cache>/jax unless switched off; None if off
     with compiling("the decode programs for batch 1", where) as count:
-      decode(...)                         # stderr: "specdec: compiling ... (first run only; ...)"
+      decode(...)                         # stderr: "specdec: preparing ... (compiled once, ...)"
     count.compiled, count.cached          # then "specdec: ready in 9.1 s: 12 compiled, 0 from ..."
 
 The cache directory is the kernels' per-user one (`kernels.build.cache_dirs`:
@@ -141,12 +141,13 @@ def announce(message: str) -> None:
 @contextlib.contextmanager
 def compiling(what: str, cache: str | None, quiet: bool = False) -> Iterator[CompileCount]:
   """Count the compilations of a warm-up block, announcing it before and after on stderr:
-  "compiling <what> (first run only; cached in DIR)" and "ready in X s: N compiled, M
-  from the cache". `cache`: `use_persistent_cache`'s directory (None: off)."""
+  "preparing <what> (compiled once, then read back from DIR)" and "ready in X s: N
+  compiled, M from the cache" (a warm run: 0 compiled). `cache`: `use_persistent_cache`'s
+  directory (None: off)."""
   if not quiet:
-    where = (f"first run only; cached in {cache}" if cache else
-             "compilation cache off: every run compiles")
-    announce(f"compiling {what} ({where})")
+    where = (f"compiled once, then read back from {cache}" if cache else
+             "compilation cache off: compiled on every run")
+    announce(f"preparing {what} ({where})")
   t0 = time.perf_counter()
   with counting() as count:
     yield count

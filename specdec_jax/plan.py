@@ -199,6 +199,16 @@ class MemoryPlan:
   target_cache: dict[str, int]
   drafter_cache: dict[str, int]
   transients: dict[str, int]
+  target_params_whole: int = 0
+
+  @property
+  def target_split(self) -> str:
+    """How the mesh's "model" axis splits the target's parameters: "one device" (no
+    axis to split over), "split" (some or all of them), or "replicated" (the axis
+    divides no parameter dimension the rules name: each device holds them whole)."""
+    if self.mesh.get("model", 1) == 1:
+      return "one device"
+    return "replicated" if self.target_params >= self.target_params_whole else "split"
 
   @property
   def params_bytes(self) -> int:
@@ -219,7 +229,8 @@ class MemoryPlan:
   def to_dict(self) -> dict[str, Any]:
     out = dataclasses.asdict(self)
     out.update(params_bytes=self.params_bytes, cache_bytes=self.cache_bytes,
-               transient_bytes=self.transient_bytes, total_bytes=self.total_bytes)
+               transient_bytes=self.transient_bytes, total_bytes=self.total_bytes,
+               target_split=self.target_split)
     return out
 
 
@@ -278,7 +289,8 @@ def memory_plan(target: T5Config, drafter: T5Config | None, batch: int,
       drafter_params=0 if drafter is None else param_bytes(drafter, dtype, abstract,
                                                            replicated=True),
       target_cache=target_cache, drafter_cache=drafter_cache,
-      transients=transient_bytes(target, batch, width, cap, max_input_len, dtype, abstract))
+      transients=transient_bytes(target, batch, width, cap, max_input_len, dtype, abstract),
+      target_params_whole=param_bytes(target, dtype, abstract, replicated=True))
 
 
 def largest_batch(device_bytes: int, target: T5Config, drafter: T5Config | None,

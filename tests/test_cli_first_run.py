@@ -33,10 +33,10 @@ def test_progress_lines_go_to_stderr_and_stdout_stays_the_output(capsys):
   out, err = capsys.readouterr()
   assert code == 0, err
   json.loads(out)                                   # nothing but the JSON on stdout
-  assert "specdec: compiling the decode programs for batch 1 (" in err
+  assert "specdec: preparing the decode programs for batch 1 (" in err
   ready = READY.search(err)
-  assert ready and ready.start() > err.index("compiling the decode programs")
-  assert "compiling" not in out
+  assert ready and ready.start() > err.index("preparing the decode programs")
+  assert "preparing" not in out and "first run only" not in err
 
 
 def test_the_kernel_build_is_announced(capsys):
@@ -128,7 +128,7 @@ def _decode_child(cache_home, *extra, env=()):
 def test_second_run_compiles_nothing_and_the_switch_turns_the_cache_off(tmp_path):
   first, err, compiled, cached = _decode_child(tmp_path)
   jax_dir = tmp_path / "jax"
-  assert f"(first run only; cached in {jax_dir})" in err and compiled > 0
+  assert f"(compiled once, then read back from {jax_dir})" in err and compiled > 0
   entries = len(os.listdir(jax_dir))
   assert entries > 0
   second, _, compiled2, cached2 = _decode_child(tmp_path)

@@ -100,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="specdec",
       description="Speculative decoding in JAX (speculative sampling, BiLD, blockwise parallel "
-      "drafts, the autoregressive baseline) for T5 encoder-decoders and decoder-only LMs "
+      "drafts, the autoregressive baseline, T5X's beam search) for T5 encoder-decoders and "
+      "decoder-only LMs "
       "(GPT-2, Llama-style): T5X and Hugging Face checkpoints, ours, or the bundled pairs "
       "demo-de-en (T5, De->En) and demo-en-lm (a Llama-style English LM).")
   parser.add_argument("--version", action="version", version=f"specdec {version()}")

@@ -38,6 +38,7 @@ from specdec_jax.cli.mesh_args import (
   place_method,
 )
 from specdec_jax.cli.method_args import (
+  METHOD_NAMES,
   MethodChoice,
   add_method_flags,
   method_from_args,
@@ -554,7 +555,7 @@ def decode(choice: MethodChoice, run: DecodeRun) -> int:
 
 def add(subparsers) -> None:
   p = subparsers.add_parser(
-      "decode", help="decode prompts with a model (baseline, speculative, BiLD, blockwise)",
+      "decode", help=f"decode prompts with a model ({', '.join(METHOD_NAMES)})",
       description="Decode prompts with a model, optionally speculatively with a drafter: a "
       "T5 model translates each prompt, a decoder-only model (GPT-2, Llama) continues it and "
       "prints the continuation. Without --tokenizer, prompts are space-separated token ids "

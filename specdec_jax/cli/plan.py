@@ -56,6 +56,18 @@ def _rows(args, target, drafter) -> list[dict[str, Any]]:
   return rows
 
 
+def _split_text(p: dict[str, Any], row: dict[str, Any]) -> str:
+  """How --mesh's model axis splits the target: never "split" where nothing is."""
+  whole = plan_lib.fmt_bytes(p["target_params_whole"])
+  model = p["mesh"].get("model", 1)
+  if p["target_split"] == "one device":
+    return "one device: whole"
+  if p["target_split"] == "replicated":
+    return (f"NOT split: model={model} divides no parameter dimension the rules shard; "
+            f"each device holds all {whole}")
+  return f"split by the rules over model={model}; {whole} whole"
+
+
 def _text(args, rows) -> str:
   gib = plan_lib.fmt_bytes
   what = (f"{args.target} (target)" + (f" + {args.drafter} (drafter, gamma {args.gamma})"
@@ -69,7 +81,7 @@ def _text(args, rows) -> str:
     p = row["plan"]
     tc, dc = p["target_cache"], p["drafter_cache"]
     lines = [f"specdec plan: {what}, mesh {row['mesh']} (bytes per device)",
-             f"target parameters    {gib(p['target_params'])}   (split by the rules)",
+             f"target parameters    {gib(p['target_params'])}   ({_split_text(p, row)})",
              f"drafter parameters   {gib(p['drafter_params'])}   (replicated)",
              f"target caches        {gib(sum(tc.values()))}   (self K/V {gib(tc['self_kv'])}"
              f" at capacity {p['capacity']}, cross K/V {gib(tc['cross_kv'])})",
