@@ -32,3 +32,17 @@ def test_plan_prints_not_split_where_nothing_is(capsys):
   line = next(x for x in capsys.readouterr().out.splitlines()
               if x.startswith("target parameters"))
   assert "split by the rules over model=2" in line
+
+
+def test_every_flag_of_every_command_has_help_text():
+  """`specdec <command> --help` explains each option (the lab's commands and `python -m
+  specdec_jax_lab.results` included)."""
+  from specdec_jax.cli import build_parser
+  from specdec_jax_lab.results.__main__ import parser as results_parser
+  commands = build_parser()._subparsers._group_actions[0].choices
+  parsers = {name: p for name, p in commands.items() if name != "results"}
+  parsers["results"] = results_parser()
+  bare = [(name, a.option_strings) for name, p in parsers.items() for a in p._actions
+          if a.option_strings and not a.help]
+  assert bare == []
+  assert {"bench", "train", "eval", "sweep-bild", "decode", "plan"} <= set(parsers)

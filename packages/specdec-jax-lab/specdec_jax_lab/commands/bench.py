@@ -230,17 +230,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                  help="architecture overrides of a config: target, e.g. num_decoder_layers=4")
   p.add_argument("--drafter-overrides", metavar="K=V,...",
                  help="architecture overrides of a config: drafter, e.g. vocab_size=32128")
-  p.add_argument("--batch-sizes", type=int_list, default=[1, 8], metavar="1,8")
-  p.add_argument("--gammas", type=int_list, default=[1, 3, 5, 7], metavar="1,3,5,7")
+  p.add_argument("--batch-sizes", type=int_list, default=[1, 8], metavar="1,8",
+                 help="batch sizes timed, comma-separated (default 1,8)")
+  p.add_argument("--gammas", type=int_list, default=[1, 3, 5, 7], metavar="1,3,5,7",
+                 help="drafts per round timed for speculative decoding (default 1,3,5,7)")
   p.add_argument("--modes", type=mode_list, default=list(MODES), metavar="greedy,sample",
                  help="greedy and/or sample (temperature 1)")
   p.add_argument("--prompt-len", type=int, default=32,
                  help="encoder length: random ids (last = EOS), or file prompts padded/cut")
-  p.add_argument("--max-new-tokens", type=int, default=64)
+  p.add_argument("--max-new-tokens", type=int, default=64,
+                 help="tokens decoded per row (default 64)")
   p.add_argument("--repeats", type=int, default=5, help="timed rounds (median reported)")
   p.add_argument("--timing-steps", type=int, default=16,
                  help="decode steps per jitted loop when measuring c and verify cost")
-  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--seed", type=int, default=0,
+                 help="seed of the random prompts and of sampling (default 0)")
   p.add_argument("--dtype", choices=DTYPES, default="float32",
                  help="both models' compute dtype, parameters AND activations (default "
                  "float32; logits stay float32)")
@@ -249,7 +253,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                  help="always decode max_new_tokens per row (eos_id=-1)")
   p.add_argument("--prompts-file", metavar="FILE",
                  help="one prompt per line: text with --tokenizer, else token ids")
-  p.add_argument("--tokenizer", metavar="PATH_OR_NAME")
+  p.add_argument("--tokenizer", metavar="PATH_OR_NAME",
+                 help="tokenizer of --prompts-file's text (default: random token ids)")
   p.add_argument("--out", default="bench_out", metavar="DIR",
                  help="writes bench.json, bench.md, bench.png (overwritten)")
   p.add_argument("--resume", action="store_true",
@@ -258,7 +263,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--exact", choices=("auto", "on", "off"), default="auto",
                  help="greedy target calls at the exact width (on; auto = the library "
                  "default, exact for greedy) or at their natural width (off: faster on CPU)")
-  p.add_argument("--baseline-only", action="store_true")
+  p.add_argument("--baseline-only", action="store_true",
+                 help="time the target alone (no drafter needed)")
   p.add_argument("--bild", action="append", default=[], metavar="FB:RB",
                  help="also time BiLD with --drafter as the small model at fallback FB and "
                  "rollback RB (repeatable), e.g. --bild 0.5:3, or any sd.BiLD settings as "

@@ -403,13 +403,15 @@ def _common(p: argparse.ArgumentParser, default_out: str) -> None:
   p.add_argument("--data", required=True, metavar="DIR_OR_JSONL",
                  help="prepared data dir, or a .jsonl file of {\"de\", \"en\"} pairs (e.g. "
                  "tests/data/demo_test_pairs.jsonl)")
-  p.add_argument("--split", default="test")
+  p.add_argument("--split", default="test", help="the data split decoded (default test)")
   p.add_argument("--limit", type=int, default=100, help="first N pairs (default 100)")
   p.add_argument("--batch-size", type=int, default=1, help="rows per decode call (default 1)")
   p.add_argument("--repeats", type=int, default=3, help="timed rounds (median)")
-  p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-  p.add_argument("--out", default=default_out, metavar="DIR")
+  p.add_argument("--seed", type=int, default=0, help="PRNG seed of sampling (default 0)")
+  p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                 help="the models' compute dtype (default float32)")
+  p.add_argument("--out", default=default_out, metavar="DIR",
+                 help=f"where the JSON, Markdown and PNG go (default {default_out})")
   p.add_argument("--resume", action="store_true",
                  help="keep the points of DIR's earlier run with the same settings")
   p.add_argument("--exact", choices=sorted(EXACT), default="auto",
@@ -417,7 +419,7 @@ def _common(p: argparse.ArgumentParser, default_out: str) -> None:
                  "(off: faster on CPU), or the library default (auto: exact for greedy); "
                  "speedups are over the target alone at its natural width, the exact "
                  "baseline's cost is a column of its own")
-  p.add_argument("--no-progress", action="store_true")
+  p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
   p.add_argument("--tokenizer", metavar="PATH_OR_NAME",
                  help="a decoder-only --model: the tokenizer of --data's texts")
   p.add_argument("--prompt-len", type=int, default=32,
@@ -435,7 +437,8 @@ def add(subparsers) -> None:
                  help="a small model (repeatable), e.g. aligned=demo-de-en/drafter")
   p.add_argument("--early-exit", metavar="MODEL:K",
                  help="the early-exit variant: MODEL read after K decoder layers")
-  p.add_argument("--fallback", type=float_list, default=[0.5, 0.7, 0.9], metavar="0.5,0.7,0.9")
+  p.add_argument("--fallback", type=float_list, default=[0.5, 0.7, 0.9], metavar="0.5,0.7,0.9",
+                 help="fallback thresholds (1.0: the large model alone, exact)")
   p.add_argument("--rollback", type=float_list, default=[2.0, 3.0, 5.0], metavar="2,3,5",
                  help="rollback thresholds (inf: never roll back)")
   p.add_argument("--gammas", type=lambda t: [int(x) for x in t.split(",")], default=[2, 4],
@@ -450,9 +453,12 @@ def add(subparsers) -> None:
                             description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   _common(q, "sweep_blockwise")
   q.add_argument("--heads", help="heads file or dir (default: saved with --model)")
-  q.add_argument("--lattice-k", type=int, default=16)
-  q.add_argument("--num-drafts", type=int, default=4)
+  q.add_argument("--lattice-k", type=int, default=16,
+                 help="candidates per head in the lattice (default 16)")
+  q.add_argument("--num-drafts", type=int, default=4,
+                 help="lattice paths verified together by the parallel rows (default 4)")
   q.add_argument("--rescorer", default="demo-de-en/drafter", help="neural rescorer model")
-  q.add_argument("--rescoring-weight", type=float, default=1.0)
+  q.add_argument("--rescoring-weight", type=float, default=1.0,
+                 help="the rescorer's log-prob weight against the heads' (default 1.0)")
   q.set_defaults(func=lambda a: sweep(blockwise_from_args(a)))
 

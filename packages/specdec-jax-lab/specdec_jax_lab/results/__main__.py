@@ -61,7 +61,8 @@ def parser() -> argparse.ArgumentParser:
   g = p.add_argument_group("kernels")
   g.add_argument("--kernel-rounds", type=int, default=7, help="interleaved timing rounds")
   g.add_argument("--kernel-limit", type=int, default=32, help="test sentences decoded")
-  g.add_argument("--kernel-max-new-tokens", type=int, default=32)
+  g.add_argument("--kernel-max-new-tokens", type=int, default=32,
+                 help="tokens decoded per sentence in the kernels' tables (default 32)")
   g = p.add_argument_group("demo")
   g.add_argument("--workdir", default="runs/demo", help="the trained demo workdir")
   g.add_argument("--name", default="demo", help="the tables' directory under --results-dir, "
@@ -69,9 +70,10 @@ def parser() -> argparse.ArgumentParser:
   g.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                  help="compute dtype of every model (bfloat16: as the bundled weights are "
                  "stored, half the bytes per decode step)")
-  g.add_argument("--split", default="test")
+  g.add_argument("--split", default="test", help="the data split decoded (default test)")
   g.add_argument("--limit", type=int, default=100, help="sentences timed (quality: all)")
-  g.add_argument("--batch-sizes", type=int_list, default=[1, 8], metavar="1,8")
+  g.add_argument("--batch-sizes", type=int_list, default=[1, 8], metavar="1,8",
+                 help="batch sizes timed (default 1,8)")
   g.add_argument("--gammas", type=int_list, default=[1, 2, 3, 4], metavar="1-4",
                  help="gammas for the model drafters")
   g.add_argument("--table-gammas", type=int_list, default=list(R.DEFAULT_TABLE_GAMMAS),
@@ -80,20 +82,21 @@ def parser() -> argparse.ArgumentParser:
                  metavar=",".join(R.VARIANTS),
                  help="drafter variants under --workdir (also: aligned_small, aligned_mid)")
   g.add_argument("--table-drafters", type=_names(R.TABLE_DRAFTERS),
-                 default=list(R.TABLE_DRAFTERS), metavar=",".join(R.TABLE_DRAFTERS))
+                 default=list(R.TABLE_DRAFTERS), metavar=",".join(R.TABLE_DRAFTERS),
+                 help="the drafters of the speedup table")
   g.add_argument("--no-sampling", action="store_true", help="skip the target sampling row")
   g.add_argument("--max-new-tokens", type=int, help="default: the split's target width")
   g.add_argument("--repeats", type=int, default=3, help="timed rounds (median reported)")
   g.add_argument("--timing-steps", type=int, default=16,
                  help="decode steps per jitted loop when measuring c and verify costs")
-  g.add_argument("--seed", type=int, default=0)
+  g.add_argument("--seed", type=int, default=0, help="PRNG seed of sampling (default 0)")
   g.add_argument("--compile-workers", type=int, help="concurrent warm-up (compile) calls")
   g.add_argument("--resume", action="store_true",
                  help="keep the rows of an existing results.json (same settings)")
   g.add_argument("--quality-limit", type=int,
                  help="sentences for the quality table (default: the whole split)")
   g.add_argument("--no-quality", action="store_true", help="skip the quality table")
-  p.add_argument("--no-progress", action="store_true")
+  p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
   return p
 
 
