@@ -338,7 +338,7 @@ def test_bad_settings(kwargs, match):
 
 
 def test_beam_with_sampling_is_refused(t5x_model):
-  with pytest.raises(sd.SamplingError, match="beam search is deterministic"):
+  with pytest.raises(sd.SamplingError, match="sd.Beam is deterministic"):
     sd.decode(t5x_model, sd.Beam(), np.array([[5, 6, 1]]), max_new_tokens=3,
               sampling=sd.Sampling(temperature=0.7), rng=0)
 

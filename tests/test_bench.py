@@ -51,7 +51,7 @@ def test_bench_writes_json_md_png(bench_dir):
   assert keys == [(1, None), (1, 1), (1, 2), (2, None), (2, 1), (2, 2)]
   for e in entries:
     assert e["mode"] == "greedy"
-    if e["method"] == "baseline":
+    if e["method"] == "autoregressive":
       assert ENTRY_KEYS <= set(e)
       assert e["speedup"] == 1.0
       # target calls are counted per row in every method: one per token for the baseline
@@ -80,7 +80,7 @@ def test_bench_writes_json_md_png(bench_dir):
   header = next(line for line in md.splitlines() if line.startswith("| batch | mode"))
   for column in bench.TABLE_COLUMNS:
     assert f" {column} " in header
-  assert md.count("| speculative |") == 4 and md.count("| baseline |") == 2
+  assert md.count("| speculative |") == 4 and md.count("| autoregressive |") == 2
   png = (bench_dir / "bench.png").read_bytes()
   assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
 
@@ -112,7 +112,7 @@ def test_baseline_only(tmp_path):
   argv[argv.index("--batch-sizes") + 1] = "1"
   assert cli.main([*argv, "--baseline-only", "--out", str(tmp_path)]) == 0
   results = json.loads((tmp_path / "bench.json").read_text())
-  assert [e["method"] for e in results["results"]] == ["baseline"]
+  assert [e["method"] for e in results["results"]] == ["autoregressive"]
   assert results["costs"] == [] and results["config"]["drafter"] is None
   assert positive(results["results"][0]["ms_per_token"])
   assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
@@ -160,10 +160,10 @@ def test_bild_and_blockwise_entries_beside_the_baseline(tmp_path):
   results = json.loads((out / "bench.json").read_text())
   assert results["config"]["exact"] is False
   entries = {(e["method"], e.get("label")): e for e in results["results"]}
-  assert set(entries) == {("baseline", None), ("speculative", None),
+  assert set(entries) == {("autoregressive", None), ("speculative", None),
                           ("bild", "bild fb=0.5 rb=3"), ("blockwise", "blockwise"),
                           ("blockwise", "blockwise k=2 p=2")}
-  base = entries[("baseline", None)]
+  base = entries[("autoregressive", None)]
   for key in [("bild", "bild fb=0.5 rb=3"), ("blockwise", "blockwise"),
               ("blockwise", "blockwise k=2 p=2")]:
     e = entries[key]

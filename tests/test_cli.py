@@ -144,8 +144,8 @@ def test_compare_divides_by_the_plain_baseline_and_reports_exact_cost(capsys, mo
   real = decode_cli.decode_corpus
   monkeypatch.setattr(decode_cli, "decode_corpus", spy)
   out, err = decode_json(capsys, "--drafter", DRAFTER, "--gamma", "2", "--compare", *PROMPTS)
-  assert ("baseline", False) in seen and ("baseline", True) in seen
-  assert ("baseline", None) not in seen
+  assert ("autoregressive", False) in seen and ("autoregressive", True) in seen
+  assert ("autoregressive", None) not in seen
   compare = out["timing"]["compare"]
   assert compare["exact_cost"] == pytest.approx(compare["exact_baseline_ms_per_token"]
                                                 / compare["baseline_ms_per_token"])

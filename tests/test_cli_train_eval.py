@@ -224,7 +224,7 @@ def test_eval_text_report(trained, capsys):
   assert code == 0, err
   for label in ("BLEU", "chrF", "ms/token", "tokens/s", "generated tokens"):
     assert label in out
-  assert "baseline" in out
+  assert "]: autoregressive, Greedy()" in out
 
 
 def test_eval_speculative_greedy_equals_target_greedy(trained, capsys, baseline):
@@ -267,7 +267,7 @@ def test_eval_ngram_drafter_fitted_on_train_split(trained, baseline):
     (["--method", "bild"], "needs the small model"),
     (["--method", "bild", "--drafter", "early-exit:1"], "at least 2 decoder layers"),
     (["--method", "blockwise", "--drafter", "ngram"], "drop --drafter"),
-    (["--method", "blockwise", "--rescoring", "ngram"], "needs --rescorer"),
+    (["--method", "blockwise", "--rescoring", "ngram"], "needs a --rescorer"),
     (["--method", "blockwise", "--gamma", "2"],
      "--gamma only applies to --method speculative, not --method blockwise"),
     (["--method", "bild", "--drafter", "x", "--lattice-k", "2", "--lenience", "0.5"],

@@ -56,8 +56,9 @@ def decode(target: Model, method: Method, encoder_tokens, max_new_tokens: int = 
       >>> out.tokens.shape, out.lengths.shape
       ((1, 3), (1,))
   """
-  out = method.run(*_request(target, method, encoder_tokens, max_new_tokens, sampling, rng,
-                             eos_id, prompt_lengths))
+  request = _request(target, method, encoder_tokens, max_new_tokens, sampling, rng, eos_id,
+                     prompt_lengths)            # checked first: `method` may be no method
+  out = method.run(*request)
   # the value names its run and says which statistics it reports (`Method`)
   info = (("method", method.name),) + tuple(kv for kv in out.info if kv[0] != "method")
   return dataclasses.replace(out, info=info, statistics=method.statistics)

@@ -146,9 +146,11 @@ def _method(choice: MethodChoice, model, run: EvalRun, mesh):
     drafter = evaluation.resolve_drafter(drafter, model, data_dir)
   elif choice.name == "bild" and not choice.early_exit:
     drafter = load(_drafter_flag(choice))
-  if (choice.rescorer == "data" and isinstance(choice.value, sd.Blockwise)
+  models = dict(choice.models)
+  if (models.get("--rescorer") == "data" and isinstance(choice.value, sd.Blockwise)
       and choice.value.rescoring == "ngram"):
-    choice = dataclasses.replace(choice, rescorer=run.data)
+    models["--rescorer"] = run.data
+    choice = dataclasses.replace(choice, models=tuple(models.items()))
   return placed_method(choice, model, run.model, drafter, load, mesh)
 
 
@@ -210,7 +212,7 @@ def evaluate(choice: MethodChoice | None, run: EvalRun) -> int:
   if evaluation.is_jsonl(run.data):
     if not os.path.isfile(run.data):
       raise CLIError(f"--data {run.data!r}: no such file")
-    if choice.drafter == "ngram" or choice.rescorer == "data":
+    if choice.drafter == "ngram" or dict(choice.models).get("--rescorer") == "data":
       raise CLIError("the n-gram drafter / rescorer is fitted on a prepared data dir's train "
                      "split; a .jsonl file has none (use a model drafter, or --data DIR)")
   elif not os.path.isdir(run.data):
