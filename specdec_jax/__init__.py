@@ -108,11 +108,13 @@ def load(path_or_name: str, dtype="float32", config: T5Config | None = None, *,
   the shards `rules` (default `sd.sharding.RULES_1D`) give it, leaf by leaf, never
   whole on one host or device (`sd.sharding.load`).
   kernels: the decode kernels, packed once here (`sd.pack`): "cpu" (the C++ kernels),
-  "gpu" (Pallas on Mosaic GPU; interpreted where there is no GPU: slow, for tests),
-  "xla" (none), or "auto": gpu on a GPU, cpu on a CPU where the C++ kernels build,
-  xla on a mesh of several devices or elsewhere (`sd.kernels.backends.choose`).
-  cpu and gpu make every decode product width- and batch-invariant: exact greedy
-  then runs every call at its natural width (docs/exactness.md).
+  "gpu" (Pallas on Mosaic GPU, Hopper; interpreted where there is no GPU: slow, for
+  tests), "tpu" (Pallas on Mosaic TPU; likewise), "xla" (none), or "auto": cpu on a CPU
+  where the C++ kernels build, gpu only on a GPU kind a device check recorded as
+  measured (`kernels/verified.json`; none yet), xla on a mesh of several devices or
+  elsewhere (`sd.kernels.backends.choose`). cpu, gpu and tpu make every decode product
+  width- and batch-invariant: exact greedy then runs every call at its natural width
+  (docs/exactness.md).
   check_finite: refuse (`CheckpointError`, naming the parameter) a checkpoint whose
   floating parameters hold NaN or inf, as a corrupt file or a diverged run does; about
   one pass over the weights in memory (~0.1 s per 300 MB on one CPU core). False skips

@@ -1,5 +1,7 @@
-"""CPU kernels for decode requests: skinny products on pre-packed weights, and
-attention, through XLA FFI.
+"""The decode kernels behind one seam: backends that answer the products a decode request
+asks for (`backends`: xla, cpu, gpu, tpu), and the CPU backend's C++ kernels (this
+package's top level: skinny products on pre-packed weights and attention, through XLA
+FFI).
 
 A cached decode call runs M = batch x k rows through every decoder product. On CPU,
 XLA runs M = 1 as a GEMV and M >= 2 through another library, so a k-token verify
@@ -20,12 +22,14 @@ Built on first use with the system C++ compiler (see `build`), for AVX-512F or A
 (with FMA; same results from either); where the backend is not the CPU, the CPU has
 neither, there is no compiler, the build fails, or SPECDEC_CPU_KERNELS=0,
 `available()` is False and the models use XLA's ops.
-These are the `cpu` backend of `backends` (with `gpu`: Pallas kernels for NVIDIA
-Hopper, `kernels.gpu`; and `xla`: none). Which product of a decode request (the encoder
-and cross-attention K/V of `Model.start`, every cached decode call) runs on which
-backend's kernels is decided in one place, `dispatch` (its `Policy`); the weights are
-packed for one backend by an explicit step, `sd.pack(model, kernels=...)` or
-`sd.load(..., kernels=...)` (`models.packing`). Teacher-forced passes keep XLA's ops.
+These are the `cpu` backend of `backends`; `gpu` (Pallas kernels for NVIDIA Hopper,
+`kernels.gpu`) and `tpu` (Pallas kernels through Mosaic TPU, `kernels.tpu`) are explicit
+opt-ins until a device check has measured them (`verified`), and `xla` is none. Which
+product of a decode request (the encoder and cross-attention K/V of `Model.start`, every
+cached decode call) runs on which backend's kernels is decided in one place, `dispatch`
+(its `Policy`); the weights are packed for one backend by an explicit step,
+`sd.pack(model, kernels=...)` or `sd.load(..., kernels=...)` (`models.packing`).
+Teacher-forced passes keep XLA's ops.
 """
 
 from specdec_jax.kernels.build import ENV_VAR, Status, available, status
