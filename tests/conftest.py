@@ -34,23 +34,14 @@ subprocess), and the fast tier keeps a cheaper test of the same feature.
 import gc
 import json
 import os
-import pathlib
 
 import jax
 import numpy as np
 import pytest
 from flax import traverse_util
+from helpers import FIXTURE_DIR, REPO_DIR
 
 import specdec_jax as sd
-
-FIXTURE_DIR = pathlib.Path(__file__).parent / "fixtures" / "t5x_tiny_v1_1"
-REPO_DIR = pathlib.Path(__file__).resolve().parent.parent
-#: Held-out pairs ({"de": ..., "en": ...}) of the demo's test split (never trained on), and
-#: the German sides of the first 8 (sentences).
-DEMO_PAIRS = [json.loads(line) for line in
-              (pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl")
-              .read_text().splitlines()]
-DEMO_SENTENCES = [p["de"] for p in DEMO_PAIRS[:8]]
 
 
 def _use_compilation_cache() -> None:
@@ -114,86 +105,3 @@ def t5x_model(t5x_reference):
       {tuple(k.split("/")): v for k, v in t5x_reference.items() if "/" in k})
   config = sd.T5Config.from_dict(json.loads((FIXTURE_DIR / "config.json").read_text()))
   return sd.Model(config=config, params=params)
-
-
-def peaked(model: sd.Model, scale: float = 6.0, eos_boost: float = 2.0) -> sd.Model:
-  """Sharpen a random model's output distribution and make EOS win sometimes."""
-  params = jax.tree_util.tree_map(lambda x: x, model.params)
-  kernel = params["decoder"]["logits_dense"]["kernel"] * scale
-  params["decoder"]["logits_dense"]["kernel"] = kernel.at[:, 1].multiply(eos_boost)
-  return model.replace(params=params)
-
-
-def perturbed(model: sd.Model, noise: float, seed: int) -> sd.Model:
-  """A drafter that agrees with `model` often but not always."""
-  leaves, tree = jax.tree_util.tree_flatten(model.params)
-  keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
-  leaves = [x + noise * jax.numpy.std(x) * jax.random.normal(k, x.shape)
-            for x, k in zip(leaves, keys, strict=True)]
-  return model.replace(params=jax.tree_util.tree_unflatten(tree, leaves))
-
-
-def ragged_tokens(batch: int, length: int, vocab: int, seed: int = 0) -> np.ndarray:
-  """Random encoder inputs [B, L] with different lengths per row, EOS-terminated, 0-padded."""
-  rng = np.random.RandomState(seed)
-  tokens = np.zeros((batch, length), np.int32)
-  for b in range(batch):
-    n = length - (b * 3) % (length - 2)
-    tokens[b, :n - 1] = rng.randint(2, vocab, n - 1)
-    tokens[b, n - 1] = 1
-  return tokens
-
-
-# ----------------------------------------------------------------------------- shared models
-# The decoding test modules build their models alike: the builders are here, and each module
-# assigns the module-scoped fixtures they return under its own names, e.g.
-#   target, drafter, heads = model_fixtures(5.0, 2.5, drafter="drafter", heads="heads")
-
-
-def tiny_target(scale: float, eos_boost: float) -> sd.Model:
-  """`t5_1_1_tiny` initialized with seed 1, `peaked(scale, eos_boost)`: the tests' target."""
-  return peaked(sd.init_model(sd.get_config("t5_1_1_tiny"), 1), scale, eos_boost)
-
-
-def model_fixtures(scale: float, eos_boost: float, target: str = "target",
-                   drafter: str | None = None, heads: str | None = None) -> tuple:
-  """Module-scoped fixtures named `target`: `tiny_target(scale, eos_boost)`; `drafter` (if
-  named): that target `perturbed` (0.25, seed 3), which agrees with it often but not always;
-  `heads` (if named): 3 random prediction heads on it (rng 2). Returned in that order."""
-
-  @pytest.fixture(scope="module", name=target)
-  def target_fixture():
-    return tiny_target(scale, eos_boost)
-
-  @pytest.fixture(scope="module", name=drafter)
-  def drafter_fixture(request):
-    return perturbed(request.getfixturevalue(target), 0.25, seed=3)
-
-  @pytest.fixture(scope="module", name=heads)
-  def heads_fixture(request):
-    return sd.init_heads(request.getfixturevalue(target), 3, rng=2)
-
-  return tuple(fixture for fixture, name in ((target_fixture, target),
-                                             (drafter_fixture, drafter), (heads_fixture, heads))
-               if name)
-
-
-def workload_fixtures(max_new: int, target: str = "target", enc: str = "encoder_tokens",
-                      baseline: str = "baseline") -> tuple:
-  """Module-scoped fixtures of a greedy workload: `target`, `tiny_target(6.0, 3.0)`; `enc`,
-  6 ragged inputs of up to 12 tokens (seed 1); `baseline`, the target's greedy output of
-  `max_new` tokens at most, checked to exercise EOS at different times and the length cap.
-  Returned in that order."""
-
-  @pytest.fixture(scope="module", name=enc)
-  def enc_fixture():
-    return ragged_tokens(6, 12, 512, seed=1)
-
-  @pytest.fixture(scope="module", name=baseline)
-  def baseline_fixture(request):
-    out = sd.generate(request.getfixturevalue(target), request.getfixturevalue(enc), max_new)
-    lengths = np.asarray(out.lengths)
-    assert len(set(lengths.tolist())) >= 3 and (lengths == max_new).any()
-    return out
-
-  return model_fixtures(6.0, 3.0, target) + (enc_fixture, baseline_fixture)

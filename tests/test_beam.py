@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import FIXTURE_DIR
+from helpers import FIXTURE_DIR
 
 import specdec_jax as sd
 from specdec_jax.methods import beam, t5x_compat

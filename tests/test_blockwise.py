@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import ragged_tokens, workload_fixtures
+from helpers import ragged_tokens, workload_fixtures
 
 import specdec_jax as sd
 from specdec_jax.drafters import lattice

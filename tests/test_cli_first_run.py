@@ -14,7 +14,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import REPO_DIR
+from helpers import REPO_DIR
 
 import specdec_jax as sd
 from specdec_jax import cli, compilation

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO_DIR
+from helpers import REPO_DIR
 
 TARGET = "config:t5_1_1_tiny"
 

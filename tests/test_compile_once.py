@@ -9,7 +9,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import REPO_DIR
+from helpers import REPO_DIR
 
 import specdec_jax as sd
 from specdec_jax import compilation

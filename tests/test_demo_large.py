@@ -9,7 +9,7 @@ import pathlib
 
 import numpy as np
 import pytest
-from conftest import DEMO_SENTENCES
+from helpers import DEMO_SENTENCES
 
 import specdec_jax as sd
 from specdec_jax import package_data

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import DEMO_PAIRS, DEMO_SENTENCES
+from helpers import DEMO_PAIRS, DEMO_SENTENCES
 from test_cli import assert_same_stats
 
 import specdec_jax as sd

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import peaked, perturbed, ragged_tokens
+from helpers import peaked, perturbed, ragged_tokens
 
 import specdec_jax as sd
 from specdec_jax.methods import speculative

@@ -12,8 +12,8 @@ import pathlib
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import perturbed, ragged_tokens
 from flax import struct
+from helpers import perturbed, ragged_tokens
 
 import specdec_jax as sd
 

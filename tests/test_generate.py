@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import peaked, ragged_tokens
+from helpers import peaked, ragged_tokens
 
 import specdec_jax as sd
 from specdec_jax.methods import t5x_compat

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from conftest import FIXTURE_DIR
+from helpers import FIXTURE_DIR
 
 import specdec_jax as sd
 from specdec_jax.io import checkpoints

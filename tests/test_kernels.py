@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ragged_tokens
 from flax.traverse_util import flatten_dict
+from helpers import ragged_tokens
 
 import specdec_jax as sd
 from specdec_jax import kernels

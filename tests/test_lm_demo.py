@@ -303,7 +303,7 @@ def test_an_eos_drafter_gains_nothing():
   accepted drafts end rows, one token per target call. alpha counts those acceptances
   (the EOS positions of the target's own output, nothing after them); alpha without EOS,
   what Theorem 8's tokens per call needs, is 0. (test_decoded_alpha's shapes.)"""
-  from conftest import peaked
+  from helpers import peaked
   cfg = sd.get_config("llama_tiny")                     # EOS 1
   target = peaked(sd.init_model(cfg, 0), scale=4.0, eos_boost=2.0)
   unigram = sd.NGramDrafter.fit([[5, 1], [6, 1], [7, 1]], cfg.vocab_size, 4, lam=0.0,

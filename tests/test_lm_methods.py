@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import peaked, perturbed
+from helpers import peaked, perturbed
 from test_distribution import (
   P_FAIL,
   P_PASS,

@@ -6,7 +6,7 @@ import pathlib
 import re
 
 import pytest
-from conftest import REPO_DIR, model_fixtures, ragged_tokens
+from helpers import REPO_DIR, model_fixtures, ragged_tokens
 
 import specdec_jax as sd
 from specdec_jax.methods import METHODS

@@ -6,7 +6,7 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
-from conftest import model_fixtures, ragged_tokens
+from helpers import model_fixtures, ragged_tokens
 
 import specdec_jax as sd
 from specdec_jax.methods import bild, blockwise, speculative

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ragged_tokens
+from helpers import ragged_tokens
 
 import specdec_jax as sd
 from specdec_jax.models import layers as t5_lib

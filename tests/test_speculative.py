@@ -3,7 +3,7 @@
 import jax
 import numpy as np
 import pytest
-from conftest import perturbed, ragged_tokens, tiny_target, workload_fixtures
+from helpers import perturbed, ragged_tokens, tiny_target, workload_fixtures
 
 import specdec_jax as sd
 from specdec_jax.rounds import engine

@@ -9,7 +9,7 @@ from typing import ClassVar
 import jax
 import numpy as np
 import pytest
-from conftest import peaked, perturbed, ragged_tokens
+from helpers import peaked, perturbed, ragged_tokens
 
 import specdec_jax as sd
 from specdec_jax import errors
