@@ -8,7 +8,6 @@ import dataclasses
 import jax
 
 from specdec_jax import sampling as sampling_lib
-from specdec_jax.config.lm import LMConfig
 from specdec_jax.errors import InputError, SamplingError
 from specdec_jax.kernels import backends
 from specdec_jax.kernels.dispatch import DecodeWeights
@@ -115,7 +114,7 @@ def _request(target, method, encoder_tokens, max_new_tokens, sampling, rng, eos_
     raise InputError(f"method must be one of sd.{', sd.'.join(names)}, "
                      f"got {type(method).__name__}")
   inputs.check_target(target)
-  if isinstance(target.config, LMConfig):   # decoder-only
+  if target.is_decoder_only:
     encoder_tokens, prompt_lengths = inputs.check_prompt(encoder_tokens, target.config,
                                                          max_new_tokens, prompt_lengths)
   elif prompt_lengths is not None:

@@ -190,6 +190,33 @@ class Model:
     return _prefill(self, jnp.asarray(encoder_tokens, jnp.int32),
                     jnp.asarray(lengths, jnp.int32), capacity)
 
+  def decode_capacity(self, new_positions: int, prompt_width: int) -> int:
+    """Cache slots of a decode of `new_positions` slots after its input: T5's decoder
+    cache holds the decode alone; a decoder-only model's holds its prompt buffer
+    (`prompt_width`) first, capped at a learned position table's `max_positions` (slots
+    past it only ever receive surplus drafts or exact mode's padding, never a kept token:
+    `inputs.check_prompt` checks prompt + T fits)."""
+    if not self.is_decoder_only:
+      return new_positions
+    capacity = new_positions + prompt_width
+    limit = getattr(self.config, "max_positions", None)
+    if getattr(self.config, "positions", None) == "learned" and limit is not None:
+      capacity = min(capacity, limit)
+    return capacity
+
+  def begin(self, inputs: Array, new_positions: int, lengths: Array | None = None
+            ) -> tuple[Array, cache_lib.DecoderCache, int]:
+    """A decode's start, whatever the family: (the token each row feeds first [B] int32,
+    the cache of `decode_capacity(new_positions, P)` slots whose length counts the tokens
+    decoded after the input, that capacity). T5: the encoder run over `inputs` [B, Le],
+    the decoder start token. A decoder-only model: the prompt [B, P] prefilled (`lengths`
+    [B]) and anchored after each row's prompt but its last token, which it feeds first."""
+    capacity = self.decode_capacity(new_positions, np.shape(inputs)[1])
+    cache = self.start(inputs, capacity, lengths)
+    if self.is_decoder_only:
+      cache = cache.anchored()
+    return self.first_tokens(inputs, lengths), cache, capacity
+
   def prompt_lengths(self, tokens: Array) -> Array:
     """[B] int32 lengths of right-padded prompts (one past the last non-pad token); for T5,
     the number of non-pad encoder tokens."""

@@ -37,7 +37,6 @@ from flax import struct
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import sharding
 from specdec_jax.cache import DecoderCache
-from specdec_jax.config.lm import LMConfig
 from specdec_jax.errors import InputError
 from specdec_jax.kernels import backends
 from specdec_jax.models.model import Model
@@ -181,20 +180,13 @@ def init_state(target: Model, proposer: Proposer, encoder_tokens: Array, config:
   """
   batch = encoder_tokens.shape[0]
   inputs = encoder_tokens if proposer_inputs is None else proposer_inputs
-  if not isinstance(target.config, LMConfig):
-    return RoundState(
-        seq=buffer.init_sequence(batch, config.max_new_tokens, target.config.decoder_start_id),
-        n=jnp.zeros((batch,), jnp.int32), done=jnp.zeros((batch,), jnp.bool_),
-        cache=target.start(encoder_tokens, config.capacity),
-        proposer=proposer.init(inputs, config.capacity), rng=rng,
-        stats=DecodeStats.zeros(batch, config.max_proposals))
-  capacity = cache_capacity(target, config, encoder_tokens.shape[1])
+  first, cache, capacity = target.begin(encoder_tokens, config.capacity, prompt_lengths)
+  # a proposer continuing a decoder-only target's prompt is told where each row's ends
+  lengths = {} if prompt_lengths is None else {"lengths": prompt_lengths}
   return RoundState(
-      seq=buffer.init_sequence(batch, config.max_new_tokens,
-                               target.first_tokens(encoder_tokens, prompt_lengths)),
+      seq=buffer.init_sequence(batch, config.max_new_tokens, first),
       n=jnp.zeros((batch,), jnp.int32), done=jnp.zeros((batch,), jnp.bool_),
-      cache=target.start(encoder_tokens, capacity, prompt_lengths).anchored(),
-      proposer=proposer.init(inputs, capacity, lengths=prompt_lengths), rng=rng,
+      cache=cache, proposer=proposer.init(inputs, capacity, **lengths), rng=rng,
       stats=DecodeStats.zeros(batch, config.max_proposals))
 
 
@@ -208,11 +200,7 @@ def cache_capacity(model: Model, config: RoundConfig, prompt_length: int) -> int
   fits when prompt_length + T <= max_positions (`inputs.check_prompt` checks it). Every
   method's target cache has the same capacity for the same (prompt, T, call width).
   """
-  capacity = config.capacity + prompt_length
-  limit = getattr(model.config, "max_positions", None)
-  if getattr(model.config, "positions", None) == "learned" and limit is not None:
-    capacity = min(capacity, limit)
-  return capacity
+  return model.decode_capacity(config.capacity, prompt_length)
 
 
 # ----------------------------------------------------------------------------- one round
