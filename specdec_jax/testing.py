@@ -119,6 +119,13 @@ class TableModel:
       context = jnp.sum(jnp.where(real, self.input_logits[encoder_tokens], 0.0), axis=1)
     return TableCache(length=jnp.zeros((batch,), jnp.int32), context=context)
 
+  def begin(self, encoder_tokens: Array, new_positions: int, lengths: Array | None = None
+            ) -> tuple[Array, TableCache, int]:
+    """A decode's start (`Model.begin`): the start token for every row, the new cache, its
+    capacity (a table cache has no slots: `new_positions` as asked)."""
+    first = jnp.full((encoder_tokens.shape[0],), self.config.decoder_start_id, jnp.int32)
+    return first, self.start(encoder_tokens, new_positions, lengths), new_positions
+
   def logits(self, tokens: Array, cache: TableCache) -> Array:
     """tokens [B, W] at positions length .. length + W - 1 -> logits [B, W, V]."""
     out = self.next_logits[tokens] + cache.context[:, None]

@@ -366,3 +366,21 @@ def test_a_user_drafter_and_rule_run_through_decode(t5x_model):
   bild = sd.decode(t5x_model, sd.BiLD(RepeatLast(), rollback_threshold=np.inf), ENC,
                    max_new_tokens=6)
   assert bild.stats["small"] == "custom" and bild.tokens.shape == (2, 6)
+
+
+def test_a_hand_built_round_config_refuses_a_rule_jit_cannot_take():
+  """Research code replacing the rule of a RoundConfig gets the InputError too, not JAX's
+  'Non-hashable static arguments' at the first call."""
+  import dataclasses
+
+  from specdec_jax.rounds import engine
+
+  class Mutable:
+    __hash__ = None
+
+    def __call__(self, logits, proposal, sampling, key):
+      raise AssertionError("never called")
+
+  config = engine.RoundConfig(max_new_tokens=4, max_proposals=2)
+  with pytest.raises(sd.InputError, match="Mutable"):
+    dataclasses.replace(config, accept=Mutable())

@@ -40,7 +40,7 @@ from specdec_jax.cache import DecoderCache
 from specdec_jax.errors import InputError
 from specdec_jax.kernels import backends
 from specdec_jax.models.model import Model
-from specdec_jax.rounds import buffer
+from specdec_jax.rounds import acceptance, buffer
 from specdec_jax.rounds.acceptance import SpeculativeSampling
 from specdec_jax.rounds.phases import (
   Acceptance,
@@ -151,6 +151,9 @@ class RoundConfig:
   def __post_init__(self):
     if self.max_proposals < 0:
       raise InputError(f"max_proposals must be >= 0, got {self.max_proposals}")
+    # research code builds configs by hand (dataclasses.replace(config, accept=...)): the
+    # rule is jit's static argument, so refuse one it cannot hash before any tracing
+    acceptance.check_rule(self.accept)
     needed = self.max_proposals + 1 + self.extra_capacity
     if self.call_width and self.call_width < needed:
       raise InputError(f"exact mode verifies at most {self.call_width - 1} proposals per call; "
