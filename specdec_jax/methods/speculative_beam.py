@@ -1,0 +1,372 @@
+"""Exact speculative beam search (`sd.SpeculativeBeam`): `sd.Beam`'s beams with a drafter.
+
+    out = sd.decode(target, sd.SpeculativeBeam(drafter, num_beams=4, alpha=0.6, gamma=3),
+                    encoder_tokens, max_new_tokens=T)
+
+returns what `sd.Beam(num_beams=4, alpha=0.6)` returns (`beam.BeamOutput`: the best beam,
+every beam, T5X's scores and order, the lengths), bitwise, whatever the drafter proposes;
+only the number of target calls depends on it. (Bitwise where the target's k-token call
+rounds like its 1-token call: a width-invariant target, `Model.width_invariant_decode`,
+or `exact=True` on both sides, whose calls all carry `engine.EXACT_WIDTH` tokens.)
+
+A round, for the K live beams of every row (the flat [B*K] layout of `beam`):
+
+    draft    each live beam's chain of gamma drafter tokens: its greedy continuation,
+             EOS excluded (a beam's only child that stays live is its best non-EOS one)
+    verify   ONE target call over the B*K rows [last token, c_1 .. c_gamma]: logits at
+             gamma + 1 positions per beam, every position at its own sequential slot
+    replay   T5X's `beam.step` with those log-probs, while every new live beam of the row
+             is a scored node (its parent's chain token at that depth: its logits are in
+             the call); the first step whose new beams leave the chains ends the row's
+             round. Step 1 always replays (position 0 is the beam itself).
+    commit   each new beam's cache is its parent chain's row (`gather_beams`), whose first
+             j positions the verify call wrote; the length says where it ends
+
+Why the replay is T5X's beam search: each replayed step is `beam.step` itself, given the
+target's logits for exactly the sequences T5X would feed, computed at the same slots over
+the same cache entries (a chain's token at depth d sits at slot t + d, after its parent's),
+so the log-probs, the top-k choices and the ties are T5X's.
+
+Rows run ahead of one another (each row's `cur_index` is its own): T5X's loop is one
+`lax.while_loop` over every row, and its stopping rule (`beam.cond`) reads all rows at one
+step. A row takes step s + 1 only once that rule is KNOWN to go on at step s: from the
+rows that have been at step s (each row records its `beam.row_flags` at every step it
+reaches), some row not settled and some row not hopeless. The lowest row always knows
+(every row is at or past it), so the loop never stalls, no row passes the step at which
+T5X stops, and every row ends there, with the state T5X's loop leaves it in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specdec_jax.cache import DecoderCache
+from specdec_jax.drafters import as_drafter
+from specdec_jax.errors import InputError, SamplingError
+from specdec_jax.methods import beam
+from specdec_jax.methods.values import Method, _check_exact, _check_number, carried, setting
+from specdec_jax.models.model import Model
+from specdec_jax.rounds import engine, inputs
+from specdec_jax.rounds.stats import COMMON_STATS, DecodeStats, summarize
+
+Array = jax.Array
+
+
+@struct.dataclass
+class SpeculativeBeamOutput(beam.BeamOutput):
+  """`beam.BeamOutput` plus the steps taken (`stats` reads them).
+
+  Attributes:
+    steps: int32 [] beam steps taken (T5X's final `cur_index`).
+  """
+
+  steps: Array | None = None
+
+  @functools.cached_property
+  def stats(self):
+    """The readable statistics: the common ones (`stats.summarize`), then
+
+      steps                   beam steps taken (T5X's loop iterations; `sd.Beam`'s calls)
+      steps_per_target_call   float, steps / rounds: beam steps per target call
+      drafter_calls           drafter calls counted per row (gamma per round)
+      drafted                 drafted nodes counted per row: K chains of gamma tokens a round
+      drafted_nodes_per_round float, drafted / target_calls (K * gamma)
+      accepted                drafted nodes whose target logits took a beam step
+      acceptance_rate         float, accepted / drafted
+      per_position_accepted   list [gamma]: (row, round) pairs whose beams took a step from
+                              the drafted nodes at depth d + 1
+      acceptance_by_depth     list [gamma] of floats: per_position_accepted / target_calls
+
+    plus the run's `info`."""
+    full = summarize(self.counters, dict(self.info))
+    own = ("drafter_calls", "drafted", "accepted", "acceptance_rate", "per_position_accepted")
+    out = {k: full[k] for k in COMMON_STATS + own}
+    steps, calls = int(self.steps), max(out["target_calls"], 1)
+    out["steps"] = steps
+    out["steps_per_target_call"] = steps / max(out["rounds"], 1)
+    out["drafted_nodes_per_round"] = out["drafted"] / calls
+    out["acceptance_by_depth"] = [v / calls for v in out["per_position_accepted"]]
+    out.update(dict(self.info))
+    return out
+
+
+@struct.dataclass
+class SpeculativeBeam(Method):
+  """Exact speculative beam search: `sd.Beam`'s output (T5X's `beam_search`), with fewer
+  target calls when a drafter predicts the beams' continuations.
+
+  Attributes:
+    drafter: a `Model` of the target's kind and vocabulary, or a token-level drafter of
+      `specdec_jax.drafters` (`sd.NGramDrafter`, `sd.PromptLookupDrafter`).
+    num_beams: K, beams per row (>= 1).
+    alpha: the brevity penalty's exponent, as `sd.Beam`'s (T5X's default 0.6).
+    gamma: drafted tokens per beam and round: a round takes 1 to gamma + 1 beam steps.
+    min_log_prob: stop once no live beam's log-prob (over the largest penalty) passes it.
+    exact: every target call of `engine.EXACT_WIDTH` tokens, as `sd.Beam(exact=True)`'s,
+      so its beams are bitwise those on any backend; None: False (bitwise `sd.Beam()`'s
+      where the target's decode is width-invariant, `Model.width_invariant_decode`).
+
+  Example (a random drafter: the beams are the target's all the same)::
+
+      >>> import specdec_jax as sd, numpy as np
+      >>> target = sd.load("config:t5_1_1_tiny")
+      >>> drafter = sd.init_model(sd.get_config("t5_1_1_tiny"), 5)
+      >>> enc = np.array([[5, 6, 7, 1]])
+      >>> out = sd.decode(target, sd.SpeculativeBeam(drafter, num_beams=2), enc,
+      ...                 max_new_tokens=4)
+      >>> ref = sd.decode(target, sd.Beam(num_beams=2), enc, max_new_tokens=4)
+      >>> bool((out.beams == ref.beams).all())
+      True
+  """
+
+  drafter: Any = carried()
+  num_beams: int = setting(4)
+  alpha: float = setting(0.6)
+  gamma: int = setting(3)
+  min_log_prob: float = setting(beam.NEG_INF)
+  exact: bool | None = setting(None)
+
+  def __post_init__(self):
+    inputs.check_positive_int(self.num_beams, "num_beams")
+    inputs.check_positive_int(self.gamma, "gamma")
+    if _check_number(self.alpha, "alpha") < 0:
+      raise InputError(f"alpha (the brevity penalty's exponent) must be >= 0, got {self.alpha!r}")
+    _check_number(self.min_log_prob, "min_log_prob")
+    _check_exact(self.exact)
+    if self.exact and self.gamma + 1 > engine.EXACT_WIDTH:
+      raise InputError(f"exact mode verifies at most {engine.EXACT_WIDTH - 1} drafted tokens "
+                       f"per beam, got gamma={self.gamma} (use exact=False)")
+
+  def run(self, target, encoder_tokens, max_new_tokens, sampling, rng, eos_id,
+          prompt_lengths):
+    if not sampling.is_greedy:
+      raise SamplingError("beam search is deterministic: drop sampling (sd.SpeculativeBeam "
+                          f"takes no temperature, top-k or top-p), got {sampling!r}")
+    if self.drafter is None:
+      raise InputError("sd.SpeculativeBeam needs a drafter: a Model with the target's "
+                       "vocabulary or a drafter of specdec_jax.drafters")
+    config = beam.SearchConfig(num_beams=self.num_beams, alpha=float(self.alpha),
+                               eos_id=eos_id, max_decode_len=max_new_tokens + 1,
+                               min_log_prob=float(self.min_log_prob))
+    return run(target, self.drafter, encoder_tokens, config=config, gamma=self.gamma,
+               exact=bool(self.exact), prompt_lengths=prompt_lengths)
+
+
+def run(target: Model, drafter: Any, encoder_tokens: Array, *, config: beam.SearchConfig,
+        gamma: int, exact: bool = False, prompt_lengths: Array | None = None,
+        check_scored: bool = True) -> SpeculativeBeamOutput:
+  """Speculative beam search of `target` over `encoder_tokens` [B, Le] (a decoder-only
+  target: prompts [B, P] with `prompt_lengths` [B]) as ONE jitted program: the output of
+  `beam.run(target, encoder_tokens, config=config, exact=exact, ...)`.
+
+  check_scored=False is a deliberately WRONG replay (a negative control for the tests):
+  it takes gamma + 1 steps every round, reading each new beam's logits from its parent's
+  chain whether or not the beam is the chain's node.
+  """
+  drafter = as_drafter(drafter, target)
+  if getattr(drafter, "shares_target_cache", False):
+    raise InputError("sd.SpeculativeBeam drafts in a cache of its own: an early exit of "
+                     "the target (sd.early_exit) is not supported; pass a model")
+  return _run(target, drafter, encoder_tokens, prompt_lengths, config=config, gamma=gamma,
+              exact=exact, check_scored=check_scored)
+
+
+class _State(struct.PyTreeNode):
+  """The outer loop's state.
+
+  Attributes:
+    beam: `beam.BeamState` with a per-row `cur_index` [B]; its cache the target's [B*K].
+    drafter: the drafter's state over the flat [B*K] beams.
+    settled, hopeless: bool [B, L] each row's `beam.row_flags` at every step it reached.
+    depth_used: int32 [B, G] rounds in which the row took a step from depth d + 1.
+    rounds: int32 [] target calls.
+  """
+
+  beam: beam.BeamState
+  drafter: Any
+  settled: Array
+  hopeless: Array
+  depth_used: Array
+  rounds: Array
+
+
+def _go(steps: Array, settled: Array, hopeless: Array, config: beam.SearchConfig) -> Array:
+  """bool [B]: may row r take its next step? `beam.cond` at step steps[r] [B], known from
+  the rows that have been there (settled / hopeless [B, L]: the flags they recorded)."""
+  batch = steps.shape[0]
+  seen = steps[:, None] >= steps[None, :]                                # [q, r]
+  at = jnp.broadcast_to(steps[None, :], (batch, batch))
+  open_rows = jnp.any(seen & ~jnp.take_along_axis(settled, at, axis=1), axis=0)
+  hopeful = (steps == 0) | jnp.any(seen & ~jnp.take_along_axis(hopeless, at, axis=1), axis=0)
+  not_at_end = steps < config.max_decode_len - 1
+  under = (config.max_decode_step <= 0) | (steps < config.max_decode_step)
+  return open_rows & hopeful & not_at_end & under
+
+
+def _record(hist: Array, steps: Array, flag: Array, where: Array) -> Array:
+  """hist [B, L] with flag [B] written at each row's step where `where` [B]."""
+  rows = jnp.arange(hist.shape[0])
+  return hist.at[rows, steps].set(jnp.where(where, flag, hist[rows, steps]))
+
+
+def _step_rows(state: beam.BeamState, logits: Array, config: beam.SearchConfig,
+               initial_index: Array | None) -> beam.BeamState:
+  """`beam.step` for each row at its own `cur_index` [B] (vmapped over rows). logits f32
+  [B, K, V]; state.cache: int [B, K] (the chain each beam is on), gathered by parent."""
+  take = lambda c, index: jnp.take_along_axis(c, index, axis=1)
+
+  def one(st: beam.BeamState, lg: Array, ii: Array | None) -> beam.BeamState:
+    row = jax.tree_util.tree_map(lambda x: x[None], st).replace(cur_index=st.cur_index)
+    new = beam.step(row, lg, row.cache, config, take,
+                    initial_index=None if ii is None else ii[None])
+    return jax.tree_util.tree_map(lambda x: x[0], new.replace(cur_index=new.cur_index[None]))
+
+  return jax.vmap(one)(state, logits, initial_index)
+
+
+def _where_rows(pick: Array, new: Any, old: Any) -> Any:
+  """Per row b: new's leaves where pick [B], else old's (leaves [B, ...])."""
+  return jax.tree_util.tree_map(
+      lambda a, b: jnp.where(pick.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), new, old)
+
+
+def _gather_drafter(state: Any, index: Array, rows: int) -> Any:
+  """The drafter's state over [B*K] beams reordered within each row by index [B, K]."""
+  if isinstance(state, DecoderCache):
+    return beam.gather_cache(state, index)
+  return jax.tree_util.tree_map(
+      lambda x: beam.gather_beams(x, index) if x.ndim and x.shape[0] == rows else x, state)
+
+
+def _draft(drafter: Any, state: Any, seqs: Array, n: Array, gamma: int,
+           eos_id: int) -> tuple[Array, Any]:
+  """Each beam's chain: gamma greedy drafter tokens after seqs[:, :n + 1] ([B*K, L],
+  n [B*K]), EOS excluded. Returns (chain int32 [B*K, G], the drafter's state)."""
+  def pick(logits: Array) -> Array:
+    logits = logits.astype(jnp.float32)
+    if eos_id >= 0:
+      logits = jnp.where(jnp.arange(logits.shape[-1]) == eos_id, -jnp.inf, logits)
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+  logits, state = drafter.first(state, seqs, n)
+  first = pick(logits)
+
+  def body(carry, _):
+    token, st = carry
+    logits, st = drafter.next(st, token)
+    nxt = pick(logits)
+    return (nxt, st), nxt
+
+  (_, state), rest = jax.lax.scan(body, (first, state), None, length=gamma - 1)
+  return jnp.concatenate([first[:, None], rest.T], axis=1), state
+
+
+@functools.partial(jax.jit, static_argnames=("config", "gamma", "exact", "check_scored"))
+def _run(target: Model, drafter: Any, encoder_tokens: Array, prompt_lengths: Array | None, *,
+         config: beam.SearchConfig, gamma: int, exact: bool,
+         check_scored: bool) -> SpeculativeBeamOutput:
+  k, steps = config.num_beams, config.max_decode_len - 1
+  batch = encoder_tokens.shape[0]
+  rows = batch * k
+  # The target's calls and cache exactly as `beam._run`'s (one capacity, one call width).
+  width = engine.EXACT_WIDTH if exact and not target.width_invariant_decode else gamma + 1
+  rounds = engine.RoundConfig(max_new_tokens=steps, max_proposals=0,
+                              call_width=engine.EXACT_WIDTH if exact else 0)
+  drafting = engine.RoundConfig(max_new_tokens=steps, max_proposals=gamma)
+  initial_index = None
+  if target.is_decoder_only:
+    prompt = encoder_tokens.shape[1]
+    cache = target.start(encoder_tokens, engine.cache_capacity(target, rounds, prompt),
+                         prompt_lengths).anchored()
+    initial_index = prompt_lengths
+    config = dataclasses.replace(config, penalty_len=prompt + steps + 1)
+    dstate = drafter.init(encoder_tokens, drafting.capacity + prompt, lengths=prompt_lengths)
+  else:
+    cache = target.start(encoder_tokens, rounds.capacity)
+    dstate = drafter.init(encoder_tokens, drafting.capacity)
+  repeat = lambda tree: jax.tree_util.tree_map(lambda x: jnp.repeat(x, k, axis=0), tree)
+  cache, dstate = repeat(cache), repeat(dstate)                       # [B*K, ...]
+  first = target.first_tokens(encoder_tokens, prompt_lengths)
+  seqs = jnp.zeros((batch, k, steps + 1), jnp.int32).at[:, :, 0].set(first[:, None])
+  start = beam.init_state(seqs, cache, k)
+  start = start.replace(cur_index=jnp.zeros((batch,), jnp.int32))
+  settled, hopeless = beam.row_flags(start, config)
+  no = jnp.zeros((batch, steps + 1), jnp.bool_)
+  state = _State(beam=start, drafter=dstate, settled=no.at[:, 0].set(settled),
+                 hopeless=no.at[:, 0].set(hopeless),
+                 depth_used=jnp.zeros((batch, gamma), jnp.int32),
+                 rounds=jnp.zeros((), jnp.int32))
+  identity = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (batch, k))
+
+  def one_round(s: _State) -> _State:
+    b = s.beam
+    t = b.cur_index                                                    # [B]
+    flat = b.live_seqs.reshape(rows, steps + 1)
+    n = jnp.repeat(t, k)
+    chain, dstate = _draft(drafter, s.drafter, flat, n, gamma, config.eos_id)
+    tokens = jnp.concatenate([jnp.take_along_axis(flat, n[:, None], axis=1), chain], axis=1)
+    tokens = jnp.pad(tokens, ((0, 0), (0, width - gamma - 1)))
+    logits, vcache = target.decode(tokens, b.cache)
+    logits = logits[:, :gamma + 1].astype(jnp.float32).reshape(batch, k, gamma + 1, -1)
+    chain = chain.reshape(batch, k, gamma)
+    bidx = jnp.arange(batch)[:, None]
+
+    # The replay's carry: (state with cache = the chain each beam is on, the chain of each
+    # beam's parent, steps this round, scored rows, settled, hopeless, depth_used).
+    def can(c) -> Array:
+      st, _, depth, scored, sett, hope, _ = c
+      return scored & (depth <= gamma) & _go(st.cur_index, sett, hope, config)
+
+    def replay(c):
+      st, parents, depth, scored, sett, hope, used = c
+      go = can(c)
+      on = jnp.maximum(st.cache, 0)
+      new = _step_rows(st, logits[bidx, on, depth[:, None]], config, initial_index)
+      parent = new.cache                                               # [B, K]
+      token = jnp.take_along_axis(new.live_seqs, new.cur_index[:, None, None], axis=2)[..., 0]
+      want = chain[bidx, parent, jnp.minimum(depth, gamma - 1)[:, None]]
+      inside = (depth < gamma)[:, None]
+      hit = inside & ((token == want) | (not check_scored))
+      new = new.replace(cache=jnp.where(hit, parent, -1))
+      new_settled, new_hopeless = beam.row_flags(new, config)
+      used = used.at[jnp.arange(batch), jnp.maximum(depth - 1, 0)].add(
+          (go & (depth > 0)).astype(jnp.int32))
+      return (_where_rows(go, new, st), jnp.where(go[:, None], parent, parents), depth + go,
+              jnp.where(go, jnp.all(hit, axis=1), scored),
+              _record(sett, new.cur_index, new_settled, go),
+              _record(hope, new.cur_index, new_hopeless, go), used)
+
+    carry = (b.replace(cache=identity), identity, jnp.zeros((batch,), jnp.int32),
+             jnp.ones((batch,), jnp.bool_), s.settled, s.hopeless, s.depth_used)
+    st, parents, depth, _, sett, hope, used = jax.lax.while_loop(
+        lambda c: jnp.any(can(c)), replay, carry)
+    cache = beam.gather_cache(vcache, parents).with_length(b.cache.length + jnp.repeat(depth, k))
+    return _State(beam=st.replace(cache=cache), drafter=_gather_drafter(dstate, parents, rows),
+                  settled=sett, hopeless=hope, depth_used=used, rounds=s.rounds + 1)
+
+  final = jax.lax.while_loop(
+      lambda s: jnp.any(_go(s.beam.cur_index, s.settled, s.hopeless, config)), one_round,
+      state)
+  beams, scores = beam.result(final.beam)
+  beams = beams[:, :, 1:]                                              # [B, K, T]
+  is_eos = beams[:, -1] == config.eos_id
+  taken = final.beam.cur_index
+  lengths = jnp.where(jnp.any(is_eos, axis=1), jnp.argmax(is_eos, axis=1) + 1,
+                      taken).astype(jnp.int32)
+  calls = jnp.full((batch,), final.rounds, jnp.int32)
+  counters = DecodeStats.zeros(batch, gamma).replace(
+      rounds=final.rounds, target_calls=calls, drafter_calls=gamma * calls,
+      drafted=k * gamma * calls, accepted=k * jnp.sum(final.depth_used, axis=1),
+      per_position_accepted=final.depth_used, emitted=lengths)
+  return SpeculativeBeamOutput(
+      tokens=beams[:, -1], lengths=lengths, counters=counters,
+      info=(("method", "speculative_beam"), ("lossy", False), ("num_beams", k),
+            ("beam_alpha", config.alpha), ("gamma", gamma), ("drafter", drafter.kind),
+            ("exact", exact)),
+      beams=beams, scores=scores, steps=jnp.max(taken))
