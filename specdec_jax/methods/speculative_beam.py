@@ -217,17 +217,22 @@ def _record(hist: Array, steps: Array, flag: Array, where: Array) -> Array:
 
 def _step_rows(state: beam.BeamState, logits: Array, config: beam.SearchConfig,
                initial_index: Array | None) -> beam.BeamState:
-  """`beam.step` for each row at its own `cur_index` [B] (vmapped over rows). logits f32
-  [B, K, V]; state.cache: int [B, K] (the chain each beam is on), gathered by parent."""
+  """`beam.step` for each row at its own `cur_index` [B]. logits f32 [B, K, V];
+  state.cache: int [B, K] (the chain each beam is on), gathered by parent.
+
+  One row at a time (`lax.map`), each at a SCALAR `cur_index` as in `beam.search`: XLA
+  rounds a power of a scalar and of a vector differently (their last bits differ), and
+  the brevity penalty must round as T5X's loop rounds it."""
   take = lambda c, index: jnp.take_along_axis(c, index, axis=1)
 
-  def one(st: beam.BeamState, lg: Array, ii: Array | None) -> beam.BeamState:
+  def one(args) -> beam.BeamState:
+    st, lg, ii = args
     row = jax.tree_util.tree_map(lambda x: x[None], st).replace(cur_index=st.cur_index)
     new = beam.step(row, lg, row.cache, config, take,
                     initial_index=None if ii is None else ii[None])
     return jax.tree_util.tree_map(lambda x: x[0], new.replace(cur_index=new.cur_index[None]))
 
-  return jax.vmap(one)(state, logits, initial_index)
+  return jax.lax.map(one, (state, logits, initial_index))
 
 
 def _where_rows(pick: Array, new: Any, old: Any) -> Any:
