@@ -107,6 +107,9 @@ class SpeculativeBeam(Method):
     num_beams: K, beams per row (>= 1).
     alpha: the brevity penalty's exponent, as `sd.Beam`'s (T5X's default 0.6).
     gamma: drafted tokens per beam and round: a round takes 1 to gamma + 1 beam steps.
+    chains: M, the drafted chains verified per row and round (>= num_beams; one target
+      call of M rows per row). None: 2 * num_beams, or num_beams in exact mode on a
+      target whose decode is not width-invariant (there the call keeps `sd.Beam`'s rows).
     min_log_prob: stop once no live beam's log-prob (over the largest penalty) passes it.
     exact: every target call of `engine.EXACT_WIDTH` tokens, as `sd.Beam(exact=True)`'s,
       so its beams are bitwise those on any backend; None: False (bitwise `sd.Beam()`'s
@@ -129,6 +132,7 @@ class SpeculativeBeam(Method):
   num_beams: int = setting(4)
   alpha: float = setting(0.6)
   gamma: int = setting(3)
+  chains: int | None = setting(None)
   min_log_prob: float = setting(beam.NEG_INF)
   exact: bool | None = setting(None)
 
@@ -139,6 +143,10 @@ class SpeculativeBeam(Method):
       raise InputError(f"alpha (the brevity penalty's exponent) must be >= 0, got {self.alpha!r}")
     _check_number(self.min_log_prob, "min_log_prob")
     _check_exact(self.exact)
+    if self.chains is not None and inputs.check_positive_int(self.chains, "chains") \
+        < self.num_beams:
+      raise InputError(f"chains must be >= num_beams ({self.num_beams}): every beam needs "
+                       f"a chain, got {self.chains!r}")
     if self.exact and self.gamma + 1 > engine.EXACT_WIDTH:
       raise InputError(f"exact mode verifies at most {engine.EXACT_WIDTH - 1} drafted tokens "
                        f"per beam, got gamma={self.gamma} (use exact=False)")
@@ -155,11 +163,12 @@ class SpeculativeBeam(Method):
                                eos_id=eos_id, max_decode_len=max_new_tokens + 1,
                                min_log_prob=float(self.min_log_prob))
     return run(target, self.drafter, encoder_tokens, config=config, gamma=self.gamma,
-               exact=bool(self.exact), prompt_lengths=prompt_lengths)
+               chains=self.chains, exact=bool(self.exact), prompt_lengths=prompt_lengths)
 
 
 def run(target: Model, drafter: Any, encoder_tokens: Array, *, config: beam.SearchConfig,
-        gamma: int, exact: bool = False, prompt_lengths: Array | None = None,
+        gamma: int, chains: int | None = None, exact: bool = False,
+        prompt_lengths: Array | None = None,
         check_scored: bool = True) -> SpeculativeBeamOutput:
   """Speculative beam search of `target` over `encoder_tokens` [B, Le] (a decoder-only
   target: prompts [B, P] with `prompt_lengths` [B]) as ONE jitted program: the output of
@@ -173,8 +182,16 @@ def run(target: Model, drafter: Any, encoder_tokens: Array, *, config: beam.Sear
   if getattr(drafter, "shares_target_cache", False):
     raise InputError("sd.SpeculativeBeam drafts in a cache of its own: an early exit of "
                      "the target (sd.early_exit) is not supported; pass a model")
+  k = config.num_beams
+  padded = exact and not target.width_invariant_decode
+  if chains is None:
+    chains = k if padded else 2 * k
+  if padded and chains != k:
+    raise InputError(f"exact mode on a target whose decode is not width-invariant verifies "
+                     f"one chain per beam (its calls keep sd.Beam's {k} rows per row): "
+                     f"chains={chains} (use chains=None, or pack the target: sd.pack)")
   return _run(target, drafter, encoder_tokens, prompt_lengths, config=config, gamma=gamma,
-              exact=exact, check_scored=check_scored)
+              chains=chains, exact=exact, check_scored=check_scored)
 
 
 class _State(struct.PyTreeNode):
@@ -249,36 +266,117 @@ def _gather_drafter(state: Any, index: Array, rows: int) -> Any:
       lambda x: beam.gather_beams(x, index) if x.ndim and x.shape[0] == rows else x, state)
 
 
-def _draft(drafter: Any, state: Any, seqs: Array, n: Array, gamma: int,
-           eos_id: int) -> tuple[Array, Any]:
-  """Each beam's chain: gamma greedy drafter tokens after seqs[:, :n + 1] ([B*K, L],
-  n [B*K]), EOS excluded. Returns (chain int32 [B*K, G], the drafter's state)."""
-  def pick(logits: Array) -> Array:
-    logits = logits.astype(jnp.float32)
-    if eos_id >= 0:
-      logits = jnp.where(jnp.arange(logits.shape[-1]) == eos_id, -jnp.inf, logits)
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+def _blocks(x: Array, index: Array) -> Array:
+  """x [B*N, ...] -> [B*M, ...]: row m of block b is row index[b, m] (< N) of block b."""
+  batch, m = index.shape
+  y = x.reshape((batch, x.shape[0] // batch) + x.shape[1:])
+  idx = index.reshape((batch, m) + (1,) * (x.ndim - 1))
+  return jnp.take_along_axis(y, idx, axis=1).reshape((batch * m,) + x.shape[1:])
 
+
+def _take(x: Array, index: Array) -> Array:
+  """x [B, N, ...] at index [B, M] along axis 1."""
+  return jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
+class _Tree(struct.PyTreeNode):
+  """The drafted chains of one round, M per row.
+
+  Attributes:
+    root: int32 [B, M] the live beam each chain continues.
+    path: int32 [B, M, G] its tokens (0 past its drafted node's depth).
+    level, node: int32 [B, M] where its drafter state is: snapshot `level`, beam `node`.
+    snapshots: the drafter's states after feeding levels 0 .. G-1, stacked [G, B*K, ...].
+  """
+
+  root: Array
+  path: Array
+  level: Array
+  node: Array
+  snapshots: Any
+
+
+def _draft(drafter: Any, state: Any, seqs: Array, n: Array, live_logprobs: Array,
+           gamma: int, chains: int, eos_id: int) -> _Tree:
+  """The drafter's own beam search (width K, EOS excluded: T5X's live beams) for gamma
+  steps from the K live beams (seqs [B*K, L] up to n [B*K], their log-probs [B, K]); its
+  nodes form a tree under the beams. A chain follows first children down; one starts at
+  each live beam (step 1 needs every beam's logits: chain k is beam k's), then at each
+  other child, shallowest first, up to `chains` per row: the replay needs every node of
+  a level, so the tree is covered level by level."""
+  batch, k = live_logprobs.shape
   logits, state = drafter.first(state, seqs, n)
-  first = pick(logits)
+  snapshots, parents, tokens, lp = [state], [], [], live_logprobs
+  for depth in range(1, gamma + 1):
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(batch, k, -1)
+    vocab = logp.shape[-1]
+    if eos_id >= 0:
+      logp = jnp.where(jnp.arange(vocab) == eos_id, -jnp.inf, logp)
+    lp, index = jax.lax.top_k((lp[..., None] + logp).reshape(batch, k * vocab), k)
+    parents.append((index // vocab).astype(jnp.int32))
+    tokens.append((index % vocab).astype(jnp.int32))
+    if depth < gamma:
+      state = _gather_drafter(state, parents[-1], batch * k)
+      logits, state = drafter.next(state, tokens[-1].reshape(-1))
+      snapshots.append(state)
+  # Every node of the tree: level d = 0 .. gamma, K each (level 0: the live beams).
+  root = [jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (batch, k))]
+  path = [jnp.zeros((batch, k, gamma), jnp.int32)]
+  for depth in range(1, gamma + 1):
+    root.append(_take(root[-1], parents[depth - 1]))
+    path.append(_take(path[-1], parents[depth - 1]).at[:, :, depth - 1].set(tokens[depth - 1]))
+  # A chain follows first children (the lowest index among a node's children) down to
+  # the deepest one; a chain starts at each live beam and at every other child.
+  index = jnp.arange(k, dtype=jnp.int32)
+  child = [jnp.min(jnp.where(p[:, None, :] == index[None, :, None], index, k), axis=2)
+           for p in parents]                                             # [B, K] per level
+  end_level = [jnp.full((batch, k), gamma, jnp.int32)]
+  end_node = [jnp.broadcast_to(index, (batch, k))]
+  for depth in range(gamma - 1, -1, -1):
+    has = child[depth] < k
+    first_child = jnp.minimum(child[depth], k - 1)
+    end_level.insert(0, jnp.where(has, _take(end_level[0], first_child), depth))
+    end_node.insert(0, jnp.where(has, _take(end_node[0], first_child), index))
+  starts = [jnp.ones((batch, k), jnp.bool_)] + [
+      _take(child[depth - 1], parents[depth - 1]) != index for depth in range(1, gamma + 1)]
+  level_of = jnp.repeat(jnp.arange(gamma + 1, dtype=jnp.int32), k)      # [C = (G + 1) K]
+  order = -(level_of * (k + 1) + jnp.tile(index, gamma + 1))             # shallow, then first
+  rank = jnp.where(jnp.concatenate(starts, 1), order, -(gamma + 2) * (k + 1))
+  start = jax.lax.top_k(rank, chains)[1]             # [B, M]: the live beams first, in order
+  chosen = (_take(jnp.concatenate(end_level, 1), start) * k
+            + _take(jnp.concatenate(end_node, 1), start))                # the chains' ends
+  roots, paths = jnp.concatenate(root, 1), jnp.concatenate(path, 1)      # [B, C], [B, C, G]
+  depth = chosen // k
+  # A chain to a level-gamma node reads the drafter state of its parent (level gamma - 1).
+  node = jnp.where(depth == gamma, _take(parents[-1], chosen % k), chosen % k)
+  stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *snapshots)
+  return _Tree(root=_take(roots, chosen), path=_take(paths, chosen),
+               level=jnp.minimum(depth, gamma - 1), node=node, snapshots=stacked)
 
-  def body(carry, _):
-    token, st = carry
-    logits, st = drafter.next(st, token)
-    nxt = pick(logits)
-    return (nxt, st), nxt
 
-  (_, state), rest = jax.lax.scan(body, (first, state), None, length=gamma - 1)
-  return jnp.concatenate([first[:, None], rest.T], axis=1), state
-
-
-@functools.partial(jax.jit, static_argnames=("config", "gamma", "exact", "check_scored"))
-def _run(target: Model, drafter: Any, encoder_tokens: Array, prompt_lengths: Array | None, *,
-         config: beam.SearchConfig, gamma: int, exact: bool,
-         check_scored: bool) -> SpeculativeBeamOutput:
-  k, steps = config.num_beams, config.max_decode_len - 1
-  batch = encoder_tokens.shape[0]
+def _drafter_rows(tree: _Tree, first: Any, row: Array) -> Any:
+  """The drafter's state for beams on chains row [B, K]: each chain's snapshot (its
+  drafted node's, whose cache holds the chain's tokens); `first`: a state of the same
+  structure over [B*K] (its parts that are the same for a row's beams are kept)."""
+  batch, k = row.shape
   rows = batch * k
+  flat = (_take(tree.level, row) * rows + jnp.arange(batch)[:, None] * k
+          + _take(tree.node, row)).reshape(-1)
+  pick = lambda x: x.reshape((-1,) + x.shape[2:])[flat]
+  if isinstance(first, DecoderCache):
+    return first.replace(self_key=tuple(map(pick, tree.snapshots.self_key)),
+                         self_value=tuple(map(pick, tree.snapshots.self_value)))
+  return jax.tree_util.tree_map(
+      lambda x: pick(x) if x.ndim >= 2 and x.shape[1] == rows else x[0], tree.snapshots)
+
+
+@functools.partial(jax.jit,
+                   static_argnames=("config", "gamma", "chains", "exact", "check_scored"))
+def _run(target: Model, drafter: Any, encoder_tokens: Array, prompt_lengths: Array | None, *,
+         config: beam.SearchConfig, gamma: int, chains: int, exact: bool,
+         check_scored: bool) -> SpeculativeBeamOutput:
+  k, m, steps = config.num_beams, chains, config.max_decode_len - 1
+  batch = encoder_tokens.shape[0]
   # The target's calls and cache exactly as `beam._run`'s (one capacity, one call width).
   width = engine.EXACT_WIDTH if exact and not target.width_invariant_decode else gamma + 1
   rounds = engine.RoundConfig(max_new_tokens=steps, max_proposals=0,
@@ -308,19 +406,25 @@ def _run(target: Model, drafter: Any, encoder_tokens: Array, prompt_lengths: Arr
                  depth_used=jnp.zeros((batch, gamma), jnp.int32),
                  rounds=jnp.zeros((), jnp.int32))
   identity = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (batch, k))
+  bidx = jnp.arange(batch)[:, None]
 
   def one_round(s: _State) -> _State:
     b = s.beam
     t = b.cur_index                                                    # [B]
-    flat = b.live_seqs.reshape(rows, steps + 1)
+    flat = b.live_seqs.reshape(batch * k, steps + 1)
     n = jnp.repeat(t, k)
-    chain, dstate = _draft(drafter, s.drafter, flat, n, gamma, config.eos_id)
-    tokens = jnp.concatenate([jnp.take_along_axis(flat, n[:, None], axis=1), chain], axis=1)
-    tokens = jnp.pad(tokens, ((0, 0), (0, width - gamma - 1)))
-    logits, vcache = target.decode(tokens, b.cache)
-    logits = logits[:, :gamma + 1].astype(jnp.float32).reshape(batch, k, gamma + 1, -1)
-    chain = chain.reshape(batch, k, gamma)
-    bidx = jnp.arange(batch)[:, None]
+    tree = _draft(drafter, s.drafter, flat, n, b.live_logprobs, gamma, m, config.eos_id)
+    last = jnp.take_along_axis(flat, n[:, None], axis=1).reshape(batch, k)
+    tokens = jnp.concatenate([_take(last, tree.root)[..., None], tree.path], axis=2)
+    tokens = jnp.pad(tokens.reshape(batch * m, gamma + 1), ((0, 0), (0, width - gamma - 1)))
+    # Each chain continues its beam's cache: M rows per row, [B*K] -> [B*M].
+    logits, vcache = target.decode(
+        tokens, jax.tree_util.tree_map(lambda x: _blocks(x, tree.root), b.cache))
+    logits = logits[:, :gamma + 1].astype(jnp.float32).reshape(batch, m, gamma + 1, -1)
+    # same[b, i, j, d]: chains i and j share their beam and first d tokens.
+    equal = jnp.cumprod(tree.path[:, :, None] == tree.path[:, None], axis=3).astype(bool)
+    same = jnp.concatenate([jnp.ones(equal.shape[:3] + (1,), jnp.bool_), equal], axis=3)
+    same = same & (tree.root[:, :, None] == tree.root[:, None, :])[..., None]
 
     # The replay's carry: (state with cache = the chain each beam is on, the chain of each
     # beam's parent, steps this round, scored rows, settled, hopeless, depth_used).
@@ -333,12 +437,20 @@ def _run(target: Model, drafter: Any, encoder_tokens: Array, prompt_lengths: Arr
       go = can(c)
       on = jnp.maximum(st.cache, 0)
       new = _step_rows(st, logits[bidx, on, depth[:, None]], config, initial_index)
-      parent = new.cache                                               # [B, K]
+      parent = new.cache                                               # [B, K] its chain
       token = jnp.take_along_axis(new.live_seqs, new.cur_index[:, None, None], axis=2)[..., 0]
-      want = chain[bidx, parent, jnp.minimum(depth, gamma - 1)[:, None]]
+      # A new beam is scored when a chain of its parent's prefix has its token next.
+      shared = jnp.take_along_axis(_take(same, parent), depth[:, None, None, None],
+                                   axis=3)[..., 0]                     # [B, K, M]
+      nxt = jnp.take_along_axis(tree.path, jnp.minimum(depth, gamma - 1)[:, None, None],
+                                axis=2)[..., 0]                        # [B, M]
+      match = shared & (nxt[:, None, :] == token[..., None])
       inside = (depth < gamma)[:, None]
-      hit = inside & ((token == want) | (not check_scored))
-      new = new.replace(cache=jnp.where(hit, parent, -1))
+      if check_scored:
+        hit, row = inside & jnp.any(match, axis=2), jnp.argmax(match, axis=2)
+      else:                 # the negative control: stay on the parent's chain regardless
+        hit, row = jnp.broadcast_to(inside, parent.shape), parent
+      new = new.replace(cache=jnp.where(hit, row, -1).astype(jnp.int32))
       new_settled, new_hopeless = beam.row_flags(new, config)
       used = used.at[jnp.arange(batch), jnp.maximum(depth - 1, 0)].add(
           (go & (depth > 0)).astype(jnp.int32))
@@ -351,8 +463,11 @@ def _run(target: Model, drafter: Any, encoder_tokens: Array, prompt_lengths: Arr
              jnp.ones((batch,), jnp.bool_), s.settled, s.hopeless, s.depth_used)
     st, parents, depth, _, sett, hope, used = jax.lax.while_loop(
         lambda c: jnp.any(can(c)), replay, carry)
-    cache = beam.gather_cache(vcache, parents).with_length(b.cache.length + jnp.repeat(depth, k))
-    return _State(beam=st.replace(cache=cache), drafter=_gather_drafter(dstate, parents, rows),
+    # Each new beam's cache: its parent's chain row [B*M] -> [B*K], up to its last token.
+    kv = lambda xs: tuple(_blocks(x, parents) for x in xs)
+    cache = b.cache.replace(self_key=kv(vcache.self_key), self_value=kv(vcache.self_value))
+    cache = cache.with_length(b.cache.length + jnp.repeat(depth, k))
+    return _State(beam=st.replace(cache=cache), drafter=_drafter_rows(tree, s.drafter, parents),
                   settled=sett, hopeless=hope, depth_used=used, rounds=s.rounds + 1)
 
   final = jax.lax.while_loop(
