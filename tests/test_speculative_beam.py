@@ -234,6 +234,24 @@ def test_stopping_settings_and_no_eos():
 
 
 @pytest.mark.slow
+def test_any_number_of_chains():
+  """M = K chains (one per beam) and M = 3K: the same beams; the perfect drafter's tree
+  covers more levels with more chains."""
+  t = _tables(2)
+  target, config = PrefixTable(t), _config(3, 7, 0.6)
+  ref = beam.run(target, ENC, config=config)
+  per_call = {}
+  for chains in (3, 9):
+    for name, drafter in _drafters(t, 2).items():
+      out = speculative_beam.run(target, drafter, ENC, config=config, gamma=3, chains=chains)
+      np.testing.assert_array_equal(out.beams, ref.beams, err_msg=f"{chains} {name}")
+      np.testing.assert_array_equal(out.scores, ref.scores)
+      if name == "perfect":
+        per_call[chains] = out.stats["steps_per_target_call"]
+  assert per_call[9] > per_call[3] >= 1.0, per_call
+
+
+@pytest.mark.slow
 def test_negative_control_a_replay_without_the_scored_check_fails():
   """Skipping the "every new beam was scored" check (each beam reads its parent chain's
   next logits) changes the beams: the equality tests above would catch it."""
@@ -257,7 +275,8 @@ def test_negative_control_a_replay_without_the_scored_check_fails():
     ({"alpha": -0.1}, "alpha .* must be >= 0"),
     ({"min_log_prob": "low"}, "min_log_prob must be a number"),
     ({"exact": "yes"}, "exact must be True, False or None"),
-    ({"gamma": 16, "exact": True}, "exact mode verifies at most 15")])
+    ({"gamma": 16, "exact": True}, "exact mode verifies at most 15"),
+    ({"num_beams": 4, "chains": 3}, "chains must be >= num_beams")])
 def test_bad_settings(kwargs, match):
   with pytest.raises(sd.InputError, match=match):
     sd.SpeculativeBeam(None, **kwargs)
@@ -275,6 +294,10 @@ def test_refusals():
   with pytest.raises(sd.InputError, match="early exit"):
     sd.decode(model, sd.SpeculativeBeam(sd.early_exit(model, 1)), enc, max_new_tokens=3)
   assert sd.SpeculativeBeam(model, gamma=2) == sd.SpeculativeBeam(None, gamma=2)
+  unpacked = sd.init_model(sd.get_config("t5_1_1_tiny"), 1)
+  with pytest.raises(sd.InputError, match="one chain per beam"):
+    sd.decode(unpacked, sd.SpeculativeBeam(unpacked, num_beams=2, chains=4, exact=True), enc,
+              max_new_tokens=3)
 
 
 # ----------------------------------------------------------------------------- real models

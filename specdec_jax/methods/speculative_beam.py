@@ -11,21 +11,29 @@ or `exact=True` on both sides, whose calls all carry `engine.EXACT_WIDTH` tokens
 
 A round, for the K live beams of every row (the flat [B*K] layout of `beam`):
 
-    draft    each live beam's chain of gamma drafter tokens: its greedy continuation,
-             EOS excluded (a beam's only child that stays live is its best non-EOS one)
-    verify   ONE target call over the B*K rows [last token, c_1 .. c_gamma]: logits at
-             gamma + 1 positions per beam, every position at its own sequential slot
+    draft    the drafter's own beam search (width K, from the live beams and their
+             log-probs) for gamma steps: a tree of K nodes per level; where the last
+             round computed a beam's target logits, level 1 reads them
+    chains   the tree cut into M chains (`chains`, default 2K) following first children:
+             chain k continues live beam k, the others start at the other children,
+             shallowest first (the replay needs every node of a level)
+    verify   ONE target call over B*M rows [beam's last token, c_1 .. c_gamma] (each
+             chain's beam's cache gathered to its row): logits at gamma + 1 positions,
+             every position at the slot a one-token step would write it to
     replay   T5X's `beam.step` with those log-probs, while every new live beam of the row
-             is a scored node (its parent's chain token at that depth: its logits are in
-             the call); the first step whose new beams leave the chains ends the row's
-             round. Step 1 always replays (position 0 is the beam itself).
-    commit   each new beam's cache is its parent chain's row (`gather_beams`), whose first
-             j positions the verify call wrote; the length says where it ends
+             is a scored node (a chain that shares its parent's prefix has its token next:
+             its logits are in the call); the first step whose new beams leave the chains
+             ends the row's round. Step 1 always replays (chain k starts with beam k).
+    commit   each new beam's cache is its parent's chain row (a gather within the row's
+             block), whose positions up to the beam's last token the call wrote; the
+             length says where it ends
 
 Why the replay is T5X's beam search: each replayed step is `beam.step` itself, given the
 target's logits for exactly the sequences T5X would feed, computed at the same slots over
 the same cache entries (a chain's token at depth d sits at slot t + d, after its parent's),
-so the log-probs, the top-k choices and the ties are T5X's.
+so the log-probs, the top-k choices and the ties are T5X's. (M > K rows need a target
+whose decode is batch-invariant as well, as the width-invariant kernels are; exact mode
+on another target keeps K rows, `sd.Beam`'s call shape.)
 
 Rows run ahead of one another (each row's `cur_index` is its own): T5X's loop is one
 `lax.while_loop` over every row, and its stopping rule (`beam.cond`) reads all rows at one
@@ -203,6 +211,8 @@ class _State(struct.PyTreeNode):
     settled, hopeless: bool [B, L] each row's `beam.row_flags` at every step it reached.
     depth_used: int32 [B, G] rounds in which the row took a step from depth d + 1.
     rounds: int32 [] target calls.
+    known: bool [B, K] live beams whose target logits the last round computed.
+    logits: f32 [B, K, V] those logits (the drafter's first level reads them).
   """
 
   beam: beam.BeamState
@@ -211,6 +221,8 @@ class _State(struct.PyTreeNode):
   hopeless: Array
   depth_used: Array
   rounds: Array
+  known: Array
+  logits: Array
 
 
 def _go(steps: Array, settled: Array, hopeless: Array, config: beam.SearchConfig) -> Array:
@@ -297,18 +309,22 @@ class _Tree(struct.PyTreeNode):
 
 
 def _draft(drafter: Any, state: Any, seqs: Array, n: Array, live_logprobs: Array,
-           gamma: int, chains: int, eos_id: int) -> _Tree:
+           known: Array, target_logits: Array, gamma: int, chains: int, eos_id: int) -> _Tree:
   """The drafter's own beam search (width K, EOS excluded: T5X's live beams) for gamma
   steps from the K live beams (seqs [B*K, L] up to n [B*K], their log-probs [B, K]); its
   nodes form a tree under the beams. A chain follows first children down; one starts at
   each live beam (step 1 needs every beam's logits: chain k is beam k's), then at each
   other child, shallowest first, up to `chains` per row: the replay needs every node of
-  a level, so the tree is covered level by level."""
+  a level, so the tree is covered level by level. Where the target's next-token logits of
+  a live beam are known (known [B, K], target_logits f32 [B, K, V]: the last round scored
+  the beam), the first level reads them instead of the drafter's."""
   batch, k = live_logprobs.shape
   logits, state = drafter.first(state, seqs, n)
   snapshots, parents, tokens, lp = [state], [], [], live_logprobs
   for depth in range(1, gamma + 1):
     logp = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(batch, k, -1)
+    if depth == 1:
+      logp = jnp.where(known[..., None], jax.nn.log_softmax(target_logits), logp)
     vocab = logp.shape[-1]
     if eos_id >= 0:
       logp = jnp.where(jnp.arange(vocab) == eos_id, -jnp.inf, logp)
@@ -404,7 +420,8 @@ def _run(target: Model, drafter: Any, encoder_tokens: Array, prompt_lengths: Arr
   state = _State(beam=start, drafter=dstate, settled=no.at[:, 0].set(settled),
                  hopeless=no.at[:, 0].set(hopeless),
                  depth_used=jnp.zeros((batch, gamma), jnp.int32),
-                 rounds=jnp.zeros((), jnp.int32))
+                 rounds=jnp.zeros((), jnp.int32), known=jnp.zeros((batch, k), jnp.bool_),
+                 logits=jnp.zeros((batch, k, target.config.vocab_size), jnp.float32))
   identity = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (batch, k))
   bidx = jnp.arange(batch)[:, None]
 
@@ -413,7 +430,8 @@ def _run(target: Model, drafter: Any, encoder_tokens: Array, prompt_lengths: Arr
     t = b.cur_index                                                    # [B]
     flat = b.live_seqs.reshape(batch * k, steps + 1)
     n = jnp.repeat(t, k)
-    tree = _draft(drafter, s.drafter, flat, n, b.live_logprobs, gamma, m, config.eos_id)
+    tree = _draft(drafter, s.drafter, flat, n, b.live_logprobs, s.known, s.logits, gamma, m,
+                  config.eos_id)
     last = jnp.take_along_axis(flat, n[:, None], axis=1).reshape(batch, k)
     tokens = jnp.concatenate([_take(last, tree.root)[..., None], tree.path], axis=2)
     tokens = jnp.pad(tokens.reshape(batch * m, gamma + 1), ((0, 0), (0, width - gamma - 1)))
@@ -467,8 +485,11 @@ def _run(target: Model, drafter: Any, encoder_tokens: Array, prompt_lengths: Arr
     kv = lambda xs: tuple(_blocks(x, parents) for x in xs)
     cache = b.cache.replace(self_key=kv(vcache.self_key), self_value=kv(vcache.self_value))
     cache = cache.with_length(b.cache.length + jnp.repeat(depth, k))
+    # Beams on a chain: their next logits are in this call (the next draft reads them).
+    ahead = logits[bidx, jnp.maximum(st.cache, 0), jnp.minimum(depth, gamma)[:, None]]
     return _State(beam=st.replace(cache=cache), drafter=_drafter_rows(tree, s.drafter, parents),
-                  settled=sett, hopeless=hope, depth_used=used, rounds=s.rounds + 1)
+                  settled=sett, hopeless=hope, depth_used=used, rounds=s.rounds + 1,
+                  known=st.cache >= 0, logits=ahead)
 
   final = jax.lax.while_loop(
       lambda s: jnp.any(_go(s.beam.cur_index, s.settled, s.hopeless, config)), one_round,
