@@ -362,12 +362,12 @@ def _draft(drafter: Any, state: Any, seqs: Array, n: Array, live_logprobs: Array
   chosen = (_take(jnp.concatenate(end_level, 1), start) * k
             + _take(jnp.concatenate(end_node, 1), start))                # the chains' ends
   roots, paths = jnp.concatenate(root, 1), jnp.concatenate(path, 1)      # [B, C], [B, C, G]
-  depth = chosen // k
+  end = chosen // k
   # A chain to a level-gamma node reads the drafter state of its parent (level gamma - 1).
-  node = jnp.where(depth == gamma, _take(parents[-1], chosen % k), chosen % k)
+  node = jnp.where(end == gamma, _take(parents[-1], chosen % k), chosen % k)
   stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *snapshots)
   return _Tree(root=_take(roots, chosen), path=_take(paths, chosen),
-               level=jnp.minimum(depth, gamma - 1), node=node, snapshots=stacked)
+               level=jnp.minimum(end, gamma - 1), node=node, snapshots=stacked)
 
 
 def _drafter_rows(tree: _Tree, first: Any, row: Array) -> Any:
