@@ -238,20 +238,21 @@ def test_stopping_settings_and_no_eos():
 
 @pytest.mark.slow
 def test_any_number_of_chains():
-  """M = K chains (one per beam) and M = 3K: the same beams; the perfect drafter's tree
-  covers more levels with more chains."""
+  """M = K chains (one per beam) and M = 3K, a first level of K and 2K nodes: the same
+  beams; the perfect drafter's tree covers more levels with more chains."""
   t = _tables(2)
   target, config = PrefixTable(t), _config(3, 7, 0.6)
   ref = beam.run(target, ENC, config=config)
   per_call = {}
-  for chains in (3, 9):
+  for chains, width in ((3, 3), (9, 6), (9, 3)):
     for name, drafter in _drafters(t, 2).items():
-      out = speculative_beam.run(target, drafter, ENC, config=config, gamma=3, chains=chains)
+      out = speculative_beam.run(target, drafter, ENC, config=config, gamma=3, chains=chains,
+                                 width=width)
       np.testing.assert_array_equal(out.beams, ref.beams, err_msg=f"{chains} {name}")
       np.testing.assert_array_equal(out.scores, ref.scores)
       if name == "perfect":
-        per_call[chains] = out.stats["steps_per_target_call"]
-  assert per_call[9] > per_call[3] >= 1.0, per_call
+        per_call[chains, width] = out.stats["steps_per_target_call"]
+  assert per_call[9, 6] > per_call[3, 3] >= 1.0, per_call
 
 
 @pytest.mark.slow
@@ -279,7 +280,8 @@ def test_negative_control_a_replay_without_the_scored_check_fails():
     ({"min_log_prob": "low"}, "min_log_prob must be a number"),
     ({"exact": "yes"}, "exact must be True, False or None"),
     ({"gamma": 16, "exact": True}, "exact mode verifies at most 15"),
-    ({"num_beams": 4, "chains": 3}, "chains must be >= num_beams")])
+    ({"num_beams": 4, "chains": 3}, "chains must be >= num_beams"),
+    ({"num_beams": 4, "width": 2}, "width must be >= num_beams")])
 def test_bad_settings(kwargs, match):
   with pytest.raises(sd.InputError, match=match):
     sd.SpeculativeBeam(None, **kwargs)

@@ -115,8 +115,11 @@ class SpeculativeBeam(Method):
     num_beams: K, beams per row (>= 1).
     alpha: the brevity penalty's exponent, as `sd.Beam`'s (T5X's default 0.6).
     gamma: drafted tokens per beam and round: a round takes 1 to gamma + 1 beam steps.
+    width: the drafted tree's first level: the drafter's best `width` (>= num_beams)
+      continuations of the live beams (its search goes on from the best num_beams).
+      None: 2 * num_beams.
     chains: M, the drafted chains verified per row and round (>= num_beams; one target
-      call of M rows per row). None: 2 * num_beams, or num_beams in exact mode on a
+      call of M rows per row). None: 3 * num_beams, or num_beams in exact mode on a
       target whose decode is not width-invariant (there the call keeps `sd.Beam`'s rows).
     min_log_prob: stop once no live beam's log-prob (over the largest penalty) passes it.
     exact: every target call of `engine.EXACT_WIDTH` tokens, as `sd.Beam(exact=True)`'s,
@@ -140,6 +143,7 @@ class SpeculativeBeam(Method):
   num_beams: int = setting(4)
   alpha: float = setting(0.6)
   gamma: int = setting(3)
+  width: int | None = setting(None)
   chains: int | None = setting(None)
   min_log_prob: float = setting(beam.NEG_INF)
   exact: bool | None = setting(None)
@@ -151,6 +155,10 @@ class SpeculativeBeam(Method):
       raise InputError(f"alpha (the brevity penalty's exponent) must be >= 0, got {self.alpha!r}")
     _check_number(self.min_log_prob, "min_log_prob")
     _check_exact(self.exact)
+    if self.width is not None and inputs.check_positive_int(self.width, "width") \
+        < self.num_beams:
+      raise InputError(f"width must be >= num_beams ({self.num_beams}): the search goes on "
+                       f"from the best num_beams, got {self.width!r}")
     if self.chains is not None and inputs.check_positive_int(self.chains, "chains") \
         < self.num_beams:
       raise InputError(f"chains must be >= num_beams ({self.num_beams}): every beam needs "
@@ -171,11 +179,12 @@ class SpeculativeBeam(Method):
                                eos_id=eos_id, max_decode_len=max_new_tokens + 1,
                                min_log_prob=float(self.min_log_prob))
     return run(target, self.drafter, encoder_tokens, config=config, gamma=self.gamma,
-               chains=self.chains, exact=bool(self.exact), prompt_lengths=prompt_lengths)
+               width=self.width, chains=self.chains, exact=bool(self.exact),
+               prompt_lengths=prompt_lengths)
 
 
 def run(target: Model, drafter: Any, encoder_tokens: Array, *, config: beam.SearchConfig,
-        gamma: int, chains: int | None = None, exact: bool = False,
+        gamma: int, width: int | None = None, chains: int | None = None, exact: bool = False,
         prompt_lengths: Array | None = None,
         check_scored: bool = True) -> SpeculativeBeamOutput:
   """Speculative beam search of `target` over `encoder_tokens` [B, Le] (a decoder-only
@@ -192,14 +201,15 @@ def run(target: Model, drafter: Any, encoder_tokens: Array, *, config: beam.Sear
                      "the target (sd.early_exit) is not supported; pass a model")
   k = config.num_beams
   padded = exact and not target.width_invariant_decode
+  width = 2 * k if width is None else width
   if chains is None:
-    chains = k if padded else 2 * k
+    chains = k if padded else 3 * k
   if padded and chains != k:
     raise InputError(f"exact mode on a target whose decode is not width-invariant verifies "
                      f"one chain per beam (its calls keep sd.Beam's {k} rows per row): "
                      f"chains={chains} (use chains=None, or pack the target: sd.pack)")
   return _run(target, drafter, encoder_tokens, prompt_lengths, config=config, gamma=gamma,
-              chains=chains, exact=exact, check_scored=check_scored)
+              width=width, chains=chains, exact=exact, check_scored=check_scored)
 
 
 class _State(struct.PyTreeNode):
@@ -309,16 +319,21 @@ class _Tree(struct.PyTreeNode):
 
 
 def _draft(drafter: Any, state: Any, seqs: Array, n: Array, live_logprobs: Array,
-           known: Array, target_logits: Array, gamma: int, chains: int, eos_id: int) -> _Tree:
+           known: Array, target_logits: Array, gamma: int, width: int, chains: int,
+           eos_id: int) -> _Tree:
   """The drafter's own beam search (width K, EOS excluded: T5X's live beams) for gamma
   steps from the K live beams (seqs [B*K, L] up to n [B*K], their log-probs [B, K]); its
-  nodes form a tree under the beams. A chain follows first children down; one starts at
-  each live beam (step 1 needs every beam's logits: chain k is beam k's), then at each
-  other child, shallowest first, up to `chains` per row: the replay needs every node of
-  a level, so the tree is covered level by level. Where the target's next-token logits of
-  a live beam are known (known [B, K], target_logits f32 [B, K, V]: the last round scored
-  the beam), the first level reads them instead of the drafter's."""
+  nodes form a tree under the beams, `width` >= K of them at the first level (the search
+  goes on from the best K). Where the target's next-token logits of a live beam are known
+  (known [B, K], target_logits f32 [B, K, V]: the last round scored the beam), the first
+  level reads them instead of the drafter's.
+
+  A chain follows first children down; one starts at each live beam (step 1 needs every
+  beam's logits: chain k is beam k's), then at each other child, shallowest first, up to
+  `chains` per row: the replay needs every node of a level, so the tree is covered level
+  by level."""
   batch, k = live_logprobs.shape
+  sizes = [k] + [width if depth == 1 else k for depth in range(1, gamma + 1)]
   logits, state = drafter.first(state, seqs, n)
   snapshots, parents, tokens, lp = [state], [], [], live_logprobs
   for depth in range(1, gamma + 1):
@@ -328,14 +343,15 @@ def _draft(drafter: Any, state: Any, seqs: Array, n: Array, live_logprobs: Array
     vocab = logp.shape[-1]
     if eos_id >= 0:
       logp = jnp.where(jnp.arange(vocab) == eos_id, -jnp.inf, logp)
-    lp, index = jax.lax.top_k((lp[..., None] + logp).reshape(batch, k * vocab), k)
-    parents.append((index // vocab).astype(jnp.int32))
+    lp, index = jax.lax.top_k((lp[:, :k, None] + logp).reshape(batch, k * vocab),
+                              sizes[depth])
+    parents.append((index // vocab).astype(jnp.int32))       # into the level above's first K
     tokens.append((index % vocab).astype(jnp.int32))
     if depth < gamma:
-      state = _gather_drafter(state, parents[-1], batch * k)
-      logits, state = drafter.next(state, tokens[-1].reshape(-1))
+      state = _gather_drafter(state, parents[-1][:, :k], batch * k)
+      logits, state = drafter.next(state, tokens[-1][:, :k].reshape(-1))
       snapshots.append(state)
-  # Every node of the tree: level d = 0 .. gamma, K each (level 0: the live beams).
+  # Every node of the tree, level by level (level 0: the live beams).
   root = [jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (batch, k))]
   path = [jnp.zeros((batch, k, gamma), jnp.int32)]
   for depth in range(1, gamma + 1):
@@ -343,31 +359,37 @@ def _draft(drafter: Any, state: Any, seqs: Array, n: Array, live_logprobs: Array
     path.append(_take(path[-1], parents[depth - 1]).at[:, :, depth - 1].set(tokens[depth - 1]))
   # A chain follows first children (the lowest index among a node's children) down to
   # the deepest one; a chain starts at each live beam and at every other child.
-  index = jnp.arange(k, dtype=jnp.int32)
-  child = [jnp.min(jnp.where(p[:, None, :] == index[None, :, None], index, k), axis=2)
-           for p in parents]                                             # [B, K] per level
-  end_level = [jnp.full((batch, k), gamma, jnp.int32)]
-  end_node = [jnp.broadcast_to(index, (batch, k))]
+  arange = [jnp.arange(size, dtype=jnp.int32) for size in sizes]
+  child = [jnp.min(jnp.where(parents[d][:, None, :] == arange[d][None, :, None], arange[d + 1],
+                             sizes[d + 1]), axis=2) for d in range(gamma)]   # [B, size_d]
+  end_level = [jnp.full((batch, sizes[gamma]), gamma, jnp.int32)]
+  end_node = [jnp.broadcast_to(arange[gamma], (batch, sizes[gamma]))]
   for depth in range(gamma - 1, -1, -1):
-    has = child[depth] < k
-    first_child = jnp.minimum(child[depth], k - 1)
+    has = child[depth] < sizes[depth + 1]
+    first_child = jnp.minimum(child[depth], sizes[depth + 1] - 1)
     end_level.insert(0, jnp.where(has, _take(end_level[0], first_child), depth))
-    end_node.insert(0, jnp.where(has, _take(end_node[0], first_child), index))
+    end_node.insert(0, jnp.where(has, _take(end_node[0], first_child), arange[depth]))
   starts = [jnp.ones((batch, k), jnp.bool_)] + [
-      _take(child[depth - 1], parents[depth - 1]) != index for depth in range(1, gamma + 1)]
-  level_of = jnp.repeat(jnp.arange(gamma + 1, dtype=jnp.int32), k)      # [C = (G + 1) K]
-  order = -(level_of * (k + 1) + jnp.tile(index, gamma + 1))             # shallow, then first
-  rank = jnp.where(jnp.concatenate(starts, 1), order, -(gamma + 2) * (k + 1))
+      _take(child[depth - 1], parents[depth - 1]) != arange[depth]
+      for depth in range(1, gamma + 1)]
+  level_of = jnp.concatenate([jnp.full((size,), d, jnp.int32) for d, size in enumerate(sizes)])
+  index_of = jnp.concatenate(arange)                                     # [C]: all nodes
+  offset = jnp.cumsum(jnp.array([0] + sizes[:-1], jnp.int32))
+  order = -(level_of * (width + 1) + index_of)                           # shallow, then first
+  rank = jnp.where(jnp.concatenate(starts, 1), order, -(gamma + 2) * (width + 1))
   start = jax.lax.top_k(rank, chains)[1]             # [B, M]: the live beams first, in order
-  chosen = (_take(jnp.concatenate(end_level, 1), start) * k
-            + _take(jnp.concatenate(end_node, 1), start))                # the chains' ends
+  end = _take(jnp.concatenate(end_level, 1), start)
+  chosen = offset[end] + _take(jnp.concatenate(end_node, 1), start)     # the chains' ends
   roots, paths = jnp.concatenate(root, 1), jnp.concatenate(path, 1)      # [B, C], [B, C, G]
-  end = chosen // k
-  # A chain to a level-gamma node reads the drafter state of its parent (level gamma - 1).
-  node = jnp.where(end == gamma, _take(parents[-1], chosen % k), chosen % k)
+  # The drafter fed the first K nodes of levels 0 .. gamma - 1; a chain ending elsewhere
+  # reads its end's parent's state (which holds every token of the chain but the last).
+  fed = (end < gamma) & (index_of[chosen] < k)
+  parent_of = jnp.concatenate([jnp.zeros((batch, k), jnp.int32)] + parents, 1)
   stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *snapshots)
   return _Tree(root=_take(roots, chosen), path=_take(paths, chosen),
-               level=jnp.minimum(end, gamma - 1), node=node, snapshots=stacked)
+               level=jnp.where(fed, end, end - 1),
+               node=jnp.where(fed, index_of[chosen], _take(parent_of, chosen)),
+               snapshots=stacked)
 
 
 def _drafter_rows(tree: _Tree, first: Any, row: Array) -> Any:
@@ -387,9 +409,10 @@ def _drafter_rows(tree: _Tree, first: Any, row: Array) -> Any:
 
 
 @functools.partial(jax.jit,
-                   static_argnames=("config", "gamma", "chains", "exact", "check_scored"))
+                   static_argnames=("config", "gamma", "width", "chains", "exact",
+                                    "check_scored"))
 def _run(target: Model, drafter: Any, encoder_tokens: Array, prompt_lengths: Array | None, *,
-         config: beam.SearchConfig, gamma: int, chains: int, exact: bool,
+         config: beam.SearchConfig, gamma: int, width: int, chains: int, exact: bool,
          check_scored: bool) -> SpeculativeBeamOutput:
   k, m, steps = config.num_beams, chains, config.max_decode_len - 1
   batch = encoder_tokens.shape[0]
@@ -430,8 +453,8 @@ def _run(target: Model, drafter: Any, encoder_tokens: Array, prompt_lengths: Arr
     t = b.cur_index                                                    # [B]
     flat = b.live_seqs.reshape(batch * k, steps + 1)
     n = jnp.repeat(t, k)
-    tree = _draft(drafter, s.drafter, flat, n, b.live_logprobs, s.known, s.logits, gamma, m,
-                  config.eos_id)
+    tree = _draft(drafter, s.drafter, flat, n, b.live_logprobs, s.known, s.logits, gamma,
+                  width, m, config.eos_id)
     last = jnp.take_along_axis(flat, n[:, None], axis=1).reshape(batch, k)
     tokens = jnp.concatenate([_take(last, tree.root)[..., None], tree.path], axis=2)
     tokens = jnp.pad(tokens.reshape(batch * m, gamma + 1), ((0, 0), (0, width - gamma - 1)))
