@@ -12,9 +12,10 @@ or `exact=True` on both sides, whose calls all carry `engine.EXACT_WIDTH` tokens
 A round, for the K live beams of every row (the flat [B*K] layout of `beam`):
 
     draft    the drafter's own beam search (width K, from the live beams and their
-             log-probs) for gamma steps: a tree of K nodes per level; where the last
-             round computed a beam's target logits, level 1 reads them
-    chains   the tree cut into M chains (`chains`, default 2K) following first children:
+             log-probs) for gamma steps: a tree of K nodes per level (the first level:
+             `width`, default 2K); where the last round computed a beam's target logits,
+             the first level reads them
+    chains   the tree cut into M chains (`chains`, default 3K) following first children:
              chain k continues live beam k, the others start at the other children,
              shallowest first (the replay needs every node of a level)
     verify   ONE target call over B*M rows [beam's last token, c_1 .. c_gamma] (each
@@ -83,8 +84,9 @@ class SpeculativeBeamOutput(beam.BeamOutput):
       steps                   beam steps taken (T5X's loop iterations; `sd.Beam`'s calls)
       steps_per_target_call   float, steps / rounds: beam steps per target call
       drafter_calls           drafter calls counted per row (gamma per round)
-      drafted                 drafted nodes counted per row: K chains of gamma tokens a round
-      drafted_nodes_per_round float, drafted / target_calls (K * gamma)
+      drafted                 drafted nodes counted per row: the tree's, width + K (gamma - 1)
+                              a round
+      drafted_nodes_per_round float, drafted / target_calls
       accepted                drafted nodes whose target logits took a beam step
       acceptance_rate         float, accepted / drafted
       per_position_accepted   list [gamma]: (row, round) pairs whose beams took a step from
@@ -526,7 +528,8 @@ def _run(target: Model, drafter: Any, encoder_tokens: Array, prompt_lengths: Arr
   calls = jnp.full((batch,), final.rounds, jnp.int32)
   counters = DecodeStats.zeros(batch, gamma).replace(
       rounds=final.rounds, target_calls=calls, drafter_calls=gamma * calls,
-      drafted=k * gamma * calls, accepted=k * jnp.sum(final.depth_used, axis=1),
+      drafted=(width + k * (gamma - 1)) * calls,          # the tree's nodes
+      accepted=k * jnp.sum(final.depth_used, axis=1),
       per_position_accepted=final.depth_used, emitted=lengths)
   return SpeculativeBeamOutput(
       tokens=beams[:, -1], lengths=lengths, counters=counters,
