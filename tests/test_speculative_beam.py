@@ -185,15 +185,29 @@ def _drafters(t, seed):
           "random": testing.table_drafter(random)}
 
 
-@pytest.mark.parametrize("num_beams,alpha,gamma", [
-    (2, 0.6, 3), pytest.param(3, 0.0, 2, marks=pytest.mark.slow),
-    pytest.param(3, 2.0, 4, marks=pytest.mark.slow)])
+def test_small_search_matches_the_oracle():
+  """The fast tier's check (one compiled program): K = 2, a perfect drafter, the oracle's
+  beams and scores, more than one step per target call."""
+  t = _tables(0)
+  expected, scores = oracle(t, ENC, 2, 4, 0.6)
+  out = speculative_beam.run(PrefixTable(t), PrefixDrafter(t), ENC, config=_config(2, 4, 0.6),
+                             gamma=2)
+  np.testing.assert_array_equal(out.beams, expected)
+  np.testing.assert_allclose(out.scores, scores, rtol=1e-6)
+  assert out.stats["steps"] > out.stats["rounds"], out.stats
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("num_beams,alpha,gamma", [(2, 0.6, 3), (3, 0.0, 2), (3, 2.0, 4)])
 def test_table_model_matches_the_oracle_and_beam(num_beams, alpha, gamma):
   """Every drafter: beams and lengths bitwise `beam.run`'s and the oracle's, scores equal;
-  a perfect drafter commits more than one step per target call."""
+  a perfect drafter commits more than one step per target call; new tables and drafters
+  of the same shapes compile nothing new."""
   steps, taken, calls = 7, 0, 0
   config = _config(num_beams, steps, alpha)
   for seed in range(3):
+    if seed == 1:
+      programs = speculative_beam._run._cache_size()
     t = _tables(seed)
     target = PrefixTable(t)
     expected, scores = oracle(t, ENC, num_beams, steps, alpha)
@@ -213,6 +227,7 @@ def test_table_model_matches_the_oracle_and_beam(num_beams, alpha, gamma):
       if name == "perfect":
         taken, calls = taken + stats["steps"], calls + stats["rounds"]
   assert taken > calls, (taken, calls)      # the perfect drafter: > 1 step per call
+  assert speculative_beam._run._cache_size() == programs
 
 
 @pytest.mark.slow
