@@ -414,3 +414,16 @@ def test_decoder_only_ragged_prompts():
     out = sd.decode(target, sd.SpeculativeBeam(d, num_beams=3, gamma=3, exact=True), prompts(),
                     max_new_tokens=T)
     _assert_same(out, ref, name)
+
+
+@pytest.mark.slow
+def test_token_level_drafters():
+  """An n-gram drafter (fit on the answer) and prompt lookup draft for beams too."""
+  t = _tables(3)
+  target, config = PrefixTable(t), _config(3, 6, 0.6)
+  ref = beam.run(target, ENC, config=config)
+  ngram = sd.NGramDrafter.fit([list(r) for r in np.asarray(ref.tokens)], V)
+  for drafter in (ngram, sd.PromptLookupDrafter(V)):
+    out = speculative_beam.run(target, drafter, ENC, config=config, gamma=2)
+    np.testing.assert_array_equal(out.beams, ref.beams, err_msg=type(drafter).__name__)
+    np.testing.assert_array_equal(out.lengths, ref.lengths)
