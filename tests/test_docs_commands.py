@@ -50,7 +50,9 @@ def fine(value: str, made: set[str], known: set[str]) -> bool:
 
 
 def test_help_names_every_model_kind():
-  text = " ".join(cli.build_parser().format_help().split())
+  parser = cli.build_parser()
+  assert parser.description in " ".join(parser.format_help().split()).replace("- ", "-")
+  text = parser.description
   assert "T5 encoder-decoders and decoder-only LMs" in text
   assert "demo-de-en" in text and "demo-en-lm" in text
 

@@ -179,10 +179,16 @@ def _owner(dest: str) -> str:
 
 
 def resolve_method(args) -> str:
-  """The --method value, or its default: speculative with --drafter, else autoregressive."""
-  if args.method is not None:
-    return args.method
-  return "autoregressive" if args.drafter is None else "speculative"
+  """The --method value, or its default: speculative with --drafter, else autoregressive.
+  A method that takes no drafter, given one, is the method that says it is its drafted
+  form (`with_drafter_for`: --method beam --drafter X is speculative-beam)."""
+  if args.method is None:
+    return "autoregressive" if args.drafter is None else "speculative"
+  if args.drafter is not None and CORE[args.method].drafter_role is None:
+    drafted = [name for name, m in CORE.items() if m.with_drafter_for == args.method]
+    if drafted:
+      return drafted[0]
+  return args.method
 
 
 def _check_settings(args, method: str) -> core.Method:

@@ -121,6 +121,13 @@ def gather_beams(x: Array, index: Array, axis: int = 0) -> Array:
   return jnp.take_along_axis(x, idx, axis=axis + 1).reshape(shape)
 
 
+def gather_cache(cache: DecoderCache, index: Array) -> DecoderCache:
+  """A model's cache over the flat [B*K] batch with its beams reordered by index [B, K]
+  (`gather_beams`): only the self-attention buffers differ between a row's beams."""
+  kv = lambda xs: tuple(gather_beams(x, index) for x in xs)
+  return cache.replace(self_key=kv(cache.self_key), self_value=kv(cache.self_value))
+
+
 def _take(x: Array, index: Array) -> Array:
   """x [B, N, ...] -> [B, K, ...] at index [B, K] (along axis 1)."""
   return jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
@@ -138,17 +145,27 @@ def init_state(live_seqs: Array, cache: Any, num_beams: int) -> BeamState:
       finished_flags=jnp.zeros((batch, num_beams), jnp.bool_), cache=cache)
 
 
-def cond(state: BeamState, config: SearchConfig, start: Array) -> Array:
-  """Go on? `start`: [] the least initial index (0 without a prompt in the cache)."""
-  not_at_end = state.cur_index + start < config.max_decode_len - 1
-  over_steps = (config.max_decode_step > 0) & jnp.all(state.cur_index >= config.max_decode_step)
+def row_flags(state: BeamState, config: SearchConfig) -> tuple[Array, Array]:
+  """(settled, hopeless), bool [B] each: the rows `cond`'s early stops read. Settled: no
+  live beam, over the largest penalty, beats the row's worst finished score; hopeless: no
+  live beam's log-prob (over it) passes `min_log_prob`."""
   bound = brevity_penalty(config.alpha, config.penalty_len or config.max_decode_len)
   best_live = state.live_logprobs[:, -1:] / bound
   worst_finished = jnp.min(state.finished_scores, axis=1, keepdims=True)
   worst_finished = jnp.where(state.finished_flags, worst_finished, NEG_INF)
-  settled = jnp.all(worst_finished > best_live)
-  hopeless = jnp.all(best_live < config.min_log_prob / bound) & (state.cur_index > 0)
-  return not_at_end & ~settled & ~hopeless & ~over_steps
+  settled = jnp.all(worst_finished > best_live, axis=1)
+  hopeless = best_live[:, 0] < config.min_log_prob / bound
+  return settled, hopeless
+
+
+def cond(state: BeamState, config: SearchConfig, start: Array) -> Array:
+  """Go on? `start`: [] the least initial index (0 without a prompt in the cache). Stops
+  when every row is settled, or every row hopeless after the first step (`row_flags`)."""
+  not_at_end = state.cur_index + start < config.max_decode_len - 1
+  over_steps = (config.max_decode_step > 0) & jnp.all(state.cur_index >= config.max_decode_step)
+  settled, hopeless = row_flags(state, config)
+  hopeless = jnp.all(hopeless) & (state.cur_index > 0)
+  return not_at_end & ~jnp.all(settled) & ~hopeless & ~over_steps
 
 
 def step(state: BeamState, logits: Array, cache: Any, config: SearchConfig,
@@ -377,11 +394,6 @@ def _run(target: Model, encoder_tokens: Array, prompt_lengths: Array | None, *,
     tokens = jnp.pad(tokens.reshape(batch * k, 1), ((0, 0), (0, width - 1)))
     logits, cache = target.decode(tokens, s.cache)
     return logits[:, 0], cache.with_length(s.cache.length + 1)
-
-  def gather_cache(c: DecoderCache, index: Array) -> DecoderCache:
-    # Only the self-attention buffers differ between a row's beams.
-    kv = lambda xs: tuple(gather_beams(x, index) for x in xs)
-    return c.replace(self_key=kv(c.self_key), self_value=kv(c.self_value))
 
   def pin(s: BeamState) -> BeamState:
     if layout is None:

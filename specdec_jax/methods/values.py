@@ -118,6 +118,8 @@ class Method:
     drafter_role: what `--drafter` is for it ("drafter", "small model"); None: it takes
       none (the target alone, or prediction heads).
     greedy_only: deterministic (beam search): sampling is refused.
+    with_drafter_for: the method whose name, given a `--drafter`, means this one
+      (`--method beam --drafter X` is exact speculative beam search).
     statistics: its readable statistics (names documented in `stats.summarize`, which
       computes them; the round engine's methods start from `stats.COMMON_STATS`); None:
       every statistic (a research method).
@@ -128,6 +130,7 @@ class Method:
   summary: ClassVar[str] = ""
   drafter_role: ClassVar[str | None] = None
   greedy_only: ClassVar[bool] = False
+  with_drafter_for: ClassVar[str | None] = None
   statistics: ClassVar[tuple[str, ...] | None] = None
   shorthand: ClassVar[tuple[str, ...]] = ()
 

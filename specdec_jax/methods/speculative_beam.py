@@ -1,0 +1,559 @@
+"""Exact speculative beam search (`sd.SpeculativeBeam`): `sd.Beam`'s beams with a drafter.
+
+    out = sd.decode(target, sd.SpeculativeBeam(drafter, num_beams=4, alpha=0.6, gamma=3),
+                    encoder_tokens, max_new_tokens=T)
+
+returns what `sd.Beam(num_beams=4, alpha=0.6)` returns (`beam.BeamOutput`: the best beam,
+every beam, T5X's scores and order, the lengths), bitwise, whatever the drafter proposes;
+only the number of target calls depends on it. (Bitwise where the target's k-token call
+rounds like its 1-token call: a width-invariant target, `Model.width_invariant_decode`,
+or `exact=True` on both sides, whose calls all carry `engine.EXACT_WIDTH` tokens.)
+
+A round, for the K live beams of every row (the flat [B*K] layout of `beam`):
+
+    draft    the drafter's own beam search (width K, from the live beams and their
+             log-probs) for gamma steps: a tree of K nodes per level (the first level:
+             `width`, default 2K); where the last round computed a beam's target logits,
+             the first level reads them
+    chains   the tree cut into M chains (`chains`, default 3K) following first children:
+             chain k continues live beam k, the others start at the other children,
+             shallowest first (the replay needs every node of a level)
+    verify   ONE target call over B*M rows [beam's last token, c_1 .. c_gamma] (each
+             chain's beam's cache gathered to its row): logits at gamma + 1 positions,
+             every position at the slot a one-token step would write it to
+    replay   T5X's `beam.step` with those log-probs, while every new live beam of the row
+             is a scored node (a chain that shares its parent's prefix has its token next:
+             its logits are in the call); the first step whose new beams leave the chains
+             ends the row's round. Step 1 always replays (chain k starts with beam k).
+    commit   each new beam's cache is its parent's chain row (a gather within the row's
+             block), whose positions up to the beam's last token the call wrote; the
+             length says where it ends
+
+Why the replay is T5X's beam search: each replayed step is `beam.step` itself, given the
+target's logits for exactly the sequences T5X would feed, computed at the same slots over
+the same cache entries (a chain's token at depth d sits at slot t + d, after its parent's),
+so the log-probs, the top-k choices and the ties are T5X's. (M > K rows need a target
+whose decode is batch-invariant as well, as the width-invariant kernels are; exact mode
+on another target keeps K rows, `sd.Beam`'s call shape.)
+
+Rows run ahead of one another (each row's `cur_index` is its own): T5X's loop is one
+`lax.while_loop` over every row, and its stopping rule (`beam.cond`) reads all rows at one
+step. A row takes step s + 1 only once that rule is KNOWN to go on at step s: from the
+rows that have been at step s (each row records its `beam.row_flags` at every step it
+reaches), some row not settled and some row not hopeless. The lowest row always knows
+(every row is at or past it), so the loop never stalls, no row passes the step at which
+T5X stops, and every row ends there, with the state T5X's loop leaves it in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specdec_jax.cache import DecoderCache
+from specdec_jax.drafters import as_drafter
+from specdec_jax.errors import InputError, SamplingError
+from specdec_jax.methods import beam
+from specdec_jax.methods.values import (
+  MAX_GAMMA,
+  Method,
+  _check_exact,
+  _check_number,
+  carried,
+  setting,
+)
+from specdec_jax.models.model import Model
+from specdec_jax.rounds import engine, inputs
+from specdec_jax.rounds.stats import COMMON_STATS, DecodeStats, summarize
+
+Array = jax.Array
+
+
+@struct.dataclass
+class SpeculativeBeamOutput(beam.BeamOutput):
+  """`beam.BeamOutput` plus the steps taken (`stats` reads them).
+
+  Attributes:
+    steps: int32 [] beam steps taken (T5X's final `cur_index`).
+  """
+
+  steps: Array | None = None
+
+  @functools.cached_property
+  def stats(self):
+    """The readable statistics: the common ones (`stats.summarize`), then
+
+      steps                   beam steps taken (T5X's loop iterations; `sd.Beam`'s calls)
+      steps_per_target_call   float, steps / rounds: beam steps per target call
+      drafter_calls           drafter calls counted per row (gamma per round)
+      drafted                 drafted nodes counted per row: the tree's, width + K (gamma - 1)
+                              a round
+      drafted_nodes_per_round float, drafted / target_calls
+      accepted                drafted nodes whose target logits took a beam step
+      acceptance_rate         float, accepted / drafted
+      per_position_accepted   list [gamma]: (row, round) pairs whose beams took a step from
+                              the drafted nodes at depth d + 1
+      acceptance_by_depth     list [gamma] of floats: per_position_accepted / target_calls
+
+    plus the run's `info`."""
+    full = summarize(self.counters, dict(self.info))
+    own = ("drafter_calls", "drafted", "accepted", "acceptance_rate", "per_position_accepted")
+    out = {k: full[k] for k in COMMON_STATS + own}
+    steps, calls = int(self.steps), max(out["target_calls"], 1)
+    out["steps"] = steps
+    out["steps_per_target_call"] = steps / max(out["rounds"], 1)
+    out["drafted_nodes_per_round"] = out["drafted"] / calls
+    out["acceptance_by_depth"] = [v / calls for v in out["per_position_accepted"]]
+    out.update(dict(self.info))
+    return out
+
+
+@struct.dataclass
+class SpeculativeBeam(Method):
+  """Exact speculative beam search: `sd.Beam`'s output (T5X's `beam_search`), with fewer
+  target calls when a drafter predicts the beams' continuations.
+
+  Attributes:
+    drafter: a `Model` of the target's kind and vocabulary, or a token-level drafter of
+      `specdec_jax.drafters` (`sd.NGramDrafter`, `sd.PromptLookupDrafter`).
+    num_beams: K, beams per row (>= 1).
+    alpha: the brevity penalty's exponent, as `sd.Beam`'s (T5X's default 0.6).
+    gamma: drafted tokens per beam and round: a round takes 1 to gamma + 1 beam steps.
+    width: the drafted tree's first level: the drafter's best `width` (>= num_beams)
+      continuations of the live beams (its search goes on from the best num_beams).
+      None: 2 * num_beams.
+    chains: M, the drafted chains verified per row and round (>= num_beams; one target
+      call of M rows per row). None: 3 * num_beams, or num_beams in exact mode on a
+      target whose decode is not width-invariant (there the call keeps `sd.Beam`'s rows).
+    min_log_prob: stop once no live beam's log-prob (over the largest penalty) passes it.
+    exact: every target call of `engine.EXACT_WIDTH` tokens, as `sd.Beam(exact=True)`'s,
+      so its beams are bitwise those on any backend; None: False (bitwise `sd.Beam()`'s
+      where the target's decode is width-invariant, `Model.width_invariant_decode`).
+
+  Example (a random drafter: the beams are the target's all the same)::
+
+      >>> import specdec_jax as sd, numpy as np
+      >>> target = sd.load("config:t5_1_1_tiny")
+      >>> drafter = sd.init_model(sd.get_config("t5_1_1_tiny"), 5)
+      >>> enc = np.array([[5, 6, 7, 1]])
+      >>> out = sd.decode(target, sd.SpeculativeBeam(drafter, num_beams=2), enc,
+      ...                 max_new_tokens=4)
+      >>> ref = sd.decode(target, sd.Beam(num_beams=2), enc, max_new_tokens=4)
+      >>> bool((out.beams == ref.beams).all())
+      True
+  """
+
+  name: ClassVar[str] = "speculative-beam"
+  summary: ClassVar[str] = ("exact speculative beam search: --drafter proposes, T5X's beam "
+                            "search replayed on the target's scores (greedy only)")
+  drafter_role: ClassVar[str | None] = "drafter"
+  greedy_only: ClassVar[bool] = True
+  with_drafter_for: ClassVar[str | None] = "beam"
+  statistics: ClassVar[tuple[str, ...]] = (*COMMON_STATS, "drafter_calls", "drafted",
+                                           "accepted", "acceptance_rate",
+                                           "per_position_accepted")
+  shorthand: ClassVar[tuple[str, ...]] = ("num_beams", "gamma")
+
+  drafter: Any = carried(flag="--drafter")
+  num_beams: int = setting(4, short="K")
+  alpha: float = setting(0.6)
+  gamma: int = setting(3)
+  width: int | None = setting(None, flag="--beam-width")
+  chains: int | None = setting(None, flag="--beam-chains")
+  min_log_prob: float = setting(beam.NEG_INF)
+  exact: bool | None = setting(None)
+
+  def __post_init__(self):
+    inputs.check_positive_int(self.num_beams, "num_beams", beam.MAX_BEAMS,
+                              "beams per row: the model runs over batch x num_beams rows")
+    inputs.check_positive_int(self.gamma, "gamma", MAX_GAMMA,
+                              "drafted tokens per beam and round")
+    if _check_number(self.alpha, "alpha") < 0:
+      raise InputError(f"alpha (the brevity penalty's exponent) must be >= 0, got {self.alpha!r}")
+    _check_number(self.min_log_prob, "min_log_prob")
+    _check_exact(self.exact)
+    if self.width is not None and inputs.check_positive_int(self.width, "width") \
+        < self.num_beams:
+      raise InputError(f"width must be >= num_beams ({self.num_beams}): the search goes on "
+                       f"from the best num_beams, got {self.width!r}")
+    if self.chains is not None and inputs.check_positive_int(self.chains, "chains") \
+        < self.num_beams:
+      raise InputError(f"chains must be >= num_beams ({self.num_beams}): every beam needs "
+                       f"a chain, got {self.chains!r}")
+    if self.exact and self.gamma + 1 > engine.EXACT_WIDTH:
+      raise InputError(f"exact mode verifies at most {engine.EXACT_WIDTH - 1} drafted tokens "
+                       f"per beam, got gamma={self.gamma} (use exact=False)")
+
+  def run(self, target, encoder_tokens, max_new_tokens, sampling, rng, eos_id,
+          prompt_lengths):
+    if not sampling.is_greedy:
+      raise SamplingError("beam search is deterministic: drop sampling (sd.SpeculativeBeam "
+                          f"takes no temperature, top-k or top-p), got {sampling!r}")
+    if self.drafter is None:
+      raise InputError("sd.SpeculativeBeam needs a drafter: a Model with the target's "
+                       "vocabulary or a drafter of specdec_jax.drafters")
+    config = beam.SearchConfig(num_beams=self.num_beams, alpha=float(self.alpha),
+                               eos_id=eos_id, max_decode_len=max_new_tokens + 1,
+                               min_log_prob=float(self.min_log_prob))
+    return run(target, self.drafter, encoder_tokens, config=config, gamma=self.gamma,
+               width=self.width, chains=self.chains, exact=bool(self.exact),
+               prompt_lengths=prompt_lengths)
+
+
+def run(target: Model, drafter: Any, encoder_tokens: Array, *, config: beam.SearchConfig,
+        gamma: int, width: int | None = None, chains: int | None = None, exact: bool = False,
+        prompt_lengths: Array | None = None,
+        check_scored: bool = True) -> SpeculativeBeamOutput:
+  """Speculative beam search of `target` over `encoder_tokens` [B, Le] (a decoder-only
+  target: prompts [B, P] with `prompt_lengths` [B]) as ONE jitted program: the output of
+  `beam.run(target, encoder_tokens, config=config, exact=exact, ...)`.
+
+  check_scored=False is a deliberately WRONG replay (a negative control for the tests):
+  it takes gamma + 1 steps every round, reading each new beam's logits from its parent's
+  chain whether or not the beam is the chain's node.
+  """
+  drafter = as_drafter(drafter, target)
+  if getattr(drafter, "shares_target_cache", False):
+    raise InputError("sd.SpeculativeBeam drafts in a cache of its own: an early exit of "
+                     "the target (sd.early_exit) is not supported; pass a model")
+  k = config.num_beams
+  padded = exact and not target.width_invariant_decode
+  width = 2 * k if width is None else width
+  if chains is None:
+    chains = k if padded else 3 * k
+  if padded and chains != k:
+    raise InputError(f"exact mode on a target whose decode is not width-invariant verifies "
+                     f"one chain per beam (its calls keep sd.Beam's {k} rows per row): "
+                     f"chains={chains} (use chains=None, or pack the target: sd.pack)")
+  return _run(target, drafter, encoder_tokens, prompt_lengths, config=config, gamma=gamma,
+              width=width, chains=chains, exact=exact, check_scored=check_scored)
+
+
+class _State(struct.PyTreeNode):
+  """The outer loop's state.
+
+  Attributes:
+    beam: `beam.BeamState` with a per-row `cur_index` [B]; its cache the target's [B*K].
+    drafter: the drafter's state over the flat [B*K] beams.
+    settled, hopeless: bool [B, L] each row's `beam.row_flags` at every step it reached.
+    depth_used: int32 [B, G] rounds in which the row took a step from depth d + 1.
+    rounds: int32 [] target calls.
+    known: bool [B, K] live beams whose target logits the last round computed.
+    logits: f32 [B, K, V] those logits (the drafter's first level reads them).
+  """
+
+  beam: beam.BeamState
+  drafter: Any
+  settled: Array
+  hopeless: Array
+  depth_used: Array
+  rounds: Array
+  known: Array
+  logits: Array
+
+
+def _go(steps: Array, settled: Array, hopeless: Array, config: beam.SearchConfig) -> Array:
+  """bool [B]: may row r take its next step? `beam.cond` at step steps[r] [B], known from
+  the rows that have been there (settled / hopeless [B, L]: the flags they recorded)."""
+  batch = steps.shape[0]
+  seen = steps[:, None] >= steps[None, :]                                # [q, r]
+  at = jnp.broadcast_to(steps[None, :], (batch, batch))
+  open_rows = jnp.any(seen & ~jnp.take_along_axis(settled, at, axis=1), axis=0)
+  hopeful = (steps == 0) | jnp.any(seen & ~jnp.take_along_axis(hopeless, at, axis=1), axis=0)
+  not_at_end = steps < config.max_decode_len - 1
+  under = (config.max_decode_step <= 0) | (steps < config.max_decode_step)
+  return open_rows & hopeful & not_at_end & under
+
+
+def _record(hist: Array, steps: Array, flag: Array, where: Array) -> Array:
+  """hist [B, L] with flag [B] written at each row's step where `where` [B]."""
+  rows = jnp.arange(hist.shape[0])
+  return hist.at[rows, steps].set(jnp.where(where, flag, hist[rows, steps]))
+
+
+def _step_rows(state: beam.BeamState, logits: Array, config: beam.SearchConfig,
+               initial_index: Array | None) -> beam.BeamState:
+  """`beam.step` for each row at its own `cur_index` [B]. logits f32 [B, K, V];
+  state.cache: int [B, K] (the chain each beam is on), gathered by parent.
+
+  One row at a time (`lax.map`), each at a SCALAR `cur_index` as in `beam.search`: XLA
+  rounds a power of a scalar and of a vector differently (their last bits differ), and
+  the brevity penalty must round as T5X's loop rounds it."""
+  take = lambda c, index: jnp.take_along_axis(c, index, axis=1)
+
+  def one(args) -> beam.BeamState:
+    st, lg, ii = args
+    row = jax.tree_util.tree_map(lambda x: x[None], st).replace(cur_index=st.cur_index)
+    new = beam.step(row, lg, row.cache, config, take,
+                    initial_index=None if ii is None else ii[None])
+    return jax.tree_util.tree_map(lambda x: x[0], new.replace(cur_index=new.cur_index[None]))
+
+  return jax.lax.map(one, (state, logits, initial_index))
+
+
+def _where_rows(pick: Array, new: Any, old: Any) -> Any:
+  """Per row b: new's leaves where pick [B], else old's (leaves [B, ...])."""
+  return jax.tree_util.tree_map(
+      lambda a, b: jnp.where(pick.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), new, old)
+
+
+def _gather_drafter(state: Any, index: Array, rows: int) -> Any:
+  """The drafter's state over [B*K] beams reordered within each row by index [B, K]."""
+  if isinstance(state, DecoderCache):
+    return beam.gather_cache(state, index)
+  return jax.tree_util.tree_map(
+      lambda x: beam.gather_beams(x, index) if x.ndim and x.shape[0] == rows else x, state)
+
+
+def _blocks(x: Array, index: Array) -> Array:
+  """x [B*N, ...] -> [B*M, ...]: row m of block b is row index[b, m] (< N) of block b."""
+  batch, m = index.shape
+  y = x.reshape((batch, x.shape[0] // batch) + x.shape[1:])
+  idx = index.reshape((batch, m) + (1,) * (x.ndim - 1))
+  return jnp.take_along_axis(y, idx, axis=1).reshape((batch * m,) + x.shape[1:])
+
+
+def _take(x: Array, index: Array) -> Array:
+  """x [B, N, ...] at index [B, M] along axis 1."""
+  return jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
+class _Tree(struct.PyTreeNode):
+  """The drafted chains of one round, M per row.
+
+  Attributes:
+    root: int32 [B, M] the live beam each chain continues.
+    path: int32 [B, M, G] its tokens (0 past its drafted node's depth).
+    level, node: int32 [B, M] where its drafter state is: snapshot `level`, beam `node`.
+    snapshots: the drafter's states after feeding levels 0 .. G-1, stacked [G, B*K, ...].
+  """
+
+  root: Array
+  path: Array
+  level: Array
+  node: Array
+  snapshots: Any
+
+
+def _draft(drafter: Any, state: Any, seqs: Array, n: Array, live_logprobs: Array,
+           known: Array, target_logits: Array, gamma: int, width: int, chains: int,
+           eos_id: int) -> _Tree:
+  """The drafter's own beam search (width K, EOS excluded: T5X's live beams) for gamma
+  steps from the K live beams (seqs [B*K, L] up to n [B*K], their log-probs [B, K]); its
+  nodes form a tree under the beams, `width` >= K of them at the first level (the search
+  goes on from the best K). Where the target's next-token logits of a live beam are known
+  (known [B, K], target_logits f32 [B, K, V]: the last round scored the beam), the first
+  level reads them instead of the drafter's.
+
+  A chain follows first children down; one starts at each live beam (step 1 needs every
+  beam's logits: chain k is beam k's), then at each other child, shallowest first, up to
+  `chains` per row: the replay needs every node of a level, so the tree is covered level
+  by level."""
+  batch, k = live_logprobs.shape
+  sizes = [k] + [width if depth == 1 else k for depth in range(1, gamma + 1)]
+  logits, state = drafter.first(state, seqs, n)
+  snapshots, parents, tokens, lp = [state], [], [], live_logprobs
+  for depth in range(1, gamma + 1):
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(batch, k, -1)
+    if depth == 1:
+      logp = jnp.where(known[..., None], jax.nn.log_softmax(target_logits), logp)
+    vocab = logp.shape[-1]
+    if eos_id >= 0:
+      logp = jnp.where(jnp.arange(vocab) == eos_id, -jnp.inf, logp)
+    lp, index = jax.lax.top_k((lp[:, :k, None] + logp).reshape(batch, k * vocab),
+                              sizes[depth])
+    parents.append((index // vocab).astype(jnp.int32))       # into the level above's first K
+    tokens.append((index % vocab).astype(jnp.int32))
+    if depth < gamma:
+      state = _gather_drafter(state, parents[-1][:, :k], batch * k)
+      logits, state = drafter.next(state, tokens[-1][:, :k].reshape(-1))
+      snapshots.append(state)
+  # Every node of the tree, level by level (level 0: the live beams).
+  root = [jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (batch, k))]
+  path = [jnp.zeros((batch, k, gamma), jnp.int32)]
+  for depth in range(1, gamma + 1):
+    root.append(_take(root[-1], parents[depth - 1]))
+    path.append(_take(path[-1], parents[depth - 1]).at[:, :, depth - 1].set(tokens[depth - 1]))
+  # A chain follows first children (the lowest index among a node's children) down to
+  # the deepest one; a chain starts at each live beam and at every other child.
+  arange = [jnp.arange(size, dtype=jnp.int32) for size in sizes]
+  child = [jnp.min(jnp.where(parents[d][:, None, :] == arange[d][None, :, None], arange[d + 1],
+                             sizes[d + 1]), axis=2) for d in range(gamma)]   # [B, size_d]
+  end_level = [jnp.full((batch, sizes[gamma]), gamma, jnp.int32)]
+  end_node = [jnp.broadcast_to(arange[gamma], (batch, sizes[gamma]))]
+  for depth in range(gamma - 1, -1, -1):
+    has = child[depth] < sizes[depth + 1]
+    first_child = jnp.minimum(child[depth], sizes[depth + 1] - 1)
+    end_level.insert(0, jnp.where(has, _take(end_level[0], first_child), depth))
+    end_node.insert(0, jnp.where(has, _take(end_node[0], first_child), arange[depth]))
+  starts = [jnp.ones((batch, k), jnp.bool_)] + [
+      _take(child[depth - 1], parents[depth - 1]) != arange[depth]
+      for depth in range(1, gamma + 1)]
+  level_of = jnp.concatenate([jnp.full((size,), d, jnp.int32) for d, size in enumerate(sizes)])
+  index_of = jnp.concatenate(arange)                                     # [C]: all nodes
+  offset = jnp.cumsum(jnp.array([0] + sizes[:-1], jnp.int32))
+  order = -(level_of * (width + 1) + index_of)                           # shallow, then first
+  rank = jnp.where(jnp.concatenate(starts, 1), order, -(gamma + 2) * (width + 1))
+  start = jax.lax.top_k(rank, chains)[1]             # [B, M]: the live beams first, in order
+  end = _take(jnp.concatenate(end_level, 1), start)
+  chosen = offset[end] + _take(jnp.concatenate(end_node, 1), start)     # the chains' ends
+  roots, paths = jnp.concatenate(root, 1), jnp.concatenate(path, 1)      # [B, C], [B, C, G]
+  # The drafter fed the first K nodes of levels 0 .. gamma - 1; a chain ending elsewhere
+  # reads its end's parent's state (which holds every token of the chain but the last).
+  fed = (end < gamma) & (index_of[chosen] < k)
+  parent_of = jnp.concatenate([jnp.zeros((batch, k), jnp.int32)] + parents, 1)
+  stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *snapshots)
+  return _Tree(root=_take(roots, chosen), path=_take(paths, chosen),
+               level=jnp.where(fed, end, end - 1),
+               node=jnp.where(fed, index_of[chosen], _take(parent_of, chosen)),
+               snapshots=stacked)
+
+
+def _drafter_rows(tree: _Tree, first: Any, row: Array) -> Any:
+  """The drafter's state for beams on chains row [B, K]: each chain's snapshot (its
+  drafted node's, whose cache holds the chain's tokens); `first`: a state of the same
+  structure over [B*K] (its parts that are the same for a row's beams are kept)."""
+  batch, k = row.shape
+  rows = batch * k
+  flat = (_take(tree.level, row) * rows + jnp.arange(batch)[:, None] * k
+          + _take(tree.node, row)).reshape(-1)
+  pick = lambda x: x.reshape((-1,) + x.shape[2:])[flat]
+  if isinstance(first, DecoderCache):
+    return first.replace(self_key=tuple(map(pick, tree.snapshots.self_key)),
+                         self_value=tuple(map(pick, tree.snapshots.self_value)))
+  return jax.tree_util.tree_map(
+      lambda x: pick(x) if x.ndim >= 2 and x.shape[1] == rows else x[0], tree.snapshots)
+
+
+@functools.partial(jax.jit,
+                   static_argnames=("config", "gamma", "width", "chains", "exact",
+                                    "check_scored"))
+def _run(target: Model, drafter: Any, encoder_tokens: Array, prompt_lengths: Array | None, *,
+         config: beam.SearchConfig, gamma: int, width: int, chains: int, exact: bool,
+         check_scored: bool) -> SpeculativeBeamOutput:
+  k, m, steps = config.num_beams, chains, config.max_decode_len - 1
+  batch = encoder_tokens.shape[0]
+  # The target's calls and cache exactly as `beam._run`'s (one capacity, one call width).
+  width = engine.EXACT_WIDTH if exact and not target.width_invariant_decode else gamma + 1
+  rounds = engine.RoundConfig(max_new_tokens=steps, max_proposals=0,
+                              call_width=engine.EXACT_WIDTH if exact else 0)
+  drafting = engine.RoundConfig(max_new_tokens=steps, max_proposals=gamma)
+  initial_index = None
+  if target.is_decoder_only:
+    prompt = encoder_tokens.shape[1]
+    cache = target.start(encoder_tokens, engine.cache_capacity(target, rounds, prompt),
+                         prompt_lengths).anchored()
+    initial_index = prompt_lengths
+    config = dataclasses.replace(config, penalty_len=prompt + steps + 1)
+    dstate = drafter.init(encoder_tokens, drafting.capacity + prompt, lengths=prompt_lengths)
+  else:
+    cache = target.start(encoder_tokens, rounds.capacity)
+    dstate = drafter.init(encoder_tokens, drafting.capacity)
+  repeat = lambda tree: jax.tree_util.tree_map(lambda x: jnp.repeat(x, k, axis=0), tree)
+  cache, dstate = repeat(cache), repeat(dstate)                       # [B*K, ...]
+  first = target.first_tokens(encoder_tokens, prompt_lengths)
+  seqs = jnp.zeros((batch, k, steps + 1), jnp.int32).at[:, :, 0].set(first[:, None])
+  start = beam.init_state(seqs, cache, k)
+  start = start.replace(cur_index=jnp.zeros((batch,), jnp.int32))
+  settled, hopeless = beam.row_flags(start, config)
+  no = jnp.zeros((batch, steps + 1), jnp.bool_)
+  state = _State(beam=start, drafter=dstate, settled=no.at[:, 0].set(settled),
+                 hopeless=no.at[:, 0].set(hopeless),
+                 depth_used=jnp.zeros((batch, gamma), jnp.int32),
+                 rounds=jnp.zeros((), jnp.int32), known=jnp.zeros((batch, k), jnp.bool_),
+                 logits=jnp.zeros((batch, k, target.config.vocab_size), jnp.float32))
+  identity = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (batch, k))
+  bidx = jnp.arange(batch)[:, None]
+
+  def one_round(s: _State) -> _State:
+    b = s.beam
+    t = b.cur_index                                                    # [B]
+    flat = b.live_seqs.reshape(batch * k, steps + 1)
+    n = jnp.repeat(t, k)
+    tree = _draft(drafter, s.drafter, flat, n, b.live_logprobs, s.known, s.logits, gamma,
+                  width, m, config.eos_id)
+    last = jnp.take_along_axis(flat, n[:, None], axis=1).reshape(batch, k)
+    tokens = jnp.concatenate([_take(last, tree.root)[..., None], tree.path], axis=2)
+    tokens = jnp.pad(tokens.reshape(batch * m, gamma + 1), ((0, 0), (0, width - gamma - 1)))
+    # Each chain continues its beam's cache: M rows per row, [B*K] -> [B*M].
+    logits, vcache = target.decode(
+        tokens, jax.tree_util.tree_map(lambda x: _blocks(x, tree.root), b.cache))
+    logits = logits[:, :gamma + 1].astype(jnp.float32).reshape(batch, m, gamma + 1, -1)
+    # same[b, i, j, d]: chains i and j share their beam and first d tokens.
+    equal = jnp.cumprod(tree.path[:, :, None] == tree.path[:, None], axis=3).astype(bool)
+    same = jnp.concatenate([jnp.ones(equal.shape[:3] + (1,), jnp.bool_), equal], axis=3)
+    same = same & (tree.root[:, :, None] == tree.root[:, None, :])[..., None]
+
+    # The replay's carry: (state with cache = the chain each beam is on, the chain of each
+    # beam's parent, steps this round, scored rows, settled, hopeless, depth_used).
+    def can(c) -> Array:
+      st, _, depth, scored, sett, hope, _ = c
+      return scored & (depth <= gamma) & _go(st.cur_index, sett, hope, config)
+
+    def replay(c):
+      st, parents, depth, scored, sett, hope, used = c
+      go = can(c)
+      on = jnp.maximum(st.cache, 0)
+      new = _step_rows(st, logits[bidx, on, depth[:, None]], config, initial_index)
+      parent = new.cache                                               # [B, K] its chain
+      token = jnp.take_along_axis(new.live_seqs, new.cur_index[:, None, None], axis=2)[..., 0]
+      # A new beam is scored when a chain of its parent's prefix has its token next.
+      shared = jnp.take_along_axis(_take(same, parent), depth[:, None, None, None],
+                                   axis=3)[..., 0]                     # [B, K, M]
+      nxt = jnp.take_along_axis(tree.path, jnp.minimum(depth, gamma - 1)[:, None, None],
+                                axis=2)[..., 0]                        # [B, M]
+      match = shared & (nxt[:, None, :] == token[..., None])
+      inside = (depth < gamma)[:, None]
+      if check_scored:
+        hit, row = inside & jnp.any(match, axis=2), jnp.argmax(match, axis=2)
+      else:                 # the negative control: stay on the parent's chain regardless
+        hit, row = jnp.broadcast_to(inside, parent.shape), parent
+      new = new.replace(cache=jnp.where(hit, row, -1).astype(jnp.int32))
+      new_settled, new_hopeless = beam.row_flags(new, config)
+      used = used.at[jnp.arange(batch), jnp.maximum(depth - 1, 0)].add(
+          (go & (depth > 0)).astype(jnp.int32))
+      return (_where_rows(go, new, st), jnp.where(go[:, None], parent, parents), depth + go,
+              jnp.where(go, jnp.all(hit, axis=1), scored),
+              _record(sett, new.cur_index, new_settled, go),
+              _record(hope, new.cur_index, new_hopeless, go), used)
+
+    carry = (b.replace(cache=identity), identity, jnp.zeros((batch,), jnp.int32),
+             jnp.ones((batch,), jnp.bool_), s.settled, s.hopeless, s.depth_used)
+    st, parents, depth, _, sett, hope, used = jax.lax.while_loop(
+        lambda c: jnp.any(can(c)), replay, carry)
+    # Each new beam's cache: its parent's chain row [B*M] -> [B*K], up to its last token.
+    kv = lambda xs: tuple(_blocks(x, parents) for x in xs)
+    cache = b.cache.replace(self_key=kv(vcache.self_key), self_value=kv(vcache.self_value))
+    cache = cache.with_length(b.cache.length + jnp.repeat(depth, k))
+    # Beams on a chain: their next logits are in this call (the next draft reads them).
+    ahead = logits[bidx, jnp.maximum(st.cache, 0), jnp.minimum(depth, gamma)[:, None]]
+    return _State(beam=st.replace(cache=cache), drafter=_drafter_rows(tree, s.drafter, parents),
+                  settled=sett, hopeless=hope, depth_used=used, rounds=s.rounds + 1,
+                  known=st.cache >= 0, logits=ahead)
+
+  final = jax.lax.while_loop(
+      lambda s: jnp.any(_go(s.beam.cur_index, s.settled, s.hopeless, config)), one_round,
+      state)
+  beams, scores = beam.result(final.beam)
+  beams = beams[:, :, 1:]                                              # [B, K, T]
+  is_eos = beams[:, -1] == config.eos_id
+  taken = final.beam.cur_index
+  lengths = jnp.where(jnp.any(is_eos, axis=1), jnp.argmax(is_eos, axis=1) + 1,
+                      taken).astype(jnp.int32)
+  calls = jnp.full((batch,), final.rounds, jnp.int32)
+  counters = DecodeStats.zeros(batch, gamma).replace(
+      rounds=final.rounds, target_calls=calls, drafter_calls=gamma * calls,
+      drafted=(width + k * (gamma - 1)) * calls,          # the tree's nodes
+      accepted=k * jnp.sum(final.depth_used, axis=1),
+      per_position_accepted=final.depth_used, emitted=lengths)
+  return SpeculativeBeamOutput(
+      tokens=beams[:, -1], lengths=lengths, counters=counters,
+      info=(("method", "speculative_beam"), ("lossy", False), ("num_beams", k),
+            ("beam_alpha", config.alpha), ("gamma", gamma), ("drafter", drafter.kind),
+            ("exact", exact)),
+      beams=beams, scores=scores, steps=jnp.max(taken))
