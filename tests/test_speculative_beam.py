@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import FIXTURE_DIR, perturbed, ragged_tokens, tiny_target
 from flax import struct
+from helpers import FIXTURE_DIR, perturbed, ragged_tokens, tiny_target
 
 import specdec_jax as sd
 from specdec_jax import testing
@@ -427,3 +427,23 @@ def test_token_level_drafters():
     out = speculative_beam.run(target, drafter, ENC, config=config, gamma=2)
     np.testing.assert_array_equal(out.beams, ref.beams, err_msg=type(drafter).__name__)
     np.testing.assert_array_equal(out.lengths, ref.lengths)
+
+
+@pytest.mark.slow
+def test_cli_method_beam_with_a_drafter_is_speculative_beam_search(capsys):
+  """`specdec decode --method beam --drafter X` runs sd.SpeculativeBeam (its value says so:
+  `with_drafter_for`), and prints the same beams' best tokens as `--method beam`."""
+  import json
+
+  from specdec_jax.cli import main
+  argv = ["decode", "--model", "config:t5_1_1_tiny", "--method", "beam", "--num-beams", "2",
+          "--max-new-tokens", "6", "--json", "5 6 7 1", "9 8 1"]
+  assert main(argv) == 0
+  plain = json.loads(capsys.readouterr().out)
+  assert main([*argv, "--drafter", "config:t5_1_1_tiny", "--gamma", "2"]) == 0
+  drafted = json.loads(capsys.readouterr().out)
+  assert plain["settings"]["method"] == "beam"
+  assert drafted["settings"]["method"] == "speculative-beam"
+  assert drafted["outputs"] == plain["outputs"]
+  # the target drafting itself: fewer target calls than tokens
+  assert drafted["stats"]["tokens_per_target_call"] > 1.0
