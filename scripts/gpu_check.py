@@ -16,6 +16,12 @@ Writes OUT/gpu_check.json and OUT/gpu_check.md (one table per section):
    target step against the bound of its decoder weights at the device's peak bandwidth.
 4. tokens: every method on the gpu kernels (speculative gamma 2/4, BiLD at threshold 1,
    the baseline at exact=False) bitwise the gpu baseline's, at each batch size.
+5. the record: a verdict for this device kind (`specdec_jax.kernels.verified`): "pass"
+   when every kernel's rows are invariant, every method's tokens equal, and the exact
+   baseline on the kernels is not slower than the padded XLA baseline at any batch;
+   written to OUT/verified_entry.json, and with --record into the package's
+   specdec_jax/kernels/verified.json (which `kernels="auto"` reads; never from interpret
+   mode).
 --tiny (a CPU run, the kernels in interpret mode, slow) keeps the drafter on XLA's ops
 and checks speculative gamma 4 only: fewer interpreted programs to compile.
 Random bfloat16 weights at T5-XXL / T5-small shapes, depth cut by --layers (T5-XXL's
@@ -38,7 +44,7 @@ import numpy as np
 import specdec_jax as sd
 from specdec_jax.cli.costs import StepTimer, started_cache
 from specdec_jax.cli.options import int_list
-from specdec_jax.kernels import gpu
+from specdec_jax.kernels import gpu, verified
 
 #: Peak HBM bandwidth, bytes/s, by device kind (datasheets: H100 SXM 3.35 TB/s, PCIe
 #: 2.0 TB/s, H200 4.8 TB/s).
@@ -244,7 +250,47 @@ def markdown(result: dict) -> str:
   for section, value in result.items():
     if isinstance(value, dict) and "error" in value:
       lines += [f"## {section}: FAILED", "", "```", value["error"].strip()[-2000:], "```", ""]
+  record = result.get("record")
+  if record:
+    why = "; ".join(record["figures"]["reasons"]) or "every check passed"
+    lines += ["", f"## Record: {record['verdict']} for {record['device_kind']} ({why})"]
   return "\n".join(lines)
+
+
+def verdict(result: dict) -> tuple[str, list[str]]:
+  """("pass" or "fail", the reasons it fails) of a check's result (module doc, item 5)."""
+  why = []
+  inv = result.get("invariance", {})
+  if "error" in inv or not inv:
+    why.append("invariance not checked")
+  else:
+    for kind in ("dot", "sum_squares", "attention_widths"):
+      if not all(inv.get(kind, {}).values()):
+        why.append(f"{kind} rows differ with M")
+  dec = result.get("decoding", {})
+  if "error" in dec or not dec:
+    why.append("decoding not checked")
+  else:
+    for batch, checks in dec["tokens_equal_gpu_baseline"].items():
+      if not all(v for k, v in checks.items() if "(gpu kernels" in k):
+        why.append(f"tokens differ at batch {batch}")
+    for batch, row in dec["ms_per_token"].items():
+      if row["exact baseline (gpu kernels)"] > row["exact baseline (xla, padded)"]:
+        why.append(f"the kernels' exact baseline is slower than XLA's padded one at batch "
+                   f"{batch}")
+  if result.get("interpret_mode"):
+    why.append("interpret mode: nothing measured on a GPU")
+  return ("fail" if why else "pass"), why
+
+
+def record_entry(result: dict, command: str) -> dict:
+  """The record's entry of this check (`verified.entry`), its reasons among the figures."""
+  status, why = verdict(result)
+  figures = {"reasons": why, "decoding_ms_per_token": result.get("decoding", {}).get(
+      "ms_per_token"), "steps": result.get("steps"), "total_seconds": result.get(
+      "total_seconds")}
+  return verified.entry(status, time.strftime("%Y-%m-%d"), json.loads(json.dumps(
+      figures, default=str)), check=command, jax_version=jax.__version__)
 
 
 def main(argv=None) -> int:
@@ -262,6 +308,9 @@ def main(argv=None) -> int:
   p.add_argument("--tiny", action="store_true",
                  help="tiny shapes and models (a CPU run of the whole check, interpret mode)")
   p.add_argument("--sections", default="invariance,decoding,steps")
+  p.add_argument("--record", action="store_true",
+                 help="write this device kind's verdict into specdec_jax/kernels/"
+                 "verified.json (what kernels='auto' reads); refused in interpret mode")
   args = p.parse_args(argv)
   if args.batches is None:
     args.batches = [2] if args.tiny else [1, 8, 32]
@@ -295,6 +344,20 @@ def main(argv=None) -> int:
     result.setdefault("seconds", {})[name] = time.perf_counter() - t
     print(f"gpu_check: {name} done in {time.perf_counter() - t:.1f} s", file=sys.stderr)
   result["total_seconds"] = time.perf_counter() - started
+  command = "python scripts/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])
+  entry = record_entry(result, command)
+  result["record"] = {"device_kind": device.device_kind, **entry}
+  (out / "verified_entry.json").write_text(json.dumps(result["record"], indent=1))
+  if args.record:
+    if result["interpret_mode"]:
+      print("gpu_check: --record refused: interpret mode measures nothing", file=sys.stderr)
+      failed = True
+    else:
+      path = pathlib.Path(verified.__file__).with_name("verified.json")
+      new = verified.add(verified.record(), "gpu", device.device_kind, entry)
+      path.write_text(json.dumps(new, indent=1) + "\n")
+      print(f"gpu_check: recorded {entry['verdict']} for {device.device_kind} in {path}",
+            file=sys.stderr)
   (out / "gpu_check.json").write_text(json.dumps(result, indent=1, default=str))
   (out / "gpu_check.md").write_text(markdown(result))
   print(markdown(result))

@@ -48,6 +48,10 @@ def test_the_whole_check_runs_end_to_end_on_tiny_models(tmp_path):
     assert all(v for k, v in checks.items() if "(gpu kernels" in k), checks
   steps = result["steps"]
   assert steps["gpu"]["c"] > 0 and steps["xla"]["target_step_ms"] > 0
+  # interpret mode measures nothing: the record's entry says fail, and why
+  entry = json.loads((tmp_path / "verified_entry.json").read_text())
+  assert entry["verdict"] == "fail" and "interpret mode" in " ".join(entry["figures"]["reasons"])
+  assert "## Record: fail for" in md
   assert steps["peak_bandwidth_Bps"] is None           # a CPU: no bound claimed
   assert "## ms/token (greedy)" in md and "exact baseline (gpu kernels) / plain" in md
 
@@ -56,3 +60,26 @@ def test_a_failed_section_is_reported_and_fails_the_run(tmp_path):
   rc, result, md = _run(tmp_path, "no-such-section")
   assert rc == 1 and "error" in result["no-such-section"]
   assert "## no-such-section: FAILED" in md
+
+
+def test_the_verdict_needs_invariance_equal_tokens_and_speed():
+  """The record's verdict (what kernels='auto' reads): a pass needs every kernel's rows
+  invariant, every method's tokens equal and the kernels' exact baseline no slower than
+  XLA's padded one, measured on the device (never in interpret mode)."""
+  module = _script()
+  good = {"interpret_mode": False,
+          "invariance": {"dot": {"1": True}, "sum_squares": {"1": True},
+                         "attention_widths": {"1": True}},
+          "decoding": {"tokens_equal_gpu_baseline": {"1": {"speculative (gpu kernels)": True}},
+                       "ms_per_token": {"1": {"exact baseline (gpu kernels)": 1.0,
+                                              "exact baseline (xla, padded)": 1.2}}}}
+  assert module.verdict(good) == ("pass", [])
+  slow = json.loads(json.dumps(good))
+  slow["decoding"]["ms_per_token"]["1"]["exact baseline (gpu kernels)"] = 1.5
+  assert module.verdict(slow)[0] == "fail" and "slower" in module.verdict(slow)[1][0]
+  varying = json.loads(json.dumps(good))
+  varying["invariance"]["dot"]["1"] = False
+  assert module.verdict(varying) == ("fail", ["dot rows differ with M"])
+  assert module.verdict({**good, "interpret_mode": True})[0] == "fail"
+  entry = module.record_entry(good, "python scripts/gpu_check.py --out x")
+  assert entry["verdict"] == "pass" and entry["check"].endswith("--out x")
