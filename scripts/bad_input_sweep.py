@@ -275,7 +275,7 @@ def _python_cases() -> list[Case]:  # noqa: C901 (a table)
                                                                   dtype=_jnp().bfloat16),
      handled="a numpy / JAX dtype object is taken as its name (documented in sd.load)")
   py("load: check_finite 'no'", lambda _: sd.load(T5, check_finite="no"))
-  py("load: kernels tpu", lambda _: sd.load(T5, kernels="tpu"))
+  py("load: kernels npu", lambda _: sd.load(T5, kernels="npu"))
   py("load: kernels None", lambda _: sd.load(T5, kernels=None))
   py("load: rules without mesh", lambda _: sd.load(T5, rules=sd.sharding.RULES_1D))
   py("load: path None", lambda _: sd.load(None))
@@ -578,7 +578,8 @@ def _cli_cases() -> list[Case]:
   cli("decode: blockwise without heads", *dec, "--method", "blockwise", "5 1")
   cli("decode: missing --heads", *dec, "--method", "blockwise", "--heads",
       lambda f: str(f.path("no.heads")), "5 1")
-  cli("decode: beam with a drafter", *dec, "--method", "beam", "--drafter", T5_DRAFTER, "5 1")
+  cli("decode: autoregressive with a drafter", *dec, "--method", "autoregressive", "--drafter",
+      T5_DRAFTER, "5 1")
   cli("decode: greedy with --temperature", *dec, "--sampling", "greedy", "--temperature", "0.5",
       "5 1")
   cli("decode: --compare without a drafter", *dec, "--compare", "5 1",

@@ -259,7 +259,8 @@ def test_drafter_only_flags_need_a_drafter(capsys, flag):
       str(field.default)]
   code, out, err = run(capsys, "decode", "--model", TARGET, flag, *value, PROMPTS[0])
   assert code == 1 and out == ""
-  assert (f"specdec decode: error: {flag} only applies to --method speculative, not --method "
+  owners = "speculative / speculative-beam" if flag == "--gamma" else "speculative"
+  assert (f"specdec decode: error: {flag} only applies to --method {owners}, not --method "
           "autoregressive: add --drafter") in err
 
 

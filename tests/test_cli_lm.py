@@ -287,7 +287,7 @@ def test_bench_writes_its_json_for_an_lm_pair(capsys, llama, tmp_path):
   assert code == 0, err
   res = json.loads((out / "bench.json").read_text())
   kinds = {r["method"] for r in res["results"]}
-  assert {"baseline", "speculative"} <= kinds, kinds
+  assert {"autoregressive", "speculative"} <= kinds, kinds
   spec = next(r for r in res["results"] if r["method"] == "speculative")
   assert spec["gamma"] == 2 and 0.0 <= spec["alpha"] <= 1.0 and spec["ms_per_token"] > 0
   assert res["config"]["prompts_file"] == str(prompts)

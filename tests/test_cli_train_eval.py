@@ -269,7 +269,7 @@ def test_eval_ngram_drafter_fitted_on_train_split(trained, baseline):
     (["--method", "blockwise", "--drafter", "ngram"], "drop --drafter"),
     (["--method", "blockwise", "--rescoring", "ngram"], "needs a --rescorer"),
     (["--method", "blockwise", "--gamma", "2"],
-     "--gamma only applies to --method speculative, not --method blockwise"),
+     "--gamma only applies to --method speculative / speculative-beam, not --method blockwise"),
     (["--method", "bild", "--drafter", "x", "--lattice-k", "2", "--lenience", "0.5"],
      "--lenience, --lattice-k only apply to --method speculative / blockwise, not --method bild"),
     (["--method", "speculative"], "needs a drafter"),

@@ -292,5 +292,5 @@ def test_wheel_install_runs_the_quickstart_command(venv, tmp_path):
   assert len(proc.stdout.splitlines()) == 2
   stats = proc.stderr  # the --stats block on stderr
   assert "-- specdec decode statistics --" in stats
-  assert "speculative (drafter model, gamma 4)" in stats
+  assert "speculative drafter=demo-de-en/drafter gamma=4, greedy" in stats
   assert "acceptance rate" in stats and "alpha" in stats

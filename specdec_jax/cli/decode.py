@@ -170,7 +170,7 @@ def _stats_block(stats: dict[str, Any], timing: dict[str, Any], method) -> str:
     if key in stats:
       lines.append(f"{key:<20} {f(stats[key])}")
   if bool(stats.get("lossy", False)):
-    lines.append("lossy                yes: the output (or its distribution) is not the "
+    lines.append("lossy                LOSSY: the output (or its distribution) is not the "
                  "target's" + (f" (lenience {stats['lenience']})" if "lenience" in stats else ""))
   return "\n".join(lines)
 

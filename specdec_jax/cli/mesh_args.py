@@ -127,19 +127,18 @@ def place_method(method: Any, mesh: Mesh | None, keep: tuple[str, ...] = ()) -> 
 
 
 class OnMesh:
-  """A run (`runs.Run`) whose inputs [B, L] are split
-  by batch over the mesh's "data" axis before it decodes; every other attribute is the
-  method's own."""
+  """A run (`runs.Run`) whose inputs [B, L] are split by batch over the mesh's "data" axis
+  before it decodes; every other attribute (`method`, `sampling`, ...) is the run's own."""
 
-  def __init__(self, method: Any, mesh: Mesh):
-    self.method, self.mesh = method, mesh
+  def __init__(self, run: Any, mesh: Mesh):
+    self.run, self.mesh = run, mesh
 
   def __getattr__(self, name: str) -> Any:
-    return getattr(self.method, name)
+    return getattr(self.run, name)
 
   def decode(self, target, encoder_tokens, **kwargs):
-    return self.method.decode(target, sd.sharding.shard_batch(encoder_tokens, self.mesh),
-                              **kwargs)
+    return self.run.decode(target, sd.sharding.shard_batch(encoder_tokens, self.mesh),
+                           **kwargs)
 
   def __repr__(self) -> str:
-    return f"OnMesh({self.method!r}, {dict(self.mesh.shape)})"
+    return f"OnMesh({self.run!r}, {dict(self.mesh.shape)})"

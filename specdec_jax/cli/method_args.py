@@ -174,8 +174,9 @@ def _given(args, names) -> list[str]:
           if getattr(args, n, None) is not None and getattr(args, n) is not False]
 
 
-def _owner(dest: str) -> str:
-  return next(m for m in METHOD_NAMES if dest in method_flags(m))
+def _owners(dest: str) -> list[str]:
+  """The methods a flag (its dest) belongs to."""
+  return [m for m in METHOD_NAMES if dest in method_flags(m)]
 
 
 def resolve_method(args) -> str:
@@ -221,12 +222,14 @@ def check_method_flags(args) -> core.Method:
   and settings the core would reject are errors (before any model is loaded)."""
   method = resolve_method(args)
   own = set(method_flags(method))
-  others = [d for m in METHOD_NAMES if m != method for d in method_flags(m) if d not in own]
+  others = dict.fromkeys(d for m in METHOD_NAMES if m != method for d in method_flags(m)
+                         if d not in own)
   bad = _given(args, others)
   if bad:
-    owners = sorted({_owner(_dest(flag)) for flag in bad}, key=METHOD_NAMES.index)
+    owners = sorted({o for flag in bad for o in _owners(_dest(flag))}, key=METHOD_NAMES.index)
     verb = "applies" if len(bad) == 1 else "apply"
-    hint = ": add --drafter" if owners == ["speculative"] and method == "autoregressive" else ""
+    drafted = all(CORE[o].drafter_role for o in owners) and args.drafter is None
+    hint = ": add --drafter" if drafted and CORE[method].drafter_role is None else ""
     raise CLIError(f"{', '.join(bad)} only {verb} to --method {' / '.join(owners)}, not "
                    f"--method {method}{hint}")
   drafter, role = args.drafter, CORE[method].drafter_role

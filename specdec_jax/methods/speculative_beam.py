@@ -163,8 +163,14 @@ class SpeculativeBeam(Method):
   num_beams: int = setting(4, short="K")
   alpha: float = setting(0.6)
   gamma: int = setting(3)
-  width: int | None = setting(None, flag="--beam-width")
-  chains: int | None = setting(None, flag="--beam-chains")
+  width: int | None = setting(
+      None, flag="--beam-width",
+      cli_help="the drafted tree's first level: the drafter's best continuations of the live "
+      "beams, at least --num-beams (default: 2 x --num-beams)")
+  chains: int | None = setting(
+      None, flag="--beam-chains",
+      cli_help="drafted chains verified per row and round in one target call, at least "
+      "--num-beams (default: 3 x --num-beams; --num-beams in exact mode off the kernels)")
   min_log_prob: float = setting(beam.NEG_INF)
   exact: bool | None = setting(None)
 
