@@ -34,13 +34,15 @@ def test_compare_lines_label_each_figure_once():
   why = next(line for line in text.splitlines() if line.startswith("why"))
   assert "1.76 tokens per target call, a round costing 1.24 target steps" in why
   assert "verify cost 1.15" in why and "c 0.041" in why
+  assert "natural width: each call as wide as its tokens" in text     # explained where shown
   # no second speedup figure beside the measured one (the call-bound one stays in the JSON)
   assert "1.42x" not in text and "expected" not in text and "*" not in text
 
 
 def test_a_verify_cost_below_one_is_shown_as_noise():
   text = _compare_block(_compare(0.9), "speculative")
-  assert "verify cost 1.00*" in text and "0.90" in text.splitlines()[-2]   # the footnote
+  footnote = next(line for line in text.splitlines() if "timing noise" in line)
+  assert "verify cost 1.00*" in text and "0.90" in footnote
   assert "timing noise" in text and "verify cost 0.90" not in text
   assert costs.verify_cost_text(0.9) == "1.00*" and costs.verify_cost_text(1.0) == "1.00"
   # predictions floor it: a 0.90 measurement predicts what 1.00 predicts

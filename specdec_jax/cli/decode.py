@@ -454,6 +454,8 @@ def _compare_block(compare: dict[str, Any], kind: str) -> str:
     lines.append(f"exact mode's cost    {compare['exact_cost']:.2f}x: the target alone in exact "
                  f"mode {compare['exact_baseline_ms_per_token']:.2f} ms/token over "
                  f"{compare['baseline_ms_per_token']:.2f} at its natural width")
+    lines.append("                     (natural width: each call as wide as its tokens; exact "
+                 "mode pads every target call to the verify call's width, off the kernels)")
   return "\n".join(lines)
 
 
