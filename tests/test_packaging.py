@@ -294,3 +294,38 @@ def test_wheel_install_runs_the_quickstart_command(venv, tmp_path):
   assert "-- specdec decode statistics --" in stats
   assert "speculative drafter=demo-de-en/drafter gamma=4, greedy" in stats
   assert "acceptance rate" in stats and "alpha" in stats
+
+
+LAB = REPO / "packages" / "specdec-jax-lab"
+
+
+@pytest.mark.slow
+def test_the_lab_is_a_wheel_whose_commands_join_specdec(wheel, tmp_path_factory, tmp_path):
+  """specdec-jax-lab builds a wheel of every lab module with its entry points; installed
+  beside the library its commands are `specdec` subcommands, and the library alone says
+  how to get them (exit 1, one line)."""
+  work = tmp_path_factory.mktemp("lab-wheel")
+  shutil.copytree(LAB, work / "src", ignore=shutil.ignore_patterns(
+      "build", "dist", "*.egg-info", "__pycache__"))
+  lab = _build_wheel(work / "src", work / "dist", "specdec_jax_lab-*.whl")
+  names = set(zipfile.ZipFile(lab).namelist())
+  modules = {p.relative_to(LAB).as_posix() for p in (LAB / "specdec_jax_lab").rglob("*.py")}
+  assert sorted(modules - names) == []
+  entry = next(n for n in names if n.endswith("entry_points.txt"))
+  points = zipfile.ZipFile(lab).read(entry).decode()
+  assert "[specdec_jax.commands]" in points and "bench = specdec_jax_lab.commands.bench" in points
+  env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+  env["JAX_PLATFORMS"] = "cpu"
+  alone = _make_venv(tmp_path_factory.mktemp("library-alone") / "fresh", [wheel])
+  proc = subprocess.run([str(alone / "bin" / "specdec"), "bench", "--target", "config:x"],
+                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr
+  assert proc.stderr.strip().splitlines() == [
+      "specdec bench: error: `specdec bench` comes with the lab, specdec-jax-lab, which is not "
+      "installed (or cannot be imported): pip install ./packages/specdec-jax-lab "
+      "(docs/install.md)"]
+  both = _make_venv(tmp_path_factory.mktemp("with-lab") / "fresh", [wheel, lab])
+  for command in ("bench", "train", "eval", "sweep-bild", "sweep-blockwise"):
+    proc = subprocess.run([str(both / "bin" / "specdec"), command, "--help"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and f"usage: specdec {command}" in proc.stdout, proc.stderr

@@ -46,3 +46,15 @@ def test_every_flag_of_every_command_has_help_text():
           if a.option_strings and not a.help]
   assert bare == []
   assert {"bench", "train", "eval", "sweep-bild", "decode", "plan"} <= set(parsers)
+
+
+def test_specdec_results_passes_its_flags_on(capsys):
+  """`specdec results --only theory --help` reaches the results' own parser (its flags are
+  not specdec's)."""
+  import pytest
+
+  from specdec_jax.cli import main
+  with pytest.raises(SystemExit) as e:
+    main(["results", "--only", "theory", "--help"])
+  shown = capsys.readouterr()
+  assert e.value.code == 0 and "--only theory,kernels,demo" in shown.out + shown.err

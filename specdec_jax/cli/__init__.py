@@ -110,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     command.add(subparsers)
   for name in LAB_COMMANDS:
     if name not in subparsers.choices:
-      stub = subparsers.add_parser(name, add_help=False,
+      # no option prefix: every argument (flags too) is the stub's, to be refused by it
+      stub = subparsers.add_parser(name, add_help=False, prefix_chars="\0",
                                    help=f"(the lab: {LAB_INSTALL})")
       stub.add_argument("rest", nargs=argparse.REMAINDER)
       stub.set_defaults(func=_not_installed(name))

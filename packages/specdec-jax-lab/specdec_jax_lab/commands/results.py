@@ -7,8 +7,10 @@ import argparse
 
 
 def add(subparsers) -> None:
+  # no option prefix here: every argument (--help too) goes on to the results' own parser
   p = subparsers.add_parser(
-      "results", add_help=False, help="rebuild the tables under results/ (--help for the flags)",
+      "results", add_help=False, prefix_chars="\0",
+      help="rebuild the tables under results/ (--help for the flags)",
       description="python -m specdec_jax_lab.results")
   p.add_argument("rest", nargs=argparse.REMAINDER)
   p.set_defaults(func=run)
