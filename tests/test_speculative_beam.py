@@ -447,3 +447,17 @@ def test_cli_method_beam_with_a_drafter_is_speculative_beam_search(capsys):
   assert drafted["outputs"] == plain["outputs"]
   # the target drafting itself: fewer target calls than tokens
   assert drafted["stats"]["tokens_per_target_call"] > 1.0
+
+
+@pytest.mark.slow
+def test_a_tree_wider_than_the_call_is_drafted_and_replayed():
+  """K=4 beams, gamma=2: the tree's first level (2K=8 nodes) is wider than the call
+  (gamma+1=3 tokens); the two widths are separate settings (a bug once drew the tree at the
+  call's width, less than K, and failed to reshape)."""
+  target = sd.load("config:t5_1_1_tiny")
+  enc = np.array([[5, 6, 7, 1], [9, 8, 1, 0]], np.int32)
+  ref = sd.decode(target, sd.Beam(num_beams=4), enc, max_new_tokens=5)
+  out = sd.decode(target, sd.SpeculativeBeam(target, num_beams=4, gamma=2), enc,
+                  max_new_tokens=5)
+  np.testing.assert_array_equal(np.asarray(out.beams), np.asarray(ref.beams))
+  assert out.stats["drafted"] == (8 + 4 * 1) * out.stats["target_calls"]

@@ -445,7 +445,8 @@ def _run(target: Model, drafter: Any, encoder_tokens: Array, prompt_lengths: Arr
   k, m, steps = config.num_beams, chains, config.max_decode_len - 1
   batch = encoder_tokens.shape[0]
   # The target's calls and cache exactly as `beam._run`'s (one capacity, one call width).
-  width = engine.EXACT_WIDTH if exact and not target.width_invariant_decode else gamma + 1
+  call_width = (engine.EXACT_WIDTH if exact and not target.width_invariant_decode
+                else gamma + 1)
   rounds = engine.RoundConfig(max_new_tokens=steps, max_proposals=0,
                               call_width=engine.EXACT_WIDTH if exact else 0)
   drafting = engine.RoundConfig(max_new_tokens=steps, max_proposals=gamma)
@@ -485,7 +486,8 @@ def _run(target: Model, drafter: Any, encoder_tokens: Array, prompt_lengths: Arr
                   width, m, config.eos_id)
     last = jnp.take_along_axis(flat, n[:, None], axis=1).reshape(batch, k)
     tokens = jnp.concatenate([_take(last, tree.root)[..., None], tree.path], axis=2)
-    tokens = jnp.pad(tokens.reshape(batch * m, gamma + 1), ((0, 0), (0, width - gamma - 1)))
+    tokens = jnp.pad(tokens.reshape(batch * m, gamma + 1),
+                     ((0, 0), (0, call_width - gamma - 1)))
     # Each chain continues its beam's cache: M rows per row, [B*K] -> [B*M].
     logits, vcache = target.decode(
         tokens, jax.tree_util.tree_map(lambda x: _blocks(x, tree.root), b.cache))
