@@ -96,3 +96,21 @@ def test_sigterm_without_a_progress_file_still_says_what_was_kept(tmp_path):
   assert code == 143, err[-2000:]
   last = err.strip().splitlines()[-1]
   assert last.startswith("specdec decode: terminated: ") and f"{len(out)} of 3000" in last
+
+
+def test_a_person_at_a_terminal_sees_a_first_line_at_once(capsys, monkeypatch):
+  """With stderr a terminal, the first line (what is loading) comes before the model loads;
+  a pipe gets only the results and the errors (one line each)."""
+  import sys as system
+
+  from specdec_jax.cli import decode, main
+  seen = []
+  real = decode.load_target
+
+  def spy(*args, **kwargs):
+    seen.append(capsys.readouterr().err)
+    return real(*args, **kwargs)
+  monkeypatch.setattr(decode, "load_target", spy)
+  monkeypatch.setattr(system.stderr, "isatty", lambda: True, raising=False)
+  assert main(["decode", "--model", TARGET, "--max-new-tokens", "2", "5 6 1"]) == 0
+  assert seen and seen[0].startswith(f"specdec: loading {TARGET}")

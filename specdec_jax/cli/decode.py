@@ -175,6 +175,13 @@ def _stats_block(stats: dict[str, Any], timing: dict[str, Any], method) -> str:
   return "\n".join(lines)
 
 
+def _isatty(stream) -> bool:
+  try:
+    return bool(stream.isatty())
+  except (AttributeError, ValueError):   # a closed or unusual stream: no terminal
+    return False
+
+
 def _emit_rows(corpus: Corpus, tokenizer) -> None:
   """Each real row's output on stdout, one line each (flushed: a pipe sees them now)."""
   for row in corpus.token_rows():
@@ -493,6 +500,9 @@ def decode(choice: MethodChoice, run: DecodeRun) -> int:
   if run.batch_size is not None:
     check_batch(run.batch_size, mesh)
   prompts = read_prompt_lines(list(run.prompts), run.input_file)
+  if jax.process_index() == 0 and _isatty(sys.stderr):   # a person waits: say what happens
+    print(f"specdec: loading {run.model}" + (f" and {choice.drafter}" if choice.drafter
+                                             else ""), file=sys.stderr, flush=True)
   tokenizer = sd.load_tokenizer(run.tokenizer) if run.tokenizer else None
   t_load = time.perf_counter()
   target = load_target(run.model, run.dtype, mesh, what="model")
