@@ -70,7 +70,7 @@ from specdec_jax.runtime.distributed import (
   process_rows,
   processes_from_args,
 )
-from specdec_jax.runtime.progress import Interrupted, Progress, Terminated
+from specdec_jax.runtime.progress import Interrupted, Progress, Terminated, deferred_signals
 from specdec_jax.runtime.report import fmt, to_jsonable
 from specdec_jax.runtime.streams import emit
 
@@ -321,18 +321,21 @@ def _decode(run: DecodeRun, method, target, prompts: Prompts, mesh,
   progress = (Progress(n, "specdec decode") if run.input_file is not None and process == 0
               and len(batches) > 1 else None)
   parts: list[Corpus] = []
+  done = 0                                 # rows written (stdout) so far
   t0 = time.perf_counter()
   try:
     for i in range(len(batches)):
-      parts.append(part(i))
-      if stream is not None:
-        stream(parts[-1])
+      decoded = part(i)
+      with deferred_signals():             # its rows written and counted together
+        parts.append(decoded)
+        if stream is not None:
+          stream(decoded)
+          done += decoded.real_rows[0]
       if progress is not None:
-        progress.update(parts[-1].real_rows[0], parts[-1].generated)
+        progress.update(decoded.real_rows[0], decoded.generated)
   except KeyboardInterrupt as e:
     if stream is None:
       raise
-    done = sum(p.real_rows[0] for p in parts)
     raise Interrupted(f"{done} of {n} rows kept (written above); --output FILE writes rows "
                       "as they finish and --resume continues where a run stopped",
                       terminated=isinstance(e, Terminated)) from None

@@ -12,11 +12,12 @@ on, exit code 143 (130 for Ctrl-C).
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
 import time
-from typing import TextIO
+from typing import Iterator, TextIO
 
 
 class Terminated(KeyboardInterrupt):
@@ -39,6 +40,22 @@ def on_sigterm() -> None:
   def terminate(signum, frame):
     raise Terminated()
   signal.signal(signal.SIGTERM, terminate)
+
+
+@contextlib.contextmanager
+def deferred_signals() -> Iterator[None]:
+  """SIGINT and SIGTERM held back while the block runs (then delivered): writing a batch's
+  rows and counting them happen together, so "N rows kept" is what was written."""
+  if threading.current_thread() is not threading.main_thread() or not hasattr(
+      signal, "pthread_sigmask"):
+    yield
+    return
+  held = {signal.SIGINT, signal.SIGTERM}
+  old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+  try:
+    yield
+  finally:
+    signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 class Progress:
