@@ -49,6 +49,7 @@ from specdec_jax.cli.options import check_at_least_one
 from specdec_jax.cli.prompts import (
   encode_lm_prompts,
   encode_prompts,
+  isatty,
   lm_batches,
   lm_token_budget,
   missing_eos,
@@ -173,13 +174,6 @@ def _stats_block(stats: dict[str, Any], timing: dict[str, Any], method) -> str:
     lines.append("lossy                LOSSY: the output (or its distribution) is not the "
                  "target's" + (f" (lenience {stats['lenience']})" if "lenience" in stats else ""))
   return "\n".join(lines)
-
-
-def _isatty(stream) -> bool:
-  try:
-    return bool(stream.isatty())
-  except (AttributeError, ValueError):   # a closed or unusual stream: no terminal
-    return False
 
 
 def _emit_rows(corpus: Corpus, tokenizer) -> None:
@@ -503,7 +497,8 @@ def decode(choice: MethodChoice, run: DecodeRun) -> int:
   if run.batch_size is not None:
     check_batch(run.batch_size, mesh)
   prompts = read_prompt_lines(list(run.prompts), run.input_file)
-  if jax.process_index() == 0 and _isatty(sys.stderr):   # a person waits: say what happens
+  # a person at a terminal waits: say what happens before the model loads
+  if jax.process_index() == 0 and isatty(sys.stderr, unknown=False):
     print(f"specdec: loading {run.model}" + (f" and {choice.drafter}" if choice.drafter
                                              else ""), file=sys.stderr, flush=True)
   tokenizer = sd.load_tokenizer(run.tokenizer) if run.tokenizer else None

@@ -39,7 +39,7 @@ def read_prompt_lines(prompts: Sequence[str], input_file: str | None, stdin=None
     raise PromptError("give prompts either as arguments or with --input-file, not both")
   if input_file is not None:
     text = stdin.read() if input_file == "-" else read_text(input_file, "prompt file")
-  elif prompts == ["-"] or (not prompts and stdin is not None and not _isatty(stdin)):
+  elif prompts == ["-"] or (not prompts and stdin is not None and not isatty(stdin)):
     text = stdin.read()
   else:
     if "-" in prompts:
@@ -74,11 +74,13 @@ def read_texts(path: str) -> list[str]:
   return texts
 
 
-def _isatty(stream) -> bool:
+def isatty(stream, unknown: bool = True) -> bool:
+  """Whether `stream` is a terminal; `unknown` for a closed or unusual stream (reading
+  prompts: True, so as not to block on it)."""
   try:
     return bool(stream.isatty())
   except (AttributeError, ValueError, OSError):
-    return True  # unknown or closed stream: do not block on it
+    return unknown
 
 
 def parse_token_ids(prompts: Sequence[str], vocab_size: int) -> np.ndarray:

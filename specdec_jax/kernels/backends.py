@@ -162,42 +162,33 @@ def mosaic_gpu_unsupported(device) -> str | None:
   return None
 
 
-def _gpu() -> Backend:
-  from specdec_jax.kernels import gpu
+def _pallas(name: str, kernels, platform: str, lowered_for: str, **extra) -> Backend:
+  """A Pallas backend over `kernels` (the module `kernels.gpu` or `kernels.tpu`): compiled
+  where the program is lowered for `lowered_for` (`lowering`), else as its `mode` says."""
 
-  # Compiled where the program is lowered for CUDA (`lowering`), else as `gpu.mode` says.
   def dot(x, wp, n):
-    return gpu.dot(x, wp, n, interpret=interpret("cuda"))
+    return kernels.dot(x, wp, n, interpret=interpret(lowered_for))
 
   def sum_squares(x, ones):
-    return gpu.sum_squares(x, ones, interpret=interpret("cuda"))
+    return kernels.sum_squares(x, ones, interpret=interpret(lowered_for))
 
   def attention(q, k, v, bias):
-    return gpu.attention(q, k, v, bias, interpret=interpret("cuda"))
+    return kernels.attention(q, k, v, bias, interpret=interpret(lowered_for))
 
-  return Backend("gpu", frozenset(KINDS), frozenset(KINDS),
-                 (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)), gpu.pack, dot,
-                 sum_squares, attention, platform="gpu", compiles_for=("cuda",),
-                 interprets=True, checked=True, unsupported=mosaic_gpu_unsupported)
+  return Backend(name, frozenset(KINDS), frozenset(KINDS),
+                 (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)), kernels.pack, dot,
+                 sum_squares, attention, platform=platform, compiles_for=(lowered_for,),
+                 interprets=True, checked=True, **extra)
+
+
+def _gpu() -> Backend:
+  from specdec_jax.kernels import gpu
+  return _pallas("gpu", gpu, "gpu", "cuda", unsupported=mosaic_gpu_unsupported)
 
 
 def _tpu() -> Backend:
   from specdec_jax.kernels import tpu
-
-  # Compiled where the program is lowered for TPU (`lowering`), else as `tpu.mode` says.
-  def dot(x, wp, n):
-    return tpu.dot(x, wp, n, interpret=interpret("tpu"))
-
-  def sum_squares(x, ones):
-    return tpu.sum_squares(x, ones, interpret=interpret("tpu"))
-
-  def attention(q, k, v, bias):
-    return tpu.attention(q, k, v, bias, interpret=interpret("tpu"))
-
-  return Backend("tpu", frozenset(KINDS), frozenset(KINDS),
-                 (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)), tpu.pack, dot,
-                 sum_squares, attention, platform="tpu", compiles_for=("tpu",),
-                 interprets=True, checked=True)
+  return _pallas("tpu", tpu, "tpu", "tpu")
 
 
 _XLA = Backend("xla", frozenset(), frozenset(), needs_one_device=False)
