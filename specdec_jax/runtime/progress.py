@@ -45,17 +45,36 @@ def on_sigterm() -> None:
 @contextlib.contextmanager
 def deferred_signals() -> Iterator[None]:
   """SIGINT and SIGTERM held back while the block runs (then delivered): writing a batch's
-  rows and counting them happen together, so "N rows kept" is what was written."""
-  if threading.current_thread() is not threading.main_thread() or not hasattr(
-      signal, "pthread_sigmask"):
+  rows and counting them happen together, so "N rows kept" is what was written.
+
+  Python-level handlers, not a signal mask: a process-directed signal may land on any of
+  XLA's threads (their masks are their own), but Python runs its handlers in the main
+  thread, so recording it there holds it back whichever thread took it.
+  """
+  if threading.current_thread() is not threading.main_thread():
     yield
     return
-  held = {signal.SIGINT, signal.SIGTERM}
-  old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+  caught: list[int] = []
+
+  def hold(signum, frame):
+    caught.append(signum)
+  held = (signal.SIGINT, signal.SIGTERM)
+  old = {s: signal.signal(s, hold) for s in held}
   try:
     yield
   finally:
-    signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    for s, handler in old.items():
+      signal.signal(s, handler)
+    if caught:
+      _deliver(caught[0], old[caught[0]])
+
+
+def _deliver(signum: int, handler) -> None:
+  """What `handler` would have done with `signum` (a Python handler runs here)."""
+  if callable(handler):
+    handler(signum, None)
+  elif handler == signal.SIG_DFL:
+    signal.raise_signal(signum)
 
 
 class Progress:
