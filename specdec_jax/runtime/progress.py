@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Iterator, TextIO
+from typing import Any, Iterator, TextIO
 
 
 class Terminated(KeyboardInterrupt):
@@ -59,7 +59,7 @@ def deferred_signals() -> Iterator[None]:
   def hold(signum, frame):
     caught.append(signum)
   held = (signal.SIGINT, signal.SIGTERM)
-  old = {s: signal.signal(s, hold) for s in held}
+  old: dict[int, Any] = {s: signal.signal(s, hold) for s in held}
   try:
     yield
   finally:
