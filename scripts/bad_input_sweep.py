@@ -327,7 +327,7 @@ def _python_cases() -> list[Case]:  # noqa: C901 (a table)
   for bad in (9999, "1", 1.5):
     py(f"generate: eos_id {bad!r}", lambda f, bad=bad: gen(f, f.enc, eos_id=bad))
   py("generate: eos_id -2", lambda f: gen(f, f.enc, eos_id=-2),
-     handled="a negative eos_id disables stopping (documented in rounds.inputs.resolve_eos, "
+     handled="a negative eos_id disables stopping (documented in rounds.requests.resolve_eos, "
              "T5X's eos_id=-1)")
   # --- sampling
   for kw in ({"top_p": 0.0}, {"top_p": 1.5}, {"top_p": -0.1}, {"top_p": math.nan},
@@ -374,8 +374,8 @@ def _python_cases() -> list[Case]:  # noqa: C901 (a table)
       f.t5, f.lm, f.enc, gamma=2, max_new_tokens=4))
   py("speculative: T5 drafter for an LM target", lambda f: sd.speculative_generate(
       f.lm, f.t5, f.lm_prompt, gamma=2, max_new_tokens=4))
-  py("speculative: drafter_encoder_tokens of another batch", lambda f: sd.speculative_generate(
-      f.t5, f.t5, f.enc, gamma=2, max_new_tokens=4, drafter_encoder_tokens=f.enc[:1]))
+  py("speculative: drafter_inputs of another batch", lambda f: sd.speculative_generate(
+      f.t5, f.t5, f.enc, gamma=2, max_new_tokens=4, drafter_inputs=f.enc[:1]))
   py("speculative: lenience -1", lambda f: sd.speculative_generate(
       f.t5, f.t5, f.enc, gamma=2, max_new_tokens=4, lenience=-1.0))
   py("speculative: lenience nan", lambda f: sd.Speculative(f.t5, lenience=math.nan))

@@ -36,7 +36,7 @@ from specdec_jax.errors import SamplingError
 from specdec_jax.methods import Method
 from specdec_jax.rounds import stats as stats_lib
 from specdec_jax.rounds.buffer import DecodeOutput
-from specdec_jax.rounds.inputs import as_rng
+from specdec_jax.rounds.requests import as_rng
 from specdec_jax.sharding import to_host
 
 

@@ -340,15 +340,15 @@ def to_host(tree: Any) -> Any:
 
 # ----------------------------------------------------------------------------- decode state
 
-def decode_layout(target: Model, encoder_tokens: Any) -> Partitioner | None:
+def decode_layout(target: Model, inputs: Any) -> Partitioner | None:
   """The `Partitioner` a decode loop's state is pinned by (`constrain_state`), when
-  `encoder_tokens` [B, L] are placed on a mesh of several devices with a "data" axis
+  `inputs` [B, L] are placed on a mesh of several devices with a "data" axis
   (`shard_batch`); else None: the one-device program is left exactly as it was.
 
   The target's own (`sd.shard`, `sd.load(mesh=)`), or for a target placed by hand one
   whose "heads" follow the mesh axis its first query kernel splits its columns over.
   """
-  where = getattr(encoder_tokens, "sharding", None)
+  where = getattr(inputs, "sharding", None)
   if (not isinstance(where, NamedSharding) or not isinstance(where.mesh, Mesh)
       or "data" not in where.mesh.axis_names):
     return None

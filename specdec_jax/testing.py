@@ -109,22 +109,22 @@ class TableModel:
   def vocab_size(self) -> int:
     return self.next_logits.shape[-1]
 
-  def start(self, encoder_tokens: Array, capacity: int, lengths: Array | None = None
+  def start(self, inputs: Array, capacity: int, lengths: Array | None = None
             ) -> TableCache:
     """The cache of a new request: length 0 and the input term [B, V]."""
-    batch = encoder_tokens.shape[0]
+    batch = inputs.shape[0]
     context = jnp.zeros((batch, self.vocab_size), jnp.float32)
     if self.input_logits is not None:
-      real = (encoder_tokens != 0)[..., None]
-      context = jnp.sum(jnp.where(real, self.input_logits[encoder_tokens], 0.0), axis=1)
+      real = (inputs != 0)[..., None]
+      context = jnp.sum(jnp.where(real, self.input_logits[inputs], 0.0), axis=1)
     return TableCache(length=jnp.zeros((batch,), jnp.int32), context=context)
 
-  def begin(self, encoder_tokens: Array, new_positions: int, lengths: Array | None = None
+  def begin(self, inputs: Array, new_positions: int, lengths: Array | None = None
             ) -> tuple[Array, TableCache, int]:
     """A decode's start (`Model.begin`): the start token for every row, the new cache, its
     capacity (a table cache has no slots: `new_positions` as asked)."""
-    first = jnp.full((encoder_tokens.shape[0],), self.config.decoder_start_id, jnp.int32)
-    return first, self.start(encoder_tokens, new_positions, lengths), new_positions
+    first = jnp.full((inputs.shape[0],), self.config.decoder_start_id, jnp.int32)
+    return first, self.start(inputs, new_positions, lengths), new_positions
 
   def logits(self, tokens: Array, cache: TableCache) -> Array:
     """tokens [B, W] at positions length .. length + W - 1 -> logits [B, W, V]."""
@@ -175,7 +175,7 @@ class ScriptedProposer:
   vocab_size: int = struct.field(pytree_node=False, default=0)
   kind: str = struct.field(pytree_node=False, default="scripted")
 
-  def init(self, encoder_tokens: Array, capacity: int, lengths: Array | None = None) -> Array:
+  def init(self, inputs: Array, capacity: int, lengths: Array | None = None) -> Array:
     return jnp.zeros((), jnp.int32)
 
   def update(self, state: Any, outcome: RoundOutcome) -> Any:
@@ -214,19 +214,19 @@ def logits_from_probs(p) -> Array:
   return jnp.log(p / jnp.sum(p, axis=-1, keepdims=True))
 
 
-def reference_greedy(model: TableModel, encoder_tokens, max_new_tokens: int,
+def reference_greedy(model: TableModel, inputs, max_new_tokens: int,
                      eos_id: int | None = None) -> tuple[np.ndarray, np.ndarray]:
   """The table model's greedy output by a plain host loop, one token at a time:
   (tokens int32 [B, T] with 0 after EOS, lengths [B] EOS included). eos_id: the model's
   by default; negative: never stop."""
   eos = model.eos_id if eos_id is None else eos_id
-  encoder_tokens = np.asarray(encoder_tokens)
-  context = np.asarray(model.start(jnp.asarray(encoder_tokens), 0).context)
+  inputs = np.asarray(inputs)
+  context = np.asarray(model.start(jnp.asarray(inputs), 0).context)
   table = np.asarray(model.next_logits)
   position = None if model.position_logits is None else np.asarray(model.position_logits)
-  tokens = np.zeros((encoder_tokens.shape[0], max_new_tokens), np.int32)
-  lengths = np.zeros(encoder_tokens.shape[0], np.int32)
-  for b in range(encoder_tokens.shape[0]):
+  tokens = np.zeros((inputs.shape[0], max_new_tokens), np.int32)
+  lengths = np.zeros(inputs.shape[0], np.int32)
+  for b in range(inputs.shape[0]):
     last = model.config.decoder_start_id
     for t in range(max_new_tokens):
       logits = table[last] + context[b]

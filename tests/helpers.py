@@ -85,7 +85,7 @@ def model_fixtures(scale: float, eos_boost: float, target: str = "target",
                if name)
 
 
-def workload_fixtures(max_new: int, target: str = "target", enc: str = "encoder_tokens",
+def workload_fixtures(max_new: int, target: str = "target", enc: str = "inputs",
                       baseline: str = "baseline") -> tuple:
   """Module-scoped fixtures of a greedy workload: `target`, `tiny_target(6.0, 3.0)`; `enc`,
   6 ragged inputs of up to 12 tokens (seed 1); `baseline`, the target's greedy output of

@@ -350,7 +350,7 @@ def test_settings_out_of_range_found_by_the_sweep(t5, no_trace):
   with pytest.raises(sd.InputError, match=r"own input tokens have \(1,\) rows, the target's "
                                           r"\(2,\)"):
     sd.speculative_generate(t5, t5, enc, gamma=2, max_new_tokens=4,
-                            drafter_encoder_tokens=enc[:1])
+                            drafter_inputs=enc[:1])
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """The research API: `engine.init_state` / `round_step` / `finish` driven by hand.
 
-    state = init_state(target, proposer, encoder_tokens, config, rng)
+    state = init_state(target, proposer, inputs, config, rng)
     while cond(state): state = round_step(target, proposer, state, config)
     out = finish(state, config)
 
@@ -39,12 +39,12 @@ def drafter(target):
 
 
 @pytest.fixture(scope="module")
-def encoder_tokens():
+def inputs():
   return ragged_tokens(6, 12, 512, seed=1)
 
 
-def _init(target, proposer, encoder_tokens, rng, config):
-  return engine.init_state(target, proposer, encoder_tokens, config, rng, encoder_tokens)
+def _init(target, proposer, inputs, rng, config):
+  return engine.init_state(target, proposer, inputs, config, rng, inputs)
 
 
 init = jax.jit(_init, static_argnames="config")
@@ -52,12 +52,12 @@ step = jax.jit(engine.round_step, static_argnames="config")
 finish = jax.jit(engine.finish, static_argnames="config")
 
 
-def drive(target, proposer, encoder_tokens, rng, config):
+def drive(target, proposer, inputs, rng, config):
   """The decode as a Python loop over rounds; checks what every round must do.
 
   Returns (DecodeOutput, number of rounds run).
   """
-  state = init(target, proposer, jnp.asarray(encoder_tokens), rng, config)
+  state = init(target, proposer, jnp.asarray(inputs), rng, config)
   rounds = 0
   while bool(engine.cond(state)):
     before = jax.device_get(state)
@@ -80,14 +80,14 @@ def _assert_same_output(out, ref):
 
 
 @pytest.mark.slow
-def test_hand_loop_equals_run_and_speculative_generate(target, drafter, encoder_tokens):
+def test_hand_loop_equals_run_and_speculative_generate(target, drafter, inputs):
   config = speculative.round_config(GAMMA, MAX_NEW)
   proposer = speculative.proposer(drafter, target, GAMMA)
   rng = jax.random.PRNGKey(0)
 
-  out, rounds = drive(target, proposer, encoder_tokens, rng, config)
-  ran = engine.run(target, proposer, encoder_tokens, encoder_tokens, rng, config=config)
-  ref = sd.speculative_generate(target, drafter, encoder_tokens, gamma=GAMMA,
+  out, rounds = drive(target, proposer, inputs, rng, config)
+  ran = engine.run(target, proposer, inputs, inputs, rng, config=config)
+  ref = sd.speculative_generate(target, drafter, inputs, gamma=GAMMA,
                                 max_new_tokens=MAX_NEW)
   _assert_same_output(out, ran)
   _assert_same_output(out, ref)
@@ -99,7 +99,7 @@ def test_hand_loop_equals_run_and_speculative_generate(target, drafter, encoder_
   # (one teacher-forced forward pass), up to each row's length.
   tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
   start = np.full((len(tokens), 1), target.config.decoder_start_id, np.int32)
-  logits = target.forward(encoder_tokens, np.concatenate([start, tokens[:, :-1]], 1))
+  logits = target.forward(inputs, np.concatenate([start, tokens[:, :-1]], 1))
   valid = np.arange(MAX_NEW)[None] < lengths[:, None]
   np.testing.assert_array_equal(np.where(valid, np.argmax(logits, -1), 0), tokens)
 
@@ -111,9 +111,9 @@ def test_hand_loop_equals_run_and_speculative_generate(target, drafter, encoder_
 
 
 @functools.partial(jax.jit, static_argnames="config")
-def init_many(target, proposer, encoder_tokens, rngs, config):
+def init_many(target, proposer, inputs, rngs, config):
   """[R, 1, L] requests, [R] keys -> R stacked states (vmap over the request axis)."""
-  return jax.vmap(lambda e, k: _init(target, proposer, e, k, config))(encoder_tokens, rngs)
+  return jax.vmap(lambda e, k: _init(target, proposer, e, k, config))(inputs, rngs)
 
 
 @functools.partial(jax.jit, static_argnames="config")
@@ -127,11 +127,11 @@ def finish_many(states, config):
 
 
 @pytest.mark.slow
-def test_vmapped_rounds_equal_each_request_alone(target, drafter, encoder_tokens):
+def test_vmapped_rounds_equal_each_request_alone(target, drafter, inputs):
   sampling = sd.Sampling(temperature=1.0)
   config = speculative.round_config(GAMMA, MAX_NEW, sampling)
   proposer = speculative.proposer(drafter, target, GAMMA)
-  requests = encoder_tokens[:, None, :]                          # [R, 1, L]: R requests
+  requests = inputs[:, None, :]                          # [R, 1, L]: R requests
   rngs = jax.random.split(jax.random.PRNGKey(7), len(requests))  # one key per request
 
   states = init_many(target, proposer, requests, rngs, config)

@@ -39,8 +39,8 @@ class RepeatLast:
 
   vocab_size: int = struct.field(pytree_node=False, default=512)
 
-  def init(self, encoder_tokens, capacity, lengths=None):
-    return jnp.zeros((encoder_tokens.shape[0],), jnp.int32)
+  def init(self, inputs, capacity, lengths=None):
+    return jnp.zeros((inputs.shape[0],), jnp.int32)
 
   def first(self, state, seq, n):
     last = jnp.take_along_axis(seq, n[:, None], axis=1)[:, 0]
@@ -60,8 +60,8 @@ class TableArgmax:
   def vocab_size(self):
     return self.table.shape[-1]
 
-  def init(self, encoder_tokens, capacity, lengths=None):
-    return jnp.zeros((encoder_tokens.shape[0],), jnp.int32)
+  def init(self, inputs, capacity, lengths=None):
+    return jnp.zeros((inputs.shape[0],), jnp.int32)
 
   def first(self, state, seq, n):
     last = jnp.take_along_axis(seq, n[:, None], axis=1)[:, 0]
@@ -150,7 +150,7 @@ class NoUpdate:
 
   vocab_size: int = struct.field(pytree_node=False, default=512)
 
-  def init(self, encoder_tokens, capacity, lengths=None):
+  def init(self, inputs, capacity, lengths=None):
     return jnp.zeros(())
 
   def propose(self, state, ctx, key):
@@ -226,15 +226,15 @@ def test_bild_checks_its_small_model_alike(t5x_model, no_tracing):
 def test_a_decoder_only_target_needs_init_to_take_lengths():
   @struct.dataclass
   class TwoArgumentInit(RepeatLast):
-    def init(self, encoder_tokens, capacity):      # enough for T5, not for an LM's prompts
-      return jnp.zeros((encoder_tokens.shape[0],), jnp.int32)
+    def init(self, inputs, capacity):      # enough for T5, not for an LM's prompts
+      return jnp.zeros((inputs.shape[0],), jnp.int32)
 
   @struct.dataclass
   class TableLM(testing.TableModel):
     is_decoder_only = True                         # the same table read as an LM
 
   as_drafter(TwoArgumentInit(), testing.TableModel(jnp.zeros((512, 512))))   # T5: fine
-  with pytest.raises(sd.InputError, match=r"cannot be called as init\(encoder_tokens, "
+  with pytest.raises(sd.InputError, match=r"cannot be called as init\(inputs, "
                                           r"capacity, lengths=None\)"):
     as_drafter(TwoArgumentInit(), TableLM(jnp.zeros((512, 512))))
 

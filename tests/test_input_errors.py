@@ -11,7 +11,7 @@ import pytest
 import specdec_jax as sd
 from specdec_jax import cli
 from specdec_jax.io import checkpoints as ckpt
-from specdec_jax.rounds import engine, inputs
+from specdec_jax.rounds import engine, requests
 
 PAIRS = pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl"
 ENC = np.array([[5, 17, 42, 1], [7, 8, 1, 0]], np.int32)
@@ -66,8 +66,8 @@ def test_one_typed_key_per_row_is_explained(model, no_trace):
 
 
 def test_typed_and_raw_keys_are_accepted():
-  assert inputs.as_rng(jax.random.key(3), sd.Sampling()).shape == ()
-  assert inputs.as_rng(jax.random.PRNGKey(3), sd.Sampling()).shape == (2,)
+  assert requests.as_rng(jax.random.key(3), sd.Sampling()).shape == ()
+  assert requests.as_rng(jax.random.PRNGKey(3), sd.Sampling()).shape == (2,)
 
 
 @pytest.mark.parametrize("rows, which", [

@@ -425,5 +425,5 @@ def test_bad_inputs():
   with pytest.raises(sd.InputError, match="exceed the model's 128 learned positions"):
     sd.generate(gpt2, prompts(), max_new_tokens=121)
   with pytest.raises(sd.InputError, match="continues the target's prompt"):
-    sd.decode(target, sd.Speculative(pair()[1], drafter_encoder_tokens=prompts()), prompts(),
+    sd.decode(target, sd.Speculative(pair()[1], drafter_inputs=prompts()), prompts(),
               max_new_tokens=4)

@@ -10,7 +10,7 @@ from helpers import model_fixtures, ragged_tokens
 
 import specdec_jax as sd
 from specdec_jax.methods import bild, blockwise, speculative
-from specdec_jax.rounds import engine, inputs
+from specdec_jax.rounds import engine, requests
 from specdec_jax.rounds.acceptance import Rollback
 
 MAX_NEW = 8
@@ -67,7 +67,7 @@ def test_decode_runs_the_wiring_its_settings_describe(target, drafter, enc):
   method = sd.Speculative(drafter, gamma=2, lenience=0.6)
   config = speculative.round_config(2, MAX_NEW, SAMPLE, 1, lenience=0.6)
   ref = engine.run(target, speculative.proposer(drafter, target, 2), jax.numpy.asarray(enc),
-                   jax.numpy.asarray(enc), inputs.as_rng(3), config=config)
+                   jax.numpy.asarray(enc), requests.as_rng(3), config=config)
   out = sd.decode(target, method, enc, MAX_NEW, sampling=SAMPLE, rng=3)
   _same(out, ref)
   assert out.stats["gamma"] == 2 and out.stats["lenience"] == 0.6 and out.stats["lossy"]
@@ -76,7 +76,7 @@ def test_decode_runs_the_wiring_its_settings_describe(target, drafter, enc):
   config = bild.round_config(0.8, 2.0, 3, MAX_NEW, None, 1)
   assert config.accept == Rollback(2.0)
   ref = engine.run(target, bild.proposer(drafter, target, 0.8), jax.numpy.asarray(enc),
-                   jax.numpy.asarray(enc), inputs.as_rng(0), config=config)
+                   jax.numpy.asarray(enc), requests.as_rng(0), config=config)
   _same(sd.decode(target, method, enc, MAX_NEW), ref)
 
 

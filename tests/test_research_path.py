@@ -19,7 +19,7 @@ import specdec_jax as sd
 from specdec_jax.io import checkpoints
 from specdec_jax.io.checkpoints import finite
 from specdec_jax.methods import bild, t5x_compat
-from specdec_jax.rounds import inputs
+from specdec_jax.rounds import requests
 from specdec_jax.rounds import stats as stats_lib
 
 ENC = np.array([[5, 6, 7, 1], [8, 9, 1, 0]], np.int32)
@@ -96,13 +96,13 @@ def test_seed_key_built_under_jit_is_not_reused_eagerly():
   """The in-process core of the test above, without a model: a seed first turned into a
   key while tracing, then eagerly."""
   seed = 918_273     # a seed no other test uses: a memo would be cold
-  traced = jax.jit(lambda: inputs.as_rng(seed))()
-  eager = inputs.as_rng(seed)
+  traced = jax.jit(lambda: requests.as_rng(seed))()
+  eager = requests.as_rng(seed)
   assert not isinstance(eager, jax.core.Tracer)
   np.testing.assert_array_equal(eager + 0, traced)
-  jax.vmap(lambda x: x + inputs.as_rng(seed + 1)[0])(jnp.ones(2, jnp.uint32))
-  assert not isinstance(inputs.as_rng(seed + 1), jax.core.Tracer)
-  assert not isinstance(inputs.as_rng(None), jax.core.Tracer)     # greedy's default key
+  jax.vmap(lambda x: x + requests.as_rng(seed + 1)[0])(jnp.ones(2, jnp.uint32))
+  assert not isinstance(requests.as_rng(seed + 1), jax.core.Tracer)
+  assert not isinstance(requests.as_rng(None), jax.core.Tracer)     # greedy's default key
 
 
 @pytest.mark.slow
@@ -191,7 +191,7 @@ def test_ids_outside_the_vocabulary_name_the_row_id_and_vocab_size(model):
   v = model.config.vocab_size
   bad = ENC.copy()
   bad[1, 1] = v + 7
-  with pytest.raises(sd.InputError, match=rf"encoder_tokens row 1 holds token id {v + 7} "
+  with pytest.raises(sd.InputError, match=rf"inputs row 1 holds token id {v + 7} "
                                           rf"\(column 1\), outside .*vocab_size {v}"):
     sd.generate(model, bad, 2)
   bad[0, 2] = -4

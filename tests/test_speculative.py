@@ -11,7 +11,7 @@ from specdec_jax.rounds import engine
 MAX_NEW = 11   # not a multiple of gamma + 1 for gamma in {1, 2, 5}
 
 
-target, encoder_tokens, baseline = workload_fixtures(MAX_NEW)
+target, inputs, baseline = workload_fixtures(MAX_NEW)
 
 
 def _drafters(target, baseline):
@@ -26,9 +26,9 @@ def _drafters(target, baseline):
 @pytest.mark.slow
 @pytest.mark.parametrize("gamma", [1, 2, 5])
 @pytest.mark.parametrize("kind", ["close_model", "ngram", "prompt_lookup"])
-def test_greedy_speculative_equals_baseline(target, encoder_tokens, baseline, gamma, kind):
+def test_greedy_speculative_equals_baseline(target, inputs, baseline, gamma, kind):
   drafter = _drafters(target, baseline)[kind]
-  out = sd.speculative_generate(target, drafter, encoder_tokens, gamma=gamma,
+  out = sd.speculative_generate(target, drafter, inputs, gamma=gamma,
                                 max_new_tokens=MAX_NEW)
   np.testing.assert_array_equal(out.tokens, baseline.tokens)
   np.testing.assert_array_equal(out.lengths, baseline.lengths)
@@ -42,19 +42,19 @@ def test_greedy_speculative_equals_baseline(target, encoder_tokens, baseline, ga
 
 
 @pytest.mark.slow
-def test_close_drafter_accepts_more_than_unrelated_one(target, encoder_tokens, baseline):
+def test_close_drafter_accepts_more_than_unrelated_one(target, inputs, baseline):
   d = _drafters(target, baseline)
-  close = sd.speculative_generate(target, d["close_model"], encoder_tokens, gamma=3,
+  close = sd.speculative_generate(target, d["close_model"], inputs, gamma=3,
                                   max_new_tokens=MAX_NEW)
-  other = sd.speculative_generate(target, d["other_model"], encoder_tokens, gamma=3,
+  other = sd.speculative_generate(target, d["other_model"], inputs, gamma=3,
                                   max_new_tokens=MAX_NEW)
   assert float(close.stats["acceptance_rate"]) > float(other.stats["acceptance_rate"]) + 0.2
   assert float(close.stats["tokens_per_target_call"]) > 1.5
   assert float(close.stats["alpha"]) > float(other.stats["alpha"])
 
 
-def test_stats_are_consistent(target, encoder_tokens, baseline):
-  out = sd.speculative_generate(target, perturbed(target, 0.05, seed=0), encoder_tokens,
+def test_stats_are_consistent(target, inputs, baseline):
+  out = sd.speculative_generate(target, perturbed(target, 0.05, seed=0), inputs,
                                 gamma=3, max_new_tokens=MAX_NEW)
   s = {k: np.asarray(v) for k, v in out.stats.items()}
   assert s["accepted"] == np.asarray(out.counters.accepted).sum()
@@ -69,11 +69,11 @@ def test_stats_are_consistent(target, encoder_tokens, baseline):
   assert 0.0 <= float(s["alpha"]) <= 1.0
 
 
-def test_drafts_past_an_emitted_eos_are_not_counted(target, encoder_tokens, baseline):
+def test_drafts_past_an_emitted_eos_are_not_counted(target, inputs, baseline):
   """The drafter is the target: it drafts on past its own EOS and the rule accepts it all,
   but the sentence ends at the EOS (`buffer.emit` drops what follows), so the counters must
   drop it too: in a row that ended at an EOS every accepted draft is an emitted token."""
-  out = sd.speculative_generate(target, target, encoder_tokens, gamma=5,
+  out = sd.speculative_generate(target, target, inputs, gamma=5,
                                 max_new_tokens=MAX_NEW)
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(baseline.tokens))
   c = jax.tree_util.tree_map(np.asarray, out.counters)
@@ -88,9 +88,9 @@ def test_drafts_past_an_emitted_eos_are_not_counted(target, encoder_tokens, base
   assert float(out.stats["alpha"]) == 1.0 and int(out.stats["rejections"]) == 0
 
 
-def test_ngram_drafter_costs_no_model_calls_and_helps(target, encoder_tokens, baseline):
+def test_ngram_drafter_costs_no_model_calls_and_helps(target, inputs, baseline):
   ngram = sd.NGramDrafter.fit(np.asarray(baseline.tokens), 512)
-  out = sd.speculative_generate(target, ngram, encoder_tokens, gamma=4, max_new_tokens=MAX_NEW)
+  out = sd.speculative_generate(target, ngram, inputs, gamma=4, max_new_tokens=MAX_NEW)
   assert float(out.stats["tokens_per_target_call"]) > 1.5   # fitted on the target's outputs
 
 
@@ -104,7 +104,7 @@ def test_prompt_lookup_copies_from_input():
   # The continuation of each output is in its own input: once the first token is
   # emitted, every later draft copies the target's next token.
   out = sd.speculative_generate(target, drafter, ragged_tokens(2, 12, 512, seed=3), gamma=4,
-                                max_new_tokens=10, eos_id=-1, drafter_encoder_tokens=enc)
+                                max_new_tokens=10, eos_id=-1, drafter_inputs=enc)
   np.testing.assert_array_equal(out.tokens, base.tokens)
   # (The first round has no emitted suffix to match: its drafts are all rejected.)
   assert float(out.stats["acceptance_rate"]) > 0.6
@@ -122,43 +122,43 @@ def test_prompt_lookup_copies_from_input():
 
 
 @pytest.mark.slow
-def test_adaptive_gamma_keeps_greedy_equivalence(target, encoder_tokens, baseline):
+def test_adaptive_gamma_keeps_greedy_equivalence(target, inputs, baseline):
   for drafter in (perturbed(target, 0.05, seed=0),
                   sd.init_model(sd.get_config("t5_1_1_tiny_drafter"), 2)):
-    out = sd.speculative_generate(target, drafter, encoder_tokens, gamma=6,
+    out = sd.speculative_generate(target, drafter, inputs, gamma=6,
                                   max_new_tokens=MAX_NEW, adaptive=sd.AdaptiveGamma(c=0.1))
     np.testing.assert_array_equal(out.tokens, baseline.tokens)
     np.testing.assert_array_equal(out.lengths, baseline.lengths)
 
 
 @pytest.mark.slow
-def test_adaptive_gamma_shrinks_for_a_bad_drafter(target, encoder_tokens):
+def test_adaptive_gamma_shrinks_for_a_bad_drafter(target, inputs):
   bad = sd.init_model(sd.get_config("t5_1_1_tiny_drafter"), 2)
-  fixed = sd.speculative_generate(target, bad, encoder_tokens, gamma=6, max_new_tokens=MAX_NEW)
-  adaptive = sd.speculative_generate(target, bad, encoder_tokens, gamma=6,
+  fixed = sd.speculative_generate(target, bad, inputs, gamma=6, max_new_tokens=MAX_NEW)
+  adaptive = sd.speculative_generate(target, bad, inputs, gamma=6,
                                      max_new_tokens=MAX_NEW, adaptive=sd.AdaptiveGamma(c=0.2))
   assert int(adaptive.stats["drafted"]) < int(fixed.stats["drafted"])
   assert int(adaptive.stats["drafter_calls"]) < int(fixed.stats["drafter_calls"])
 
 
 @pytest.mark.slow
-def test_measured_adaptive_gamma_keeps_greedy_equivalence(target, encoder_tokens, baseline):
+def test_measured_adaptive_gamma_keeps_greedy_equivalence(target, inputs, baseline):
   from specdec_jax.cli.costs import measured_adaptive_gamma
   drafter = perturbed(target, 0.05, seed=0)
-  policy = measured_adaptive_gamma(target, drafter, encoder_tokens, 4, capacity=16,
+  policy = measured_adaptive_gamma(target, drafter, inputs, 4, capacity=16,
                                    repeats=1, steps=2)
   assert policy.c > 0 and len(policy.verify_cost) == 4 and min(policy.verify_cost) > 0
-  out = sd.speculative_generate(target, drafter, encoder_tokens, gamma=4,
+  out = sd.speculative_generate(target, drafter, inputs, gamma=4,
                                 max_new_tokens=MAX_NEW, adaptive=policy)
   np.testing.assert_array_equal(out.tokens, baseline.tokens)
 
 
 @pytest.mark.slow
-def test_lenience_is_labelled_lossy_and_accepts_more(target, encoder_tokens):
+def test_lenience_is_labelled_lossy_and_accepts_more(target, inputs):
   drafter = perturbed(target, 0.1, seed=1)   # exact acceptance ~0.26
-  exact = sd.speculative_generate(target, drafter, encoder_tokens, gamma=4,
+  exact = sd.speculative_generate(target, drafter, inputs, gamma=4,
                                   max_new_tokens=MAX_NEW)
-  lenient = sd.speculative_generate(target, drafter, encoder_tokens, gamma=4,
+  lenient = sd.speculative_generate(target, drafter, inputs, gamma=4,
                                     max_new_tokens=MAX_NEW, lenience=0.1)
   assert bool(lenient.stats["lossy"]) and not bool(exact.stats["lossy"])
   assert float(lenient.stats["acceptance_rate"]) > float(exact.stats["acceptance_rate"]) + 0.1
@@ -168,7 +168,7 @@ def test_lenience_is_labelled_lossy_and_accepts_more(target, encoder_tokens):
   # the lenience of the target's best (checked by a teacher-forced pass).
   tokens = np.asarray(lenient.tokens)
   dec_in = np.concatenate([np.zeros((tokens.shape[0], 1), np.int32), tokens[:, :-1]], 1)
-  probs = np.asarray(jax.nn.softmax(target.forward(encoder_tokens, dec_in), -1))
+  probs = np.asarray(jax.nn.softmax(target.forward(inputs, dec_in), -1))
   chosen = np.take_along_axis(probs, tokens[..., None], -1)[..., 0]
   live = np.arange(tokens.shape[1])[None] < np.asarray(lenient.lengths)[:, None]
   # A correction token after a rejection is the argmax; accepted drafts pass the lenience test.
@@ -176,8 +176,8 @@ def test_lenience_is_labelled_lossy_and_accepts_more(target, encoder_tokens):
 
 
 @pytest.mark.slow
-def test_sampling_runs_and_stays_in_bounds(target, encoder_tokens):
-  out = sd.speculative_generate(target, perturbed(target, 0.05, seed=0), encoder_tokens, gamma=3,
+def test_sampling_runs_and_stays_in_bounds(target, inputs):
+  out = sd.speculative_generate(target, perturbed(target, 0.05, seed=0), inputs, gamma=3,
                                 max_new_tokens=MAX_NEW, rng=jax.random.PRNGKey(0),
                                 sampling=sd.Sampling(temperature=0.8, top_p=0.9))
   tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
@@ -203,19 +203,19 @@ def test_no_recompilation_for_new_prompt_contents(target, baseline):
 
 
 @pytest.mark.slow
-def test_bad_requests_give_clear_errors(target, encoder_tokens):
+def test_bad_requests_give_clear_errors(target, inputs):
   drafter = sd.init_model(sd.get_config("t5_1_1_tiny_drafter"), 2)
   with pytest.raises(sd.InputError, match="gamma must be an integer >= 1"):
-    sd.speculative_generate(target, drafter, encoder_tokens, gamma=0)
+    sd.speculative_generate(target, drafter, inputs, gamma=0)
   other_vocab = sd.init_model(sd.get_config("t5_1_1_tiny_drafter").replace(vocab_size=300), 0)
   with pytest.raises(sd.InputError, match="vocabulary mismatch.*300.*512"):
-    sd.speculative_generate(target, other_vocab, encoder_tokens, gamma=2)
+    sd.speculative_generate(target, other_vocab, inputs, gamma=2)
   with pytest.raises(sd.InputError, match="vocabulary mismatch"):
-    sd.speculative_generate(target, sd.PromptLookupDrafter(vocab_size=100), encoder_tokens)
+    sd.speculative_generate(target, sd.PromptLookupDrafter(vocab_size=100), inputs)
   limited = sd.Model(target.config.replace(max_encoder_length=8), target.params)
   with pytest.raises(sd.InputError, match="longer than the model allows"):
-    sd.speculative_generate(limited, drafter, encoder_tokens, gamma=2)
+    sd.speculative_generate(limited, drafter, inputs, gamma=2)
   with pytest.raises(sd.InputError, match="lenience"):
-    sd.speculative_generate(target, drafter, encoder_tokens, lenience=0.0)
+    sd.speculative_generate(target, drafter, inputs, lenience=0.0)
   with pytest.raises(sd.SamplingError, match="temperature"):
-    sd.speculative_generate(target, drafter, encoder_tokens, sampling=sd.Sampling(-1.0))
+    sd.speculative_generate(target, drafter, inputs, sampling=sd.Sampling(-1.0))

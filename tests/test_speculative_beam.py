@@ -45,8 +45,8 @@ def _logits(t, last, position, total, ctx):
           + t["mix"][total % M] + ctx)
 
 
-def _context(t, encoder_tokens):
-  enc = jnp.asarray(encoder_tokens)
+def _context(t, inputs):
+  enc = jnp.asarray(inputs)
   return jnp.sum(jnp.where((enc != 0)[..., None], t["inp"][enc], 0.0), axis=1)     # [B, V]
 
 
@@ -63,15 +63,15 @@ class PrefixTable:
   def config(self):
     return testing.TableConfig(vocab_size=V)
 
-  def start(self, encoder_tokens, capacity, lengths=None):
-    batch = encoder_tokens.shape[0]
+  def start(self, inputs, capacity, lengths=None):
+    batch = inputs.shape[0]
     buf = jnp.zeros((batch, 1, capacity, 1), jnp.float32)
-    ctx = _context(self.t, encoder_tokens)
+    ctx = _context(self.t, inputs)
     return DecoderCache(self_key=(buf,), self_value=(buf,), length=jnp.zeros((batch,), jnp.int32),
-                        cross=CrossKV(key=(ctx,), value=(ctx,), mask=encoder_tokens != 0))
+                        cross=CrossKV(key=(ctx,), value=(ctx,), mask=inputs != 0))
 
-  def first_tokens(self, encoder_tokens, lengths=None):
-    return jnp.zeros((encoder_tokens.shape[0],), jnp.int32)
+  def first_tokens(self, inputs, lengths=None):
+    return jnp.zeros((inputs.shape[0],), jnp.int32)
 
   def decode(self, tokens, cache):
     width, capacity = tokens.shape[1], cache.capacity
@@ -98,10 +98,10 @@ class PrefixDrafter:
   def vocab_size(self):
     return V
 
-  def init(self, encoder_tokens, capacity, lengths=None):
-    batch = encoder_tokens.shape[0]
+  def init(self, inputs, capacity, lengths=None):
+    batch = inputs.shape[0]
     zero = jnp.zeros((batch,), jnp.int32)
-    return (zero, zero, _context(self.t, encoder_tokens))       # (position, sum, input)
+    return (zero, zero, _context(self.t, inputs))       # (position, sum, input)
 
   def first(self, state, seq, n):
     total = jnp.sum(jnp.where(jnp.arange(seq.shape[1])[None] <= n[:, None], seq, 0), axis=1)
@@ -113,12 +113,12 @@ class PrefixDrafter:
     return _logits(self.t, token, position, total, state[2]), (position, total, state[2])
 
 
-def oracle(t, encoder_tokens, num_beams, steps, alpha, eos=EOS, min_log_prob=beam.NEG_INF,
+def oracle(t, inputs, num_beams, steps, alpha, eos=EOS, min_log_prob=beam.NEG_INF,
            max_decode_step=-1):
   """T5X's beam search in numpy over the table model's logits of every prefix (computed
   from the formula, no cache). Its float32 arithmetic is T5X's, op for op; log-probs and
   penalties come from jax (the same functions `beam.step` calls)."""
-  enc = np.asarray(encoder_tokens)
+  enc = np.asarray(inputs)
   batch, k, neg = enc.shape[0], num_beams, np.float32(beam.NEG_INF)
   ctx = np.asarray(_context(t, enc))
   tab = {name: np.asarray(x) for name, x in t.items()}

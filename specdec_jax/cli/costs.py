@@ -1,6 +1,6 @@
 """Step costs: the time of one decode step of a target or drafter, for c and verify cost.
 
-    timers = cost_timers(target, {"drafter": drafter}, gammas=(1, 3), encoder_tokens=enc,
+    timers = cost_timers(target, {"drafter": drafter}, gammas=(1, 3), inputs=enc,
                          capacity=96)
     seconds = time_costs(timers, repeats=5)
     c = seconds[("drafter", "drafter")] / seconds[("target", 1)]
@@ -109,9 +109,9 @@ class StepTimer(_Timer):
 class TableStepTimer(_Timer):
   """Like `StepTimer` for a table drafter: `steps` `drafter.next` calls + argmax."""
 
-  def __init__(self, drafter, encoder_tokens, capacity: int, steps: int = 16):
+  def __init__(self, drafter, inputs, capacity: int, steps: int = 16):
     self.drafter, self.steps = drafter, steps
-    enc = jnp.asarray(encoder_tokens, jnp.int32)
+    enc = jnp.asarray(inputs, jnp.int32)
     batch = enc.shape[0]
     self.state = drafter.init(enc, capacity)
     seq = jnp.zeros((batch, capacity + 1), jnp.int32).at[:, 1:3].set(enc[:, :2])
@@ -123,30 +123,30 @@ class TableStepTimer(_Timer):
     return jax.block_until_ready(_table_loop(self.drafter, self.state, self.token, self.steps))
 
 
-def started_cache(model, encoder_tokens, capacity: int):
-  """`model.start` on `encoder_tokens` [B, Le] with `capacity` positions."""
-  return model.start(jnp.asarray(encoder_tokens, jnp.int32), capacity)
+def started_cache(model, inputs, capacity: int):
+  """`model.start` on `inputs` [B, Le] with `capacity` positions."""
+  return model.start(jnp.asarray(inputs, jnp.int32), capacity)
 
 
-def drafter_timer(drafter, encoder_tokens, capacity: int, steps: int = 16) -> _Timer:
+def drafter_timer(drafter, inputs, capacity: int, steps: int = 16) -> _Timer:
   """A 1-token step timer of a Model / ModelDrafter, or of a table drafter."""
   model = (drafter.model if isinstance(drafter, ModelDrafter)
            else drafter if isinstance(drafter, Model) else None)
   if model is None:
-    return TableStepTimer(drafter, encoder_tokens, capacity, steps)
-  return StepTimer(model, started_cache(model, encoder_tokens, capacity), 1, steps)
+    return TableStepTimer(drafter, inputs, capacity, steps)
+  return StepTimer(model, started_cache(model, inputs, capacity), 1, steps)
 
 
-def cost_timers(target, drafters: dict[str, Any], gammas: Iterable[int], *, encoder_tokens,
+def cost_timers(target, drafters: dict[str, Any], gammas: Iterable[int], *, inputs,
                 capacity: int, steps: int = 16) -> dict[tuple, _Timer]:
   """Uncompiled timers at one batch size: ("target", 1), ("target", g + 1) for each
   gamma, and ("drafter", name) for each of `drafters`."""
-  t_cache = started_cache(target, encoder_tokens, capacity)
+  t_cache = started_cache(target, inputs, capacity)
   timers: dict[tuple, _Timer] = {("target", 1): StepTimer(target, t_cache, 1, steps)}
   for g in sorted(set(gammas)):
     timers[("target", g + 1)] = StepTimer(target, t_cache, g + 1, steps)
   for name, d in drafters.items():
-    timers[("drafter", name)] = drafter_timer(d, encoder_tokens, capacity, steps)
+    timers[("drafter", name)] = drafter_timer(d, inputs, capacity, steps)
   return timers
 
 
@@ -176,19 +176,19 @@ class CostTiming:
 
 
 def time_decode_step(model, batch: int, k: int, timing: CostTiming = CostTiming(128), *,
-                     encoder_tokens=None, encoder_len: int = 32, seed: int = 0) -> float:
+                     inputs=None, encoder_len: int = 32, seed: int = 0) -> float:
   """Seconds per call of `model.decode` with k tokens per row at batch size `batch`.
 
-  Starts a cache of `timing.capacity` positions on `encoder_tokens` (default: random
+  Starts a cache of `timing.capacity` positions on `inputs` (default: random
   prompts of `encoder_len`), compiles a jitted loop of `timing.steps` k-token decodes
   (`StepTimer`) and returns the median over `timing.repeats` timed loops / `steps`.
   """
   repeats = timing.repeats
   if repeats < 1:
     raise BenchError(f"repeats must be >= 1, got {repeats}")
-  if encoder_tokens is None:
-    encoder_tokens = random_prompts(batch, encoder_len, model.config.vocab_size, seed)
-  cache = started_cache(model, cycled_rows(np.asarray(encoder_tokens), batch), timing.capacity)
+  if inputs is None:
+    inputs = random_prompts(batch, encoder_len, model.config.vocab_size, seed)
+  cache = started_cache(model, cycled_rows(np.asarray(inputs), batch), timing.capacity)
   return StepTimer(model, cache, k, timing.steps, seed).compile().time(repeats)
 
 
@@ -261,11 +261,11 @@ def shown_predictions(row: dict[str, Any]) -> dict[str, Any]:
   return {k: p[k] for k in keys}
 
 
-def explain_run(target, drafter, gamma: int, encoder_tokens, stats: dict[str, Any],
+def explain_run(target, drafter, gamma: int, inputs, stats: dict[str, Any],
                 timing: CostTiming, *, call_tokens: int | None = None) -> dict[str, Any]:
   """Why a speculative run went as fast as it did: its step costs and its own counts.
 
-  Measures, at the run's batch size (`encoder_tokens` [B, Le], the run's first batch),
+  Measures, at the run's batch size (`inputs` [B, Le], the run's first batch),
   c = one drafter step / one 1-token target step and verify_cost = one target call of
   `call_tokens` tokens (default gamma + 1, the width the run's verify calls had) / one
   1-token call, each the median ratio of `timing.repeats` alternating rounds of
@@ -293,7 +293,7 @@ def explain_run(target, drafter, gamma: int, encoder_tokens, stats: dict[str, An
   """
   k = gamma + 1 if call_tokens is None else call_tokens
   repeats = timing.repeats
-  timers = cost_timers(target, {"drafter": drafter}, [k - 1], encoder_tokens=encoder_tokens,
+  timers = cost_timers(target, {"drafter": drafter}, [k - 1], inputs=inputs,
                        capacity=max(timing.capacity, k), steps=timing.steps)
   ratio = relative_costs(timers, repeats)
   c, verify_cost = ratio[("drafter", "drafter")], ratio[("target", k)]
@@ -306,17 +306,17 @@ def explain_run(target, drafter, gamma: int, encoder_tokens, stats: dict[str, An
           "expected_speedup": per_call / round_cost}
 
 
-def measured_adaptive_gamma(target, drafter, encoder_tokens, gamma_max: int, *,
+def measured_adaptive_gamma(target, drafter, inputs, gamma_max: int, *,
                             capacity: int, repeats: int = 5, steps: int = 16,
                             **policy) -> "AdaptiveGamma":
   """An `sd.AdaptiveGamma` whose c and verify costs are measured here: c = one drafter step
   over one 1-token target step, verify_cost = (v(2), ..., v(gamma_max + 1)), at the batch
-  size of `encoder_tokens` [B, Le] (the policy then picks small gammas where wide verify
+  size of `inputs` [B, Le] (the policy then picks small gammas where wide verify
   calls are dear, e.g. a CPU at batch 8). `policy`: AdaptiveGamma's other fields."""
   from specdec_jax.methods.adaptive import AdaptiveGamma
   gammas = range(1, gamma_max + 1)
   seconds = time_costs(cost_timers(target, {"drafter": drafter}, gammas,
-                                   encoder_tokens=encoder_tokens,
+                                   inputs=inputs,
                                    capacity=max(capacity, gamma_max + 1), steps=steps), repeats)
   one = seconds[("target", 1)]
   return AdaptiveGamma(c=seconds[("drafter", "drafter")] / one,

@@ -425,13 +425,13 @@ def _compare(run: DecodeRun, method, target, prompts: Prompts, mesh,
   return out
 
 
-def _costs(run: DecodeRun, method, target, encoder_tokens, corpus) -> dict[str, Any]:
+def _costs(run: DecodeRun, method, target, inputs, corpus) -> dict[str, Any]:
   """The step costs behind a speculative run's speedup (`costs.explain_run`), measured
   at its batch size, with its verify calls' width (exact mode pads them off the kernels)."""
   from specdec_jax.rounds.engine import EXACT_WIDTH
   padded = is_exact(method) and not target.width_invariant_decode
   gamma = method.method.gamma
-  return explain_run(target, method.method.drafter, gamma, encoder_tokens, corpus.stats,
+  return explain_run(target, method.method.drafter, gamma, inputs, corpus.stats,
                      CostTiming(capacity=run.max_new_tokens + EXACT_WIDTH + 1),
                      call_tokens=EXACT_WIDTH if padded else gamma + 1)
 

@@ -136,8 +136,8 @@ class OnMesh:
   def __getattr__(self, name: str) -> Any:
     return getattr(self.run, name)
 
-  def decode(self, target, encoder_tokens, **kwargs):
-    return self.run.decode(target, sd.sharding.shard_batch(encoder_tokens, self.mesh),
+  def decode(self, target, inputs, **kwargs):
+    return self.run.decode(target, sd.sharding.shard_batch(inputs, self.mesh),
                            **kwargs)
 
   def __repr__(self) -> str:

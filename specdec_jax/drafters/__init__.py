@@ -21,8 +21,8 @@ from specdec_jax.drafters.ngram import NGramDrafter
 from specdec_jax.drafters.protocol import Drafter, check_drafter, check_proposer
 from specdec_jax.errors import InputError
 from specdec_jax.models.model import Model, family
-from specdec_jax.rounds.inputs import check_same_vocabulary
 from specdec_jax.rounds.phases import Proposer
+from specdec_jax.rounds.requests import check_same_vocabulary
 
 __all__ = ["DraftLoop", "DraftState", "Drafter", "LookupState", "ModelDrafter", "NGramDrafter",
            "NoProposals", "PromptLookupDrafter", "Unsure", "as_drafter", "as_proposer"]

@@ -41,7 +41,7 @@ class EarlyExitDrafter:
   def vocab_size(self) -> int:
     return self.model.config.vocab_size
 
-  def init(self, encoder_tokens: Array, capacity: int, lengths: Array | None = None) -> Array:
+  def init(self, inputs: Array, capacity: int, lengths: Array | None = None) -> Array:
     return jnp.zeros((), jnp.int32)     # no state of its own: it drafts in the target's cache
 
   def first(self, cache: DecoderCache, seq: Array, n: Array):

@@ -71,14 +71,14 @@ class HeadDrafter:
   def vocab_size(self) -> int:
     return self.model.config.vocab_size
 
-  def init(self, encoder_tokens: Array, capacity: int,
+  def init(self, inputs: Array, capacity: int,
            lengths: Array | None = None) -> HeadState:
-    batch = encoder_tokens.shape[0]
+    batch = inputs.shape[0]
     hidden = jnp.zeros((batch, self.model.config.emb_dim), self.model.config.activation_dtype)
     rescorer = None
     if self.rescorer is not None:
-      rescorer = (self.rescorer.init(encoder_tokens, capacity) if lengths is None
-                  else self.rescorer.init(encoder_tokens, capacity, lengths=lengths))
+      rescorer = (self.rescorer.init(inputs, capacity) if lengths is None
+                  else self.rescorer.init(inputs, capacity, lengths=lengths))
     return HeadState(hidden=hidden, ready=jnp.zeros((batch,), jnp.bool_), rescorer=rescorer)
 
   def update(self, state: HeadState, outcome: RoundOutcome) -> HeadState:

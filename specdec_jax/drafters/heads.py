@@ -198,7 +198,7 @@ def load_heads(path: str | pathlib.Path, model: Model) -> Heads:
   return heads
 
 
-def heads_loss(model: Model, heads: Heads, encoder_tokens: Array | None, targets: Array,
+def heads_loss(model: Model, heads: Heads, inputs: Array | None, targets: Array,
                weights: Array | None = None, freeze_model: bool = True,
                rngs=None) -> tuple[Array, Array, Array]:
   """sum_h lambda_h L_h: cross-entropy of each head on the tokens it must predict.
@@ -207,7 +207,7 @@ def heads_loss(model: Model, heads: Heads, encoder_tokens: Array | None, targets
   shifted right after the start token. Head j (2..h) at state t predicts targets[t + j - 1];
   with `freeze_model=False` head 1 (the model's own next-token loss) joins the sum and
   gradients reach the model too.
-  Decoder-only: `encoder_tokens` None and targets the text [B, T] itself (right-padded
+  Decoder-only: `inputs` None and targets the text [B, T] itself (right-padded
   with `pad_id`); the state at t (after reading targets[t]) predicts targets[t + j] with
   head j. Pad-id targets are not scored.
   Returns (loss [], per-head mean cross-entropy [h], per-head top-1 accuracy [h])
@@ -215,17 +215,17 @@ def heads_loss(model: Model, heads: Heads, encoder_tokens: Array | None, targets
   """
   deterministic = rngs is None
   if model.is_decoder_only:
-    if encoder_tokens is not None:
+    if inputs is not None:
       raise InputError("a decoder-only model's heads train on one token array: "
                        "heads_loss(model, heads, None, tokens)")
     states = model.hidden_states(targets, deterministic=deterministic, rngs=rngs)
     shift, pad = 1, model.config.pad_id
   else:
-    if encoder_tokens is None:
+    if inputs is None:
       raise InputError("a T5 model's heads train on its encoder tokens and target tokens: "
-                       "heads_loss(model, heads, encoder_tokens, targets)")
+                       "heads_loss(model, heads, inputs, targets)")
     dec_in = jnp.concatenate([jnp.zeros_like(targets[:, :1]), targets[:, :-1]], axis=1)
-    states = model.hidden_states(encoder_tokens, dec_in, deterministic=deterministic,
+    states = model.hidden_states(inputs, dec_in, deterministic=deterministic,
                                  rngs=rngs)
     shift, pad = 0, 0
   if freeze_model:

@@ -19,16 +19,16 @@ _NEG = -1e9  # log-probability of "impossible" (finite: no NaNs under scaling)
 
 
 class LookupState(struct.PyTreeNode):
-  encoder_tokens: Array  # [B, Le]
-  pointer: Array         # [B] index into encoder_tokens of the next proposal, -1: none
+  inputs: Array  # [B, Le]
+  pointer: Array         # [B] index into inputs of the next proposal, -1: none
   lengths: Array | None = None   # [B] a decoder-only prompt's lengths; None: T5 (0-padded)
 
   def real(self, index: Array) -> Array:
     """bool, index [B, ...] into the input: a real token there (not padding)."""
-    length = self.encoder_tokens.shape[1]
+    length = self.inputs.shape[1]
     if self.lengths is not None:
       return (index >= 0) & (index < self.lengths.reshape((-1,) + (1,) * (index.ndim - 1)))
-    token = jnp.take_along_axis(self.encoder_tokens, jnp.clip(index, 0, length - 1), axis=1)
+    token = jnp.take_along_axis(self.inputs, jnp.clip(index, 0, length - 1), axis=1)
     return (index >= 0) & (index < length) & (token > 0)
 
 
@@ -51,20 +51,20 @@ class PromptLookupDrafter:
         raise InputError(f"PromptLookupDrafter.{name} must be an integer >= 1, got {v!r}")
 
   def _logits(self, state: LookupState) -> Array:
-    batch, length = state.encoder_tokens.shape
+    batch, length = state.inputs.shape
     ok = state.real(state.pointer[:, None])[:, 0]
-    token = jnp.take_along_axis(state.encoder_tokens,
+    token = jnp.take_along_axis(state.inputs,
                                 jnp.clip(state.pointer, 0, length - 1)[:, None], axis=1)[:, 0]
     one_hot = jax.nn.one_hot(token, self.vocab_size, dtype=jnp.bool_)
     return jnp.where(ok[:, None], jnp.where(one_hot, 0.0, _NEG), 0.0)
 
-  def init(self, encoder_tokens: Array, capacity: int,
+  def init(self, inputs: Array, capacity: int,
            lengths: Array | None = None) -> LookupState:
-    return LookupState(encoder_tokens, jnp.full((encoder_tokens.shape[0],), -1, jnp.int32),
+    return LookupState(inputs, jnp.full((inputs.shape[0],), -1, jnp.int32),
                        lengths)
 
   def first(self, state: LookupState, seq: Array, n: Array):
-    enc = state.encoder_tokens
+    enc = state.inputs
     batch, length = enc.shape
     # The suffix must be real tokens: emitted ones, and a prompt's last token at seq[:, 0]
     # (T5's start token there is not text).
@@ -82,8 +82,8 @@ class PromptLookupDrafter:
     return self._logits(state), state
 
   def next(self, state: LookupState, token: Array):
-    length = state.encoder_tokens.shape[1]
-    proposed = jnp.take_along_axis(state.encoder_tokens,
+    length = state.inputs.shape[1]
+    proposed = jnp.take_along_axis(state.inputs,
                                    jnp.clip(state.pointer, 0, length - 1)[:, None], 1)[:, 0]
     follows = (state.pointer >= 0) & (proposed == token)
     state = state.replace(pointer=jnp.where(follows, state.pointer + 1, -1))

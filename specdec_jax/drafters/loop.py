@@ -3,7 +3,7 @@
 A token-level drafter (`protocol.Drafter`) is a pytree with a `vocab_size` and three pure
 methods:
 
-    state = drafter.init(encoder_tokens [B, Le], capacity)     # a decoder-only target's
+    state = drafter.init(inputs [B, Le], capacity)     # a decoder-only target's
                                                                 # prompt: lengths=[B] too
     logits, state = drafter.first(state, seq [B, T+1], n [B])   # logits after seq[:, :n+1]
     logits, state = drafter.next(state, token [B])               # append a draft, logits after it
@@ -112,10 +112,10 @@ class DraftLoop:
   def kind(self) -> str:
     return protocol.kind(self.drafter)
 
-  def init(self, encoder_tokens: Array, capacity: int, lengths: Array | None = None) -> Any:
+  def init(self, inputs: Array, capacity: int, lengths: Array | None = None) -> Any:
     if lengths is None:       # a T5 target (token-level drafters written for T5 take 2 args)
-      return self.drafter.init(encoder_tokens, capacity)
-    return self.drafter.init(encoder_tokens, capacity, lengths=lengths)
+      return self.drafter.init(inputs, capacity)
+    return self.drafter.init(inputs, capacity, lengths=lengths)
 
   def update(self, state: Any, outcome: RoundOutcome) -> Any:
     return state
@@ -183,7 +183,7 @@ class NoProposals:
   vocab_size: int = struct.field(pytree_node=False)
   kind: str = struct.field(pytree_node=False, default="none")
 
-  def init(self, encoder_tokens: Array, capacity: int, lengths: Array | None = None) -> Array:
+  def init(self, inputs: Array, capacity: int, lengths: Array | None = None) -> Array:
     return jnp.zeros((), jnp.int32)
 
   def update(self, state: Any, outcome: RoundOutcome) -> Any:

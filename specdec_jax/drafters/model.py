@@ -33,16 +33,16 @@ class ModelDrafter:
   def vocab_size(self) -> int:
     return self.model.config.vocab_size
 
-  def init(self, encoder_tokens: Array, capacity: int,
+  def init(self, inputs: Array, capacity: int,
            lengths: Array | None = None) -> DecoderCache:
     """T5: run the encoder. Decoder-only: prefill the prompt [B, P] (`lengths` [B]) into
     `capacity` slots (capped at a learned position table, see `engine.cache_capacity`)."""
     config = self.model.config
     if not isinstance(config, LMConfig):
-      return self.model.start(encoder_tokens, capacity)
+      return self.model.start(inputs, capacity)
     if config.positions == "learned":
       capacity = min(capacity, config.max_positions)
-    return self.model.start(encoder_tokens, capacity, lengths).anchored()
+    return self.model.start(inputs, capacity, lengths).anchored()
 
   def first(self, cache: DecoderCache, seq: Array, n: Array):
     two = last_tokens(seq, n, 2)                     # [B, 2]: seq[n-1], seq[n]

@@ -78,8 +78,8 @@ class NGramDrafter(struct.PyTreeNode):
     q = lam * dense + (1.0 - lam) * self.unigram[None, :]
     return jnp.log(jnp.maximum(q, 1e-30))
 
-  def init(self, encoder_tokens: Array, capacity: int, lengths: Array | None = None) -> Array:
-    return jnp.zeros((encoder_tokens.shape[0],), jnp.int32)
+  def init(self, inputs: Array, capacity: int, lengths: Array | None = None) -> Array:
+    return jnp.zeros((inputs.shape[0],), jnp.int32)
 
   def first(self, state: Array, seq: Array, n: Array):
     prev = jnp.take_along_axis(seq, n[:, None], axis=1)[:, 0]

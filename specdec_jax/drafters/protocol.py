@@ -24,13 +24,13 @@ Array = jax.Array
 
 DRAFTER_MEMBERS = ("vocab_size", "init", "first", "next")
 PROPOSER_MEMBERS = ("vocab_size", "init", "propose", "update")
-_CALLS = {"init": ("encoder_tokens", "capacity"), "first": ("state", "seq", "n"),
+_CALLS = {"init": ("inputs", "capacity"), "first": ("state", "seq", "n"),
           "next": ("state", "token"), "propose": ("state", "ctx", "key"),
           "update": ("state", "outcome")}
-_DRAFTER_HELP = ("a drafter (sd.Drafter) needs vocab_size, init(encoder_tokens, capacity, "
+_DRAFTER_HELP = ("a drafter (sd.Drafter) needs vocab_size, init(inputs, capacity, "
                  "lengths=None), first(state, seq, n) and next(state, token); "
                  "see docs/extending/drafter.md")
-_PROPOSER_HELP = ("a proposer (sd.Proposer) needs vocab_size, init(encoder_tokens, capacity, "
+_PROPOSER_HELP = ("a proposer (sd.Proposer) needs vocab_size, init(inputs, capacity, "
                   "lengths=None), propose(state, ctx, key) and update(state, outcome)")
 
 
@@ -44,7 +44,7 @@ class Drafter(Protocol):
   T = max_new_tokens; `seq` int32 [B, T + 1] is the round's token buffer: `seq[:, 0]` the
   start token (a decoder-only prompt's last token), `seq[:, 1:n+1]` the n tokens emitted.
 
-      state = drafter.init(encoder_tokens [B, Le], capacity)          # T5 target
+      state = drafter.init(inputs [B, Le], capacity)          # T5 target
       state = drafter.init(prompts [B, P], capacity, lengths=[B])     # decoder-only target
       logits [B, V], state = drafter.first(state, seq [B, T+1], n [B])
       logits [B, V], state = drafter.next(state, token [B])
@@ -71,7 +71,7 @@ class Drafter(Protocol):
   def vocab_size(self) -> int:
     """V, the vocabulary it drafts from: the target's (checked)."""
 
-  def init(self, encoder_tokens: Array, capacity: int, lengths: Array | None = None) -> Any:
+  def init(self, inputs: Array, capacity: int, lengths: Array | None = None) -> Any:
     """State before the first round; `capacity` positions suffice for every emitted token
     and a round of drafts (a cache's size)."""
 

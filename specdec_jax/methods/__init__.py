@@ -9,7 +9,7 @@
     beam            T5X's beam search (Beam): a loop of its own, not a round wiring
     speculative_beam  exact speculative beam search (SpeculativeBeam): Beam's output
                     with a drafter
-    decode          `decode(target, method, encoder_tokens, ...)`, one jitted round loop;
+    decode          `decode(target, method, inputs, ...)`, one jitted round loop;
                     `lower(...)`: the same program lowered for TPU, CUDA, ...
     functional      `generate`, `speculative_generate`, ...: `decode` by keyword
     t5x_compat      drop-ins for T5X's decoding functions

@@ -110,11 +110,11 @@ class Adaptive:
   def kind(self) -> str:
     return protocol.kind(self.inner)
 
-  def init(self, encoder_tokens: Array, capacity: int,
+  def init(self, inputs: Array, capacity: int,
            lengths: Array | None = None) -> AdaptiveState:
-    alpha = jnp.full((encoder_tokens.shape[0],), self.policy.initial_alpha, jnp.float32)
-    inner = (self.inner.init(encoder_tokens, capacity) if lengths is None
-             else self.inner.init(encoder_tokens, capacity, lengths=lengths))
+    alpha = jnp.full((inputs.shape[0],), self.policy.initial_alpha, jnp.float32)
+    inner = (self.inner.init(inputs, capacity) if lengths is None
+             else self.inner.init(inputs, capacity, lengths=lengths))
     return AdaptiveState(inner=inner, alpha_ema=alpha,
                          gamma=self.policy.choose(alpha, self.gamma_max))
 

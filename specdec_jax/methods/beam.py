@@ -1,6 +1,6 @@
 """Beam search with T5X's semantics (`t5x.decoding.beam_search`, cc342d4), as `sd.Beam`.
 
-    out = sd.decode(model, sd.Beam(num_beams=4, alpha=0.6), encoder_tokens, max_new_tokens=T)
+    out = sd.decode(model, sd.Beam(num_beams=4, alpha=0.6), inputs, max_new_tokens=T)
     out.tokens [B, T] the best beam, out.beams [B, K, T], out.scores [B, K] (ascending:
     best LAST, T5X's order), out.lengths [B] (the best beam's tokens, EOS included)
 
@@ -50,7 +50,7 @@ from specdec_jax.cache import DecoderCache
 from specdec_jax.errors import InputError, SamplingError
 from specdec_jax.methods.values import Method, _check_exact, _check_number, setting
 from specdec_jax.models.model import Model
-from specdec_jax.rounds import engine, inputs
+from specdec_jax.rounds import engine, requests
 from specdec_jax.rounds.buffer import DecodeOutput
 from specdec_jax.rounds.stats import OWN_LOOP_STATS, DecodeStats
 
@@ -323,21 +323,21 @@ class Beam(Method):
   exact: bool | None = setting(None)
 
   def __post_init__(self):
-    inputs.check_positive_int(self.num_beams, "num_beams", MAX_BEAMS,
+    requests.check_positive_int(self.num_beams, "num_beams", MAX_BEAMS,
                               "beams per row: the model runs over batch x num_beams rows")
     if _check_number(self.alpha, "alpha") < 0:
       raise InputError(f"alpha (the brevity penalty's exponent) must be >= 0, got {self.alpha!r}")
     _check_number(self.min_log_prob, "min_log_prob")
     _check_exact(self.exact)
 
-  def program(self, target, encoder_tokens, max_new_tokens, sampling, rng, eos_id,
+  def program(self, target, inputs, max_new_tokens, sampling, rng, eos_id,
               prompt_lengths):
-    return program(target, encoder_tokens, **self._search(max_new_tokens, sampling, eos_id),
+    return program(target, inputs, **self._search(max_new_tokens, sampling, eos_id),
                    prompt_lengths=prompt_lengths)
 
-  def run(self, target, encoder_tokens, max_new_tokens, sampling, rng, eos_id,
+  def run(self, target, inputs, max_new_tokens, sampling, rng, eos_id,
           prompt_lengths):
-    return run(target, encoder_tokens, **self._search(max_new_tokens, sampling, eos_id),
+    return run(target, inputs, **self._search(max_new_tokens, sampling, eos_id),
                prompt_lengths=prompt_lengths)
 
   def _search(self, max_new_tokens, sampling, eos_id) -> dict:
@@ -351,41 +351,41 @@ class Beam(Method):
     return {"config": config, "exact": bool(self.exact)}
 
 
-def program(target: Model, encoder_tokens: Array, *, config: SearchConfig, exact: bool = False,
+def program(target: Model, inputs: Array, *, config: SearchConfig, exact: bool = False,
             prompt_lengths: Array | None = None) -> engine.Program:
   """The call `run` makes: the jitted search and its arguments (`engine.Program`)."""
-  return engine.Program(_run, (target, encoder_tokens, prompt_lengths),
+  return engine.Program(_run, (target, inputs, prompt_lengths),
                         {"config": config, "exact": exact,
-                         "layout": sharding.decode_layout(target, encoder_tokens)})
+                         "layout": sharding.decode_layout(target, inputs)})
 
 
-def run(target: Model, encoder_tokens: Array, *, config: SearchConfig, exact: bool = False,
+def run(target: Model, inputs: Array, *, config: SearchConfig, exact: bool = False,
         prompt_lengths: Array | None = None) -> BeamOutput:
-  """Beam search of `target` over `encoder_tokens` [B, Le] (a decoder-only target: prompts
+  """Beam search of `target` over `inputs` [B, Le] (a decoder-only target: prompts
   [B, P] with `prompt_lengths` [B]) as ONE jitted program, on the model as given (packed
   ones, `sd.pack` / `sd.load`, on their backend's kernels; others on XLA)."""
-  return program(target, encoder_tokens, config=config, exact=exact,
+  return program(target, inputs, config=config, exact=exact,
                  prompt_lengths=prompt_lengths)()
 
 
 @functools.partial(jax.jit, static_argnames=("config", "exact", "layout"))
-def _run(target: Model, encoder_tokens: Array, prompt_lengths: Array | None, *,
+def _run(target: Model, inputs: Array, prompt_lengths: Array | None, *,
          config: SearchConfig, exact: bool, layout=None) -> BeamOutput:
   k, steps = config.num_beams, config.max_decode_len - 1
-  batch = encoder_tokens.shape[0]
+  batch = inputs.shape[0]
   width = engine.EXACT_WIDTH if exact and not target.width_invariant_decode else 1
   rounds = engine.RoundConfig(max_new_tokens=steps, max_proposals=0,
                               call_width=engine.EXACT_WIDTH if exact else 0)
   initial_index = None
   if target.is_decoder_only:
-    capacity = engine.cache_capacity(target, rounds, encoder_tokens.shape[1])
-    cache = target.start(encoder_tokens, capacity, prompt_lengths).anchored()
+    capacity = engine.cache_capacity(target, rounds, inputs.shape[1])
+    cache = target.start(inputs, capacity, prompt_lengths).anchored()
     # The penalty counts the prompt, as T5X's decoder-only beam search (initial_index).
     initial_index = prompt_lengths
-    config = dataclasses.replace(config, penalty_len=encoder_tokens.shape[1] + steps + 1)
+    config = dataclasses.replace(config, penalty_len=inputs.shape[1] + steps + 1)
   else:
-    cache = target.start(encoder_tokens, rounds.capacity)
-  first = target.first_tokens(encoder_tokens, prompt_lengths)
+    cache = target.start(inputs, rounds.capacity)
+  first = target.first_tokens(inputs, prompt_lengths)
   cache = jax.tree_util.tree_map(lambda x: jnp.repeat(x, k, axis=0), cache)   # [B*K, ...]
   seqs = jnp.zeros((batch, k, steps + 1), jnp.int32).at[:, :, 0].set(first[:, None])
 

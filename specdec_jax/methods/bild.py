@@ -45,7 +45,7 @@ from specdec_jax.drafters import DraftLoop, Unsure, as_drafter
 from specdec_jax.drafters.early_exit import EarlyExitDrafter
 from specdec_jax.errors import InputError
 from specdec_jax.models.model import Model
-from specdec_jax.rounds import engine, inputs
+from specdec_jax.rounds import engine, requests
 from specdec_jax.rounds.acceptance import Rollback
 from specdec_jax.rounds.phases import Proposal, Verified
 
@@ -79,7 +79,7 @@ def check_thresholds(fallback_threshold: float, rollback_threshold: float,
   r = rollback_threshold
   if not isinstance(r, (int, float)) or isinstance(r, bool) or math.isnan(r) or r <= 0:
     raise InputError(f"rollback_threshold must be > 0 (inf: never roll back), got {r!r}")
-  inputs.check_positive_int(max_small_steps, "max_small_steps", MAX_SMALL_STEPS,
+  requests.check_positive_int(max_small_steps, "max_small_steps", MAX_SMALL_STEPS,
                             "small-model tokens per large-model call")
 
 
@@ -95,7 +95,7 @@ def round_config(fallback_threshold: float, rollback_threshold: float, max_small
   check_thresholds(fallback_threshold, rollback_threshold, max_small_steps)
   return engine.RoundConfig(
       call_width=engine.call_width(exact, sampling, int(max_small_steps) + 1),
-      max_new_tokens=inputs.check_positive_int(max_new_tokens, "max_new_tokens"),
+      max_new_tokens=requests.check_positive_int(max_new_tokens, "max_new_tokens"),
       max_proposals=int(max_small_steps), sampling=sampling_lib.as_sampling(sampling),
       eos_id=eos_id, accept=Rollback(float(rollback_threshold)), verify=verify_unless_final,
       info=(("method", "bild"), ("fallback_threshold", float(fallback_threshold)),

@@ -32,7 +32,7 @@ from specdec_jax.drafters.head_drafter import RESCORING
 from specdec_jax.drafters.heads import Heads, check_heads, head_logits
 from specdec_jax.errors import InputError
 from specdec_jax.models.model import Model
-from specdec_jax.rounds import engine, inputs
+from specdec_jax.rounds import engine, requests
 from specdec_jax.rounds.acceptance import SpeculativeSampling, prefix_length
 from specdec_jax.rounds.buffer import last_tokens
 from specdec_jax.rounds.phases import AcceptRule, Proposal, Verified
@@ -111,7 +111,7 @@ def round_config(heads: Heads, max_new_tokens: int, sampling=None, eos_id: int =
   parallel = num_drafts > 1
   return engine.RoundConfig(
       call_width=engine.call_width(exact, sampling, 1 + num_drafts * g),
-      max_new_tokens=inputs.check_positive_int(max_new_tokens, "max_new_tokens"),
+      max_new_tokens=requests.check_positive_int(max_new_tokens, "max_new_tokens"),
       max_proposals=g, sampling=sampling, eos_id=eos_id, accept=rule,
       verify=ParallelVerify(num_drafts, g, rule, sampling) if parallel else engine.verify,
       extra_capacity=(num_drafts - 1) * g,
@@ -133,8 +133,8 @@ def check_rescoring(rescoring: str | None, rescorer: Any, num_drafts: int) -> No
 
 def check_settings(model: Model, heads: Heads, top_k: int, num_drafts: int,
                    rescoring: str | None, rescorer: Any, sampling) -> None:
-  inputs.check_positive_int(num_drafts, "num_drafts")
-  inputs.check_positive_int(top_k, "top_k")
+  requests.check_positive_int(num_drafts, "num_drafts")
+  requests.check_positive_int(top_k, "top_k")
   if top_k > model.config.vocab_size:
     raise InputError(f"top_k={top_k} exceeds the vocabulary size {model.config.vocab_size}")
   if num_drafts > top_k ** heads.num_drafts:
@@ -169,7 +169,7 @@ def output_states(model: Model, inputs: Array, tokens: Array,
 
 
 @functools.partial(jax.jit, static_argnames=("top_k",))
-def oracle_calls(model: Model, heads: Heads, encoder_tokens: Array, tokens: Array,
+def oracle_calls(model: Model, heads: Heads, inputs: Array, tokens: Array,
                  lengths: Array, top_k: int, prompt_lengths: Array | None = None) -> Array:
   """[B] target calls an oracle drafting from the top-k lattice needs for the same output.
 
@@ -177,9 +177,9 @@ def oracle_calls(model: Model, heads: Heads, encoder_tokens: Array, tokens: Arra
   then, with the last emitted token at index i, head j+2 at state i-1 may propose token
   i+j; it accepts the longest prefix inside the heads' top-k sets, plus one target token.
   One teacher-forced pass gives every state; the walk is a loop on device.
-  `prompt_lengths`: a decoder-only model's (`encoder_tokens` are then its prompts).
+  `prompt_lengths`: a decoder-only model's (`inputs` are then its prompts).
   """
-  states = output_states(model, encoder_tokens, tokens, prompt_lengths)
+  states = output_states(model, inputs, tokens, prompt_lengths)
   logits = head_logits(model, heads, states)                                   # [B,T,G,V]
   batch, length, g = logits.shape[:3]
   ahead = jnp.arange(length)[:, None] + jnp.arange(g)[None, :] + 1                # [T, G]

@@ -8,14 +8,14 @@ import dataclasses
 import jax
 
 from specdec_jax import sampling as sampling_lib
-from specdec_jax.errors import InputError, SamplingError
+from specdec_jax.errors import InputError, SamplingError, accepts_old_names
 from specdec_jax.kernels import backends
 from specdec_jax.kernels.dispatch import DecodeWeights
 from specdec_jax.methods.beam import Beam
 from specdec_jax.methods.speculative_beam import SpeculativeBeam
 from specdec_jax.methods.values import Autoregressive, BiLD, Blockwise, Method, Speculative
 from specdec_jax.models.model import Model
-from specdec_jax.rounds import inputs
+from specdec_jax.rounds import requests
 from specdec_jax.rounds.buffer import DecodeOutput
 
 #: The package's method types (`decode` runs any `Method`; its error for another value names
@@ -23,12 +23,13 @@ from specdec_jax.rounds.buffer import DecodeOutput
 METHODS = (Autoregressive, Speculative, BiLD, Blockwise, Beam, SpeculativeBeam)
 
 
-def decode(target: Model, method: Method, encoder_tokens, max_new_tokens: int = 64,
+@accepts_old_names
+def decode(target: Model, method: Method, inputs, max_new_tokens: int = 64,
            sampling: sampling_lib.SamplingSettings | None = None, rng=None,
            eos_id: int | None = None, prompt_lengths=None) -> DecodeOutput:
-  """Decode `encoder_tokens` int [B, Le] (0-padded) with `method`; the target verifies.
+  """Decode `inputs` int [B, Le] (0-padded) with `method`; the target verifies.
 
-  A decoder-only target continues prompts: `encoder_tokens` are right-padded prompts
+  A decoder-only target continues prompts: `inputs` are right-padded prompts
   [B, P], row b's first P_b tokens real (docs/decoder-only.md); P + max_new_tokens must fit
   its `max_positions` (learned or rotary). A T5 target's ids are used verbatim: end each
   row with EOS as the tokenizer's `encode` does, or its output differs (no EOS is added).
@@ -57,7 +58,7 @@ def decode(target: Model, method: Method, encoder_tokens, max_new_tokens: int = 
       >>> out.tokens.shape, out.lengths.shape
       ((1, 3), (1,))
   """
-  request = _request(target, method, encoder_tokens, max_new_tokens, sampling, rng, eos_id,
+  request = _request(target, method, inputs, max_new_tokens, sampling, rng, eos_id,
                      prompt_lengths)            # checked first: `method` may be no method
   out = method.run(*request)
   # the value names its run and says which statistics it reports (`Method`)
@@ -65,17 +66,18 @@ def decode(target: Model, method: Method, encoder_tokens, max_new_tokens: int = 
   return dataclasses.replace(out, info=info, statistics=method.statistics)
 
 
-def lower(target: Model, method: Method, encoder_tokens, *, max_new_tokens: int,
+@accepts_old_names
+def lower(target: Model, method: Method, inputs, *, max_new_tokens: int,
           platforms=("tpu",), sampling: sampling_lib.SamplingSettings | None = None,
           eos_id: int | None = None, prompt_lengths=None) -> jax.stages.Lowered:
-  """The program `decode(target, method, encoder_tokens, ...)` runs, lowered for
+  """The program `decode(target, method, inputs, ...)` runs, lowered for
   `platforms` and compiled for none: the same checks, the same jitted function with the
   same arguments (`Method.program`), traced with each packed model's kernels as they run
   there (`backends.lowering`). On a CPU machine it checks, or compiles ahead of time,
   the program for a TPU or a GPU: `sd.lower(...).as_text()` is its StableHLO.
 
   Args:
-    target: as `decode`; so are method, encoder_tokens, max_new_tokens, sampling, eos_id
+    target: as `decode`; so are method, inputs, max_new_tokens, sampling, eos_id
       and prompt_lengths (no rng: the key is an argument of the program, any gives it).
     platforms: the lowering platforms, e.g. ("tpu",), ("cuda",), ("cpu",), or several
       (one program that runs on each; XLA's ops only).
@@ -102,34 +104,34 @@ def lower(target: Model, method: Method, encoder_tokens, *, max_new_tokens: int,
     raise InputError(f"platforms must be a non-empty tuple of platform names such as "
                      f"('tpu',) or ('cuda',), got {platforms!r}")
   platforms = tuple(platforms)
-  request = _request(target, method, encoder_tokens, max_new_tokens, sampling, 0, eos_id,
+  request = _request(target, method, inputs, max_new_tokens, sampling, 0, eos_id,
                      prompt_lengths)       # the key is an argument: any gives this program
   _check_kernels(target, method, platforms)
   return method.program(*request).lower(platforms)
 
 
-def _request(target, method, encoder_tokens, max_new_tokens, sampling, rng, eos_id,
+def _request(target, method, inputs, max_new_tokens, sampling, rng, eos_id,
              prompt_lengths) -> tuple:
   """The checked arguments of `Method.run` / `Method.program` for a `decode` call."""
   if not isinstance(method, Method):
     names = [m.__name__ for m in METHODS]
     raise InputError(f"method must be one of sd.{', sd.'.join(names)}, "
                      f"got {type(method).__name__}")
-  inputs.check_target(target)
+  requests.check_target(target)
   if target.is_decoder_only:
-    encoder_tokens, prompt_lengths = inputs.check_prompt(encoder_tokens, target.config,
+    inputs, prompt_lengths = requests.check_prompt(inputs, target.config,
                                                          max_new_tokens, prompt_lengths)
   elif prompt_lengths is not None:
     raise InputError("prompt_lengths is for decoder-only targets; a T5 encoder input is "
                      "masked by its pad tokens")
   else:
-    encoder_tokens = inputs.check_request(encoder_tokens, target.config, max_new_tokens)
+    inputs = requests.check_request(inputs, target.config, max_new_tokens)
   sampling = sampling_lib.as_sampling(sampling)
   if method.greedy_only and not sampling.is_greedy:
     raise SamplingError(f"sd.{type(method).__name__} is deterministic: drop sampling (it takes "
                         f"no temperature, top-k or top-p), got {sampling!r}")
-  return (target, encoder_tokens, max_new_tokens, sampling, rng,
-          inputs.resolve_eos(eos_id, target.config), prompt_lengths)
+  return (target, inputs, max_new_tokens, sampling, rng,
+          requests.resolve_eos(eos_id, target.config), prompt_lengths)
 
 
 def _check_kernels(target: Model, method: Method, platforms: tuple[str, ...]) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.drafters.heads import Heads
+from specdec_jax.errors import accepts_old_names
 from specdec_jax.methods import values
 from specdec_jax.methods.adaptive import AdaptiveGamma
 from specdec_jax.methods.decode import decode
@@ -15,11 +16,12 @@ from specdec_jax.rounds.buffer import DecodeOutput
 from specdec_jax.rounds.phases import AcceptRule
 
 
-def generate(model: Model, encoder_tokens, max_new_tokens: int = 64,
+@accepts_old_names
+def generate(model: Model, inputs, max_new_tokens: int = 64,
              sampling: sampling_lib.SamplingSettings | None = None, rng=None,
              eos_id: int | None = None, exact: bool | None = None,
              prompt_lengths=None) -> DecodeOutput:
-  """Decode up to `max_new_tokens` per row from `encoder_tokens` [B, Le] (0-padded), or
+  """Decode up to `max_new_tokens` per row from `inputs` [B, Le] (0-padded), or
   continue a decoder-only model's right-padded prompts [B, P] (`prompt_lengths` [B]: their
   lengths; None: one past each row's last non-pad token).
 
@@ -30,18 +32,19 @@ def generate(model: Model, encoder_tokens, max_new_tokens: int = 64,
   "Exactness").
   Returns `DecodeOutput(tokens [B, T], lengths [B], counters)`; `.stats` has the mapping.
   """
-  return decode(model, values.Autoregressive(exact=exact), encoder_tokens,
+  return decode(model, values.Autoregressive(exact=exact), inputs,
                 max_new_tokens, sampling, rng, eos_id, prompt_lengths)
 
 
-def speculative_generate(target: Model, drafter, encoder_tokens, gamma: int = 5,
+@accepts_old_names
+def speculative_generate(target: Model, drafter, inputs, gamma: int = 5,
                          max_new_tokens: int = 64,
                          sampling: sampling_lib.SamplingSettings | None = None, rng=None,
                          eos_id: int | None = None, lenience: float = 1.0,
                          adaptive: AdaptiveGamma | bool | None = None,
-                         drafter_encoder_tokens=None, accept: AcceptRule | None = None,
+                         drafter_inputs=None, accept: AcceptRule | None = None,
                          exact: bool | None = None, prompt_lengths=None) -> DecodeOutput:
-  """Speculative decoding of `encoder_tokens` [B, Le] (0-padded) with a drafter.
+  """Speculative decoding of `inputs` [B, Le] (0-padded) with a drafter.
 
   Args:
     target: the verifier model.
@@ -52,7 +55,7 @@ def speculative_generate(target: Model, drafter, encoder_tokens, gamma: int = 5,
       applied identically to target and drafter distributions.
     lenience: 1 is exact; < 1 is lossy (reported in stats["lossy"]).
     adaptive: `True` or an `AdaptiveGamma` for per-row gamma chosen on device.
-    drafter_encoder_tokens: the drafter's input if it differs (defaults to the target's).
+    drafter_inputs: the drafter's input if it differs (defaults to the target's).
     accept: another acceptance rule (a frozen dataclass; see `acceptance`), for research.
     exact: every target call with `engine.EXACT_WIDTH` tokens, as `generate(exact=True)`:
       greedy output bitwise the baseline's on any backend and dtype. None: for greedy.
@@ -61,19 +64,20 @@ def speculative_generate(target: Model, drafter, encoder_tokens, gamma: int = 5,
     DecodeOutput(tokens [B, max_new_tokens], lengths [B], counters; `.stats` mapping).
   """
   method = values.Speculative(drafter, gamma=gamma, adaptive=adaptive, lenience=lenience,
-                              drafter_encoder_tokens=drafter_encoder_tokens, accept=accept,
+                              drafter_inputs=drafter_inputs, accept=accept,
                               exact=exact)
-  return decode(target, method, encoder_tokens, max_new_tokens, sampling, rng, eos_id,
+  return decode(target, method, inputs, max_new_tokens, sampling, rng, eos_id,
                 prompt_lengths)
 
 
-def bild_generate(large: Model, small: Any, encoder_tokens, fallback_threshold: float = 0.5,
+@accepts_old_names
+def bild_generate(large: Model, small: Any, inputs, fallback_threshold: float = 0.5,
                   rollback_threshold: float = 5.0, max_small_steps: int = 10,
                   max_new_tokens: int = 64, sampling: sampling_lib.SamplingSettings | None = None,
                   rng=None, eos_id: int | None = None, batch_policy: str = "wait",
-                  small_encoder_tokens=None, exact: bool | None = None,
+                  small_inputs=None, exact: bool | None = None,
                   prompt_lengths=None) -> DecodeOutput:
-  """BiLD decoding of `encoder_tokens` [B, Le] (0-padded). Lossy by design.
+  """BiLD decoding of `inputs` [B, Le] (0-padded). Lossy by design.
 
   Args:
     large: the large model (it verifies and corrects).
@@ -86,7 +90,7 @@ def bild_generate(large: Model, small: Any, encoder_tokens, fallback_threshold: 
     sampling: `sd.Greedy()` (default) or `sd.Sampling(...)` for both models' tokens
       (the paper's sampling variant uses top_p=0.8).
     batch_policy: "wait" or "sync" (module doc).
-    small_encoder_tokens: the small model's input if it differs (default: the large's).
+    small_inputs: the small model's input if it differs (default: the large's).
     exact: large-model calls of `engine.EXACT_WIDTH` tokens (as `generate(exact=True)`),
       so fallback_threshold=1.0 is bitwise the large model's greedy output. None: greedy.
     prompt_lengths: a decoder-only model's prompt lengths [B] (`sd.decode`).
@@ -95,20 +99,21 @@ def bild_generate(large: Model, small: Any, encoder_tokens, fallback_threshold: 
   """
   method = values.BiLD(small, fallback_threshold=fallback_threshold,
                        rollback_threshold=rollback_threshold, max_small_steps=max_small_steps,
-                       batch_policy=batch_policy, small_encoder_tokens=small_encoder_tokens,
+                       batch_policy=batch_policy, small_inputs=small_inputs,
                        exact=exact)
-  return decode(large, method, encoder_tokens, max_new_tokens, sampling, rng, eos_id,
+  return decode(large, method, inputs, max_new_tokens, sampling, rng, eos_id,
                 prompt_lengths)
 
 
-def blockwise_generate(model: Model, heads: Heads, encoder_tokens, max_new_tokens: int = 64,
+@accepts_old_names
+def blockwise_generate(model: Model, heads: Heads, inputs, max_new_tokens: int = 64,
                        top_k: int = 1, rescoring: str | None = None, num_drafts: int = 1,
                        rescoring_weight: float = 1.0, rescorer: Any = None,
                        sampling: sampling_lib.SamplingSettings | None = None, rng=None,
                        eos_id: int | None = None, oracle: bool = False,
                        accept: AcceptRule | None = None, exact: bool | None = None,
                        prompt_lengths=None) -> DecodeOutput:
-  """Blockwise parallel decoding of `encoder_tokens` [B, Le] with `heads` on `model`.
+  """Blockwise parallel decoding of `inputs` [B, Le] with `heads` on `model`.
 
   Args:
     top_k: candidates per head in the lattice (1: each head's argmax).
@@ -127,5 +132,5 @@ def blockwise_generate(model: Model, heads: Heads, encoder_tokens, max_new_token
   method = values.Blockwise(heads, top_k=top_k, num_drafts=num_drafts, rescoring=rescoring,
                             rescorer=rescorer, rescoring_weight=rescoring_weight,
                             oracle=oracle, accept=accept, exact=exact)
-  return decode(model, method, encoder_tokens, max_new_tokens, sampling, rng, eos_id,
+  return decode(model, method, inputs, max_new_tokens, sampling, rng, eos_id,
                 prompt_lengths)

@@ -27,7 +27,7 @@ from specdec_jax import sampling as sampling_lib
 from specdec_jax.drafters import ModelDrafter, as_proposer
 from specdec_jax.methods.adaptive import Adaptive, AdaptiveGamma
 from specdec_jax.models.model import Model
-from specdec_jax.rounds import engine, inputs
+from specdec_jax.rounds import engine, requests
 from specdec_jax.rounds.acceptance import SpeculativeSampling
 from specdec_jax.rounds.phases import AcceptRule, Proposer
 
@@ -37,11 +37,11 @@ def round_config(gamma: int, max_new_tokens: int, sampling=None, eos_id: int = 1
                  exact: bool | None = None
                  ) -> engine.RoundConfig:
   """The engine settings of speculative decoding; `accept` replaces the rule (research)."""
-  gamma = inputs.check_positive_int(gamma, "gamma")
+  gamma = requests.check_positive_int(gamma, "gamma")
   rule = SpeculativeSampling(lenience=float(lenience)) if accept is None else accept
   width = engine.call_width(exact, sampling, gamma + 1)
   return engine.RoundConfig(
-      max_new_tokens=inputs.check_positive_int(max_new_tokens, "max_new_tokens"),
+      max_new_tokens=requests.check_positive_int(max_new_tokens, "max_new_tokens"),
       max_proposals=gamma, sampling=sampling_lib.as_sampling(sampling), eos_id=eos_id,
       accept=rule, call_width=width,
       info=(("method", "speculative"), ("gamma", gamma), ("lenience", float(lenience)),

@@ -1,7 +1,7 @@
 """Exact speculative beam search (`sd.SpeculativeBeam`): `sd.Beam`'s beams with a drafter.
 
     out = sd.decode(target, sd.SpeculativeBeam(drafter, num_beams=4, alpha=0.6, gamma=3),
-                    encoder_tokens, max_new_tokens=T)
+                    inputs, max_new_tokens=T)
 
 returns what `sd.Beam(num_beams=4, alpha=0.6)` returns (`beam.BeamOutput`: the best beam,
 every beam, T5X's scores and order, the lengths), bitwise, whatever the drafter proposes;
@@ -68,7 +68,7 @@ from specdec_jax.methods.values import (
   setting,
 )
 from specdec_jax.models.model import Model
-from specdec_jax.rounds import engine, inputs
+from specdec_jax.rounds import engine, requests
 from specdec_jax.rounds.stats import COMMON_STATS, DecodeStats, summarize
 
 Array = jax.Array
@@ -175,19 +175,19 @@ class SpeculativeBeam(Method):
   exact: bool | None = setting(None)
 
   def __post_init__(self):
-    inputs.check_positive_int(self.num_beams, "num_beams", beam.MAX_BEAMS,
+    requests.check_positive_int(self.num_beams, "num_beams", beam.MAX_BEAMS,
                               "beams per row: the model runs over batch x num_beams rows")
-    inputs.check_positive_int(self.gamma, "gamma", MAX_GAMMA,
+    requests.check_positive_int(self.gamma, "gamma", MAX_GAMMA,
                               "drafted tokens per beam and round")
     if _check_number(self.alpha, "alpha") < 0:
       raise InputError(f"alpha (the brevity penalty's exponent) must be >= 0, got {self.alpha!r}")
     _check_number(self.min_log_prob, "min_log_prob")
     _check_exact(self.exact)
-    if self.width is not None and inputs.check_positive_int(self.width, "width") \
+    if self.width is not None and requests.check_positive_int(self.width, "width") \
         < self.num_beams:
       raise InputError(f"width must be >= num_beams ({self.num_beams}): the search goes on "
                        f"from the best num_beams, got {self.width!r}")
-    if self.chains is not None and inputs.check_positive_int(self.chains, "chains") \
+    if self.chains is not None and requests.check_positive_int(self.chains, "chains") \
         < self.num_beams:
       raise InputError(f"chains must be >= num_beams ({self.num_beams}): every beam needs "
                        f"a chain, got {self.chains!r}")
@@ -195,7 +195,7 @@ class SpeculativeBeam(Method):
       raise InputError(f"exact mode verifies at most {engine.EXACT_WIDTH - 1} drafted tokens "
                        f"per beam, got gamma={self.gamma} (use exact=False)")
 
-  def run(self, target, encoder_tokens, max_new_tokens, sampling, rng, eos_id,
+  def run(self, target, inputs, max_new_tokens, sampling, rng, eos_id,
           prompt_lengths):
     if not sampling.is_greedy:
       raise SamplingError("beam search is deterministic: drop sampling (sd.SpeculativeBeam "
@@ -206,18 +206,18 @@ class SpeculativeBeam(Method):
     config = beam.SearchConfig(num_beams=self.num_beams, alpha=float(self.alpha),
                                eos_id=eos_id, max_decode_len=max_new_tokens + 1,
                                min_log_prob=float(self.min_log_prob))
-    return run(target, self.drafter, encoder_tokens, config=config, gamma=self.gamma,
+    return run(target, self.drafter, inputs, config=config, gamma=self.gamma,
                width=self.width, chains=self.chains, exact=bool(self.exact),
                prompt_lengths=prompt_lengths)
 
 
-def run(target: Model, drafter: Any, encoder_tokens: Array, *, config: beam.SearchConfig,
+def run(target: Model, drafter: Any, inputs: Array, *, config: beam.SearchConfig,
         gamma: int, width: int | None = None, chains: int | None = None, exact: bool = False,
         prompt_lengths: Array | None = None,
         check_scored: bool = True) -> SpeculativeBeamOutput:
-  """Speculative beam search of `target` over `encoder_tokens` [B, Le] (a decoder-only
+  """Speculative beam search of `target` over `inputs` [B, Le] (a decoder-only
   target: prompts [B, P] with `prompt_lengths` [B]) as ONE jitted program: the output of
-  `beam.run(target, encoder_tokens, config=config, exact=exact, ...)`.
+  `beam.run(target, inputs, config=config, exact=exact, ...)`.
 
   check_scored=False is a deliberately WRONG replay (a negative control for the tests):
   it takes gamma + 1 steps every round, reading each new beam's logits from its parent's
@@ -236,7 +236,7 @@ def run(target: Model, drafter: Any, encoder_tokens: Array, *, config: beam.Sear
     raise InputError(f"exact mode on a target whose decode is not width-invariant verifies "
                      f"one chain per beam (its calls keep sd.Beam's {k} rows per row): "
                      f"chains={chains} (use chains=None, or pack the target: sd.pack)")
-  return _run(target, drafter, encoder_tokens, prompt_lengths, config=config, gamma=gamma,
+  return _run(target, drafter, inputs, prompt_lengths, config=config, gamma=gamma,
               width=width, chains=chains, exact=exact, check_scored=check_scored)
 
 
@@ -439,11 +439,11 @@ def _drafter_rows(tree: _Tree, first: Any, row: Array) -> Any:
 @functools.partial(jax.jit,
                    static_argnames=("config", "gamma", "width", "chains", "exact",
                                     "check_scored"))
-def _run(target: Model, drafter: Any, encoder_tokens: Array, prompt_lengths: Array | None, *,
+def _run(target: Model, drafter: Any, inputs: Array, prompt_lengths: Array | None, *,
          config: beam.SearchConfig, gamma: int, width: int, chains: int, exact: bool,
          check_scored: bool) -> SpeculativeBeamOutput:
   k, m, steps = config.num_beams, chains, config.max_decode_len - 1
-  batch = encoder_tokens.shape[0]
+  batch = inputs.shape[0]
   # The target's calls and cache exactly as `beam._run`'s (one capacity, one call width).
   call_width = (engine.EXACT_WIDTH if exact and not target.width_invariant_decode
                 else gamma + 1)
@@ -452,18 +452,18 @@ def _run(target: Model, drafter: Any, encoder_tokens: Array, prompt_lengths: Arr
   drafting = engine.RoundConfig(max_new_tokens=steps, max_proposals=gamma)
   initial_index = None
   if target.is_decoder_only:
-    prompt = encoder_tokens.shape[1]
-    cache = target.start(encoder_tokens, engine.cache_capacity(target, rounds, prompt),
+    prompt = inputs.shape[1]
+    cache = target.start(inputs, engine.cache_capacity(target, rounds, prompt),
                          prompt_lengths).anchored()
     initial_index = prompt_lengths
     config = dataclasses.replace(config, penalty_len=prompt + steps + 1)
-    dstate = drafter.init(encoder_tokens, drafting.capacity + prompt, lengths=prompt_lengths)
+    dstate = drafter.init(inputs, drafting.capacity + prompt, lengths=prompt_lengths)
   else:
-    cache = target.start(encoder_tokens, rounds.capacity)
-    dstate = drafter.init(encoder_tokens, drafting.capacity)
+    cache = target.start(inputs, rounds.capacity)
+    dstate = drafter.init(inputs, drafting.capacity)
   repeat = lambda tree: jax.tree_util.tree_map(lambda x: jnp.repeat(x, k, axis=0), tree)
   cache, dstate = repeat(cache), repeat(dstate)                       # [B*K, ...]
-  first = target.first_tokens(encoder_tokens, prompt_lengths)
+  first = target.first_tokens(inputs, prompt_lengths)
   seqs = jnp.zeros((batch, k, steps + 1), jnp.int32).at[:, :, 0].set(first[:, None])
   start = beam.init_state(seqs, cache, k)
   start = start.replace(cur_index=jnp.zeros((batch,), jnp.int32))

@@ -3,7 +3,7 @@
 Same signature and semantics as T5X (cc342d4), so T5X users can swap our
 baseline in, or drive OUR cached models from T5X code:
 
-    cache = model.start(encoder_tokens, capacity=L)
+    cache = model.start(inputs, capacity=L)
     seqs, log_probs = temperature_sample(
         jnp.zeros((B, L), jnp.int32), cache, tokens_to_logits_for(model),
         eos_id=1, temperature=0.0)             # seqs [B, 1, L], log_probs [B, 1]
@@ -129,7 +129,7 @@ def check_capacity(cache: Any, positions: int, fn: str) -> None:
   if capacity is not None and capacity < positions:
     raise InputError(f"{fn}: the cache holds {capacity} positions, the decode needs "
                      f"{positions} (its length); make the cache with capacity >= {positions} "
-                     f"(ours: model.start(encoder_tokens, capacity={positions}))")
+                     f"(ours: model.start(inputs, capacity={positions}))")
 
 
 def _adjusted_logits(logits: Array, temperature: Array, topk, topp) -> Array:

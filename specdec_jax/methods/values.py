@@ -2,10 +2,10 @@
 
 A method is a frozen dataclass holding the settings of one algorithm; `decode` runs it:
 
-    sd.decode(target, sd.Autoregressive(), encoder_tokens)
-    sd.decode(target, sd.Speculative(drafter, gamma=4), encoder_tokens, sampling=..., rng=key)
-    sd.decode(large, sd.BiLD(small, fallback_threshold=0.6), encoder_tokens)
-    sd.decode(target, sd.Blockwise(heads, top_k=3, num_drafts=2), encoder_tokens)
+    sd.decode(target, sd.Autoregressive(), inputs)
+    sd.decode(target, sd.Speculative(drafter, gamma=4), inputs, sampling=..., rng=key)
+    sd.decode(large, sd.BiLD(small, fallback_threshold=0.6), inputs)
+    sd.decode(target, sd.Blockwise(heads, top_k=3, num_drafts=2), inputs)
 
 Each value builds the two things the round engine needs (see `engine`): a
 `RoundConfig` (`method.round_config(target, max_new_tokens, sampling, eos_id)`) and a
@@ -44,11 +44,11 @@ from specdec_jax.drafters import as_drafter, protocol
 from specdec_jax.drafters.head_drafter import RESCORING, HeadDrafter
 from specdec_jax.drafters.heads import Heads
 from specdec_jax.drafters.loop import NoProposals
-from specdec_jax.errors import InputError
+from specdec_jax.errors import InputError, accepts_old_names
 from specdec_jax.methods import autoregressive, bild, blockwise, speculative
 from specdec_jax.methods.adaptive import AdaptiveGamma
 from specdec_jax.models.model import Model
-from specdec_jax.rounds import acceptance, engine, inputs
+from specdec_jax.rounds import acceptance, engine, requests
 from specdec_jax.rounds.buffer import DecodeOutput
 from specdec_jax.rounds.phases import AcceptRule, Proposer
 from specdec_jax.rounds.stats import COMMON_STATS, PROPOSED, SCORED
@@ -154,41 +154,41 @@ class Method:
                    sampling: sampling_lib.SamplingSettings, eos_id: int) -> engine.RoundConfig:
     raise NotImplementedError
 
-  def proposer_inputs(self, proposer: Proposer, encoder_tokens: Array,
+  def proposer_inputs(self, proposer: Proposer, inputs: Array,
                       max_new_tokens: int) -> Array | None:
     """The proposer's own encoder input [B, Le'] (None: the target's)."""
     return None
 
-  def finish(self, target: Model, encoder_tokens: Array, out: DecodeOutput,
+  def finish(self, target: Model, inputs: Array, out: DecodeOutput,
              prompt_lengths: Array | None = None) -> DecodeOutput:
     """Work after the loop (blockwise decoding's oracle); the output as is by default."""
     return out
 
-  def program(self, target: Model, encoder_tokens: Array, max_new_tokens: int,
+  def program(self, target: Model, inputs: Array, max_new_tokens: int,
               sampling: sampling_lib.SamplingSettings, rng, eos_id: int,
               prompt_lengths: Array | None) -> engine.Program:
     """The jitted program `run` calls, with its arguments (`engine.program`): what
     `sd.lower` lowers. A method with a loop of its own (beam search) overrides this and
     `run`."""
-    return self._engine(engine.program, target, encoder_tokens, max_new_tokens, sampling, rng,
+    return self._engine(engine.program, target, inputs, max_new_tokens, sampling, rng,
                         eos_id, prompt_lengths)
 
-  def run(self, target: Model, encoder_tokens: Array, max_new_tokens: int,
+  def run(self, target: Model, inputs: Array, max_new_tokens: int,
           sampling: sampling_lib.SamplingSettings, rng, eos_id: int,
           prompt_lengths: Array | None) -> DecodeOutput:
     """The checked request through the round engine (`engine.run`: `program`'s call),
     then `finish`."""
-    out = self._engine(engine.run, target, encoder_tokens, max_new_tokens, sampling, rng,
+    out = self._engine(engine.run, target, inputs, max_new_tokens, sampling, rng,
                        eos_id, prompt_lengths)
-    return self.finish(target, encoder_tokens, out, prompt_lengths)
+    return self.finish(target, inputs, out, prompt_lengths)
 
-  def _engine(self, call, target, encoder_tokens, max_new_tokens, sampling, rng, eos_id,
+  def _engine(self, call, target, inputs, max_new_tokens, sampling, rng, eos_id,
               prompt_lengths):
     """`call` (`engine.run` or `engine.program`) on this method's proposer and config."""
     proposer = self.proposer(target, sampling)
     config = self.round_config(target, max_new_tokens, sampling, eos_id)
-    proposer_inputs = self.proposer_inputs(proposer, encoder_tokens, max_new_tokens)
-    return call(target, proposer, encoder_tokens, proposer_inputs, inputs.as_rng(rng, sampling),
+    proposer_inputs = self.proposer_inputs(proposer, inputs, max_new_tokens)
+    return call(target, proposer, inputs, proposer_inputs, requests.as_rng(rng, sampling),
                 config=config, prompt_lengths=prompt_lengths)
 
 
@@ -227,6 +227,7 @@ class Autoregressive(Method):
     return autoregressive.round_config(max_new_tokens, sampling, eos_id, self.exact)
 
 
+@accepts_old_names
 @struct.dataclass
 class Speculative(Method):
   """Speculative decoding (Leviathan et al.): a drafter proposes, the target verifies.
@@ -238,7 +239,7 @@ class Speculative(Method):
     gamma: drafts per round (the maximum, with `adaptive`), >= 1.
     adaptive: True or an `sd.AdaptiveGamma`: per-row gamma in 1..gamma chosen on device.
     lenience: 1 is exact; in (0, 1) is their lossy variant (reported as lossy).
-    drafter_encoder_tokens: int [B, Le'] the drafter's input if it differs from the
+    drafter_inputs: int [B, Le'] the drafter's input if it differs from the
       target's (None: the same; a decoder-only drafter continues the target's prompt).
     accept: another acceptance rule (an `sd.AcceptRule`, docs/extending/acceptance.md),
       for research; None: the exact rule `acceptance.SpeculativeSampling(lenience)`.
@@ -272,12 +273,12 @@ class Speculative(Method):
       cli_help="choose each row's gamma in 1..--gamma on device, from its acceptance so far")
   lenience: float = setting(
       1.0, cli_help="1: exact; below 1: Leviathan et al.'s lenient acceptance (lossy)")
-  drafter_encoder_tokens: Any = carried(per_call=True)
+  drafter_inputs: Any = carried(per_call=True)
   accept: AcceptRule | None = setting(None, research=True)
   exact: bool | None = setting(None)
 
   def __post_init__(self):
-    inputs.check_positive_int(self.gamma, "gamma", MAX_GAMMA,
+    requests.check_positive_int(self.gamma, "gamma", MAX_GAMMA,
                               "drafts per round: a round gains fewer than 1 / (1 - alpha) "
                               "tokens, so longer drafts only add cost")
     lenience = _check_number(self.lenience, "lenience")
@@ -299,11 +300,11 @@ class Speculative(Method):
     return speculative.round_config(self.gamma, max_new_tokens, sampling, eos_id,
                                     self.lenience, self.accept, self.exact)
 
-  def proposer_inputs(self, proposer, encoder_tokens, max_new_tokens):
-    return _drafter_inputs(proposer, self.drafter_encoder_tokens, encoder_tokens, max_new_tokens)
+  def proposer_inputs(self, proposer, inputs, max_new_tokens):
+    return _drafter_inputs(proposer, self.drafter_inputs, inputs, max_new_tokens)
 
 
-def _drafter_inputs(proposer, own_tokens, encoder_tokens, max_new_tokens):
+def _drafter_inputs(proposer, own_tokens, inputs, max_new_tokens):
   """The drafting model's input [B, Le']: its own tokens if given, else the target's;
   checked against its config when the proposer wraps a `ModelDrafter`. A decoder-only
   drafter continues the target's own prompt (None: the target's)."""
@@ -312,18 +313,19 @@ def _drafter_inputs(proposer, own_tokens, encoder_tokens, max_new_tokens):
     if own_tokens is not None:
       raise InputError("a decoder-only drafter continues the target's prompt: drop the "
                        "drafter's own input tokens")
-    inputs.check_prompt(encoder_tokens, model_drafter.model.config, max_new_tokens,
-                        jnp.ones((encoder_tokens.shape[0],), jnp.int32))
+    requests.check_prompt(inputs, model_drafter.model.config, max_new_tokens,
+                        jnp.ones((inputs.shape[0],), jnp.int32))
     return None
-  tokens = encoder_tokens if own_tokens is None else own_tokens
-  if own_tokens is not None and np.shape(own_tokens)[:1] != np.shape(encoder_tokens)[:1]:
+  tokens = inputs if own_tokens is None else own_tokens
+  if own_tokens is not None and np.shape(own_tokens)[:1] != np.shape(inputs)[:1]:
     raise InputError(f"the drafting model's own input tokens have {np.shape(own_tokens)[:1]} "
-                     f"rows, the target's {np.shape(encoder_tokens)[:1]}: one row per row")
+                     f"rows, the target's {np.shape(inputs)[:1]}: one row per row")
   if model_drafter is not None:
-    return inputs.check_request(tokens, model_drafter.model.config, max_new_tokens)
+    return requests.check_request(tokens, model_drafter.model.config, max_new_tokens)
   return tokens
 
 
+@accepts_old_names
 @struct.dataclass
 class BiLD(Method):
   """BiLD, the Big Little Decoder (Kim et al. 2023); the target is the large model. Lossy
@@ -336,7 +338,7 @@ class BiLD(Method):
     rollback_threshold: > 0; roll back a small token y when -log p_L(y) > it (inf: never).
     max_small_steps: most consecutive small-model tokens before the large model runs.
     batch_policy: "wait" (each row as if alone) or "sync" (see `bild`).
-    small_encoder_tokens: int [B, Le'] the small model's input if it differs.
+    small_inputs: int [B, Le'] the small model's input if it differs.
     exact: large-model calls of `engine.EXACT_WIDTH` tokens: fallback_threshold=1.0 is
       then bitwise the large model's greedy output. None: for greedy decoding.
 
@@ -369,7 +371,7 @@ class BiLD(Method):
       "wait", choices=bild.BATCH_POLICIES,
       cli_help="wait: each row decodes as if alone; sync: the first row to hand over ends "
       "every row's drafting (fewer small calls)")
-  small_encoder_tokens: Any = carried(per_call=True)
+  small_inputs: Any = carried(per_call=True)
   exact: bool | None = setting(None)
 
   def __post_init__(self):
@@ -390,8 +392,8 @@ class BiLD(Method):
                              self.batch_policy, protocol.kind(as_drafter(self.small, target)),
                              self.exact)
 
-  def proposer_inputs(self, proposer, encoder_tokens, max_new_tokens):
-    return _drafter_inputs(proposer, self.small_encoder_tokens, encoder_tokens, max_new_tokens)
+  def proposer_inputs(self, proposer, inputs, max_new_tokens):
+    return _drafter_inputs(proposer, self.small_inputs, inputs, max_new_tokens)
 
 
 @struct.dataclass
@@ -444,8 +446,8 @@ class Blockwise(Method):
   exact: bool | None = setting(None)
 
   def __post_init__(self):
-    inputs.check_positive_int(self.top_k, "top_k", MAX_LATTICE_K, "lattice candidates per head")
-    inputs.check_positive_int(self.num_drafts, "num_drafts", MAX_NUM_DRAFTS,
+    requests.check_positive_int(self.top_k, "top_k", MAX_LATTICE_K, "lattice candidates per head")
+    requests.check_positive_int(self.num_drafts, "num_drafts", MAX_NUM_DRAFTS,
                               "drafts verified together in one target call")
     blockwise.check_rescoring(self.rescoring, self.rescorer, self.num_drafts)
     _check_number(self.rescoring_weight, "rescoring_weight")
@@ -455,7 +457,7 @@ class Blockwise(Method):
     _check_exact(self.exact)
 
   def proposer(self, target, sampling):
-    inputs.check_heads_value(self.heads)
+    requests.check_heads_value(self.heads)
     if not isinstance(self.heads, Heads):
       raise InputError(f"sd.Blockwise needs the target's prediction heads (sd.Heads from "
                        f"sd.init_heads / sd.load_heads), got {type(self.heads).__name__}")
@@ -472,10 +474,10 @@ class Blockwise(Method):
                                   self.num_drafts, self.rescoring, self.oracle, self.accept,
                                   self.exact)
 
-  def finish(self, target, encoder_tokens, out, prompt_lengths=None):
+  def finish(self, target, inputs, out, prompt_lengths=None):
     if not self.oracle:
       return out
-    calls = blockwise.oracle_calls(target, self.heads, encoder_tokens, out.tokens, out.lengths,
+    calls = blockwise.oracle_calls(target, self.heads, inputs, out.tokens, out.lengths,
                                    self.top_k, prompt_lengths)
     return out.replace(counters=out.counters.replace(oracle_calls=calls))
 

@@ -41,7 +41,7 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 from specdec_jax import cache as cache_lib
 from specdec_jax.config import T5Config
 from specdec_jax.config.lm import LMConfig
-from specdec_jax.errors import ConfigError, InputError
+from specdec_jax.errors import ConfigError, InputError, accepts_old_names
 from specdec_jax.kernels import dispatch
 from specdec_jax.models import layers, lm
 from specdec_jax.models.t5 import Transformer
@@ -73,19 +73,19 @@ def _apply(model: "Model", *args, method: str, packed: bool = False, **kwargs):
 
 @functools.partial(jax.jit, static_argnames=("deterministic",))
 def _forward(model, tokens: tuple, deterministic=True, rngs=None):
-  """tokens: (encoder_tokens, decoder_input_tokens) for T5, (tokens,) for an LM."""
+  """tokens: (inputs, decoder_input_tokens) for T5, (tokens,) for an LM."""
   module = module_for(model.config, model.partitioner)
   return module.apply({"params": model.params}, *tokens, deterministic, rngs=rngs)
 
 
 @jax.jit
-def _encode(model, encoder_tokens):
-  return _apply(model, encoder_tokens, method="encode", packed=True)
+def _encode(model, inputs):
+  return _apply(model, inputs, method="encode", packed=True)
 
 
 @functools.partial(jax.jit, static_argnames=("capacity",))
-def _start(model, encoder_tokens, capacity):
-  return _apply(model, _encode(model, encoder_tokens), encoder_tokens, capacity,
+def _start(model, inputs, capacity):
+  return _apply(model, _encode(model, inputs), inputs, capacity,
                 method="init_cache", packed=True)
 
 
@@ -144,38 +144,41 @@ class Model:
     """True for a decoder-only LM (`LMConfig`), False for a T5 encoder-decoder."""
     return isinstance(self.config, LMConfig)
 
-  def _tokens(self, encoder_tokens, decoder_input_tokens) -> tuple[Array, ...]:
+  def _tokens(self, inputs, decoder_input_tokens) -> tuple[Array, ...]:
     """The token arrays of a full pass, checked: (enc, dec) for T5, (tokens,) for an LM."""
     if self.is_decoder_only:
       if decoder_input_tokens is not None:
         raise InputError("a decoder-only model's forward takes one token array [B, L], "
                          "got two")
-      check_tokens(encoder_tokens, self.config, "tokens")
-      return (jnp.asarray(encoder_tokens, jnp.int32),)
+      check_tokens(inputs, self.config, "tokens")
+      return (jnp.asarray(inputs, jnp.int32),)
     if decoder_input_tokens is None:
-      raise InputError("a T5 model's forward takes encoder_tokens and decoder_input_tokens")
-    check_tokens(encoder_tokens, self.config, "encoder_tokens")
+      raise InputError("a T5 model's forward takes inputs and decoder_input_tokens")
+    check_tokens(inputs, self.config, "inputs")
     check_tokens(decoder_input_tokens, self.config, "decoder_input_tokens")
-    return (jnp.asarray(encoder_tokens, jnp.int32), jnp.asarray(decoder_input_tokens, jnp.int32))
+    return (jnp.asarray(inputs, jnp.int32), jnp.asarray(decoder_input_tokens, jnp.int32))
 
-  def forward(self, encoder_tokens: Array, decoder_input_tokens: Array | None = None) -> Array:
+  @accepts_old_names
+  def forward(self, inputs: Array, decoder_input_tokens: Array | None = None) -> Array:
     """Full non-cached pass: [B, Le], [B, Ld] int32 -> logits float32 [B, Ld, V].
 
     A decoder-only model takes one array: `forward(tokens [B, L])` -> [B, L, V] (causal).
     """
-    return _forward(self, self._tokens(encoder_tokens, decoder_input_tokens))
+    return _forward(self, self._tokens(inputs, decoder_input_tokens))
 
-  def encode(self, encoder_tokens: Array) -> Array:
+  @accepts_old_names
+  def encode(self, inputs: Array) -> Array:
     """[B, Le] int32 -> encoder output [B, Le, E]."""
     if self.is_decoder_only:
       raise InputError("a decoder-only model has no encoder: use start(prompt, capacity)")
-    return _encode(self, encoder_tokens)
+    return _encode(self, inputs)
 
-  def start(self, encoder_tokens: Array, capacity: int,
+  @accepts_old_names
+  def start(self, inputs: Array, capacity: int,
             lengths: Array | np.ndarray | None = None) -> cache_lib.DecoderCache:
     """The cache a request decodes from, of `capacity` self-attention positions.
 
-    T5: run the encoder once over `encoder_tokens` [B, Le] (cross K/V cached; the decoder
+    T5: run the encoder once over `inputs` [B, Le] (cross K/V cached; the decoder
     part empty). A decoder-only model: prefill the right-padded prompt [B, P] (`lengths`
     [B]: default `lm.prompt_lengths`, one past each row's last non-pad token); the cache
     then holds each row's prompt but its last token, which `first_tokens` gives.
@@ -184,10 +187,10 @@ class Model:
       if lengths is not None:
         raise InputError("lengths= is for decoder-only prompts; a T5 encoder input is masked "
                          "by its pad tokens")
-      return _start(self, encoder_tokens, capacity)
-    check_tokens(encoder_tokens, self.config, "prompt tokens")
-    lengths = lm.check_prompt(encoder_tokens, lengths, capacity, self.config)
-    return _prefill(self, jnp.asarray(encoder_tokens, jnp.int32),
+      return _start(self, inputs, capacity)
+    check_tokens(inputs, self.config, "prompt tokens")
+    lengths = lm.check_prompt(inputs, lengths, capacity, self.config)
+    return _prefill(self, jnp.asarray(inputs, jnp.int32),
                     jnp.asarray(lengths, jnp.int32), capacity)
 
   def decode_capacity(self, new_positions: int, prompt_width: int) -> int:
@@ -195,7 +198,7 @@ class Model:
     cache holds the decode alone; a decoder-only model's holds its prompt buffer
     (`prompt_width`) first, capped at a learned position table's `max_positions` (slots
     past it only ever receive surplus drafts or exact mode's padding, never a kept token:
-    `inputs.check_prompt` checks prompt + T fits)."""
+    `requests.check_prompt` checks prompt + T fits)."""
     if not self.is_decoder_only:
       return new_positions
     capacity = new_positions + prompt_width
@@ -259,26 +262,28 @@ class Model:
     """
     return _decode(self, tokens, cache, None, positions, visible)
 
-  def exit_logits(self, encoder_tokens: Array, decoder_input_tokens: Array | None = None,
+  @accepts_old_names
+  def exit_logits(self, inputs: Array, decoder_input_tokens: Array | None = None,
                   exits: tuple[int, ...] = (), deterministic: bool = True, rngs=None):
     """Teacher-forced logits read after each of `exits` decoder layers: a tuple of [B, Ld, V].
 
     A decoder-only model: `exit_logits(tokens, exits=...)`.
     """
-    tokens = self._tokens(encoder_tokens, decoder_input_tokens)
+    tokens = self._tokens(inputs, decoder_input_tokens)
     return _apply(self, *tokens, tuple(exits), deterministic, method="exit_logits", rngs=rngs)
 
   def output_logits(self, hidden: Array) -> Array:
     """The output layer alone: final-norm decoder states [..., E] -> logits float32 [..., V]."""
     return _apply(self, hidden, method="output_logits")
 
-  def hidden_states(self, encoder_tokens: Array, decoder_input_tokens: Array | None = None,
+  @accepts_old_names
+  def hidden_states(self, inputs: Array, decoder_input_tokens: Array | None = None,
                     deterministic: bool = True, rngs=None) -> Array:
     """Teacher-forced final-norm decoder states [B, Ld, E] (prediction heads read them).
 
     A decoder-only model: `hidden_states(tokens)` -> [B, L, E].
     """
-    tokens = self._tokens(encoder_tokens, decoder_input_tokens)
+    tokens = self._tokens(inputs, decoder_input_tokens)
     return _apply(self, *tokens, deterministic, method="hidden_states", rngs=rngs)
 
   def num_params(self) -> int:

@@ -6,7 +6,7 @@ Every parameter carries logical axis names (T5X's: vocab, embed, joined_kv, mlp,
 heads, relpos_buckets), so sharding is a rules table, not a code change.
 
 Three entry points share the same layers:
-  `__call__(encoder_tokens, decoder_input_tokens)`  full teacher-forced pass,
+  `__call__(encoder_input_tokens, decoder_input_tokens)`  full teacher-forced pass,
   `encode` + `init_cache`                           once per request,
   `decode(tokens [B, k], cache)`                    k tokens per row at per-row offsets.
 """
@@ -251,15 +251,15 @@ class Transformer(nn.Module):
     self.encoder = Encoder(cfg, self.token_embedder, where)
     self.decoder = Decoder(cfg, self.token_embedder, where)
 
-  def __call__(self, encoder_tokens, decoder_input_tokens, deterministic: bool = True):
+  def __call__(self, encoder_input_tokens, decoder_input_tokens, deterministic: bool = True):
     """Full pass: [B, Le], [B, Ld] int32 -> logits float32 [B, Ld, V]."""
-    encoded = self.encoder(encoder_tokens, deterministic)
-    return self.decoder(decoder_input_tokens, encoded, encoder_tokens > 0, deterministic)
+    encoded = self.encoder(encoder_input_tokens, deterministic)
+    return self.decoder(decoder_input_tokens, encoded, encoder_input_tokens > 0, deterministic)
 
-  def encode(self, encoder_tokens: Array) -> Array:
-    return self.encoder(encoder_tokens)
+  def encode(self, encoder_input_tokens: Array) -> Array:
+    return self.encoder(encoder_input_tokens)
 
-  def init_cache(self, encoded: Array, encoder_tokens: Array, capacity: int):
+  def init_cache(self, encoded: Array, encoder_input_tokens: Array, capacity: int):
     """Cross K/V of `encoded` [B, Le, E] and empty self-attention buffers of `capacity`."""
     cfg = self.config
     cross = self.decoder.cross_kvs(encoded)
@@ -269,7 +269,7 @@ class Transformer(nn.Module):
     return cache_lib.DecoderCache(
         self_key=self_k, self_value=self_v, length=jnp.zeros((encoded.shape[0],), jnp.int32),
         cross=cache_lib.CrossKV(key=tuple(k for k, _ in cross), value=tuple(v for _, v in cross),
-                                mask=encoder_tokens > 0))
+                                mask=encoder_input_tokens > 0))
 
   def decode(self, tokens: Array, cache: cache_lib.DecoderCache, num_layers: int | None = None,
              positions: Array | None = None, visible: Array | None = None):
@@ -279,15 +279,15 @@ class Transformer(nn.Module):
     """The output layer alone: final-norm decoder states [..., E] -> logits float32 [..., V]."""
     return self.decoder._logits(hidden)
 
-  def hidden_states(self, encoder_tokens, decoder_input_tokens, deterministic: bool = True):
+  def hidden_states(self, encoder_input_tokens, decoder_input_tokens, deterministic: bool = True):
     """Teacher-forced final-norm decoder states [B, Ld, E] (what the output layer reads)."""
-    encoded = self.encoder(encoder_tokens, deterministic)
-    return self.decoder.hidden(decoder_input_tokens, encoded, encoder_tokens > 0,
+    encoded = self.encoder(encoder_input_tokens, deterministic)
+    return self.decoder.hidden(decoder_input_tokens, encoded, encoder_input_tokens > 0,
                                deterministic)[0]
 
-  def exit_logits(self, encoder_tokens, decoder_input_tokens, exits: tuple[int, ...],
+  def exit_logits(self, encoder_input_tokens, decoder_input_tokens, exits: tuple[int, ...],
                   deterministic: bool = True):
     """Logits read after each of `exits` decoder layers (shared norm and head): a tuple."""
-    encoded = self.encoder(encoder_tokens, deterministic)
-    return self.decoder(decoder_input_tokens, encoded, encoder_tokens > 0, deterministic,
+    encoded = self.encoder(encoder_input_tokens, deterministic)
+    return self.decoder(decoder_input_tokens, encoded, encoder_input_tokens > 0, deterministic,
                         exits=exits)

@@ -8,7 +8,7 @@
     acceptance  the acceptance rules (greedy, speculative sampling, BiLD's rollback)
     buffer      the token buffer [B, T + 1] every method emits into, and DecodeOutput
     stats       the per-row counters and the statistics summarised from them
-    inputs      checks of a decode request (prompts, lengths, vocabularies, rng)
+    requests    checks of a decode request (prompts, lengths, vocabularies, rng)
 
 `drafters/` (proposers) and `methods/` (the method values and their wirings) build on
 this package; nothing here imports either.

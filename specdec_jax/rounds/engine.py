@@ -15,7 +15,7 @@ A round for a row at n emitted tokens (caches of length n, see `buffer`):
 
 Pure pieces, to call from research code (vmap them, or drive your own loop):
 
-    state = init_state(target, proposer, encoder_tokens, config, rng)
+    state = init_state(target, proposer, inputs, config, rng)
     while cond(state): state = round_step(target, proposer, state, config)
     out = finish(state, config)
 
@@ -169,7 +169,7 @@ class RoundConfig:
     return self.max_new_tokens + self.max_proposals + 1 + self.extra_capacity
 
 
-def init_state(target: Model, proposer: Proposer, encoder_tokens: Array, config: RoundConfig,
+def init_state(target: Model, proposer: Proposer, inputs: Array, config: RoundConfig,
                rng: Array, proposer_inputs: Array | None = None,
                prompt_lengths: Array | None = None) -> RoundState:
   """Start a request: the target's encoder (T5) or prompt prefill (decoder-only), the
@@ -181,15 +181,15 @@ def init_state(target: Model, proposer: Proposer, encoder_tokens: Array, config:
   the prompt, as a T5 decoder's counts them after its start token, so every phase below
   is the same for both. The last prompt token is `seq[:, 0]`, where T5 has its start token.
   """
-  batch = encoder_tokens.shape[0]
-  inputs = encoder_tokens if proposer_inputs is None else proposer_inputs
-  first, cache, capacity = target.begin(encoder_tokens, config.capacity, prompt_lengths)
+  batch = inputs.shape[0]
+  proposer_start = inputs if proposer_inputs is None else proposer_inputs
+  first, cache, capacity = target.begin(inputs, config.capacity, prompt_lengths)
   # a proposer continuing a decoder-only target's prompt is told where each row's ends
   lengths = {} if prompt_lengths is None else {"lengths": prompt_lengths}
   return RoundState(
       seq=buffer.init_sequence(batch, config.max_new_tokens, first),
       n=jnp.zeros((batch,), jnp.int32), done=jnp.zeros((batch,), jnp.bool_),
-      cache=cache, proposer=proposer.init(inputs, capacity, **lengths), rng=rng,
+      cache=cache, proposer=proposer.init(proposer_start, capacity, **lengths), rng=rng,
       stats=DecodeStats.zeros(batch, config.max_proposals))
 
 
@@ -200,7 +200,7 @@ def cache_capacity(model: Model, config: RoundConfig, prompt_length: int) -> int
   A learned position table caps it at `max_positions`: slots past the cap only ever
   receive tokens beyond the T-th (a last round's surplus drafts, exact mode's padding),
   whose writes are dropped and whose logits are never used; every token up to the T-th
-  fits when prompt_length + T <= max_positions (`inputs.check_prompt` checks it). Every
+  fits when prompt_length + T <= max_positions (`requests.check_prompt` checks it). Every
   method's target cache has the same capacity for the same (prompt, T, call width).
   """
   return model.decode_capacity(config.capacity, prompt_length)
@@ -347,35 +347,35 @@ class Program:
       return traced.lower(lowering_platforms=tuple(platforms))
 
 
-def program(target: Model, proposer: Proposer, encoder_tokens: Array,
+def program(target: Model, proposer: Proposer, inputs: Array,
             proposer_inputs: Array | None, rng: Array, *, config: RoundConfig,
             prompt_lengths: Array | None = None) -> Program:
   """The call `run` makes: the jitted decode loop and its arguments (`Program`)."""
   if target.is_decoder_only and prompt_lengths is None:
-    raise InputError("a decoder-only target needs prompt_lengths (inputs.check_prompt)")
-  return Program(_run, (target, proposer, encoder_tokens, proposer_inputs, rng),
+    raise InputError("a decoder-only target needs prompt_lengths (requests.check_prompt)")
+  return Program(_run, (target, proposer, inputs, proposer_inputs, rng),
                  {"config": config, "prompt_lengths": prompt_lengths,
-                  "layout": sharding.decode_layout(target, encoder_tokens)})
+                  "layout": sharding.decode_layout(target, inputs)})
 
 
-def run(target: Model, proposer: Proposer, encoder_tokens: Array, proposer_inputs: Array | None,
+def run(target: Model, proposer: Proposer, inputs: Array, proposer_inputs: Array | None,
         rng: Array, *, config: RoundConfig,
         prompt_lengths: Array | None = None) -> buffer.DecodeOutput:
   """The whole decode as ONE jitted `lax.while_loop` of `round_step`, on the models as
   given: packed ones (`sd.pack`, `sd.load`) on their backend's kernels, others on XLA.
 
-  A decoder-only target takes its prompts [B, P] as `encoder_tokens`, with their lengths
-  `prompt_lengths` [B] (required: `inputs.check_prompt` gives them).
+  A decoder-only target takes its prompts [B, P] as `inputs`, with their lengths
+  `prompt_lengths` [B] (required: `requests.check_prompt` gives them).
   """
-  return program(target, proposer, encoder_tokens, proposer_inputs, rng, config=config,
+  return program(target, proposer, inputs, proposer_inputs, rng, config=config,
                  prompt_lengths=prompt_lengths)()
 
 
 @functools.partial(jax.jit, static_argnames=("config", "layout"))
-def _run(target: Model, proposer: Proposer, encoder_tokens: Array, proposer_inputs: Array | None,
+def _run(target: Model, proposer: Proposer, inputs: Array, proposer_inputs: Array | None,
          rng: Array, *, config: RoundConfig, prompt_lengths: Array | None = None,
          layout=None) -> buffer.DecodeOutput:
-  state = init_state(target, proposer, encoder_tokens, config, rng, proposer_inputs,
+  state = init_state(target, proposer, inputs, config, rng, proposer_inputs,
                      prompt_lengths)
   if layout is not None:     # on a mesh: caches by batch and heads (`sd.sharding`)
     state = sharding.constrain_state(state, layout)
@@ -388,5 +388,5 @@ def _run(target: Model, proposer: Proposer, encoder_tokens: Array, proposer_inpu
 # set on a plain function, which mypy cannot type: hence the ignores).
 run.lower = lambda target, proposer, *args, **kwargs: _run.lower(  # type: ignore[attr-defined]
     target, proposer, *args, **kwargs,
-    layout=sharding.decode_layout(target, args[0] if args else kwargs.get("encoder_tokens")))
+    layout=sharding.decode_layout(target, args[0] if args else kwargs.get("inputs")))
 run._cache_size = _run._cache_size  # type: ignore[attr-defined]

@@ -142,7 +142,7 @@ class Proposer(Protocol):
   write a proposer from scratch when drafts do not come one token at a time (prediction
   heads read the verifier's hidden states in `update`; a lattice proposes several paths).
 
-      state    = proposer.init(encoder_tokens [B, Le], capacity)   (decoder-only: lengths=)
+      state    = proposer.init(inputs [B, Le], capacity)   (decoder-only: lengths=)
       proposal = proposer.propose(state, ctx, key)     Proposal: tokens [B, G], count [B], ...
       state    = proposer.update(proposal.state, RoundOutcome(...))   after the commit
 
@@ -157,11 +157,11 @@ class Proposer(Protocol):
   def vocab_size(self) -> int:
     """V, the vocabulary it proposes from (a field or a property): the target's (checked)."""
 
-  def init(self, encoder_tokens: Array, capacity: int, lengths: Array | None = None) -> Any:
+  def init(self, inputs: Array, capacity: int, lengths: Array | None = None) -> Any:
     """State before the first round (e.g. a drafter's cache of `capacity` positions).
 
     A decoder-only target's request passes its right-padded prompts [B, P] as
-    `encoder_tokens` and their lengths [B] as `lengths` (a T5 request: no `lengths`).
+    `inputs` and their lengths [B] as `lengths` (a T5 request: no `lengths`).
     """
 
   def propose(self, state: Any, ctx: RoundContext, key: Array) -> Proposal:

@@ -222,9 +222,9 @@ def test_the_lab_check_sees_a_private_import(tmp_path):
   """Negative control: a lab module importing the engine's internals (function-local)."""
   (tmp_path / "x.py").write_text(
       "import specdec_jax as sd\n"
-      "def f():\n  from specdec_jax.rounds.inputs import as_rng\n  return as_rng\n")
+      "def f():\n  from specdec_jax.rounds.requests import as_rng\n  return as_rng\n")
   public = {"specdec_jax", "specdec_jax.cli.*"}
-  assert private_imports(tmp_path, public) == ["x.py imports specdec_jax.rounds.inputs"]
+  assert private_imports(tmp_path, public) == ["x.py imports specdec_jax.rounds.requests"]
   (tmp_path / "x.py").write_text("from specdec_jax.cli import prompts\n")
   assert private_imports(tmp_path, public) == []
 

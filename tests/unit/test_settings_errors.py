@@ -9,7 +9,7 @@ import pytest
 import specdec_jax as sd
 from specdec_jax import errors, testing
 from specdec_jax.drafters import as_drafter, as_proposer
-from specdec_jax.rounds import engine, inputs, stats
+from specdec_jax.rounds import engine, requests, stats
 from specdec_jax.rounds.acceptance import Rollback, SpeculativeSampling
 
 pytestmark = pytest.mark.unit
@@ -55,22 +55,22 @@ def test_bad_settings_fail_when_the_value_is_made(make, message):
     (lambda: sd.AdaptiveGamma(decay=1.0), r"decay must be in \[0, 1\)"),
     (lambda: sd.AdaptiveGamma(c=-0.1), "c must be >= 0"),
     (lambda: sd.AdaptiveGamma(verify_cost=(1.0, 0.0)), "verify_cost must be a tuple"),
-    (lambda: inputs.check_positive_int(True, "gamma"), "gamma must be an integer >= 1"),
-    (lambda: inputs.check_positive_int("3", "gamma"), "gamma must be an integer >= 1"),
-    (lambda: inputs.resolve_eos(True, CONFIG), "eos_id must be an integer token id"),
-    (lambda: inputs.resolve_eos(512, CONFIG), r"eos_id=512 is outside the vocabulary"),
-    (lambda: inputs.as_rng(None, sd.Sampling()), "needs rng"),
-    (lambda: inputs.as_rng("seed"), "rng must be an int seed or a PRNG key"),
-    (lambda: inputs.as_rng(jax.random.split(jax.random.key(0), 3)), "one key per row"),
-    (lambda: inputs.as_rng(np.zeros((3,), np.uint32)), "rng must be an int seed or one"),
-    (lambda: inputs.as_token_array([[5, 6], [7]], "encoder_tokens"), "ragged list"),
-    (lambda: inputs.as_token_array([[5.5, 6.0]], "encoder_tokens"), "integer token ids"),
-    (lambda: inputs.as_token_array([5, 6], "encoder_tokens"), "must be 2-D"),
-    (lambda: inputs.check_request([[0, 1, 0], [5, 1, 0]], CONFIG, 4),
-     "encoder_tokens row 0 holds no token besides padding"),
-    (lambda: inputs.check_request([[5, 1]], CONFIG, 0), "max_new_tokens must be an integer"),
-    (lambda: inputs.check_request([[5, 1]], CONFIG, 10**12), "needs a decoder cache of"),
-    (lambda: inputs.check_heads_value(object()), "heads must be prediction heads"),
+    (lambda: requests.check_positive_int(True, "gamma"), "gamma must be an integer >= 1"),
+    (lambda: requests.check_positive_int("3", "gamma"), "gamma must be an integer >= 1"),
+    (lambda: requests.resolve_eos(True, CONFIG), "eos_id must be an integer token id"),
+    (lambda: requests.resolve_eos(512, CONFIG), r"eos_id=512 is outside the vocabulary"),
+    (lambda: requests.as_rng(None, sd.Sampling()), "needs rng"),
+    (lambda: requests.as_rng("seed"), "rng must be an int seed or a PRNG key"),
+    (lambda: requests.as_rng(jax.random.split(jax.random.key(0), 3)), "one key per row"),
+    (lambda: requests.as_rng(np.zeros((3,), np.uint32)), "rng must be an int seed or one"),
+    (lambda: requests.as_token_array([[5, 6], [7]], "inputs"), "ragged list"),
+    (lambda: requests.as_token_array([[5.5, 6.0]], "inputs"), "integer token ids"),
+    (lambda: requests.as_token_array([5, 6], "inputs"), "must be 2-D"),
+    (lambda: requests.check_request([[0, 1, 0], [5, 1, 0]], CONFIG, 4),
+     "inputs row 0 holds no token besides padding"),
+    (lambda: requests.check_request([[5, 1]], CONFIG, 0), "max_new_tokens must be an integer"),
+    (lambda: requests.check_request([[5, 1]], CONFIG, 10**12), "needs a decoder cache of"),
+    (lambda: requests.check_heads_value(object()), "heads must be prediction heads"),
     (lambda: sd.NGramDrafter.fit([[3, 9]], vocab_size=8), r"ids outside \[0, 8\)"),
     (lambda: as_drafter(object(), testing.TableModel(jnp.zeros((8, 8)))), "not a drafter"),
     (lambda: as_proposer(testing.table_drafter(jnp.zeros((5, 5))),

@@ -118,19 +118,19 @@ def t5x_network(t5x, model: Model):
   return t5x.network.Transformer(cfg)
 
 
-def _t5x_decoding(module, params, encoder_tokens, shape, steps, expand=lambda x: x):
+def _t5x_decoding(module, params, inputs, shape, steps, expand=lambda x: x):
   """(T5X's empty decoder cache for `shape` [B, T], as
   t5x.models.EncoderDecoderModel._compute_kv_cache makes it, and its `tokens_to_logits`
   over the encoded input; `expand` repeats the encoder side per beam)."""
-  encoded = module.apply({"params": params}, encoder_tokens, enable_dropout=False,
+  encoded = module.apply({"params": params}, inputs, enable_dropout=False,
                          method=module.encode)
-  _, variables = module.apply({"params": params}, jnp.ones_like(encoder_tokens),
+  _, variables = module.apply({"params": params}, jnp.ones_like(inputs),
                               jnp.ones(shape, jnp.int32), jnp.ones(shape, jnp.int32),
                               mutable=["cache"], decode=True, enable_dropout=False)
 
   def tokens_to_logits(state):
     logits, new_vars = module.apply(
-        {"params": params, "cache": state.cache}, expand(encoded), expand(encoder_tokens),
+        {"params": params, "cache": state.cache}, expand(encoded), expand(inputs),
         state.cur_token, state.cur_token, enable_dropout=False, decode=True,
         max_decode_length=steps, mutable=["cache"], method=module.decode)
     return logits[:, 0], new_vars["cache"]
@@ -139,11 +139,11 @@ def _t5x_decoding(module, params, encoder_tokens, shape, steps, expand=lambda x:
 
 
 def t5x_greedy_fn(t5x, module, batch: int, prompt_len: int, steps: int):
-  """jitted (params, encoder_tokens [B, Le]) -> greedy tokens [B, steps], T5X's way."""
+  """jitted (params, inputs [B, Le]) -> greedy tokens [B, steps], T5X's way."""
   shape = (batch, steps)
 
-  def run(params, encoder_tokens):
-    cache, tokens_to_logits = _t5x_decoding(module, params, encoder_tokens, shape, steps)
+  def run(params, inputs):
+    cache, tokens_to_logits = _t5x_decoding(module, params, inputs, shape, steps)
     tokens, _ = t5x.decoding.temperature_sample(
         jnp.zeros(shape, jnp.int32), cache, tokens_to_logits, eos_id=-1,
         decode_rng=jax.random.PRNGKey(0), num_decodes=1, temperature=0.0)
@@ -153,13 +153,13 @@ def t5x_greedy_fn(t5x, module, batch: int, prompt_len: int, steps: int):
 
 
 def t5x_beam_fn(t5x, module, batch: int, steps: int, num_beams: int, alpha: float):
-  """jitted (params, encoder_tokens [B, Le]) -> every beam [B, K, steps], T5X's way
+  """jitted (params, inputs [B, Le]) -> every beam [B, K, steps], T5X's way
   (`EncoderDecoderModel.predict_batch_with_aux` with `decode_fn=beam_search`)."""
   shape = (batch, steps)
   expand = lambda x: t5x.decoding.flat_batch_beam_expand(x, num_beams)
 
-  def run(params, encoder_tokens):
-    cache, tokens_to_logits = _t5x_decoding(module, params, encoder_tokens, shape, steps,
+  def run(params, inputs):
+    cache, tokens_to_logits = _t5x_decoding(module, params, inputs, shape, steps,
                                             expand)
     beams, _ = t5x.decoding.beam_search(
         jnp.zeros(shape, jnp.int32), cache, tokens_to_logits, eos_id=-1,

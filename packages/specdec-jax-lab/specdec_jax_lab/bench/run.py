@@ -68,7 +68,7 @@ def _noop() -> None:
 
 
 def measure_costs(target, drafter, batch: int, gammas: Iterable[int], timing: CostTiming, *,
-                  encoder_tokens, timers: dict[tuple, Any] | None = None,
+                  inputs, timers: dict[tuple, Any] | None = None,
                   tick: Callable[[], None] = _noop) -> dict[str, Any]:
   """c and verify costs at one batch size (see the package docstring).
 
@@ -79,7 +79,7 @@ def measure_costs(target, drafter, batch: int, gammas: Iterable[int], timing: Co
   capacity, steps = timing.capacity, timing.steps
   if timers is None:
     timers = costs_lib.cost_timers(target, {"drafter": drafter}, gammas,
-                                   encoder_tokens=encoder_tokens, capacity=capacity, steps=steps)
+                                   inputs=inputs, capacity=capacity, steps=steps)
   seconds = costs_lib.time_costs(timers, timing.repeats, tick)
   target_s, drafter_s = seconds[("target", 1)], seconds[("drafter", "drafter")]
   verify = [{"gamma": g, "tokens": g + 1, "ms": 1e3 * seconds[("target", g + 1)],
@@ -236,7 +236,7 @@ class _Run:
     first-call seconds by (group, method))."""
     timers = dict(zip(cost_batches, run_parallel(
         [functools.partial(costs_lib.cost_timers, self.target, {"drafter": self.drafter},
-                           self.gammas, encoder_tokens=self.encoder(b), capacity=self.capacity,
+                           self.gammas, inputs=self.encoder(b), capacity=self.capacity,
                            steps=self.timing_steps) for b in cost_batches], workers, tick),
                          strict=True))
     warm = [(key, name, fn) for key, methods in groups.items() for name, fn in methods.items()]
@@ -395,7 +395,7 @@ def _execute(run: _Run, plan, results, kept_costs, repeats, workers, progress, o
         bar.set_description(f"bench B={b} step costs")
         kept_costs[b] = measure_costs(run.target, run.drafter, b, run.gammas,
                                       CostTiming(run.capacity, run.timing_steps),
-                                      encoder_tokens=None, timers=timers.pop(b), tick=tick)
+                                      inputs=None, timers=timers.pop(b), tick=tick)
         results["costs"] = [kept_costs[k] for k in sorted(kept_costs)]
       bar.set_description(f"bench B={b} {mode}")
       timed = time_rounds(groups[(b, mode)], repeats, tick)

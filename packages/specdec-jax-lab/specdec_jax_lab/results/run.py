@@ -96,18 +96,18 @@ def load_existing(out_dir: str) -> dict[str, Any] | None:
   return read_json(path, "--resume: results file") if os.path.exists(path) else None
 
 
-def measure_costs(target, drafters: dict[str, Any], gammas: Iterable[int], encoder_tokens,
+def measure_costs(target, drafters: dict[str, Any], gammas: Iterable[int], inputs,
                   capacity: int, steps: int = 16, repeats: int = 5,
                   tick: Callable[[], None] = lambda: None) -> dict[str, Any]:
   """Target 1-token step, (g+1)-token verify costs, and each drafter's c, at one batch size.
 
   `drafters`: {name: a Model, ModelDrafter, or table drafter}.
   """
-  timers = costs_lib.cost_timers(target, drafters, gammas, encoder_tokens=encoder_tokens,
+  timers = costs_lib.cost_timers(target, drafters, gammas, inputs=inputs,
                                  capacity=capacity, steps=steps)
   seconds = costs_lib.time_costs(timers, repeats, tick)
   target_s = seconds[("target", 1)]
-  return {"batch_size": int(np.shape(encoder_tokens)[0]), "target_step_ms": 1e3 * target_s,
+  return {"batch_size": int(np.shape(inputs)[0]), "target_step_ms": 1e3 * target_s,
           "verify_cost": {str(g): seconds[("target", g + 1)] / target_s
                           for g in sorted(set(gammas))},
           "drafters": {name: {"step_ms": 1e3 * seconds[("drafter", name)],

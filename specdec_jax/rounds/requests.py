@@ -3,7 +3,7 @@
 Every public decode function runs these on its raw arguments first, so a malformed
 request fails with an `InputError` that names the argument, never inside a jit trace:
 
-    check_request(encoder_tokens, config, max_new_tokens)   tokens [B, Le] -> int32 array
+    check_request(inputs, config, max_new_tokens)   tokens [B, Le] -> int32 array
     check_prompt(prompt, config, max_new_tokens, lengths)   a decoder-only request -> (prompt,
                                                              lengths [B])
     resolve_eos(eos_id, config)                              the stop token, in the vocabulary
@@ -29,10 +29,10 @@ from specdec_jax.models.model import Model, check_tokens, host_array
 Array = jax.Array
 
 
-def check_request(encoder_tokens, config: T5Config, max_new_tokens: int) -> Array:
+def check_request(inputs, config: T5Config, max_new_tokens: int) -> Array:
   """Validate a decode request and return the encoder tokens as int32 [B, Le].
 
-  `encoder_tokens` may be an array or a rectangular nested list of ids. Every row must
+  `inputs` may be an array or a rectangular nested list of ids. Every row must
   hold at least one token that is neither padding (0) nor EOS: an empty input gives the
   decoder nothing to condition on, so it is refused, naming the row.
 
@@ -43,18 +43,18 @@ def check_request(encoder_tokens, config: T5Config, max_new_tokens: int) -> Arra
   inputs (the tokenizer's `encode` appends EOS, as T5X's seqio does); an input without
   EOS is decoded as given, and its output generally differs from the EOS-terminated one.
   """
-  encoder_tokens = as_token_array(encoder_tokens, "encoder_tokens")
-  check_tokens(encoder_tokens, config, "encoder_tokens")
+  inputs = as_token_array(inputs, "inputs")
+  check_tokens(inputs, config, "inputs")
   max_new_tokens = check_positive_int(max_new_tokens, "max_new_tokens")
   limit = getattr(config, "max_encoder_length", None)
-  if limit is not None and encoder_tokens.shape[1] > limit:
-    raise InputError(f"encoder_tokens has length {encoder_tokens.shape[1]}, longer than the "
+  if limit is not None and inputs.shape[1] > limit:
+    raise InputError(f"inputs has length {inputs.shape[1]}, longer than the "
                      f"model allows (max_encoder_length={limit})")
-  if not isinstance(encoder_tokens, jax.core.Tracer):
-    check_nonempty_rows(host_array(encoder_tokens), config, "encoder_tokens")
-  check_buffer_fits(config, encoder_tokens.shape[0], max_new_tokens)
+  if not isinstance(inputs, jax.core.Tracer):
+    check_nonempty_rows(host_array(inputs), config, "inputs")
+  check_buffer_fits(config, inputs.shape[0], max_new_tokens)
   check_max_new_tokens(max_new_tokens)     # after: the memory check says more when both fail
-  return jnp.asarray(encoder_tokens, jnp.int32)
+  return jnp.asarray(inputs, jnp.int32)
 
 
 def check_prompt(prompt, config, max_new_tokens: int, lengths=None) -> tuple[Array, Array]:
@@ -258,7 +258,7 @@ def check_heads_value(heads) -> None:
   """`heads` must be prediction heads (`sd.load_heads` / `sd.init_heads`), not a Model."""
   if isinstance(heads, Model):
     raise InputError(
-        "heads is a Model: blockwise_generate(model, heads, encoder_tokens, ...) takes the "
+        "heads is a Model: blockwise_generate(model, heads, inputs, ...) takes the "
         "prediction heads trained on `model` as its second argument "
         "(sd.load_heads(path, model), or `specdec train --heads`)")
   if not (hasattr(heads, "num_drafts") and hasattr(heads, "params")):
