@@ -8,7 +8,6 @@ import jax.numpy as jnp
 from flax import struct
 
 from specdec_jax.cache import DecoderCache
-from specdec_jax.config.lm import LMConfig
 from specdec_jax.models.model import Model
 from specdec_jax.rounds.buffer import last_tokens
 
@@ -37,11 +36,9 @@ class ModelDrafter:
            lengths: Array | None = None) -> DecoderCache:
     """T5: run the encoder. Decoder-only: prefill the prompt [B, P] (`lengths` [B]) into
     `capacity` slots (capped at a learned position table, see `engine.cache_capacity`)."""
-    config = self.model.config
-    if not isinstance(config, LMConfig):
+    if not self.model.is_decoder_only:
       return self.model.start(inputs, capacity)
-    if config.positions == "learned":
-      capacity = min(capacity, config.max_positions)
+    capacity = self.model.decode_capacity(capacity, 0)     # a learned position table's cap
     return self.model.start(inputs, capacity, lengths).anchored()
 
   def first(self, cache: DecoderCache, seq: Array, n: Array):
