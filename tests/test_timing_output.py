@@ -7,8 +7,7 @@ import time
 
 import pytest
 
-from specdec_jax import theory
-from specdec_jax.cli import costs
+from specdec_jax import costs, theory
 from specdec_jax.cli.decode import _compare_block
 from specdec_jax_lab.results import headline
 from specdec_jax_lab.results.report import markdown_table

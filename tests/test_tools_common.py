@@ -12,10 +12,10 @@ import pytest
 from helpers import peaked, perturbed, ragged_tokens
 
 import specdec_jax as sd
-from specdec_jax import errors
+from specdec_jax import errors, timing
 from specdec_jax import runs as methods
 from specdec_jax.batching import Batch, cycled_rows, pad_rows, padded_batches, trim_padding
-from specdec_jax.cli import models, options, timing
+from specdec_jax.cli import models, options
 from specdec_jax.rounds import stats as stats_lib
 from specdec_jax.runtime import report
 

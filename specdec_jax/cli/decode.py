@@ -22,12 +22,6 @@ import numpy as np
 import specdec_jax as sd
 from specdec_jax.batching import Batch, bucket_width, padded_batches, trim_padding
 from specdec_jax.cli.args import DefaultsHelpFormatter, add_drafter_flag, add_dtype_flag
-from specdec_jax.cli.costs import (
-  VERIFY_NOISE_NOTE,
-  CostTiming,
-  explain_run,
-  verify_cost_text,
-)
 from specdec_jax.cli.demo_notes import demo_note
 from specdec_jax.cli.mesh_args import (
   add_mesh_flag,
@@ -55,8 +49,13 @@ from specdec_jax.cli.prompts import (
   missing_eos,
   read_prompt_lines,
 )
-from specdec_jax.cli.timing import is_exact, ms_per_token, time_rounds
 from specdec_jax.compilation import announce_kernel_build, compiling, use_persistent_cache
+from specdec_jax.costs import (
+  VERIFY_NOISE_NOTE,
+  CostTiming,
+  explain_run,
+  verify_cost_text,
+)
 from specdec_jax.errors import CLIError
 from specdec_jax.models.model import family
 from specdec_jax.runs import Corpus, Run, decode_corpus
@@ -74,6 +73,7 @@ from specdec_jax.runtime.distributed import (
 from specdec_jax.runtime.progress import Interrupted, Progress, Terminated, deferred_signals
 from specdec_jax.runtime.report import fmt, to_jsonable
 from specdec_jax.runtime.streams import emit
+from specdec_jax.timing import is_exact, ms_per_token, time_rounds
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
