@@ -61,7 +61,7 @@ def main(argv=None) -> int:
 
 def _run(args, argv) -> int:
   import specdec_jax as sd
-  from specdec_jax.cli.prompts import random_prompts
+  from specdec_jax.batching import random_prompts
   from specdec_jax_lab import hf_compare
 
   target = args.target or (args.workdir and os.path.join(args.workdir, "target", "final"))

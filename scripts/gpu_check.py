@@ -42,8 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import specdec_jax as sd
-from specdec_jax.cli.costs import StepTimer, started_cache
 from specdec_jax.cli.options import int_list
+from specdec_jax.costs import StepTimer, started_cache
 from specdec_jax.kernels import gpu, verified
 
 #: Peak HBM bandwidth, bytes/s, by device kind (datasheets: H100 SXM 3.35 TB/s, PCIe

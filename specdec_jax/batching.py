@@ -17,7 +17,7 @@ from typing import NamedTuple, Sequence
 import jax
 import numpy as np
 
-from specdec_jax.errors import InputError
+from specdec_jax.errors import InputError, PromptError
 
 
 class Batch(NamedTuple):
@@ -123,3 +123,15 @@ def pad_to_bucket(tokens, pad_id: int = 0) -> np.ndarray:
   out = np.full((arr.shape[0], width), pad_id, arr.dtype)
   out[:, :min(width, arr.shape[1])] = arr[:, :width]
   return out
+
+
+def random_prompts(batch: int, length: int, vocab_size: int, seed: int = 0) -> np.ndarray:
+  """int32 [batch, length]: uniform ids in [3, vocab) (no pad/EOS/unk), last token EOS (1)."""
+  if length < 1:
+    raise PromptError(f"prompt length must be >= 1, got {length}")
+  if vocab_size < 4:
+    raise PromptError(f"vocab_size {vocab_size} too small for random prompts")
+  rng = np.random.RandomState(seed)
+  tokens = rng.randint(3, vocab_size, size=(batch, length)).astype(np.int32)
+  tokens[:, -1] = 1
+  return tokens

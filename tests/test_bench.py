@@ -119,8 +119,7 @@ def test_baseline_only(tmp_path):
 
 
 def test_projections_pick_the_best_measured_gamma(bench_dir):
-  from specdec_jax import theory
-  from specdec_jax.cli import costs
+  from specdec_jax import costs, theory
   results = json.loads((bench_dir / "bench.json").read_text())
   assert {(p["batch_size"], p["alpha"]) for p in results["projections"]} == {
       (b, a) for b in (1, 2) for a in costs.PROJECTION_ALPHAS}

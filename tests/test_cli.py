@@ -17,7 +17,7 @@ import specdec_jax as sd
 from specdec_jax import cli
 from specdec_jax import errors as cli_errors
 from specdec_jax.cli import models, options, prompts
-from specdec_jax.cli.costs import verify_cost_text
+from specdec_jax.costs import verify_cost_text
 from specdec_jax.io.tokenizer import train_sentencepiece
 from specdec_jax.runtime.report import to_jsonable
 

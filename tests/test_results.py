@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import specdec_jax as sd
-from specdec_jax.cli.costs import verify_cost_text
+from specdec_jax.costs import verify_cost_text
 from specdec_jax.io.tokenizer import train_sentencepiece
 from specdec_jax_lab import results as R
 from specdec_jax_lab.data import de_en, prepare

@@ -143,7 +143,7 @@ def test_adaptive_gamma_shrinks_for_a_bad_drafter(target, inputs):
 
 @pytest.mark.slow
 def test_measured_adaptive_gamma_keeps_greedy_equivalence(target, inputs, baseline):
-  from specdec_jax.cli.costs import measured_adaptive_gamma
+  from specdec_jax.costs import measured_adaptive_gamma
   drafter = perturbed(target, 0.05, seed=0)
   policy = measured_adaptive_gamma(target, drafter, inputs, 4, capacity=16,
                                    repeats=1, steps=2)

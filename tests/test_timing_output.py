@@ -7,9 +7,8 @@ import time
 
 import pytest
 
-from specdec_jax import theory
-from specdec_jax.cli import costs
-from specdec_jax.cli.decode import _compare_block
+from specdec_jax import costs, theory
+from specdec_jax.cli.decode_report import compare_block
 from specdec_jax_lab.results import headline
 from specdec_jax_lab.results.report import markdown_table
 
@@ -26,7 +25,7 @@ def _compare(verify_cost):
 
 
 def test_compare_lines_label_each_figure_once():
-  text = _compare_block(_compare(1.153), "speculative")
+  text = compare_block(_compare(1.153), "speculative")
   assert ("target alone 5.89 ms/token, speculative 3.94 ms/token, speedup 1.49x"
           in text.splitlines()[0])
   for figure in ("5.89", "3.94", "1.49x"):
@@ -40,7 +39,7 @@ def test_compare_lines_label_each_figure_once():
 
 
 def test_a_verify_cost_below_one_is_shown_as_noise():
-  text = _compare_block(_compare(0.9), "speculative")
+  text = compare_block(_compare(0.9), "speculative")
   footnote = next(line for line in text.splitlines() if "timing noise" in line)
   assert "verify cost 1.00*" in text and "0.90" in footnote
   assert "timing noise" in text and "verify cost 0.90" not in text

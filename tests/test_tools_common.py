@@ -12,10 +12,10 @@ import pytest
 from helpers import peaked, perturbed, ragged_tokens
 
 import specdec_jax as sd
-from specdec_jax import errors
+from specdec_jax import errors, timing
 from specdec_jax import runs as methods
 from specdec_jax.batching import Batch, cycled_rows, pad_rows, padded_batches, trim_padding
-from specdec_jax.cli import models, options, timing
+from specdec_jax.cli import models, options
 from specdec_jax.rounds import stats as stats_lib
 from specdec_jax.runtime import report
 
@@ -375,13 +375,14 @@ def test_sweep_settings_record_the_config_that_resume_compares():
   flags are refused before any model is loaded."""
   from specdec_jax import cli
   from specdec_jax_lab.commands import sweep
+  from specdec_jax_lab.sweep import settings
   argv = ["sweep-bild", "--data", "pairs.jsonl", "--small", "a=b", "--fallback", "0.5,inf",
           "--out", "o"]
   args = cli.build_parser().parse_args(argv)
   args.argv = argv
   bild = sweep.bild_from_args(args)
   assert bild.fallback == (0.5, float("inf")) and bild.smalls() == [("a", "b")]
-  config = sweep._config(bild, decoder_only=False)
+  config = settings.recorded_config(bild, decoder_only=False)
   assert list(config) == ["model", "data", "split", "limit", "batch_size", "seed", "small",
                           "early_exit", "top_p", "exact", "fallback", "rollback", "gammas",
                           "command"]
@@ -389,11 +390,11 @@ def test_sweep_settings_record_the_config_that_resume_compares():
   assert config["command"] == "specdec " + " ".join(argv)
   args = cli.build_parser().parse_args(["sweep-blockwise", "--data", "d", "--out", "o"])
   blockwise = sweep.blockwise_from_args(args)
-  assert list(sweep._config(blockwise, decoder_only=True)) == [
+  assert list(settings.recorded_config(blockwise, decoder_only=True)) == [
       "model", "data", "split", "limit", "batch_size", "seed", "exact", "heads", "lattice_k",
       "num_drafts", "rescorer", "rescoring_weight", "tokenizer", "prompt_len",
       "max_new_tokens", "command"]
-  assert blockwise.lm_new_tokens == sweep.LM_NEW_TOKENS and blockwise.exact_mode is None
+  assert blockwise.lm_new_tokens == settings.LM_NEW_TOKENS and blockwise.exact_mode is None
   for flags, message in ((["--batch-policies", "wait,later"], "unknown policy 'later'"),
                          (["--small", "nameless"], "is not NAME=PATH"),
                          (["--repeats", "0"], "--repeats must be >= 1")):

@@ -22,12 +22,7 @@ import numpy as np
 import specdec_jax as sd
 from specdec_jax.batching import Batch, bucket_width, padded_batches, trim_padding
 from specdec_jax.cli.args import DefaultsHelpFormatter, add_drafter_flag, add_dtype_flag
-from specdec_jax.cli.costs import (
-  VERIFY_NOISE_NOTE,
-  CostTiming,
-  explain_run,
-  verify_cost_text,
-)
+from specdec_jax.cli.decode_report import compare_block, stats_block
 from specdec_jax.cli.demo_notes import demo_note
 from specdec_jax.cli.mesh_args import (
   add_mesh_flag,
@@ -55,8 +50,8 @@ from specdec_jax.cli.prompts import (
   missing_eos,
   read_prompt_lines,
 )
-from specdec_jax.cli.timing import is_exact, ms_per_token, time_rounds
 from specdec_jax.compilation import announce_kernel_build, compiling, use_persistent_cache
+from specdec_jax.costs import CostTiming, explain_run
 from specdec_jax.errors import CLIError
 from specdec_jax.models.model import family
 from specdec_jax.runs import Corpus, Run, decode_corpus
@@ -71,9 +66,10 @@ from specdec_jax.runtime.distributed import (
   process_rows,
   processes_from_args,
 )
-from specdec_jax.runtime.progress import Interrupted, Progress, Terminated, deferred_signals
-from specdec_jax.runtime.report import fmt, to_jsonable
+from specdec_jax.runtime.progress import Progress, deferred_signals, interrupts_kept
+from specdec_jax.runtime.report import to_jsonable
 from specdec_jax.runtime.streams import emit
+from specdec_jax.timing import is_exact, ms_per_token, time_rounds
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -137,43 +133,6 @@ def from_args(args) -> tuple[MethodChoice, DecodeRun]:
       warmup=args.warmup, stats=args.stats, compare=args.compare, json=args.json,
       processes=processes_from_args(args), output=args.output, resume=args.resume,
       compile_cache=args.compile_cache)
-
-
-def _stats_block(stats: dict[str, Any], timing: dict[str, Any], method) -> str:
-  def f(x, digits=3):
-    return fmt(x, digits, missing="n/a")
-  lines = ["-- specdec decode statistics --",
-           f"method               {timing['method']}",
-           f"prompts              {timing['prompts']} (batches of {timing['batch_size']})",
-           f"generated tokens     {timing['generated_tokens']}"]
-  if "compare" in timing:   # one figure per quantity: the comparison's medians, below
-    lines.append("timing               see 'speed' below (medians of alternating rounds)")
-  else:
-    lines += [f"wall time            {timing['wall_s']:.3f} s, one timed run"
-              + (" (compilation excluded)" if timing["warmup"] else
-                 " (INCLUDES compilation: --no-warmup)"),
-              f"tokens/s             {f(timing['tokens_per_s'], 1)}",
-              f"ms/token             {f(timing['ms_per_token'], 2)}   (wall time / generated "
-              "tokens, summed over rows)"]
-  lines.append(f"target calls         {int(stats['target_calls'])} per-row verifier calls, "
-               f"{int(stats['rounds'])} batched rounds")
-  if "tokens_per_target_call" in stats:    # not beam search's (a call scores K beams)
-    lines.append(f"tokens/target call   {f(stats['tokens_per_target_call'])}   (per row)")
-  # the method's own statistics, where its stats carry them (`Method.statistics`)
-  if "drafter_calls" in stats:
-    lines.append(f"drafter calls        {int(stats['drafter_calls'])}")
-  if "acceptance_rate" in stats:
-    lines.append(f"acceptance rate      {f(stats['acceptance_rate'])}   (accepted / drafted)")
-  if "alpha" in stats:
-    lines.append(f"alpha                {f(stats['alpha'])}   (mean of sum_x min(p, q))")
-  for key in ("fallback_rate", "rollback_rate", "repeated_draft_rate", "mean_max_run",
-              "oracle_tokens_per_target_call"):
-    if key in stats:
-      lines.append(f"{key:<20} {f(stats[key])}")
-  if bool(stats.get("lossy", False)):
-    lines.append("lossy                LOSSY: the output (or its distribution) is not the "
-                 "target's" + (f" (lenience {stats['lenience']})" if "lenience" in stats else ""))
-  return "\n".join(lines)
 
 
 def _emit_rows(corpus: Corpus, tokenizer) -> None:
@@ -281,44 +240,158 @@ def _first_of_each_shape(batches, lengths) -> list[int]:
   return sorted(seen.values())
 
 
-def _decode(run: DecodeRun, method, target, prompts: Prompts, mesh,
-            stream: Callable[[Corpus], None] | None = None):
-  """(corpus, wall seconds, batch size, streamed) of decoding the prompts in padded
-  batches, batch by batch: `stream` gets each batch's corpus as it finishes (its rows
-  printed then; not with several processes splitting the rows: `streamed` False), a file's
-  progress goes to stderr, and an interrupt says how many rows were kept. With several
-  processes and a mesh of each one's own devices (or none), each decodes its block of rows
-  and all rows are gathered (the wall time is the slowest process's); on a mesh over every
-  process's devices, all of them decode every batch as one program."""
-  rng = jax.random.PRNGKey(run.seed)
+class _Setup(NamedTuple):
+  """What `decode` decodes with: the run (its budget fitted to the model), the mesh (None:
+  one device), the input lines and their encoding, the tokenizer (None: token ids), the
+  target, the method placed on the mesh (a `Run`) and the seconds loading took."""
+
+  run: DecodeRun
+  mesh: Any
+  lines: list[str]
+  prompts: Prompts
+  tokenizer: Any
+  target: sd.Model
+  method: Any
+  load_s: float
+
+
+class _Decoded(NamedTuple):
+  """A decode's corpus, wall seconds and batch size; `streamed`: its rows are on stdout
+  already; `resumed`: the --output row it started at (None: not --output)."""
+
+  corpus: Corpus
+  wall: float
+  batch: int
+  streamed: bool = False
+  resumed: int | None = None
+
+
+class _Plan(NamedTuple):
+  """This process's batches of `batch` rows (its own block of rows when `split_rows`), an
+  LM's prompt lengths per batch (None: T5), and the key index of its first batch."""
+
+  batch: int
+  batches: list[Batch]
+  lengths: list | None
+  first_key: int
+  split_rows: bool
+
+
+def _splits_rows(mesh) -> bool:
+  """Several processes, each decoding its own block of rows (on a mesh of its own devices,
+  or none), gathered after; on a mesh over every process's devices, all of them decode
+  every batch as one program."""
+  return jax.process_count() > 1 and not sd.sharding.spans_processes(mesh)
+
+
+def _plan(run: DecodeRun, prompts: Prompts, mesh) -> _Plan:
   processes, process = jax.process_count(), jax.process_index()
   n = len(prompts.tokens)
-  split_rows = processes > 1 and not sd.sharding.spans_processes(mesh)
-  if split_rows:
+  if _splits_rows(mesh):
     batch = run.batch_size or mesh_batch(process_rows(n, process, processes)[2], mesh)
     batches, lengths = _local_batches(prompts, batch, process, processes)
-    first_key = process * len(batches)      # no two batches of the file share a key
-  else:
-    batch = run.batch_size or mesh_batch(n, mesh)
-    batches, lengths = _batches(prompts, batch)
-    first_key = 0
+    # no two batches of the corpus share a key
+    return _Plan(batch, batches, lengths, process * len(batches), True)
+  batch = run.batch_size or mesh_batch(n, mesh)
+  batches, lengths = _batches(prompts, batch)
+  return _Plan(batch, batches, lengths, 0, False)
+
+
+def _start(run: DecodeRun) -> DecodeRun:
+  """This process's side, before any prompt or model: the compile cache (the run with its
+  directory), the kernel build's note, `jax.distributed`, --output's path checked."""
+  run = dataclasses.replace(run, compile_cache_dir=use_persistent_cache(run.compile_cache))
+  announce_kernel_build()
+  if initialize(run.processes) and run.compare:
+    raise CLIError("--compare times one process: drop it with several processes")
+  if run.output and jax.process_index() == 0:
+    output_file.check_output_path(run.output, run.input_file, run.resume)
+  return run
+
+
+def _set_up(choice: MethodChoice, run: DecodeRun) -> _Setup:
+  """The mesh, the prompts read and encoded, the models loaded and the method placed."""
+  mesh = mesh_from_flag(run.mesh)
+  if run.batch_size is not None:
+    check_batch(run.batch_size, mesh)
+  lines = read_prompt_lines(list(run.prompts), run.input_file)
+  # a person at a terminal waits: say what happens before the model loads
+  if jax.process_index() == 0 and isatty(sys.stderr, unknown=False):
+    print(f"specdec: loading {run.model}" + (f" and {choice.drafter}" if choice.drafter
+                                             else ""), file=sys.stderr, flush=True)
+  tokenizer = sd.load_tokenizer(run.tokenizer) if run.tokenizer else None
+  t_load = time.perf_counter()
+  target = load_target(run.model, run.dtype, mesh, what="model")
+  prompts = _encode(lines, tokenizer, target)
+  run = _fit_budget(run, prompts, target, tokenizer)
+  method = _place(choice, run, target, prompts, mesh)
+  return _Setup(run, mesh, lines, prompts, tokenizer, target, method,
+                time.perf_counter() - t_load)
+
+
+def _place(choice: MethodChoice, run: DecodeRun, target: sd.Model, prompts: Prompts, mesh):
+  """The method placed on the mesh, its drafter and rescorer loaded (refused if not of the
+  target's family); the "ngram" drafter is fitted on the prompts."""
+  load = _family_loader(drafter_loader(run.dtype), target, "--drafter")
+  drafter = None
+  if choice.drafter == "ngram":
+    drafter = resolve_drafter(_ngram_drafter(prompts, target), target)
+  elif choice.drafter is not None and not choice.early_exit:
+    drafter = resolve_drafter(choice.drafter, target, load=load)
+  rescorer_load = _family_loader(drafter_loader(run.dtype), target, "--rescorer")
+  return placed_method(choice, target, run.model, drafter, rescorer_load, mesh)
+
+
+def _decode_any(choice: MethodChoice, s: _Setup) -> _Decoded:
+  """Decode to --output's file, or to stdout (each batch's rows as it finishes, unless
+  --json). With several processes, a failure that is no `SpecdecError` (a lost peer) is
+  named by `liveness`, not a trace."""
+  try:
+    if s.run.output:
+      return _decode_to_file(choice, s)
+    return _decode(s, None if s.run.json else (lambda part: _emit_rows(part, s.tokenizer)))
+  except Exception as e:
+    if not isinstance(e, sd.SpecdecError):
+      liveness.after_failure()
+    raise
+
+
+def _warm_up(part: Callable[[int], Corpus], plan: _Plan, run: DecodeRun) -> None:
+  """Each shape's first batch decoded once, untimed (trimmed batches may differ): every
+  program compiled."""
+  with compiling(f"the decode programs for batch {plan.batch}", run.compile_cache_dir,
+                 quiet=jax.process_index() != 0):
+    for i in _first_of_each_shape(plan.batches, plan.lengths):
+      part(i)
+
+
+def _decode(s: _Setup, stream: Callable[[Corpus], None] | None = None) -> _Decoded:
+  """Decoding the prompts in padded batches, batch by batch: `stream` gets each batch's
+  corpus as it finishes (its rows printed then; not with several processes splitting the
+  rows: `streamed` False), a file's progress goes to stderr, and an interrupt says how many
+  rows were kept. With several processes splitting the rows (`_splits_rows`), each decodes
+  its block and all rows are gathered (the wall time is the slowest process's)."""
+  run, n = s.run, len(s.prompts.tokens)
+  plan = _plan(run, s.prompts, s.mesh)
+  rng = jax.random.PRNGKey(run.seed)
+
   def part(i: int) -> Corpus:     # batch i, with the key it has in the whole corpus
-    return decode_corpus(method, target, [batches[i]], max_new_tokens=run.max_new_tokens,
-                         rng=rng, prompt_lengths=None if lengths is None else [lengths[i]],
-                         first_key=first_key + i)
-  if run.warmup:   # each shape once (trimmed batches may differ): every program, untimed
-    with compiling(f"the decode programs for batch {batch}", run.compile_cache_dir,
-                   quiet=process != 0):
-      for i in _first_of_each_shape(batches, lengths):
-        part(i)
-  stream = None if split_rows else stream
-  progress = (Progress(n, "specdec decode") if run.input_file is not None and process == 0
-              and len(batches) > 1 else None)
+    return decode_corpus(s.method, s.target, [plan.batches[i]],
+                         max_new_tokens=run.max_new_tokens, rng=rng,
+                         prompt_lengths=None if plan.lengths is None else [plan.lengths[i]],
+                         first_key=plan.first_key + i)
+  if run.warmup:
+    _warm_up(part, plan, run)
+  stream = None if plan.split_rows else stream
+  progress = (Progress(n, "specdec decode") if run.input_file is not None
+              and jax.process_index() == 0 and len(plan.batches) > 1 else None)
   parts: list[Corpus] = []
   done = 0                                 # rows written (stdout) so far
   t0 = time.perf_counter()
-  try:
-    for i in range(len(batches)):
+  with interrupts_kept(lambda: None if stream is None else (
+      f"{done} of {n} rows kept (written above); --output FILE writes rows as they finish "
+      "and --resume continues where a run stopped")):
+    for i in range(len(plan.batches)):
       decoded = part(i)
       with deferred_signals():             # its rows written and counted together
         parts.append(decoded)
@@ -327,80 +400,77 @@ def _decode(run: DecodeRun, method, target, prompts: Prompts, mesh,
           done += decoded.real_rows[0]
       if progress is not None:
         progress.update(decoded.real_rows[0], decoded.generated)
-  except KeyboardInterrupt as e:
-    if stream is None:
-      raise
-    raise Interrupted(f"{done} of {n} rows kept (written above); --output FILE writes rows "
-                      "as they finish and --resume continues where a run stopped",
-                      terminated=isinstance(e, Terminated)) from None
   wall = time.perf_counter() - t0
   corpus = Corpus(tuple(o for p in parts for o in p.outputs),
                   tuple(r for p in parts for r in p.real_rows))
-  if split_rows:
+  if plan.split_rows:
     corpus, wall = gather_corpus(corpus), gather_max(wall)
-  return corpus, wall, batch, stream is not None
+  return _Decoded(corpus, wall, plan.batch, streamed=stream is not None)
 
 
-def _decode_to_file(run: DecodeRun, choice: MethodChoice, method, target, prompts: Prompts,
-                    mesh, lines: list[str], tokenizer):
-  """`_decode` for --output (`output_file`), and the row it resumed at: the file's batches
-  (keyed by their index in it), each decoded once and appended to the file as it finishes.
-  `lines`: the input lines (their digest goes in the sidecar)."""
-  if run.output is None:   # the caller decodes to a file only with --output
-    raise CLIError("decoding to a file needs --output FILE")
-  n = len(prompts.tokens)
-  processes = jax.process_count()
-  split_rows = processes > 1 and not sd.sharding.spans_processes(mesh)
-  batch = run.batch_size or mesh_batch(
-      process_rows(n, 0, processes)[2] if split_rows else n, mesh)
-  batches, lengths = _batches(prompts, batch)
+def _open_output(choice: MethodChoice, s: _Setup, path: str, batch: int):
+  """(--output's file `path`, opened or resumed by process 0, None on the others; the row decoding
+  starts at, on every process). The sidecar fingerprints the input lines, the settings and
+  the weights; process 0's error stops every process."""
   output, error = None, None
   if jax.process_index() == 0:
-    meta = output_file.fingerprint(lines, {**_settings(run, choice, method), "batch_size": batch},
-                                   output_file.weights_digest(target.params, method))
+    meta = output_file.fingerprint(
+        s.lines, {**_settings(s.run, choice, s.method), "batch_size": batch},
+        output_file.weights_digest(s.target.params, s.method))
     try:
-      output = output_file.open_output(run.output, meta, run.resume)
+      output = output_file.open_output(path, meta, s.run.resume)
     except sd.SpecdecError as e:
       error = e
   start = output_file.shared_start(output, error)
   if error is not None:
     raise error
+  return output, start
+
+
+def _decode_to_file(choice: MethodChoice, s: _Setup) -> _Decoded:
+  """`_decode` for --output (`output_file`): the file's batches (keyed by their index in
+  it), each decoded once and appended to the file as it finishes."""
+  run = s.run
+  if run.output is None:   # the caller decodes to a file only with --output
+    raise CLIError("decoding to a file needs --output FILE")
+  n = len(s.prompts.tokens)
+  split_rows = _splits_rows(s.mesh)
+  batch = run.batch_size or mesh_batch(
+      process_rows(n, 0, jax.process_count())[2] if split_rows else n, s.mesh)
+  batches, lengths = _batches(s.prompts, batch)
+  output, start = _open_output(choice, s, run.output, batch)
   progress = (Progress(n, "specdec decode", done=output.rows) if output is not None
               and len(batches) > 1 else None)
   t0 = time.perf_counter()
-  try:
+  with interrupts_kept(lambda: None if output is None else (
+      f"{output.rows} of {n} rows kept in {run.output!r}; the same command with --resume "
+      "continues from there")):
     corpus = output_file.decode_to_file(
-        method, target, batches, lengths, output, start,
+        s.method, s.target, batches, lengths, output, start,
         output_file.FileDecode(run.max_new_tokens, jax.random.PRNGKey(run.seed), split_rows),
-        format_row=lambda r: _format_output(r, tokenizer),
+        format_row=lambda r: _format_output(r, s.tokenizer),
         on_batch=None if progress is None else
         lambda c: progress.update(sum(c.real_rows), c.generated))
-  except KeyboardInterrupt as e:
-    if output is None:
-      raise
-    raise Interrupted(f"{output.rows} of {n} rows kept in {run.output!r}; the same command "
-                      "with --resume continues from there",
-                      terminated=isinstance(e, Terminated)) from None
   wall = time.perf_counter() - t0
   if output is not None:
     output.finish()
-  return corpus, gather_max(wall) if split_rows else wall, batch, start
+  return _Decoded(corpus, gather_max(wall) if split_rows else wall, batch, resumed=start)
 
 
-def _compare(run: DecodeRun, method, target, prompts: Prompts, mesh,
-             repeats: int = 3) -> dict[str, Any]:
+def _compare(s: _Setup, repeats: int = 3) -> dict[str, Any]:
   """The method vs the target alone on the same inputs: all compiled first, then timed in
   `repeats` alternating rounds; speedup of the medians over the FASTEST plain baseline
   (`sd.Autoregressive(exact=False)`: natural call width). An exact method's padding cost shows in
   its own figure (`exact_cost`: the exact baseline over the plain one), not in the speedup."""
+  run, method, mesh = s.run, s.method, s.mesh
   rng = jax.random.PRNGKey(run.seed)
-  batch = run.batch_size or mesh_batch(len(prompts.tokens), mesh)
-  batches, lengths = _batches(prompts, batch)
+  batch = run.batch_size or mesh_batch(len(s.prompts.tokens), mesh)
+  batches, lengths = _batches(s.prompts, batch)
   alone = lambda exact: place_method(Run(sd.Autoregressive(exact=exact), method.sampling), mesh)
   methods = {"method": method, "baseline": alone(False)}
   if is_exact(method):
     methods["exact baseline"] = alone(True)
-  calls = {name: functools.partial(decode_corpus, m, target, batches,
+  calls = {name: functools.partial(decode_corpus, m, s.target, batches,
                                    max_new_tokens=run.max_new_tokens, rng=rng,
                                    prompt_lengths=lengths)
            for name, m in methods.items()}
@@ -420,7 +490,7 @@ def _compare(run: DecodeRun, method, target, prompts: Prompts, mesh,
   if (isinstance(value, sd.Speculative) and mesh is None   # the theory of its 'why' line
       and not getattr(value.drafter, "shares_target_cache", False)):   # not an early exit
     with compiling("the model-step timers of the 'why' line", run.compile_cache_dir):
-      out["costs"] = _costs(run, method, target, batches[0].tokens,
+      out["costs"] = _costs(run, method, s.target, batches[0].tokens,
                             timed["method"]["output"])
   return out
 
@@ -434,33 +504,6 @@ def _costs(run: DecodeRun, method, target, inputs, corpus) -> dict[str, Any]:
   return explain_run(target, method.method.drafter, gamma, inputs, corpus.stats,
                      CostTiming(capacity=run.max_new_tokens + EXACT_WIDTH + 1),
                      call_tokens=EXACT_WIDTH if padded else gamma + 1)
-
-
-def _compare_block(compare: dict[str, Any], kind: str) -> str:
-  """The --compare lines: each figure once, labelled with what it measures."""
-  lines = [f"speed                target alone {compare['baseline_ms_per_token']:.2f} ms/token, "
-           f"{kind} {compare['ms_per_token']:.2f} ms/token, speedup {compare['speedup']:.2f}x",
-           f"                     (per generated token, median of {compare['rounds']} "
-           "alternating rounds after compilation, target alone at exact=False; same tokens: "
-           f"{'yes' if compare['same_tokens'] else 'no'})"]
-  if "costs" in compare:
-    k = compare["costs"]
-    lines += [f"why                  {k['tokens_per_target_call']:.2f} tokens per target call, "
-              f"a round costing {k['round_cost']:.2f} target steps: "
-              f"{k['drafts_per_target_call']:.2f} drafter steps x c {k['c']:.3f} + verify cost "
-              f"{verify_cost_text(k['verify_cost'])}",
-              f"                     (c: a drafter step / a 1-token target step; verify cost: a "
-              f"{k['call_tokens']}-token target call / a 1-token one; medians of "
-              f"{k['repeats']} alternating rounds; the rest of a round is its own work)"]
-    if k["verify_cost_noise"]:
-      lines.append(f"                     {VERIFY_NOISE_NOTE} (measured {k['verify_cost']:.2f})")
-  if compare["exact_cost"] is not None:
-    lines.append(f"exact mode's cost    {compare['exact_cost']:.2f}x: the target alone in exact "
-                 f"mode {compare['exact_baseline_ms_per_token']:.2f} ms/token over "
-                 f"{compare['baseline_ms_per_token']:.2f} at its natural width")
-    lines.append("                     (natural width: each call as wide as its tokens; exact "
-                 "mode pads every target call to the verify call's width, off the kernels)")
-  return "\n".join(lines)
 
 
 def _settings(run: DecodeRun, choice: MethodChoice, method) -> dict[str, Any]:
@@ -480,6 +523,44 @@ def _payload(run: DecodeRun, choice: MethodChoice, outputs, corpus, timing, meth
   return payload
 
 
+def _timing(s: _Setup, d: _Decoded) -> dict[str, Any]:
+  """The run's timing report: one timed run (--output: batch by batch, compiling included)."""
+  run, generated, wall = s.run, d.corpus.generated, d.wall
+  return {"method": s.method.describe(), "prompts": len(s.lines), "batch_size": d.batch,
+          "generated_tokens": generated, "wall_s": wall, "load_s": s.load_s,
+          "warmup": bool(run.warmup and not run.output),
+          "includes_compile": not run.warmup or bool(run.output),
+          "processes": jax.process_count(),
+          "mesh_spans_processes": sd.sharding.spans_processes(s.mesh),
+          "tokens_per_s": generated / wall if wall > 0 else None,
+          "ms_per_token": 1e3 * wall / generated if generated else None}
+
+
+def _print_outputs(choice: MethodChoice, s: _Setup, d: _Decoded, timing: dict[str, Any]) -> None:
+  """Stdout: one JSON object (--json), or the rows not printed yet (neither streamed nor in
+  --output's file: several processes, process 0 prints every row)."""
+  run = s.run
+  if run.json:
+    outputs = [] if run.output else [_format_output(row, s.tokenizer)
+                                     for row in d.corpus.token_rows()]
+    emit(json.dumps(to_jsonable(_payload(run, choice, outputs, d.corpus, timing, s.method,
+                                         s.prompts, d.resumed))))
+  elif not (run.output or d.streamed):
+    _emit_rows(d.corpus, s.tokenizer)
+
+
+def _print_reports(choice: MethodChoice, s: _Setup, stats: dict[str, Any],
+                   timing: dict[str, Any]) -> None:
+  """Stderr: a bundled demo's note, --stats and --compare's blocks."""
+  about = demo_note(s.run.model, choice.drafter)
+  if about is not None:
+    note(about)
+  if s.run.stats:
+    print(stats_block(stats, timing, s.method), file=sys.stderr)
+  if "compare" in timing:
+    print(compare_block(timing["compare"], s.method.kind), file=sys.stderr)
+
+
 def run(args) -> int:
   return decode(*from_args(args))
 
@@ -487,79 +568,19 @@ def run(args) -> int:
 def decode(choice: MethodChoice, run: DecodeRun) -> int:
   """`specdec decode` on typed settings: decode, print the outputs (stdout) and the
   requested reports (stderr)."""
-  run = dataclasses.replace(run, compile_cache_dir=use_persistent_cache(run.compile_cache))
-  announce_kernel_build()
-  if initialize(run.processes) and run.compare:
-    raise CLIError("--compare times one process: drop it with several processes")
-  if run.output and jax.process_index() == 0:
-    output_file.check_output_path(run.output, run.input_file, run.resume)
-  mesh = mesh_from_flag(run.mesh)
-  if run.batch_size is not None:
-    check_batch(run.batch_size, mesh)
-  prompts = read_prompt_lines(list(run.prompts), run.input_file)
-  # a person at a terminal waits: say what happens before the model loads
-  if jax.process_index() == 0 and isatty(sys.stderr, unknown=False):
-    print(f"specdec: loading {run.model}" + (f" and {choice.drafter}" if choice.drafter
-                                             else ""), file=sys.stderr, flush=True)
-  tokenizer = sd.load_tokenizer(run.tokenizer) if run.tokenizer else None
-  t_load = time.perf_counter()
-  target = load_target(run.model, run.dtype, mesh, what="model")
-  encoded = _encode(prompts, tokenizer, target)
-  run = _fit_budget(run, encoded, target, tokenizer)
-  load = _family_loader(drafter_loader(run.dtype), target, "--drafter")
-  drafter = None
-  if choice.drafter == "ngram":
-    drafter = resolve_drafter(_ngram_drafter(encoded, target), target)
-  elif choice.drafter is not None and not choice.early_exit:
-    drafter = resolve_drafter(choice.drafter, target, load=load)
-  rescorer_load = _family_loader(drafter_loader(run.dtype), target, "--rescorer")
-  method = placed_method(choice, target, run.model, drafter, rescorer_load, mesh)
-  load_s = time.perf_counter() - t_load
-  resumed, streamed = None, False
-  try:
-    if run.output:
-      corpus, wall, batch, resumed = _decode_to_file(run, choice, method, target, encoded,
-                                                     mesh, prompts, tokenizer)
-    else:
-      stream = None if run.json else (lambda part: _emit_rows(part, tokenizer))
-      corpus, wall, batch, streamed = _decode(run, method, target, encoded, mesh, stream)
-  except Exception as e:
-    if not isinstance(e, sd.SpecdecError):   # several processes: a lost peer is named,
-      liveness.after_failure()               # not a trace
-    raise
-  if not corpus.outputs and jax.process_index() == 0:     # --resume of a complete file
-    print(f"specdec decode: {run.output!r} already holds all {len(prompts)} outputs: "
-          "nothing to decode", file=sys.stderr)
-  if not corpus.outputs:
+  s = _set_up(choice, _start(run))
+  d = _decode_any(choice, s)
+  if not d.corpus.outputs:     # --resume of a complete file
+    if jax.process_index() == 0:
+      print(f"specdec decode: {s.run.output!r} already holds all {len(s.lines)} outputs: "
+            "nothing to decode", file=sys.stderr)
     return 0
-  generated = corpus.generated
-  timing = {"method": method.describe(), "prompts": len(prompts), "batch_size": batch,
-            "generated_tokens": generated, "wall_s": wall, "load_s": load_s,
-            "warmup": bool(run.warmup and not run.output),
-            "includes_compile": not run.warmup or bool(run.output),
-            "processes": jax.process_count(),
-            "mesh_spans_processes": sd.sharding.spans_processes(mesh),
-            "tokens_per_s": generated / wall if wall > 0 else None,
-            "ms_per_token": 1e3 * wall / generated if generated else None}
-  compare = None
-  if run.compare and not isinstance(method.method, sd.Autoregressive):
-    compare = timing["compare"] = _compare(run, method, target, encoded, mesh)
-  if jax.process_index() != 0:   # process 0 prints every process's rows
-    return 0
-  if run.json:
-    outputs = [] if run.output else [_format_output(row, tokenizer)
-                                     for row in corpus.token_rows()]
-    emit(json.dumps(to_jsonable(_payload(run, choice, outputs, corpus, timing, method,
-                                         encoded, resumed))))
-  elif not (run.output or streamed):     # several processes: process 0 prints every row
-    _emit_rows(corpus, tokenizer)
-  about = demo_note(run.model, choice.drafter)
-  if about is not None:
-    note(about)
-  if run.stats:
-    print(_stats_block(corpus.stats, timing, method), file=sys.stderr)
-  if compare is not None:
-    print(_compare_block(compare, method.kind), file=sys.stderr)
+  timing = _timing(s, d)
+  if s.run.compare and not isinstance(s.method.method, sd.Autoregressive):
+    timing["compare"] = _compare(s)
+  if jax.process_index() == 0:   # process 0 prints every process's rows
+    _print_outputs(choice, s, d, timing)
+    _print_reports(choice, s, d.corpus.stats, timing)
   return 0
 
 

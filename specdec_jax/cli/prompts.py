@@ -1,10 +1,9 @@
-"""Prompts in, encoder tokens (or decoder-only prompts) out: from arguments, files, stdin,
-or random ids.
+"""Prompts in, encoder tokens (or decoder-only prompts) out: from arguments, files or stdin
+(random ids: `batching.random_prompts`).
 
     lines = read_prompt_lines(["5 17 42 1"], input_file=None)
     tokens = encode_prompts(lines, tokenizer=None, vocab_size=512)   # int32 [B, L], 0-padded
     tokens = file_prompts("prompts.txt", 32, tokenizer, 512)         # [N, 32], padded or cut
-    tokens = random_prompts(8, 32, 512)                              # last token EOS
     tokens, lengths = encode_lm_prompts(lines, tokenizer, lm.config)  # [B, P], [B]; no EOS
 
 Without a tokenizer a prompt is space- or comma-separated token ids, used verbatim
@@ -211,14 +210,3 @@ def file_prompts(path: str, length: int, tokenizer, vocab_size: int,
     return encode_lm_prompts(lines, tokenizer, config, length)[0]
   return encode_prompts(lines, tokenizer, vocab_size, length, config)
 
-
-def random_prompts(batch: int, length: int, vocab_size: int, seed: int = 0) -> np.ndarray:
-  """int32 [batch, length]: uniform ids in [3, vocab) (no pad/EOS/unk), last token EOS (1)."""
-  if length < 1:
-    raise PromptError(f"prompt length must be >= 1, got {length}")
-  if vocab_size < 4:
-    raise PromptError(f"vocab_size {vocab_size} too small for random prompts")
-  rng = np.random.RandomState(seed)
-  tokens = rng.randint(3, vocab_size, size=(batch, length)).astype(np.int32)
-  tokens[:, -1] = 1
-  return tokens

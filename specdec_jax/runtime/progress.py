@@ -3,7 +3,8 @@
     progress = Progress(total=160, label="specdec decode")
     progress.update(rows=8, tokens=91)      # stderr, at most once a second (and the last):
                                             # "specdec decode: 8/160 rows, 91 tokens, 45 tokens/s"
-    raise Interrupted(progress.kept("written above"), terminated=False)
+    with interrupts_kept(lambda: progress.kept("written above")):   # Ctrl-C: Interrupted
+      ...
 
 `specdec`'s main turns SIGTERM into `Terminated` (`on_sigterm`), so a terminated run ends
 as an interrupted one does: with one line saying how many rows were kept and how to go
@@ -17,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Iterator, TextIO
+from typing import Any, Callable, Iterator, TextIO
 
 
 class Terminated(KeyboardInterrupt):
@@ -30,6 +31,20 @@ class Interrupted(KeyboardInterrupt):
   def __init__(self, detail: str, terminated: bool = False):
     super().__init__(detail)
     self.detail, self.terminated = detail, terminated
+
+
+@contextlib.contextmanager
+def interrupts_kept(kept: Callable[[], str | None]) -> Iterator[None]:
+  """An interrupt (Ctrl-C, or SIGTERM as `Terminated`) in the block raised as `Interrupted`
+  saying `kept()`: what was kept and how to go on, read when it comes; `kept()` None
+  (nothing kept to speak of) lets the interrupt through as it is."""
+  try:
+    yield
+  except KeyboardInterrupt as e:
+    detail = kept()
+    if detail is None:
+      raise
+    raise Interrupted(detail, terminated=isinstance(e, Terminated)) from None
 
 
 def on_sigterm() -> None:

@@ -23,14 +23,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("package_data",),          # files shipped as package data (named configs, assets)
     ("config",),                # T5Config, LMConfig and their shared base
     ("kernels",),               # the products' backends (C++ FFI, Pallas, XLA)
-    ("batching", "cache", "compilation", "sampling", "theory"),
+    ("batching", "cache", "compilation", "sampling", "theory", "timing"),
     ("models",),                # T5 and decoder-only networks, the Model pytree
     ("io",),                    # checkpoints and tokenizers
     ("sharding",),              # meshes, placing and loading a Model onto one
     ("rounds",),                # the round engine, acceptance rules, buffer, statistics
     ("drafters",),              # proposers that plug into the engine
     ("methods",),               # method values, their wirings, decode, the functional API
-    ("plan", "runs"),           # memory plans; runs of a method over a corpus
+    ("costs", "plan", "runs"),  # step costs; memory plans; runs of a method over a corpus
     ("testing",),               # scripted proposers and table models for tests
     ("",),                      # specdec_jax/__init__.py: the public `sd` namespace
     ("runtime",),               # several processes, output files, streams

@@ -8,7 +8,13 @@ import time
 
 import pytest
 
-from specdec_jax.runtime.progress import Progress, deferred_signals
+from specdec_jax.runtime.progress import (
+  Interrupted,
+  Progress,
+  Terminated,
+  deferred_signals,
+  interrupts_kept,
+)
 
 
 class _Raised(Exception):
@@ -70,3 +76,23 @@ def test_progress_counts_rows_and_says_what_was_kept(capsys):
   progress.update(6, 60)                             # the last rows: always printed
   assert capsys.readouterr().out.startswith("specdec decode: 10/10 rows, 100 tokens, ")
   assert progress.kept("in 'out.txt'") == "10 of 10 rows kept (in 'out.txt')"
+
+
+@pytest.mark.parametrize("interrupt, terminated", [(KeyboardInterrupt, False),
+                                                   (Terminated, True)])
+def test_an_interrupt_says_what_was_kept_when_it_came(interrupt, terminated):
+  """The message is read at the interrupt (rows counted in the block), SIGTERM stays
+  told apart; with nothing kept the interrupt goes through as it came."""
+  done = 0
+  with pytest.raises(Interrupted) as raised:
+    with interrupts_kept(lambda: f"{done} of 5 rows kept"):
+      done += 3
+      raise interrupt
+  assert (raised.value.detail, raised.value.terminated) == ("3 of 5 rows kept", terminated)
+  assert raised.value.__suppress_context__           # one line, not a chained trace
+  with pytest.raises(KeyboardInterrupt) as plain:
+    with interrupts_kept(lambda: None):
+      raise interrupt
+  assert type(plain.value) is interrupt
+  with interrupts_kept(lambda: "never read"):         # a quiet block: nothing raised
+    pass

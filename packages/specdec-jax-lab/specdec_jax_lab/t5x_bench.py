@@ -51,14 +51,13 @@ import jax.numpy as jnp
 import numpy as np
 
 import specdec_jax as sd
-from specdec_jax.batching import cycled_rows
+from specdec_jax.batching import cycled_rows, random_prompts
 from specdec_jax.cli.models import DTYPES
-from specdec_jax.cli.prompts import random_prompts
-from specdec_jax.cli.timing import time_rounds
 from specdec_jax.config import T5Config
 from specdec_jax.models.model import Model
 from specdec_jax.runs import Run
 from specdec_jax.runtime.report import machine_info
+from specdec_jax.timing import time_rounds
 from specdec_jax_lab.errors import CompareError, T5XSourceError
 
 T5X_FILES = ("t5x/binary_search.py", "t5x/decoding.py", "t5x/examples/t5/layers.py",

@@ -39,7 +39,7 @@ models ("config:NAME") give alpha ~ 0: the numbers then measure the machinery's 
     write_report(results, "bench_out")     # bench.json, bench.md, bench.png
 """
 
-from specdec_jax.cli.costs import StepTimer, time_decode_step
+from specdec_jax.costs import StepTimer, time_decode_step
 from specdec_jax.errors import BenchError
 from specdec_jax_lab.bench.report import (
   TABLE_COLUMNS,

@@ -15,16 +15,15 @@ import jax.numpy as jnp
 import numpy as np
 
 import specdec_jax as sd
-from specdec_jax.batching import cycled_rows
-from specdec_jax.cli import costs as costs_lib
-from specdec_jax.cli.costs import CostTiming
+from specdec_jax import costs as costs_lib
+from specdec_jax.batching import cycled_rows, random_prompts
 from specdec_jax.cli.models import resolve_drafter
 from specdec_jax.cli.options import MODES, make_sampling
-from specdec_jax.cli.prompts import random_prompts
-from specdec_jax.cli.timing import default_compile_workers, run_parallel, time_rounds, timed_call
+from specdec_jax.costs import CostTiming
 from specdec_jax.errors import BenchError
 from specdec_jax.runs import Run, stats_row
 from specdec_jax.runtime.report import machine_info, utc_now
+from specdec_jax.timing import default_compile_workers, run_parallel, time_rounds, timed_call
 
 SCHEMA_VERSION = 1
 

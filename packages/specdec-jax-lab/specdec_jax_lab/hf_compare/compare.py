@@ -14,7 +14,6 @@ import numpy as np
 
 import specdec_jax as sd
 from specdec_jax.batching import pad_rows, padded_batches
-from specdec_jax.cli.timing import time_rounds
 from specdec_jax.runs import (
   Run,
   decode_corpus,
@@ -22,6 +21,7 @@ from specdec_jax.runs import (
   stats_row,
 )
 from specdec_jax.runtime.report import machine_info, utc_now
+from specdec_jax.timing import time_rounds
 from specdec_jax_lab.errors import CompareError
 from specdec_jax_lab.hf_compare.hf import (
   count_target_calls,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from specdec_jax.cli.costs import VERIFY_NOISE_NOTE, shown_predictions, verify_cost_text
+from specdec_jax.costs import VERIFY_NOISE_NOTE, shown_predictions, verify_cost_text
 from specdec_jax.runtime.report import fmt, read_json
 from specdec_jax_lab.errors import ResultsError
 

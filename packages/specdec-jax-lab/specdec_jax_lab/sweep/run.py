@@ -25,7 +25,6 @@ import numpy as np
 
 import specdec_jax as sd
 from specdec_jax.batching import padded_batches
-from specdec_jax.cli.timing import is_exact, ms_per_token, time_rounds
 from specdec_jax.runs import (
   Run,
   decode_corpus,
@@ -34,6 +33,7 @@ from specdec_jax.runs import (
   totals,
 )
 from specdec_jax.runtime.report import machine_info, utc_now
+from specdec_jax.timing import is_exact, ms_per_token, time_rounds
 from specdec_jax_lab import evaluation
 from specdec_jax_lab.errors import SweepError
 
@@ -200,8 +200,8 @@ def lattice_cost_ms(batch: int, width: int, k: int, num_paths: int, lm=None,
   arcs, p = num_paths paths, `lm` rescoring (the dynamic program of one round)."""
   import jax
 
-  from specdec_jax.cli.timing import median_call_seconds
   from specdec_jax.drafters import lattice
+  from specdec_jax.timing import median_call_seconds
   vocab = lm.vocab_size if lm is not None else 32000
   keys = jax.random.split(jax.random.PRNGKey(0), 2)
   log_probs = jax.nn.log_softmax(jax.random.normal(keys[0], (batch, width, vocab)), -1)

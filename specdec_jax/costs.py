@@ -26,12 +26,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import theory
-from specdec_jax.batching import cycled_rows
-from specdec_jax.cli.prompts import random_prompts
-from specdec_jax.cli.timing import median_call_seconds, time_rounds
+from specdec_jax.batching import cycled_rows, random_prompts
 from specdec_jax.drafters import ModelDrafter
 from specdec_jax.errors import BenchError
 from specdec_jax.models.model import Model
+from specdec_jax.timing import median_call_seconds, time_rounds
 
 if TYPE_CHECKING:
   from specdec_jax.methods.adaptive import AdaptiveGamma
