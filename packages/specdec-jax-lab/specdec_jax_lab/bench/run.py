@@ -50,6 +50,12 @@ DEFINITIONS = {
     "measured_over_predicted": "speedup / predicted_speedup",
     "projected_speedup": "at alpha 0.6-0.9: the best measured gamma's "
                          "theory.walltime_improvement_measured(alpha, gamma, c, verify_cost)",
+    "reference_speedup": "the reference entry's ms_per_token / this entry's, same batch "
+                         "size and mode (speculative beam search: sd.Beam with its settings)",
+    "steps_per_target_call": "speculative beam search: beam steps (sd.Beam's target calls) "
+                             "per target call, total steps / total rounds",
+    "drafted_nodes_per_round": "speculative beam search: drafted tree nodes per row and "
+                               "round",
     "first_call_s": "duration of the warm-up call (mostly compilation; concurrent with other "
                     "warm-ups when compile_workers > 1)",
 }
@@ -194,13 +200,14 @@ class _Run:
   """One benchmark run: the models, its settings, and the compiled pieces."""
 
   def __init__(self, target, drafter, prompts, gammas: list[int], settings: BenchSettings, *,
-               extras=None, place_inputs=None):
+               extras=None, references=None, place_inputs=None):
     """`gammas`: the checked, sorted gammas timed (none with `settings.baseline_only`);
     the rest of the run's settings come from `settings`."""
     self.target, self.drafter, self.prompts = target, drafter, prompts
     self.place_inputs = place_inputs
     self.exact = settings.exact
     self.extras = dict(extras or {})
+    self.references = dict(references or {})
     self.gammas, self.max_new_tokens = gammas, settings.max_new_tokens
     self.timing_steps = settings.timing_steps
     self.rng = jax.random.PRNGKey(settings.seed)
@@ -264,6 +271,13 @@ class _Run:
                                            _verify_cost(costs, g), speedup))
       entry.update(speedup=speedup, baseline_ms_per_token=base["ms_per_token"])
       new.append(entry)
+    for entry in new:       # an extra timed against another entry of its group
+      ref_label = self.references.get(entry.get("label"))
+      ref = next((e for e in results["results"] + new
+                  if ref_label is not None and _key(e) == (batch, mode, ref_label)), None)
+      if ref is not None:
+        entry.update(reference=ref_label, reference_ms_per_token=ref["ms_per_token"],
+                     reference_speedup=ref["ms_per_token"] / entry["ms_per_token"])
     return new
 
 
@@ -338,6 +352,7 @@ def run_bench(target, drafter=None, settings: BenchSettings = BenchSettings(), *
               prompts: np.ndarray | None = None, record: BenchRecord = BenchRecord(),
               on_update: Callable[[dict[str, Any]], object] | None = None,
               extras: dict[str, Callable[[Any], Run]] | None = None,
+              references: Mapping[str, str] | None = None,
               place_inputs: Callable[[jax.Array], jax.Array] | None = None) -> dict[str, Any]:
   """Benchmark baseline vs speculative decoding (and `extras`); returns the bench.json dict.
 
@@ -349,6 +364,8 @@ def run_bench(target, drafter=None, settings: BenchSettings = BenchSettings(), *
     on_update: called with the results so far after each (batch, mode) group.
     extras: {label: sampling -> Run}, more methods timed in every (batch, mode)
       group beside the baseline (BiLD, blockwise decoding, ...); entries carry the label.
+    references: {extra label: the label of another extra}: the entry's speedup over that
+      one's (`reference_speedup`; speculative beam search over `sd.Beam`).
     place_inputs: encoder tokens [B, L] -> placed (e.g. `sd.sharding.shard_batch` on a
       mesh); None: as they are.
   """
@@ -370,7 +387,8 @@ def run_bench(target, drafter=None, settings: BenchSettings = BenchSettings(), *
                    extras=list(extras), exact=s.exact)
   results, kept_costs = _start_results(config, record.existing)
   plan = _plan(batch_sizes, modes, [*gammas, *extras], {_key(e) for e in results["results"]})
-  run = _Run(target, drafter, prompts, gammas, s, extras=extras, place_inputs=place_inputs)
+  run = _Run(target, drafter, prompts, gammas, s, extras=extras, references=references,
+             place_inputs=place_inputs)
   _execute(run, plan, results, kept_costs, s.repeats, workers, s.progress, on_update)
   results["results"].sort(key=_sort_key(results["config"]["modes"], list(extras)))
   results["projections"] = [p for c in results["costs"] for p in costs_lib.projections(c)]
