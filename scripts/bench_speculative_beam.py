@@ -105,7 +105,7 @@ def write(args, target, rows) -> None:
            f"alpha 0.6, gamma {args.gamma}, default width 2K and M = 3K chains, "
            f"{args.sentences} held-out sentences, at most {args.max_new_tokens} new tokens, "
            f"best of {args.repeats} runs after a warm-up; ms per best-beam token.", "",
-           "| batch | `sd.Beam` ms/token | `sd.SpeculativeBeam` ms/token | speedup | "
+           "| decode | `sd.Beam` ms/token | `sd.SpeculativeBeam` ms/token | speedup | "
            "steps per target call | beams equal |", "|---|---:|---:|---:|---:|---|"]
   for r in rows:
     lines.append(f"| {r['batch']} | {r['beam_ms_per_token']:.2f} | "
