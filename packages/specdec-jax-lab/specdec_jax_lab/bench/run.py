@@ -23,6 +23,7 @@ from specdec_jax.cli.options import MODES, make_sampling
 from specdec_jax.cli.prompts import random_prompts
 from specdec_jax.cli.timing import default_compile_workers, run_parallel, time_rounds, timed_call
 from specdec_jax.errors import BenchError
+from specdec_jax.rounds.engine import EXACT_WIDTH
 from specdec_jax.runs import Run, stats_row
 from specdec_jax.runtime.report import machine_info, utc_now
 
@@ -52,6 +53,11 @@ DEFINITIONS = {
                          "theory.walltime_improvement_measured(alpha, gamma, c, verify_cost)",
     "reference_speedup": "the reference entry's ms_per_token / this entry's, same batch "
                          "size and mode (speculative beam search: sd.Beam with its settings)",
+    "predicted_reference_speedup": "speculative beam search: theory.beam_walltime_improvement("
+                                   "steps_per_target_call, gamma, c, verify_cost) with its "
+                                   "beam_costs: c = drafter step / target step over the B*K "
+                                   "beams' rows, verify_cost = target call over the B*M "
+                                   "chains' rows of gamma+1 tokens / that step",
     "steps_per_target_call": "speculative beam search: beam steps (sd.Beam's target calls) "
                              "per target call, total steps / total rounds",
     "drafted_nodes_per_round": "speculative beam search: drafted tree nodes per row and "
@@ -93,6 +99,35 @@ def measure_costs(target, drafter, batch: int, gammas: Iterable[int], timing: Co
   return {"batch_size": batch, "target_step_ms": 1e3 * target_s,
           "drafter_step_ms": 1e3 * drafter_s, "c": drafter_s / target_s,
           "capacity": capacity, "steps": steps, "verify": verify}
+
+
+def measure_beam_costs(target, drafter, encoder_tokens, method, timing: CostTiming,
+                       place_inputs=None) -> dict[str, Any]:
+  """The cost model's inputs of speculative beam search `method` (`sd.SpeculativeBeam`)
+  at the batch of `encoder_tokens` [B, L] (`theory.beam_walltime_improvement`):
+  c = one drafter step / one target step over the B*K beams' rows (`sd.Beam`'s step),
+  verify_cost = one target call over the B*M chains' rows of gamma + 1 tokens / that
+  step (in exact mode on a target that is not width-invariant both calls are
+  `EXACT_WIDTH` tokens wide, as the methods' are)."""
+  k = method.num_beams
+  padded = bool(method.exact) and not target.width_invariant_decode
+  chains = method.chains or (k if padded else 3 * k)
+  call = EXACT_WIDTH if padded else method.gamma + 1
+  enc = np.asarray(encoder_tokens)
+  place = (lambda x: jnp.asarray(x)) if place_inputs is None else (
+      lambda x: place_inputs(jnp.asarray(x)))
+  beams, rows = place(np.repeat(enc, k, axis=0)), place(np.repeat(enc, chains, axis=0))
+  capacity, steps = max(timing.capacity, 2 * call), timing.steps
+  timers = {"target": costs_lib.StepTimer(target, costs_lib.started_cache(target, beams, capacity),
+                                          EXACT_WIDTH if padded else 1, steps),
+            "drafter": costs_lib.drafter_timer(drafter, beams, capacity, steps),
+            "verify": costs_lib.StepTimer(target, costs_lib.started_cache(target, rows, capacity),
+                                          call, steps)}
+  sec = costs_lib.time_costs(timers, timing.repeats)
+  return {"beam_rows": int(beams.shape[0]), "verify_rows": int(rows.shape[0]),
+          "verify_tokens": call, "target_step_ms": 1e3 * sec["target"],
+          "drafter_step_ms": 1e3 * sec["drafter"], "verify_ms": 1e3 * sec["verify"],
+          "c": sec["drafter"] / sec["target"], "verify_cost": sec["verify"] / sec["target"]}
 
 
 def _verify_cost(costs: dict[str, Any], gamma: int) -> float | None:
@@ -210,6 +245,7 @@ class _Run:
     self.references = dict(references or {})
     self.gammas, self.max_new_tokens = gammas, settings.max_new_tokens
     self.timing_steps = settings.timing_steps
+    self.cost_repeats = settings.repeats
     self.rng = jax.random.PRNGKey(settings.seed)
     self.eos_id = -1 if settings.ignore_eos else None
     self.capacity = settings.max_new_tokens + (max(gammas) if gammas else 0) + 1
@@ -278,7 +314,21 @@ class _Run:
       if ref is not None:
         entry.update(reference=ref_label, reference_ms_per_token=ref["ms_per_token"],
                      reference_speedup=ref["ms_per_token"] / entry["ms_per_token"])
+      method = self.method(entry.get("label"), sampling).method if entry.get("label") else None
+      if isinstance(method, sd.SpeculativeBeam) and "steps_per_target_call" in entry:
+        entry.update(self.beam_prediction(batch, method, entry["steps_per_target_call"]))
     return new
+
+  def beam_prediction(self, batch: int, method, steps_per_call: float) -> dict[str, Any]:
+    """Speculative beam search's step costs at this batch (`measure_beam_costs`) and the
+    speedup over `sd.Beam` they predict with the measured steps per target call."""
+    costs = measure_beam_costs(self.target, method.drafter, cycled_rows(self.prompts, batch),
+                               method, CostTiming(self.capacity, self.timing_steps,
+                                                  self.cost_repeats), self.place_inputs)
+    return {"beam_costs": costs,
+            "predicted_reference_speedup": float(sd.theory.beam_walltime_improvement(
+                max(steps_per_call, 1.0), method.gamma, costs["c"],
+                max(costs["verify_cost"], 1e-9)))}
 
 
 def _name(item) -> str:
