@@ -21,6 +21,11 @@ measured here, on this machine, and the others are inputs recorded on a device:
   gamma + 1 tokens then costs v = t(B M (gamma + 1)) / t(B K) of `sd.Beam`'s step (B K
   rows of 1 token).
 
+With `--costs BENCH_JSON` (a `specdec bench --preset xxl-small --beam 4:0.6 --gammas 2,3,4`
+run on a device, whose speculative beam entries carry `beam_costs`: c and v measured at
+the beams' and chains' rows), each row takes c and v measured there (same batch, gamma
+and M) instead of the recorded H200 inputs; rows the file lacks keep them.
+
 projected speedup over `sd.Beam` = `theory.beam_walltime_improvement(s, gamma, c, v)` =
 s / (gamma c + v), beside the same with the verify call free (v = 1, the bound). What
 the cost model leaves out: the rounds' own work (the drafter's top-k over the tree, the
@@ -96,6 +101,14 @@ def perfect(row: dict) -> dict:
       row["gamma"] + 1, row["gamma"], row["c"], row["verify_cost"]))}
 
 
+def bench_costs(path: str) -> dict[tuple[int, int, int], tuple[float, float]]:
+  """{(batch, gamma, M): (c, v)} of a bench.json's speculative beam entries."""
+  with open(path) as f:
+    results = json.load(f)["results"]
+  return {(b["batch_size"], b["gamma"], b["chains"]): (b["c"], max(b["verify_cost"], 1e-9))
+          for b in (e.get("beam_costs") for e in results) if b}
+
+
 def markdown(res: dict) -> str:
   h = res["inputs"]
   lines = [
@@ -118,11 +131,15 @@ def markdown(res: dict) -> str:
       + ", ".join(f"{r}x at {b} row{'s' * (b > 1)}" for b, r in
                   h["padded_call_ratio"].items()) + "; the fit gives "
       + ", ".join(f"{r:.2f}x" for r in res["fit_check"].values()) + ").",
+      *([] if all(r.get("costs_from", "recorded H200") == "recorded H200" for r in res["rows"])
+        else [f"- c and v of the rows marked *: measured by `specdec bench` "
+              f"({res.get('costs')}), at the beams' and chains' rows."]),
       "", "| batch | γ | chains M | s (steps/call) | drafted nodes/round | v | "
       "projected speedup | with verify free (v = 1) | bound: every round γ + 1 steps |",
       "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
   for r in res["rows"]:
-    lines.append(f"| {r['batch']} | {r['gamma']} | {r['chains']} | "
+    mark = "" if r.get("costs_from", "recorded H200") == "recorded H200" else "*"
+    lines.append(f"| {r['batch']}{mark} | {r['gamma']} | {r['chains']} | "
                  f"{r['steps_per_target_call']:.2f} | {r['drafted_nodes_per_round']:.0f} | "
                  f"{r['verify_cost']:.2f} | **{r['projected_speedup']:.2f}x** | "
                  f"{r['speedup_verify_free']:.2f}x | {r['speedup_perfect_drafter']:.2f}x |")
@@ -140,8 +157,11 @@ def main() -> int:
   parser.add_argument("--max-new-tokens", type=int, default=32)
   parser.add_argument("--gammas", default="2,3,4")
   parser.add_argument("--batch-sizes", default="1,8")
+  parser.add_argument("--costs", metavar="BENCH_JSON",
+                      help="a device's bench.json with speculative beam entries (beam_costs)")
   parser.add_argument("--out", default="results/speculative_beam")
   args = parser.parse_args()
+  measured = {} if args.costs is None else bench_costs(args.costs)
   target = sd.load("demo-de-en/target", dtype="bfloat16")
   drafter = sd.load("demo-de-en/drafter", dtype="bfloat16")
   tok = sd.load_tokenizer("demo-de-en")
@@ -153,14 +173,16 @@ def main() -> int:
     for gamma in (int(g) for g in args.gammas.split(",")):
       for chains in (K, 3 * K):
         r = steps_per_call(target, drafter, enc, batch, gamma, chains, args.max_new_tokens)
-        v = verify_cost(n0, batch, chains, gamma)
+        c, v, source = H200["c"], verify_cost(n0, batch, chains, gamma), "recorded H200"
+        if (batch, gamma, chains) in measured:
+          c, v, source = *measured[batch, gamma, chains], args.costs
         s = r["steps_per_target_call"]
         rows.append({"batch": batch, "gamma": gamma, "chains": chains, **r,
-                     "verify_cost": v, "c": H200["c"],
+                     "verify_cost": v, "c": c, "costs_from": source,
                      "projected_speedup": float(theory.beam_walltime_improvement(
-                         s, gamma, H200["c"], v)),
+                         s, gamma, c, v)),
                      "speedup_verify_free": float(theory.beam_walltime_improvement(
-                         s, gamma, H200["c"], 1.0))})
+                         s, gamma, c, 1.0))})
         rows[-1].update(perfect(rows[-1]))
         print(rows[-1], file=sys.stderr)
   fit = {b: (1 + b * H200["padded_tokens"] / n0) / (1 + b / n0)
@@ -169,7 +191,7 @@ def main() -> int:
          "command": "PYTHONPATH=. python scripts/project_speculative_beam.py "
                     + " ".join(sys.argv[1:]),
          "machine": machine_info(), "inputs": H200, "n0": n0, "fit_check": fit,
-         "num_beams": K, "alpha": ALPHA, "sentences": len(lines),
+         "costs": args.costs, "num_beams": K, "alpha": ALPHA, "sentences": len(lines),
          "max_new_tokens": args.max_new_tokens, "rows": rows}
   os.makedirs(args.out, exist_ok=True)
   write_json(os.path.join(args.out, "projection.json"), res)

@@ -197,6 +197,7 @@ def test_beam_with_a_drafter_times_speculative_beam_beside_it(tmp_path):
   # the cost model's inputs at the beams' (B*K) and the chains' (B*M = B*3K) rows
   costs = spec["beam_costs"]
   assert (costs["beam_rows"], costs["verify_rows"], costs["verify_tokens"]) == (4, 12, 3)
+  assert (costs["batch_size"], costs["gamma"], costs["chains"]) == (2, 2, 6)
   assert positive(costs["c"]) and positive(costs["verify_cost"])
   assert spec["predicted_reference_speedup"] == pytest.approx(
       spec["steps_per_target_call"] / (2 * costs["c"] + costs["verify_cost"]))

@@ -124,7 +124,9 @@ def measure_beam_costs(target, drafter, encoder_tokens, method, timing: CostTimi
             "verify": costs_lib.StepTimer(target, costs_lib.started_cache(target, rows, capacity),
                                           call, steps)}
   sec = costs_lib.time_costs(timers, timing.repeats)
-  return {"beam_rows": int(beams.shape[0]), "verify_rows": int(rows.shape[0]),
+  return {"batch_size": int(enc.shape[0]), "num_beams": k, "chains": chains,
+          "gamma": method.gamma, "beam_rows": int(beams.shape[0]),
+          "verify_rows": int(rows.shape[0]),
           "verify_tokens": call, "target_step_ms": 1e3 * sec["target"],
           "drafter_step_ms": 1e3 * sec["drafter"], "verify_ms": 1e3 * sec["verify"],
           "c": sec["drafter"] / sec["target"], "verify_cost": sec["verify"] / sec["target"]}
