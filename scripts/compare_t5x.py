@@ -9,6 +9,8 @@
 
     python scripts/compare_t5x.py --t5x-src /path/to/t5x --model config:t5_1_1_small \
         --beam 4:0.6 --out results/t5x_compare_beam          # T5X's beam_search vs sd.Beam
+    python scripts/compare_t5x.py --t5x-src /path/to/t5x --model config:t5_1_1_small \
+        --beam 4:0.6 --drafter config:t5_1_1_tiny --gamma 3   # vs sd.SpeculativeBeam
 
 --dtype bfloat16 runs both sides in bfloat16 (params and activations; `sd.load`'s
 dtype) and reports token agreement instead of requiring identical tokens.
@@ -43,6 +45,12 @@ def main(argv=None) -> int:
   p.add_argument("--beam", metavar="K:ALPHA",
                  help="compare beam search (t5x.decoding.beam_search vs sd.Beam) with K beams "
                  "and brevity penalty ALPHA instead of greedy decoding")
+  p.add_argument("--drafter", metavar="PATH_OR_NAME",
+                 help="with --beam: ours is exact speculative beam search (sd.SpeculativeBeam) "
+                 "with this drafter (checkpoint path or config:NAME); every beam still "
+                 "compared with T5X's")
+  p.add_argument("--gamma", type=int, default=3,
+                 help="with --drafter: drafted tokens per beam and round (default 3)")
   p.add_argument("--out", default="results/t5x_compare")
   args = p.parse_args(argv)
 
@@ -56,16 +64,23 @@ def main(argv=None) -> int:
       beam = (int(k), float(alpha or 0.6))
     except ValueError:
       p.error(f"--beam {args.beam!r}: expected K:ALPHA, e.g. 4:0.6")
+  if args.drafter is not None and beam is None:
+    p.error("--drafter is compared with T5X's beam search: add --beam K:ALPHA")
   try:
     t5x = t5x_bench.load_t5x(args.t5x_src)      # fail before building the model
     model = load_model(args.model, args.dtype)
+    drafter = None if args.drafter is None else load_model(args.drafter, args.dtype)
     timing = t5x_bench.T5XTiming(batch_sizes=args.batch_sizes, prompt_len=args.prompt_len,
                                  steps=args.steps, repeats=args.repeats)
-    results = t5x_bench.run_t5x_compare(model, t5x, timing, dtype=args.dtype, beam=beam)
+    extra = {} if drafter is None else {"drafter": drafter, "gamma": args.gamma}
+    results = t5x_bench.run_t5x_compare(model, t5x, timing, dtype=args.dtype, beam=beam,
+                                        **extra)
   except SpecdecError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   results["model"]["source"] = args.model
+  if args.drafter is not None:
+    results["beam"]["speculative"]["drafter"] = args.drafter
   base = os.path.join(args.out, "t5x_compare")
   write_json(base + ".json", results)
   atomic_write(base + ".md", t5x_bench.markdown(results))

@@ -184,15 +184,17 @@ def totals(stats: Mapping[str, Any]) -> dict[str, Any]:
 #: The statistics the reports show as columns, when the run's method reports them.
 REPORTED = ("alpha", "acceptance_rate", "drafted", "accepted", "drafter_calls",
             "fallback_rate", "rollback_rate", "drafter_tokens", "target_tokens",
-            "repeated_draft_rate", "mean_max_run", "oracle_tokens_per_target_call")
-_INTEGERS = ("drafted", "accepted", "drafter_calls", "drafter_tokens", "target_tokens")
+            "repeated_draft_rate", "mean_max_run", "oracle_tokens_per_target_call",
+            "steps", "steps_per_target_call", "drafted_nodes_per_round")
+_INTEGERS = ("drafted", "accepted", "drafter_calls", "drafter_tokens", "target_tokens",
+             "steps")
 
 
 def stats_row(stats: Mapping[str, Any]) -> dict[str, Any]:
   """The columns the reports show: target_calls (per row), rounds, block_efficiency
   (tokens per target call), then those of `REPORTED` the run's statistics carry (its
-  method's own: alpha for speculative decoding, fallback_rate for BiLD, ...); alpha
-  clipped to [0, 1]."""
+  method's own: alpha for speculative decoding, fallback_rate for BiLD, beam steps per
+  target call for speculative beam search, ...); alpha clipped to [0, 1]."""
   row = {"target_calls": int(stats["target_calls"]), "rounds": int(stats["rounds"]),
          "block_efficiency": finite(stats.get("tokens_per_target_call"))}
   for k in REPORTED:

@@ -39,7 +39,8 @@ LOAD_MESHES = ((8, 1), (2, 4), (1, 8))
 # of them on 2x4 (every placement is a program of its own to compile: CI time).
 GREEDY = ("generate", "speculative")
 SAMPLE = ("sample", "sample_again")
-SINGLE = GREEDY + SAMPLE + ("speculative_sample", "bild", "blockwise", "beam")
+SINGLE = GREEDY + SAMPLE + ("speculative_sample", "bild", "blockwise", "beam",
+                            "speculative_beam")
 # Greedy drafters and adaptive gamma: on 2x4 only, compared with the single device's
 # `generate` (exact mode: each is bitwise `generate` on one device already).
 MESH_ONLY = ("ngram", "prompt_lookup", "adaptive")
@@ -86,6 +87,10 @@ def runs(target, drafter, heads, enc, methods=SINGLE, ngram=None):
       "blockwise": lambda: sd.blockwise_generate(target, heads, enc, max_new_tokens=T),
       # 3 beams per row: 24 flat rows, a row's beams on its "data" shard
       "beam": lambda: sd.decode(target, sd.Beam(num_beams=3), enc, max_new_tokens=T),
+      # the target drafting itself (several steps a call): EVERY beam compared, [B, K*T]
+      "speculative_beam": lambda: all_beams(sd.decode(
+          target, sd.SpeculativeBeam(target, num_beams=3, gamma=GAMMA), enc,
+          max_new_tokens=T)),
       "ngram": lambda: sd.speculative_generate(target, ngram, enc, gamma=GAMMA,
                                                max_new_tokens=T),
       "prompt_lookup": lambda: sd.speculative_generate(
@@ -96,6 +101,11 @@ def runs(target, drafter, heads, enc, methods=SINGLE, ngram=None):
   }
   out = {k: calls[k]() for k in methods}
   return {k: (np.asarray(v.tokens), np.asarray(v.lengths)) for k, v in out.items()}
+
+
+def all_beams(out):
+  """A beam search's output with every beam as its tokens [B, K * T]."""
+  return out.replace(tokens=out.beams.reshape(out.beams.shape[0], -1))
 
 
 def same(a, b) -> bool:

@@ -173,3 +173,32 @@ def test_bild_and_blockwise_entries_beside_the_baseline(tmp_path):
   # greedy blockwise decoding emits the baseline's tokens: same count generated
   assert entries[("blockwise", "blockwise")]["generated_tokens"] == base["generated_tokens"]
   assert "bild (bild fb=0.5 rb=3)" in (out / "bench.md").read_text()
+
+
+@pytest.mark.slow
+def test_beam_with_a_drafter_times_speculative_beam_beside_it(tmp_path):
+  """--beam K:ALPHA with a drafter: sd.SpeculativeBeam at each --gammas entry, its speedup
+  over the sd.Beam entry (not only the greedy baseline), its beam steps per target call
+  and the speedup its step costs predict; both generate the same tokens (the same beams)."""
+  out = tmp_path / "out"
+  argv = [*ARGS[:5], "--batch-sizes", "2", "--gammas", "2", *ARGS[7:], "--beam", "2:0.6",
+          "--exact", "off", "--out", str(out)]
+  assert cli.main(argv) == 0
+  results = json.loads((out / "bench.json").read_text())
+  entries = {(e["method"], e.get("label")): e for e in results["results"]}
+  beam = entries[("beam", "beam K=2 alpha=0.6")]
+  spec = entries[("speculative-beam", "speculative-beam K=2 alpha=0.6 gamma=2")]
+  assert spec["reference"] == beam["label"] and "reference" not in beam
+  assert spec["reference_speedup"] == pytest.approx(beam["ms_per_token"] / spec["ms_per_token"])
+  assert spec["generated_tokens"] == beam["generated_tokens"]
+  assert spec["steps"] == beam["rounds"] and spec["steps_per_target_call"] >= 1.0
+  assert spec["drafted_nodes_per_round"] == 2 * 2 + 2 * (2 - 1)
+  # the cost model's inputs at the beams' (B*K) and the chains' (B*M = B*3K) rows
+  costs = spec["beam_costs"]
+  assert (costs["beam_rows"], costs["verify_rows"], costs["verify_tokens"]) == (4, 12, 3)
+  assert (costs["batch_size"], costs["gamma"], costs["chains"]) == (2, 2, 6)
+  assert positive(costs["c"]) and positive(costs["verify_cost"])
+  assert spec["predicted_reference_speedup"] == pytest.approx(
+      spec["steps_per_target_call"] / (2 * costs["c"] + costs["verify_cost"]))
+  assert "speculative-beam K=2 alpha=0.6 gamma=2 | beam K=2 alpha=0.6" in (
+      out / "bench.md").read_text()

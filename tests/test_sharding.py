@@ -25,7 +25,7 @@ from specdec_jax import sharding
 
 HERE = pathlib.Path(__file__).resolve().parent
 METHODS = ("generate", "speculative", "sample", "sample_again", "speculative_sample", "bild",
-           "blockwise", "beam")
+           "blockwise", "beam", "speculative_beam")
 # on 2x4 only, against one device's `generate`: greedy with the n-gram and prompt-lookup
 # drafters and with adaptive gamma
 MESH_ONLY = ("ngram", "prompt_lookup", "adaptive")
@@ -263,7 +263,8 @@ def test_drafter_replicated_inputs_by_batch(report, mesh):
 ])
 def test_mesh_equals_single_device(report, mesh, methods):
   """Greedy (generate, speculative with a model, n-gram or prompt-lookup drafter and with
-  adaptive gamma, BiLD at threshold 1, blockwise), beam search (its best beam) and
+  adaptive gamma, BiLD at threshold 1, blockwise), beam search (its best beam),
+  speculative beam search with the target as drafter (every beam, bitwise) and
   sampling with a fixed rng: the tokens of the single-device run (its `generate`'s for the
   n-gram, prompt-lookup and adaptive runs), and greedy methods equal `generate` on the
   mesh."""

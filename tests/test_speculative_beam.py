@@ -461,3 +461,27 @@ def test_a_tree_wider_than_the_call_is_drafted_and_replayed():
                   max_new_tokens=5)
   np.testing.assert_array_equal(np.asarray(out.beams), np.asarray(ref.beams))
   assert out.stats["drafted"] == (8 + 4 * 1) * out.stats["target_calls"]
+
+
+@pytest.mark.slow
+def test_cli_json_statistics_merge_the_batches(capsys):
+  """`--json` over two batches (--batch-size 1) carries the method's own statistics: steps
+  are `--method beam`'s calls over the corpus, steps per target call total steps over
+  total rounds, drafted nodes per round the tree's (2K + K (gamma - 1)), acceptance by
+  depth one per drafted depth (the statistics once dropped the per-call ones)."""
+  import json
+
+  from specdec_jax.cli import main
+  argv = ["decode", "--model", "config:t5_1_1_tiny", "--method", "beam", "--num-beams", "2",
+          "--max-new-tokens", "8", "--batch-size", "1", "--no-warmup", "--json", "5 6 7 1",
+          "9 8 1"]
+  assert main(argv) == 0
+  plain = json.loads(capsys.readouterr().out)["stats"]
+  assert main([*argv, "--drafter", "config:t5_1_1_tiny", "--gamma", "2"]) == 0
+  stats = json.loads(capsys.readouterr().out)["stats"]
+  assert stats["steps"] == plain["rounds"] and stats["rounds"] < stats["steps"]
+  assert stats["steps_per_target_call"] == stats["steps"] / stats["rounds"]
+  assert stats["drafted_nodes_per_round"] == 2 * 2 + 2 * (2 - 1)
+  assert stats["acceptance_by_depth"] == [n / stats["target_calls"]
+                                          for n in stats["per_position_accepted"]]
+  assert len(stats["acceptance_by_depth"]) == 2

@@ -169,3 +169,60 @@ def test_bfloat16_compare_model_computes_in_bfloat16():
   assert {x.dtype for x in jax.tree_util.tree_leaves(model.params)} == {jnp.dtype("bfloat16")}
   f32 = load_model("config:t5_1_1_tiny", "float32")
   assert t5x_bench._compare_model(f32, None) is f32       # float32: today's model, untouched
+
+
+def _load_script():
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("compare_t5x", SCRIPT)
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  return script
+
+
+def test_compare_script_drafter_needs_beam_and_reaches_the_comparison(monkeypatch, tmp_path):
+  """--drafter compares T5X's beam search with sd.SpeculativeBeam: refused without --beam
+  (usage, exit 2); with it, the drafter and --gamma reach `run_t5x_compare`."""
+  from specdec_jax.cli import models
+  script = _load_script()
+  with pytest.raises(SystemExit) as e:
+    script.main(["--t5x-src", "x", "--drafter", "config:t5_1_1_tiny"])
+  assert e.value.code == 2
+  seen = {}
+  monkeypatch.setattr(t5x_bench, "load_t5x", lambda src: "t5x")
+  monkeypatch.setattr(models, "load_model", lambda spec, dtype="float32": spec)
+
+  def fake_compare(model, t5x, timing, **kw):
+    seen.update(kw, model=model)
+    raise t5x_bench.CompareError("stop here")
+  monkeypatch.setattr(t5x_bench, "run_t5x_compare", fake_compare)
+  assert script.main(["--t5x-src", "x", "--model", "m", "--beam", "2:0.5", "--drafter", "d",
+                      "--gamma", "4", "--out", str(tmp_path)]) == 2
+  assert seen == {"model": "m", "dtype": "float32", "beam": (2, 0.5), "drafter": "d",
+                  "gamma": 4}
+
+
+@pytest.mark.slow
+def test_speculative_beam_side_is_compared_beam_for_beam(monkeypatch):
+  """`run_t5x_compare(beam=, drafter=)` on a tiny model, T5X's side stood in by `sd.Beam`
+  (the real T5X needs a checkout; `sd.Beam` is bitwise T5X's, tests/test_beam.py): every
+  beam of ours (sd.SpeculativeBeam, the target drafting itself) equals it, and the rows
+  record the beam steps per target call."""
+  import specdec_jax as sd
+  model = sd.load("config:t5_1_1_tiny")
+  monkeypatch.setattr(t5x_bench, "t5x_network", lambda t5x, model: None)
+  monkeypatch.setattr(t5x_bench, "_t5x_params", lambda module, model, p, s: model.params)
+
+  def beam_fn(t5x, module, batch, steps, num_beams, alpha):
+    return lambda params, enc: sd.decode(model, sd.Beam(num_beams=num_beams, alpha=alpha), enc,
+                                         max_new_tokens=steps, eos_id=-1).beams
+  monkeypatch.setattr(t5x_bench, "t5x_beam_fn", beam_fn)
+  timing = t5x_bench.T5XTiming(batch_sizes=(2,), prompt_len=5, steps=6, repeats=1,
+                               progress=False)
+  results = t5x_bench.run_t5x_compare(model, None, timing, beam=(2, 0.6), drafter=model,
+                                      gamma=2)
+  row = results["rows"][0]
+  assert row["identical_tokens"] and row["steps_per_target_call"] > 1.0
+  assert results["beam"]["speculative"]["gamma"] == 2
+  assert "exact speculative beam search" in t5x_bench.markdown(results)
+  with pytest.raises(t5x_bench.CompareError, match="beam search only"):
+    t5x_bench.run_t5x_compare(model, None, timing, drafter=model)

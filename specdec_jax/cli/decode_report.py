@@ -33,6 +33,9 @@ def stats_block(stats: dict[str, Any], timing: dict[str, Any], method) -> str:
   if "tokens_per_target_call" in stats:    # not beam search's (a call scores K beams)
     lines.append(f"tokens/target call   {f(stats['tokens_per_target_call'])}   (per row)")
   # the method's own statistics, where its stats carry them (`Method.statistics`)
+  if "steps_per_target_call" in stats:     # speculative beam search
+    lines.append(f"beam steps/call      {f(stats['steps_per_target_call'])}   "
+                 f"({int(stats['steps'])} steps: sd.Beam's calls)")
   if "drafter_calls" in stats:
     lines.append(f"drafter calls        {int(stats['drafter_calls'])}")
   if "acceptance_rate" in stats:

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -100,16 +100,23 @@ class SpeculativeBeamOutput(beam.BeamOutput):
                               the drafted nodes at depth d + 1
       acceptance_by_depth     list [gamma] of floats: per_position_accepted / target_calls
 
-    plus the run's `info`."""
-    full = summarize(self.counters, dict(self.info))
-    own = ("drafter_calls", "drafted", "accepted", "acceptance_rate", "per_position_accepted")
-    out = {k: full[k] for k in COMMON_STATS + own}
-    steps, calls = int(self.steps), max(out["target_calls"], 1)
+    plus the run's `info`. Several outputs (a corpus's batches) merge exactly
+    (`stats.merge_outputs`, `derive_stats`): ratios of totals, never means of ratios."""
+    return self.derive_stats(summarize(self.counters, dict(self.info),
+                                       statistics=SpeculativeBeam.statistics), [self])
+
+  @staticmethod
+  def derive_stats(summary: dict[str, Any], outputs: Sequence[Any]) -> dict[str, Any]:
+    """`summary` (of the outputs' merged counters) with the statistics above that are not
+    counters: steps summed over the outputs (each one call's), over the rounds summed."""
+    info = dict(outputs[0].info)
+    out = {k: v for k, v in summary.items() if k not in info}
+    steps, calls = sum(int(o.steps) for o in outputs), max(out["target_calls"], 1)
     out["steps"] = steps
     out["steps_per_target_call"] = steps / max(out["rounds"], 1)
     out["drafted_nodes_per_round"] = out["drafted"] / calls
     out["acceptance_by_depth"] = [v / calls for v in out["per_position_accepted"]]
-    out.update(dict(self.info))
+    out.update({k: summary[k] for k in info if k in summary})
     return out
 
 

@@ -14,7 +14,7 @@ model's cache holds the rest of the prompt before that, below its offset
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -50,7 +50,16 @@ class DecodeOutput:
     tokens_per_target_call, alpha, acceptance_rate, ...; `stats.summarize` documents each
     name), plus `info`. Computed once per output. Per-row values: `counters` ([B] each),
     or `stats.summarize(out.counters, dict(out.info), raw=True)`."""
-    return summarize(self.counters, dict(self.info), statistics=self.statistics)
+    return self.derive_stats(summarize(self.counters, dict(self.info),
+                                       statistics=self.statistics), [self])
+
+  @staticmethod
+  def derive_stats(summary: dict[str, Any], outputs: Sequence[Any]) -> dict[str, Any]:
+    """The readable statistics of `outputs` (one run's calls, e.g. a corpus's batches)
+    from `summary`, `summarize` of their merged counters (`stats.merge_outputs` calls
+    it). An output that carries counts beyond the per-row counters (speculative beam's
+    steps) derives its statistics here, as ratios of totals; by default: `summary`."""
+    return summary
 
 
 def init_sequence(batch: int, max_new_tokens: int, start_id) -> Array:

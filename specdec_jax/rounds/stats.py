@@ -276,7 +276,9 @@ def merge_outputs(outputs: Sequence[Any], real_rows: Sequence[int] | None = None
 
   real_rows[i]: rows of output i that are real (the rest pad a short last batch).
   The outputs must come from one kind of run (the same `info`: method, gamma, ...).
-  raw: the full mapping with per-row values (`summarize(..., raw=True)`).
+  raw: the full mapping with per-row values (`summarize(..., raw=True)`); otherwise the
+  outputs' class derives its own statistics from the merged ones (`derive_stats`:
+  speculative beam's steps per target call = total steps / total rounds).
   """
   if any(o.info != outputs[0].info for o in outputs):
     raise InputError("stats.merge_outputs: outputs of different runs (their info differs: "
@@ -285,5 +287,8 @@ def merge_outputs(outputs: Sequence[Any], real_rows: Sequence[int] | None = None
   if len(rows) != len(outputs):
     raise InputError(f"stats.merge_outputs: {len(rows)} real_rows for {len(outputs)} outputs")
   merged = merge([(o.counters, r) for o, r in zip(outputs, rows, strict=True)])
-  return summarize(merged, dict(outputs[0].info), raw=raw,
-                   statistics=getattr(outputs[0], "statistics", None))
+  out = summarize(merged, dict(outputs[0].info), raw=raw,
+                  statistics=getattr(outputs[0], "statistics", None))
+  # the output's own statistics beyond the counters (`DecodeOutput.derive_stats`)
+  derive = getattr(type(outputs[0]), "derive_stats", None)
+  return out if raw or derive is None else derive(out, outputs)

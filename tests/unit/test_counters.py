@@ -98,3 +98,27 @@ def test_drafts_after_an_accepted_eos_are_not_counted():
 def test_longest_run_of_equal_drafts():
   drafts = jnp.array([[5, 5, 5, 2, 2], [1, 2, 3, 4, 5], [7, 7, 1, 7, 7]])
   np.testing.assert_array_equal(engine.longest_run(drafts[:, 1:] == drafts[:, :-1]), [3, 1, 2])
+
+
+def test_speculative_beam_batches_merge_as_ratios_of_totals():
+  """A corpus of speculative beam search batches (the CLI's --json): steps per target call
+  is total steps / total rounds (not the mean of 4/1 and 4/4), drafted nodes per round and
+  acceptance by depth are over every real row's rounds."""
+  from specdec_jax.methods.speculative_beam import SpeculativeBeam, SpeculativeBeamOutput
+
+  def out(steps, rounds, rows, depth):
+    c = counters(target_calls=[rounds] * rows, drafted=[7 * rounds] * rows,
+                 per_position_accepted=jnp.array([depth] * rows), emitted=[steps] * rows)
+    return SpeculativeBeamOutput(tokens=jnp.zeros((rows, 4), jnp.int32),
+                                 lengths=jnp.full((rows,), steps), info=(("gamma", 2),),
+                                 counters=c.replace(rounds=jnp.array(rounds)),
+                                 statistics=SpeculativeBeam.statistics, steps=jnp.array(steps))
+
+  a, b = out(4, 1, 2, [1, 1]), out(4, 4, 2, [2, 1])        # b's second row pads the batch
+  assert a.stats["steps_per_target_call"] == 4.0 and b.stats["steps"] == 4
+  merged = stats.merge_outputs([a, b], [2, 1])
+  assert (merged["steps"], merged["rounds"]) == (8, 5)
+  assert merged["steps_per_target_call"] == 8 / 5
+  assert merged["drafted_nodes_per_round"] == 7.0
+  assert merged["acceptance_by_depth"] == [4 / 6, 3 / 6]    # rows' rounds: 1 + 1 + 4
+  assert list(merged)[-1] == "gamma"                         # the run's info last

@@ -344,3 +344,14 @@ def test_other_validation():
         T.beta([1.2, -0.2], [0.5, 0.5])
     with pytest.raises(ValueError, match="shapes"):
         T.beta(np.ones(3) / 3, np.ones(4) / 4)
+
+
+def test_beam_walltime_improvement_is_steps_over_round_cost():
+    # sd.Beam's cost per step is one call; a round: gamma drafter calls and one verify call
+    assert T.beam_walltime_improvement(1.0, 1, 0.0) == 1.0          # nothing gained
+    assert T.beam_walltime_improvement(4.0, 3, 0.1, 1.3) == pytest.approx(4.0 / 1.6)
+    np.testing.assert_allclose(T.beam_walltime_improvement([2.0, 3.0], 2, 0.25), [4 / 3, 2.0])
+    for bad in ({"steps_per_call": 0.5}, {"verify_cost": 0.0}, {"gamma": 0}):
+        with pytest.raises(ValueError):
+            T.beam_walltime_improvement(**{"steps_per_call": 2.0, "gamma": 2, "c": 0.1,
+                                           "verify_cost": 1.0, **bad})

@@ -30,7 +30,10 @@ Beam search (`beam=(K, alpha)`): T5X's side is ``t5x.decoding.beam_search`` as
 ``predict_batch_with_aux`` calls it (the encoder output and its tokens expanded to B*K
 rows by ``flat_batch_beam_expand``, the empty cache of B rows expanded by the search
 itself), ours `sd.Beam`; every beam's tokens are compared (EOS off: no beam finishes,
-both return their live beams after `steps`).
+both return their live beams after `steps`). With a drafter, ours is exact speculative
+beam search (`sd.SpeculativeBeam(drafter, gamma=...)`, the same beams as `sd.Beam` on a
+width-invariant target such as the packed one `sd.load` gives on CPU) and each row also
+records its beam steps per target call.
 
 Timing: both functions are compiled first (excluded), then `repeats` rounds
 alternate the two (`timing.time_rounds`); we report medians and the ratio
@@ -264,10 +267,12 @@ class T5XTiming:
 
 def run_t5x_compare(model: Model, t5x: types.SimpleNamespace,
                     timing: T5XTiming = T5XTiming(), *, dtype: str | None = None,
-                    beam: tuple[int, float] | None = None) -> dict[str, Any]:
+                    beam: tuple[int, float] | None = None, drafter: Model | None = None,
+                    gamma: int = 3) -> dict[str, Any]:
   """Greedy ms/token of T5X (`t5x` from `load_t5x`) and `sd.generate` per batch size;
   with `beam` = (K, alpha), T5X's `beam_search` and `sd.Beam` instead (every beam's
-  tokens compared, flattened to [B, K * steps]).
+  tokens compared, flattened to [B, K * steps]); with a `drafter` too,
+  `sd.SpeculativeBeam(drafter, gamma=gamma)` instead of `sd.Beam`.
 
   Same weights, same prompts, one process, both in `dtype` (float32 or bfloat16;
   None: `model.config.dtype`). float32 fails if the greedy tokens differ; bfloat16
@@ -277,12 +282,17 @@ def run_t5x_compare(model: Model, t5x: types.SimpleNamespace,
   from tqdm.auto import tqdm
   batch_sizes, prompt_len, steps, repeats = (timing.batch_sizes, timing.prompt_len,
                                              timing.steps, timing.repeats)
+  if drafter is not None and beam is None:
+    raise CompareError("a drafter is compared with T5X's beam search only: give beam=(K, "
+                       "alpha)")
   model = _compare_model(model, dtype)
   dtype = model.config.dtype
+  if drafter is not None:
+    drafter = _compare_model(drafter, dtype)
   module = t5x_network(t5x, model)
   params = _t5x_params(module, model, prompt_len, steps)
   prompts = random_prompts(max(batch_sizes), prompt_len, model.vocab_size)
-  rows = []
+  rows, last = [], {}          # last: ours' latest output per batch size (its stats)
   bar = tqdm(total=len(batch_sizes) * (repeats * 2 + 2), desc="t5x compare",
              disable=not timing.progress)
   for b in batch_sizes:
@@ -294,9 +304,12 @@ def run_t5x_compare(model: Model, t5x: types.SimpleNamespace,
                                                eos_id=-1).tokens
     else:
       t5x_fn = t5x_beam_fn(t5x, module, b, steps, *beam)
-      method = Run(sd.Beam(num_beams=beam[0], alpha=beam[1]))
-      ours = lambda enc=enc, method=method: method.decode(model, enc, max_new_tokens=steps,
-                                                          eos_id=-1).beams
+      method = Run(sd.Beam(num_beams=beam[0], alpha=beam[1]) if drafter is None else
+                   sd.SpeculativeBeam(drafter, num_beams=beam[0], alpha=beam[1], gamma=gamma))
+
+      def ours(enc=enc, method=method, b=b):
+        last[b] = method.decode(model, enc, max_new_tokens=steps, eos_id=-1)
+        return last[b].beams
     flat = lambda x, b=b: np.asarray(x).reshape(b, -1)
     # bound now: each iteration's closures are called within it, by name below
     methods: dict[str, Callable[..., Any]] = {
@@ -307,10 +320,15 @@ def run_t5x_compare(model: Model, t5x: types.SimpleNamespace,
       outputs[name] = fn()
       bar.update()
     rows.append(_timed_row(methods, outputs, b, steps, repeats, dtype, bar.update))
+    if drafter is not None:
+      rows[-1]["steps_per_target_call"] = last[b].stats["steps_per_target_call"]
   bar.close()
+  speculative = None if drafter is None else {"gamma": gamma,
+                                              "drafter_params": drafter.num_params()}
   return {"model": {"config": model.config.to_dict(), "num_params": model.num_params()},
           "dtype": dtype, "prompt_len": prompt_len, "steps": steps, "repeats": repeats,
-          "beam": None if beam is None else {"num_beams": beam[0], "alpha": beam[1]},
+          "beam": None if beam is None else {"num_beams": beam[0], "alpha": beam[1],
+                                             "speculative": speculative},
           "machine": machine_info(), "rows": rows}
 
 
@@ -323,6 +341,7 @@ def summary(results: dict[str, Any]) -> str:
   """The line above the table: setup, dtype, and what the tokens did."""
   m, dtype = results["model"], results.get("dtype", "float32")
   beam = results.get("beam")
+  spec = (beam or {}).get("speculative")
   what = "Greedy decoding" if beam is None else (
       f"Beam search ({beam['num_beams']} beams, alpha {beam['alpha']}; every beam compared)")
   if all(r["identical_tokens"] for r in results["rows"]):
@@ -333,7 +352,10 @@ def summary(results: dict[str, Any]) -> str:
   return (f"{what}, {m['num_params'] / 1e6:.1f}M params, {dtype} params and "
           f"activations, prompts of {results['prompt_len']} tokens, {results['steps']} new "
           f"tokens per row (EOS off), median of {results['repeats']} alternating rounds; "
-          f"{tokens}.")
+          f"{tokens}." + ("" if spec is None else
+                          f" Ours: exact speculative beam search (sd.SpeculativeBeam), gamma "
+                          f"{spec['gamma']}, a drafter of {spec['drafter_params'] / 1e6:.1f}M "
+                          "params."))
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -346,6 +368,9 @@ def markdown(results: dict[str, Any]) -> str:
     lines.append(f"| {r['batch']} | {r['t5x_ms_per_token']:.2f} | {r['ours_ms_per_token']:.2f} "
                  f"| {r['ratio']:.2f} | {100 * a['fraction']:.1f}% "
                  f"| {a['identical_rows']}/{a['rows']} | {_divergences(a)} | {rounds} |")
+  if any("steps_per_target_call" in r for r in results["rows"]):
+    lines += ["", "Beam steps per target call (ours): " + ", ".join(
+        f"batch {r['batch']}: {r['steps_per_target_call']:.2f}" for r in results["rows"])]
   return summary(results) + "\n\n" + "\n".join(lines) + "\n"
 
 

@@ -5,12 +5,16 @@
     --heads-lattice 2:2                            top_k:num_drafts
     --heads-lattice top_k=3,num_drafts=2,rescoring_weight=0.5
     --beam 4:0.6                                   num_beams:alpha (greedy modes only)
+    --beam 4:0.6 with a drafter                    also speculative beam search per gamma
 
 A spec is either the short form A:B (the value's `shorthand` settings) or field=value
 pairs naming any setting of the method value (`sd.BiLD`, `sd.Blockwise`, `sd.Beam`;
 typed by its default, checked by building it). The entry's label is the value's own
 `describe()`: its name and the settings that differ from their defaults, in their short
-names where they have one ("bild fb=0.5 rb=3", "blockwise k=2 p=2").
+names where they have one ("bild fb=0.5 rb=3", "blockwise k=2 p=2"). With a drafter, each
+--beam spec is also timed as `sd.SpeculativeBeam` (the same settings, the drafter drafting
+gamma tokens per beam for each --gammas entry), its speedup taken over the `sd.Beam`
+entry ("speculative-beam K=4 alpha=0.6 gamma=3" against "beam K=4 alpha=0.6").
 """
 
 from __future__ import annotations
@@ -98,3 +102,18 @@ def extra_methods(specs: Mapping[type, Sequence[str]],
         return Run(value, sampling, name)
       extras[label(core_type, s)] = make
   return extras
+
+
+def speculative_beam_specs(beam_texts: Sequence[str], gammas: Sequence[int]
+                           ) -> tuple[list[str], dict[str, str]]:
+  """For each --beam spec and gamma, the spec of `sd.SpeculativeBeam` with the same
+  settings (every `sd.Beam` setting is one of its own) drafting gamma tokens per beam; and
+  {its entry's label: the label of the `sd.Beam` entry it is compared with}."""
+  specs, references = [], {}
+  for text in beam_texts:
+    given = parse_settings(text, core.Beam, "--beam") if text else {}
+    for gamma in gammas:
+      settings = {**given, "gamma": int(gamma)}
+      specs.append(",".join(f"{k}={v}" for k, v in settings.items()))
+      references[label(core.SpeculativeBeam, settings)] = label(core.Beam, given)
+  return specs, references

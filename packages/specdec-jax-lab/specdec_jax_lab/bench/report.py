@@ -70,11 +70,37 @@ def markdown_report(results: dict[str, Any]) -> str:
       "(γ+1)-token target call / 1-token call; predicted = E/(γc + verify cost), "
       "E = (1-α^(γ+1))/(1-α).",
   ]
+  if any(e.get("reference") for e in results["results"]):
+    lines += ["", *_reference_table(results["results"])]
   if results.get("costs"):
     lines += ["", *_costs_table(results["costs"])]
   if results.get("projections"):
     lines += ["", *_projections_table(results["projections"])]
   return "\n".join(lines) + "\n"
+
+
+def _reference_table(entries: list[dict[str, Any]]) -> list[str]:
+  """Entries timed against another entry (speculative beam search against `sd.Beam`)."""
+  lines = ["Against their reference (speculative beam search: `sd.Beam` with the same settings, "
+           "the same beams):", "",
+           "| batch | mode | method | reference | ms/token | reference ms/token | speedup | "
+           "steps/call | drafted nodes/round | c | verify cost | predicted |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+  for e in entries:
+    if e.get("reference"):
+      costs = e.get("beam_costs") or {}
+      lines.append(f"| {e['batch_size']} | {e['mode']} | {e.get('label') or e['method']} | "
+                   f"{e['reference']} | {fmt(e['ms_per_token'], 3)} | "
+                   f"{fmt(e['reference_ms_per_token'], 3)} | "
+                   f"{fmt(e['reference_speedup'], 2, 'x')} | "
+                   f"{fmt(e.get('steps_per_target_call'))} | "
+                   f"{fmt(e.get('drafted_nodes_per_round'), 1)} | {fmt(costs.get('c'), 3)} | "
+                   f"{fmt(costs.get('verify_cost'))} | "
+                   f"{fmt(e.get('predicted_reference_speedup'), 2, 'x')} |")
+  lines += ["", "predicted = steps/call / (γc + verify cost) "
+            "(`theory.beam_walltime_improvement`), c and verify cost measured at the beams' "
+            "and chains' rows (bench.json: beam_costs)."]
+  return lines
 
 
 def _projections_table(projections: list[dict[str, Any]]) -> list[str]:

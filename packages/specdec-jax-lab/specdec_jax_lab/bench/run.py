@@ -21,6 +21,7 @@ from specdec_jax.cli.models import resolve_drafter
 from specdec_jax.cli.options import MODES, make_sampling
 from specdec_jax.costs import CostTiming
 from specdec_jax.errors import BenchError
+from specdec_jax.rounds.engine import EXACT_WIDTH
 from specdec_jax.runs import Run, stats_row
 from specdec_jax.runtime.report import machine_info, utc_now
 from specdec_jax.timing import default_compile_workers, run_parallel, time_rounds, timed_call
@@ -49,6 +50,17 @@ DEFINITIONS = {
     "measured_over_predicted": "speedup / predicted_speedup",
     "projected_speedup": "at alpha 0.6-0.9: the best measured gamma's "
                          "theory.walltime_improvement_measured(alpha, gamma, c, verify_cost)",
+    "reference_speedup": "the reference entry's ms_per_token / this entry's, same batch "
+                         "size and mode (speculative beam search: sd.Beam with its settings)",
+    "predicted_reference_speedup": "speculative beam search: theory.beam_walltime_improvement("
+                                   "steps_per_target_call, gamma, c, verify_cost) with its "
+                                   "beam_costs: c = drafter step / target step over the B*K "
+                                   "beams' rows, verify_cost = target call over the B*M "
+                                   "chains' rows of gamma+1 tokens / that step",
+    "steps_per_target_call": "speculative beam search: beam steps (sd.Beam's target calls) "
+                             "per target call, total steps / total rounds",
+    "drafted_nodes_per_round": "speculative beam search: drafted tree nodes per row and "
+                               "round",
     "first_call_s": "duration of the warm-up call (mostly compilation; concurrent with other "
                     "warm-ups when compile_workers > 1)",
 }
@@ -86,6 +98,37 @@ def measure_costs(target, drafter, batch: int, gammas: Iterable[int], timing: Co
   return {"batch_size": batch, "target_step_ms": 1e3 * target_s,
           "drafter_step_ms": 1e3 * drafter_s, "c": drafter_s / target_s,
           "capacity": capacity, "steps": steps, "verify": verify}
+
+
+def measure_beam_costs(target, drafter, inputs, method, timing: CostTiming,
+                       place_inputs=None) -> dict[str, Any]:
+  """The cost model's inputs of speculative beam search `method` (`sd.SpeculativeBeam`)
+  at the batch of `inputs` [B, L] (`theory.beam_walltime_improvement`):
+  c = one drafter step / one target step over the B*K beams' rows (`sd.Beam`'s step),
+  verify_cost = one target call over the B*M chains' rows of gamma + 1 tokens / that
+  step (in exact mode on a target that is not width-invariant both calls are
+  `EXACT_WIDTH` tokens wide, as the methods' are)."""
+  k = method.num_beams
+  padded = bool(method.exact) and not target.width_invariant_decode
+  chains = method.chains or (k if padded else 3 * k)
+  call = EXACT_WIDTH if padded else method.gamma + 1
+  enc = np.asarray(inputs)
+  place = (lambda x: jnp.asarray(x)) if place_inputs is None else (
+      lambda x: place_inputs(jnp.asarray(x)))
+  beams, rows = place(np.repeat(enc, k, axis=0)), place(np.repeat(enc, chains, axis=0))
+  capacity, steps = max(timing.capacity, 2 * call), timing.steps
+  timers = {"target": costs_lib.StepTimer(target, costs_lib.started_cache(target, beams, capacity),
+                                          EXACT_WIDTH if padded else 1, steps),
+            "drafter": costs_lib.drafter_timer(drafter, beams, capacity, steps),
+            "verify": costs_lib.StepTimer(target, costs_lib.started_cache(target, rows, capacity),
+                                          call, steps)}
+  sec = costs_lib.time_costs(timers, timing.repeats)
+  return {"batch_size": int(enc.shape[0]), "num_beams": k, "chains": chains,
+          "gamma": method.gamma, "beam_rows": int(beams.shape[0]),
+          "verify_rows": int(rows.shape[0]),
+          "verify_tokens": call, "target_step_ms": 1e3 * sec["target"],
+          "drafter_step_ms": 1e3 * sec["drafter"], "verify_ms": 1e3 * sec["verify"],
+          "c": sec["drafter"] / sec["target"], "verify_cost": sec["verify"] / sec["target"]}
 
 
 def _verify_cost(costs: dict[str, Any], gamma: int) -> float | None:
@@ -193,15 +236,17 @@ class _Run:
   """One benchmark run: the models, its settings, and the compiled pieces."""
 
   def __init__(self, target, drafter, prompts, gammas: list[int], settings: BenchSettings, *,
-               extras=None, place_inputs=None):
+               extras=None, references=None, place_inputs=None):
     """`gammas`: the checked, sorted gammas timed (none with `settings.baseline_only`);
     the rest of the run's settings come from `settings`."""
     self.target, self.drafter, self.prompts = target, drafter, prompts
     self.place_inputs = place_inputs
     self.exact = settings.exact
     self.extras = dict(extras or {})
+    self.references = dict(references or {})
     self.gammas, self.max_new_tokens = gammas, settings.max_new_tokens
     self.timing_steps = settings.timing_steps
+    self.cost_repeats = settings.repeats
     self.rng = jax.random.PRNGKey(settings.seed)
     self.eos_id = -1 if settings.ignore_eos else None
     self.capacity = settings.max_new_tokens + (max(gammas) if gammas else 0) + 1
@@ -263,7 +308,28 @@ class _Run:
                                            _verify_cost(costs, g), speedup))
       entry.update(speedup=speedup, baseline_ms_per_token=base["ms_per_token"])
       new.append(entry)
+    for entry in new:       # an extra timed against another entry of its group
+      ref_label = self.references.get(entry.get("label"))
+      ref = next((e for e in results["results"] + new
+                  if ref_label is not None and _key(e) == (batch, mode, ref_label)), None)
+      if ref is not None:
+        entry.update(reference=ref_label, reference_ms_per_token=ref["ms_per_token"],
+                     reference_speedup=ref["ms_per_token"] / entry["ms_per_token"])
+      method = self.method(entry.get("label"), sampling).method if entry.get("label") else None
+      if isinstance(method, sd.SpeculativeBeam) and "steps_per_target_call" in entry:
+        entry.update(self.beam_prediction(batch, method, entry["steps_per_target_call"]))
     return new
+
+  def beam_prediction(self, batch: int, method, steps_per_call: float) -> dict[str, Any]:
+    """Speculative beam search's step costs at this batch (`measure_beam_costs`) and the
+    speedup over `sd.Beam` they predict with the measured steps per target call."""
+    costs = measure_beam_costs(self.target, method.drafter, cycled_rows(self.prompts, batch),
+                               method, CostTiming(self.capacity, self.timing_steps,
+                                                  self.cost_repeats), self.place_inputs)
+    return {"beam_costs": costs,
+            "predicted_reference_speedup": float(sd.theory.beam_walltime_improvement(
+                max(steps_per_call, 1.0), method.gamma, costs["c"],
+                max(costs["verify_cost"], 1e-9)))}
 
 
 def _name(item) -> str:
@@ -337,6 +403,7 @@ def run_bench(target, drafter=None, settings: BenchSettings = BenchSettings(), *
               prompts: np.ndarray | None = None, record: BenchRecord = BenchRecord(),
               on_update: Callable[[dict[str, Any]], object] | None = None,
               extras: dict[str, Callable[[Any], Run]] | None = None,
+              references: Mapping[str, str] | None = None,
               place_inputs: Callable[[jax.Array], jax.Array] | None = None) -> dict[str, Any]:
   """Benchmark baseline vs speculative decoding (and `extras`); returns the bench.json dict.
 
@@ -348,6 +415,8 @@ def run_bench(target, drafter=None, settings: BenchSettings = BenchSettings(), *
     on_update: called with the results so far after each (batch, mode) group.
     extras: {label: sampling -> Run}, more methods timed in every (batch, mode)
       group beside the baseline (BiLD, blockwise decoding, ...); entries carry the label.
+    references: {extra label: the label of another extra}: the entry's speedup over that
+      one's (`reference_speedup`; speculative beam search over `sd.Beam`).
     place_inputs: encoder tokens [B, L] -> placed (e.g. `sd.sharding.shard_batch` on a
       mesh); None: as they are.
   """
@@ -369,7 +438,8 @@ def run_bench(target, drafter=None, settings: BenchSettings = BenchSettings(), *
                    extras=list(extras), exact=s.exact)
   results, kept_costs = _start_results(config, record.existing)
   plan = _plan(batch_sizes, modes, [*gammas, *extras], {_key(e) for e in results["results"]})
-  run = _Run(target, drafter, prompts, gammas, s, extras=extras, place_inputs=place_inputs)
+  run = _Run(target, drafter, prompts, gammas, s, extras=extras, references=references,
+             place_inputs=place_inputs)
   _execute(run, plan, results, kept_costs, s.repeats, workers, s.progress, on_update)
   results["results"].sort(key=_sort_key(results["config"]["modes"], list(extras)))
   results["projections"] = [p for c in results["costs"] for p in costs_lib.projections(c)]

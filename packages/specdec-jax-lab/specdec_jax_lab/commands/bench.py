@@ -24,7 +24,7 @@ from specdec_jax.errors import BenchError
 from specdec_jax.runtime.report import check_output_dir, read_json, to_jsonable
 from specdec_jax.runtime.streams import emit
 from specdec_jax_lab import bench
-from specdec_jax_lab.bench.method_specs import extra_methods
+from specdec_jax_lab.bench.method_specs import extra_methods, speculative_beam_specs
 
 DEFAULT_TARGET = "config:t5_1_1_small"
 DEFAULT_DRAFTER = "config:t5_1_1_tiny_drafter"
@@ -65,7 +65,8 @@ class BenchRun:
     out: the directory of bench.json, bench.md, bench.png.
     resume: keep the entries of an existing bench.json made with the same settings.
     bild, heads_lattice, beam: --bild, --heads-lattice and --beam specs
-      (`bench.method_specs.extra_methods`).
+      (`bench.method_specs.extra_methods`; with a drafter --beam times
+      `sd.SpeculativeBeam` too, `speculative_beam_specs`).
     heads: prediction heads to time blockwise decoding with.
     preset: the --preset name, for the report.
     command: the command line, for the report.
@@ -169,16 +170,21 @@ def _existing(run: BenchRun, config: dict[str, Any]) -> dict[str, Any] | None:
   return existing
 
 
-def _extras(run: BenchRun, target, drafter, mesh) -> dict[str, Any]:
-  """{label: sampling -> method} for --bild (small model: --drafter) and --heads."""
+def _extras(run: BenchRun, target, drafter, mesh) -> tuple[dict[str, Any], dict[str, str]]:
+  """({label: sampling -> method} for --bild (small model: --drafter), --heads and --beam
+  (with a drafter: speculative beam search too), {label: the label of its reference})."""
   heads = sd.load_heads(run.heads, target) if run.heads else None
   if heads is not None and mesh is not None:
     heads = sd.sharding.replicate(heads, mesh)
+  beams, references = speculative_beam_specs(
+      run.beam, run.measured.gammas if drafter is not None else ())
   # with heads: blockwise decoding plain ("": the defaults) and per --heads-lattice spec
   specs = {sd.BiLD: list(run.bild), sd.Blockwise: [""] + list(run.heads_lattice) if heads else [],
-           sd.Beam: list(run.beam)}
-  return extra_methods(specs, models={sd.BiLD: (drafter, run.drafter),
-                                      sd.Blockwise: (heads, run.heads)})
+           sd.Beam: list(run.beam), sd.SpeculativeBeam: beams}
+  extras = extra_methods(specs, models={sd.BiLD: (drafter, run.drafter),
+                                        sd.Blockwise: (heads, run.heads),
+                                        sd.SpeculativeBeam: (drafter, run.drafter)})
+  return extras, references
 
 
 def run(args) -> int:
@@ -205,11 +211,12 @@ def benchmark(run: BenchRun) -> int:
   if run.prompts_file:
     prompts = file_prompts(run.prompts_file, run.measured.prompt_len, tokenizer,
                            target.config.vocab_size, config=target.config)
+  extras, references = _extras(run, target, drafter, mesh)
   results = bench.run_bench(
       target, drafter, run.measured, prompts=prompts,
       record=bench.BenchRecord(config, existing),
-      on_update=lambda r: bench.write_report(r, run.out),
-      extras=_extras(run, target, drafter, mesh),
+      on_update=lambda r: bench.write_report(r, run.out), extras=extras,
+      references=references,
       place_inputs=None if mesh is None else lambda x: sd.sharding.shard_batch(x, mesh))
   paths = bench.write_report(results, run.out)
   emit(bench.markdown_table(results))
@@ -278,7 +285,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--beam", action="append", default=[], metavar="K:ALPHA",
                  help="also time T5X's beam search with K beams and brevity penalty ALPHA "
                  "(repeatable; greedy modes only), e.g. --beam 4:0.6, or any sd.Beam "
-                 "settings as field=value pairs: num_beams=4,alpha=0.6")
+                 "settings as field=value pairs: num_beams=4,alpha=0.6; with a drafter, "
+                 "also exact speculative beam search (sd.SpeculativeBeam) at each of "
+                 "--gammas, its speedup over sd.Beam reported")
   p.add_argument("--compile-workers", type=int, metavar="N",
                  help="concurrent warm-up (compile) calls before timing; default: up to 4 on "
                  "CPU, 1 on accelerators (each warm-up call holds device memory)")
