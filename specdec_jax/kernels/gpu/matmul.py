@@ -67,21 +67,25 @@ def _tiles(k: int, n: int, parts: int, tiles: Tiles | None) -> Tiles:
   return tiles or dot_tiles(k, n, jnp.bfloat16 if parts == 1 else jnp.float32)
 
 
-@functools.partial(jax.jit, static_argnames=("dtype", "tiles"))
 def pack(w: Array, dtype=None, tiles: Tiles | None = None) -> Array:
   """w [K, N] -> [P, Kp, Np] bfloat16 (P = 1 for bfloat16, 2 for float32; module docstring).
 
   dtype: the product's compute dtype (default: w's), float32 or bfloat16.
-  tiles: the tiles it is packed for (None: the table's, `tiles.dot_tiles`).
+  tiles: the tiles it is packed for (None: the table's, `tiles.dot_tiles`, looked up
+  here, outside the jitted padding).
   """
   dtype = jnp.dtype(dtype or w.dtype)
   if dtype not in (jnp.float32, jnp.bfloat16):
     raise TypeError(f"GPU products take float32 or bfloat16 weights, not {dtype}")
-  k, n = w.shape
   parts = 1 if dtype == jnp.bfloat16 else 2
-  kp, np_ = _tiles(k, n, parts, tiles).padded(k, n)
+  return _pack(w, dtype, _tiles(*w.shape, parts, tiles).padded(*w.shape))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _pack(w: Array, dtype, padded: tuple[int, int]) -> Array:
+  (k, n), (kp, np_) = w.shape, padded
   w = jnp.pad(w.astype(dtype), ((0, kp - k), (0, np_ - n)))
-  return split(w, parts)
+  return split(w, 1 if dtype == jnp.bfloat16 else 2)
 
 
 def check_packed(wp: Array, k: int, n: int, tiles: Tiles | None = None) -> Tiles:
