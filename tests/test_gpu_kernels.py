@@ -41,9 +41,10 @@ def products():
 
 
 #: The tile classes of the table (`tiles.Tiles`), tiny: (K, tiles; None: the default rule).
-#: The default of a [70, 130] weight (64 x 64, one K part); a K split in 2 parts of 3 steps
-#: each through 2 stages (slots reused); 128-wide K steps through 3 stages.
-TILE_CLASSES = {"default": (K, None), "k split": (300, tiles.Tiles(128, 64, 2, 2)),
+#: The default of a [70, 130] weight (64 x 64, one K part); a K split in 3 parts (the
+#: order of their sum matters: a + b = b + a) of 3 steps each through 2 stages (slots
+#: reused); 128-wide K steps through 3 stages.
+TILE_CLASSES = {"default": (K, None), "k split": (400, tiles.Tiles(128, 64, 2, 3)),
                 "tk 128": (300, tiles.Tiles(64, 128, 3, 1))}
 
 
