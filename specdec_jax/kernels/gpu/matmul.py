@@ -77,8 +77,9 @@ def pack(w: Array, dtype=None, tiles: Tiles | None = None) -> Array:
   dtype = jnp.dtype(dtype or w.dtype)
   if dtype not in (jnp.float32, jnp.bfloat16):
     raise TypeError(f"GPU products take float32 or bfloat16 weights, not {dtype}")
+  k, n = w.shape
   parts = 1 if dtype == jnp.bfloat16 else 2
-  return _pack(w, dtype, _tiles(*w.shape, parts, tiles).padded(*w.shape))
+  return _pack(w, dtype, _tiles(k, n, parts, tiles).padded(k, n))
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
