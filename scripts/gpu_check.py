@@ -133,8 +133,41 @@ def sweep(args) -> dict:
   table = tiles.with_entries(tiles.table(), dot={
       key: {**r["chosen"]["tiles"], "us": round(r["chosen"]["us"], 2)}
       for key, r in shapes.items() if r.get("chosen")})
+  attention = _sweep_chunks(args, table)
+  c = attention["chosen"]
+  if c:
+    table = tiles.with_entries(table, attention={attention["key"]: {
+        "chunk": c["chunk"], "us": round(c["us"], 2)}})
   _use_table(table)
-  return {"rows": args.sweep_rows, "shapes": shapes, "table": table}
+  return {"rows": args.sweep_rows, "shapes": shapes, "attention": attention, "table": table}
+
+
+def _sweep_chunks(args, table: dict) -> dict:
+  """The attention's keys per chunk (`tiles.CHUNKS`) at a decode step's shape (T5-XXL:
+  64 heads of 64, a 128-key cache; --tiny: 2 heads of 24, 70 keys), batch 8, 1 query:
+  each timed, its rows checked (1 and 3 batch rows of the call, bitwise); the fastest
+  invariant one is chosen."""
+  b, h, s, d = (4, 2, 70, 24) if args.tiny else (8, 64, 128, 64)
+  rng = np.random.default_rng(1)
+  q = jnp.asarray(rng.standard_normal((b, 1, h, d)), jnp.bfloat16)
+  k, v = (jnp.asarray(rng.standard_normal((b, h, s, d)), jnp.bfloat16) for _ in range(2))
+  lengths = rng.integers(1, s + 1, b)
+  bias = jnp.asarray(np.where(np.arange(s)[None, None, None] < lengths[:, None, None, None],
+                              0.0, -1e10), jnp.float32)
+  key = f"{-(-d // 64) * 64}:bfloat16"
+  timed = []
+  for c in tiles.CHUNKS:
+    _use_table(tiles.with_entries(table, attention={key: {"chunk": c}}))
+    run = jax.jit(lambda q, k, v, bias: gpu.attention(q, k, v, bias))
+    seconds, full = _timed(lambda run=run: run(q, k, v, bias), args.repeats)
+    full = np.asarray(full)
+    invariant = all(np.array_equal(np.asarray(run(q[r], k[r], v[r], bias[r])), full[r])
+                    for r in (np.array([b - 1]), np.array([2, 0, 1])))
+    timed.append({"chunk": c, "us": 1e6 * seconds, "invariant": invariant})
+  _use_table(table)
+  fine = [t for t in timed if t["invariant"]]
+  return {"key": key, "shape": [b, h, s, d], "candidates": timed,
+          "chosen": min(fine, key=lambda t: t["us"]) if fine else None}
 
 
 def _use_table(table: dict) -> None:
@@ -352,6 +385,11 @@ def markdown(result: dict) -> str:
       lines.append(f"| {key} | {len(r['candidates'])} | "
                    f"{sum(x['invariant'] for x in r['candidates'])} | {best} | "
                    f"{first['us']:.1f} | {r['xla_us']:.1f} |")
+    att = sw.get("attention", {})
+    if att.get("candidates"):
+      lines += ["", f"Attention {att['key']} {att['shape']} (B, H, S, D): " + ", ".join(
+          f"chunk {c['chunk']}: {c['us']:.1f} us{'' if c['invariant'] else ' (NOT invariant)'}"
+          for c in att["candidates"])]
     lines.append("")
   inv = result.get("invariance")
   if isinstance(inv, dict) and "dot" in inv:
@@ -438,7 +476,8 @@ def verdict(result: dict) -> tuple[str, list[str]]:
       if row["exact baseline (gpu kernels)"] > row["exact baseline (xla, padded)"]:
         why.append(f"the kernels' exact baseline is slower than XLA's padded one at batch "
                    f"{batch}")
-  for key, r in result.get("sweep", {}).get("shapes", {}).items():
+  sweep_ = result.get("sweep", {})
+  for key, r in {**sweep_.get("shapes", {}), "attention": sweep_.get("attention", {})}.items():
     if r.get("candidates") and not r.get("chosen"):
       why.append(f"no tiling of {key} kept its rows invariant")
   if result.get("interpret_mode"):
