@@ -161,12 +161,9 @@ def candidates(k: int, n: int, dtype) -> list[Tiles]:
 
 @functools.cache
 def table() -> dict[str, Any]:
-  """The shipped table (read once per process; {} sections when the file is absent)."""
+  """The shipped table (read once per process)."""
   path = package_data.package_root().joinpath(*FILE)
-  try:
-    return json.loads(path.read_text(encoding="utf-8"))
-  except FileNotFoundError:
-    return {"format": 1, "dot": {}, "attention": {}}
+  return json.loads(path.read_text(encoding="utf-8"))
 
 
 def dot_tiles(k: int, n: int, dtype) -> Tiles:
