@@ -6,6 +6,10 @@
     python scripts/gpu_check.py --tiny --out /tmp/check              # CPU, interpret mode
 
 Writes OUT/gpu_check.json and OUT/gpu_check.md (one table per section):
+0. sweep: per weight shape of the decode products, the candidate tilings of the dot
+   (`specdec_jax.kernels.gpu.tiles.candidates`) timed, their rows checked bitwise, the
+   fastest invariant one chosen: OUT/gpu_tiles.json (with --record, the package's
+   specdec_jax/kernels/gpu_tiles.json), used by the sections after it.
 1. invariance: row i of each kernel (decode matmul, sum of squares, attention) at M rows
    (batch x width: 1, 2, 5, 16, 64, 512) against the same row in the largest call, bitwise;
    XLA's dot of the same shape alongside (the control: it is not invariant on GPUs).
@@ -13,17 +17,23 @@ Writes OUT/gpu_check.json and OUT/gpu_check.md (one table per section):
    exact=False), the exact baseline on XLA (every call padded to EXACT_WIDTH), and the
    exact baseline on the gpu kernels (natural width); speculative gamma 4 exact on each.
 3. c and bandwidth: the T5-small drafter step / T5-XXL target step at batch 1 (c), the
-   target step against the bound of its decoder weights at the device's peak bandwidth.
+   target step against the bound of its decoder weights at the device's peak bandwidth;
+   again with XLA:GPU command buffers for loops and conditionals (COMMAND_BUFFER_FLAGS,
+   in a fresh process: section steps_command_buffers, not in --tiny).
 4. tokens: every method on the gpu kernels (speculative gamma 2/4, BiLD at threshold 1,
    the baseline at exact=False) bitwise the gpu baseline's, at each batch size.
-5. the record: a verdict for this device kind (`specdec_jax.kernels.verified`): "pass"
+5. census: near-ties on natural text (the demo pair's held-out sentences, its trained
+   target): decode steps whose top-2 logit gap is under 1 bfloat16 ulp of the top logit,
+   and the rows where the plain baseline's tokens differ from the exact one's.
+6. the record: a verdict for this device kind (`specdec_jax.kernels.verified`): "pass"
    when every kernel's rows are invariant, every method's tokens equal, and the exact
    baseline on the kernels is not slower than the padded XLA baseline at any batch;
    written to OUT/verified_entry.json, and with --record into the package's
    specdec_jax/kernels/verified.json (which `kernels="auto"` reads; never from interpret
    mode).
 --tiny (a CPU run, the kernels in interpret mode, slow) keeps the drafter on XLA's ops
-and checks speculative gamma 4 only: fewer interpreted programs to compile.
+and checks speculative gamma 4 only: fewer interpreted programs to compile; it sweeps
+one tiny shape's 2 candidates and takes the census on XLA's ops (2 sentences).
 Random bfloat16 weights at T5-XXL / T5-small shapes, depth cut by --layers (T5-XXL's
 24 layers take longer to initialise and compile than the 5 minutes allow).
 """
@@ -31,6 +41,7 @@ Random bfloat16 weights at T5-XXL / T5-small shapes, depth cut by --layers (T5-X
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import pathlib
 import sys
@@ -45,6 +56,16 @@ import specdec_jax as sd
 from specdec_jax.cli.options import int_list
 from specdec_jax.costs import StepTimer, started_cache
 from specdec_jax.kernels import gpu, verified
+from specdec_jax.kernels.gpu import tiles
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+#: Natural text for the near-tie census: the demo pair's held-out German sentences.
+DEMO_PAIRS = REPO / "tests" / "data" / "demo_test_pairs.jsonl"
+#: Weight shapes swept (bfloat16 products of the T5-XXL target and T5-small drafter decode
+#: steps; float32 [K, 1]: their norms' sums of squares); --tiny: one tiny shape.
+SWEEP_SHAPES = (((4096, 4096), (4096, 10240), (10240, 4096), (4096, 32128), (512, 384),
+                 (384, 512), (512, 1024), (1024, 512), (512, 32128)), ((4096, 1), (512, 1)))
+TINY_SWEEP_SHAPES = (((70, 130),), ())
 
 #: Peak HBM bandwidth, bytes/s, by device kind (datasheets: H100 SXM 3.35 TB/s, PCIe
 #: 2.0 TB/s, H200 4.8 TB/s).
@@ -68,6 +89,124 @@ def _rows_equal(run, x, ms) -> dict[str, bool]:
     rows = rng.permutation(x.shape[0])[:m][::-1].copy()
     out[str(m)] = bool(np.array_equal(np.asarray(run(x[rows])), full[rows]))
   return out
+
+
+def _dot_timed(run, args: tuple, repeats: int) -> float:
+  """Median microseconds of `run(*args)` (jitted) over `repeats` calls after a compiling
+  one (the weights an argument, not a constant folded into the program)."""
+  seconds, _ = _timed(lambda: run(*args), repeats)
+  return 1e6 * seconds
+
+
+def sweep(args) -> dict:
+  """Section 0, the tile sweep: per weight shape, each candidate tiling (`tiles.candidates`,
+  the first --sweep-max) timed at M = --sweep-rows rows, its rows checked bitwise (1 and 5
+  rows of a 64-row call, scattered), XLA's dot timed alongside; the fastest invariant
+  candidate is chosen. Shapes past --sweep-seconds keep the default rule. The chosen table
+  is written to OUT/gpu_tiles.json (with --record, into the package) and used by the
+  sections after this one."""
+  bf16, f32 = SWEEP_SHAPES if not args.tiny else TINY_SWEEP_SHAPES
+  rng = np.random.default_rng(0)
+  started, shapes = time.perf_counter(), {}
+  for dtype, group in ((jnp.bfloat16, bf16), (jnp.float32, f32)):
+    for k, n in group:
+      key = tiles.key(k, n, dtype)
+      if time.perf_counter() - started > args.sweep_seconds:
+        shapes[key] = {"skipped": "past --sweep-seconds: the default rule"}
+        continue
+      w = jnp.asarray(rng.standard_normal((k, n)) / np.sqrt(k), dtype)
+      x = jnp.asarray(rng.standard_normal((64, k)), dtype)
+      rows = np.random.default_rng(k + n).permutation(64)[:5][::-1].copy()
+      timed = []
+      for t in tiles.candidates(k, n, dtype)[:args.sweep_max]:
+        wp = gpu.pack(w, dtype, tiles=t)
+        # op by op: every M <= 64 pads to one 64-row tile, so one kernel compiles for all
+        full = np.asarray(gpu.dot(x, wp, n, tiles=t))
+        invariant = all(np.array_equal(np.asarray(gpu.dot(x[rows[:m]], wp, n, tiles=t)),
+                                       full[rows[:m]]) for m in (1, 5))
+        run = jax.jit(functools.partial(gpu.dot, n=n, tiles=t))
+        us = _dot_timed(run, (x[:args.sweep_rows], wp), args.repeats)
+        timed.append({"tiles": t.as_json(), "us": us, "invariant": invariant})
+      xla = jax.jit(lambda a, w: jnp.dot(a, w, preferred_element_type=jnp.float32))
+      fine = [c for c in timed if c["invariant"]]
+      shapes[key] = {"candidates": timed, "xla_us": _dot_timed(xla, (x[:args.sweep_rows], w),
+                                                               args.repeats),
+                     "chosen": min(fine, key=lambda c: c["us"]) if fine else None}
+  table = tiles.with_entries(tiles.table(), dot={
+      key: {**r["chosen"]["tiles"], "us": round(r["chosen"]["us"], 2)}
+      for key, r in shapes.items() if r.get("chosen")})
+  attention = _sweep_chunks(args, table)
+  c = attention["chosen"]
+  if c:
+    table = tiles.with_entries(table, attention={attention["key"]: {
+        "chunk": c["chunk"], "us": round(c["us"], 2)}})
+  _use_table(table)
+  return {"rows": args.sweep_rows, "shapes": shapes, "attention": attention, "table": table}
+
+
+def _sweep_chunks(args, table: dict) -> dict:
+  """The attention's keys per chunk (`tiles.CHUNKS`) at a decode step's shape (T5-XXL:
+  64 heads of 64, a 128-key cache; --tiny: 2 heads of 24, 70 keys), batch 8, 1 query:
+  each timed, its rows checked (1 and 3 batch rows of the call, bitwise); the fastest
+  invariant one is chosen."""
+  b, h, s, d = (4, 2, 70, 24) if args.tiny else (8, 64, 128, 64)
+  rng = np.random.default_rng(1)
+  q = jnp.asarray(rng.standard_normal((b, 1, h, d)), jnp.bfloat16)
+  k, v = (jnp.asarray(rng.standard_normal((b, h, s, d)), jnp.bfloat16) for _ in range(2))
+  lengths = rng.integers(1, s + 1, b)
+  bias = jnp.asarray(np.where(np.arange(s)[None, None, None] < lengths[:, None, None, None],
+                              0.0, -1e10), jnp.float32)
+  key = f"{-(-d // 64) * 64}:bfloat16"
+  timed = []
+  for c in tiles.CHUNKS:
+    _use_table(tiles.with_entries(table, attention={key: {"chunk": c}}))
+    run = jax.jit(lambda q, k, v, bias: gpu.attention(q, k, v, bias))
+    seconds, full = _timed(lambda run=run: run(q, k, v, bias), args.repeats)
+    full = np.asarray(full)
+    invariant = all(np.array_equal(np.asarray(run(q[r], k[r], v[r], bias[r])), full[r])
+                    for r in (np.array([b - 1]), np.array([2, 0, 1])))
+    timed.append({"chunk": c, "us": 1e6 * seconds, "invariant": invariant})
+  _use_table(table)
+  fine = [t for t in timed if t["invariant"]]
+  return {"key": key, "shape": [b, h, s, d], "candidates": timed,
+          "chosen": min(fine, key=lambda t: t["us"]) if fine else None}
+
+
+def _use_table(table: dict) -> None:
+  """Make `table` the tile table of this process (`tiles.dot_tiles` reads `tiles.table()`):
+  the sections after the sweep pack and run the kernels with the tiles it chose."""
+  tiles.table = functools.cache(lambda: table)
+
+
+def census(args) -> dict:
+  """Section 5, near-ties: greedy decodes of natural text (the demo pair's held-out German
+  sentences, its trained target in bfloat16), the exact baseline on the gpu kernels
+  (--tiny: XLA's, padded) and the plain one on XLA's ops; counts the decode steps whose
+  float32 top-2 logit gap is under 1 bfloat16 ulp of the top logit (teacher-forced on the
+  exact baseline's tokens): where a rounding difference can flip the argmax. "0 rows
+  differ" means something only where there were such steps."""
+  sentences = [json.loads(line)["de"] for line in DEMO_PAIRS.read_text().splitlines()]
+  sentences = sentences[:2 if args.tiny else args.census_prompts]
+  model = sd.load("demo-de-en/target", dtype="bfloat16")
+  tok = sd.load_tokenizer("demo-de-en")
+  enc = np.asarray(tok.encode(sentences))
+  new = 4 if args.tiny else args.new_tokens
+  exact_on = sd.pack(model, kernels="xla" if args.tiny else "gpu")
+  exact = sd.generate(exact_on, enc, new, exact=True)
+  plain = sd.generate(sd.pack(model, kernels="xla"), enc, new, exact=False)
+  tokens, lengths = np.asarray(exact.tokens), np.asarray(exact.lengths)
+  decoder_in = np.concatenate([np.zeros((len(enc), 1), np.int32), tokens[:, :-1]], axis=1)
+  logits = np.asarray(model.forward(enc, decoder_in), np.float32)      # [B, L, V]
+  top2 = np.sort(logits, axis=-1)[..., -2:]
+  ulp = np.exp2(np.floor(np.log2(np.abs(top2[..., 1]) + 1e-30)) - 7)   # bfloat16: 8 bits
+  valid = np.arange(new)[None] < lengths[:, None]
+  near = (top2[..., 1] - top2[..., 0] < ulp) & valid
+  differ = np.asarray(plain.tokens) != tokens
+  return {"prompts": len(sentences), "new_tokens": new, "steps": int(valid.sum()),
+          "near_ties": int(near.sum()), "near_tie_rows": int(near.any(axis=1).sum()),
+          "rows_differ": int(differ.any(axis=1).sum()), "tokens_differ": int(differ.sum()),
+          "exact_on": "xla (padded)" if args.tiny else "gpu kernels",
+          "source": str(DEMO_PAIRS.relative_to(REPO))}
 
 
 def invariance(args) -> dict:
@@ -171,6 +310,32 @@ def decoding(args, target, drafter) -> dict:
           "prompt_len": args.prompt_len}
 
 
+#: XLA:GPU command buffers (CUDA graphs) for loops and conditionals too: the draft loop's
+#: `lax.while_loop` and its per-step `lax.cond` run on the device without reading their
+#: predicates back to the host each iteration. Set before JAX starts (`steps_command_buffers`).
+COMMAND_BUFFER_FLAGS = "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"
+
+
+def steps_command_buffers(args, out: pathlib.Path) -> dict:
+  """Section 3b: the `steps` section again in a fresh process with COMMAND_BUFFER_FLAGS
+  in XLA_FLAGS (XLA reads them once, at start): whether CUDA graphs of the loops cut the
+  launch-bound drafter step, c."""
+  import os
+  import subprocess
+  sub = out / "command_buffers"
+  env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {COMMAND_BUFFER_FLAGS}"}
+  argv = [sys.executable, __file__, "--out", str(sub), "--sections", "steps",
+          "--layers", str(args.layers), "--repeats", str(args.repeats),
+          "--steps", str(args.steps), "--new-tokens", str(args.new_tokens)]
+  if args.tiny:
+    argv.append("--tiny")
+  done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+  if done.returncode:
+    raise RuntimeError(f"the command-buffer run failed:\n{done.stderr[-3000:]}")
+  steps_ = json.loads((sub / "gpu_check.json").read_text())["steps"]
+  return {"xla_flags": COMMAND_BUFFER_FLAGS, "steps": steps_}
+
+
 def _decoder_bytes(model) -> int:
   """Bytes a 1-token decode step reads: decoder weights (not the cross-attention K/V
   projections, applied once at `start`) and the output layer."""
@@ -207,6 +372,27 @@ def steps(args, target, drafter) -> dict:
 def markdown(result: dict) -> str:
   lines = [f"# GPU check: {result['device']} (jax {result['jax']})", "",
            f"Shapes: {result['shapes']}; random bfloat16 weights.", ""]
+  sw = result.get("sweep")
+  if isinstance(sw, dict) and "shapes" in sw:
+    lines += [f"## Tile sweep (M = {sw['rows']} rows; us, median)", "",
+              "| weight | candidates | invariant | fastest tiles (tn, tk, stages, K parts) "
+              "| us | default us | XLA us |", "|---|--:|--:|---|--:|--:|--:|"]
+    for key, r in sw["shapes"].items():
+      if "skipped" in r:
+        lines.append(f"| {key} | {r['skipped']} | | | | | |")
+        continue
+      c, first = r["chosen"], r["candidates"][0]
+      best = (f"{c['tiles']['tn']}, {c['tiles']['tk']}, {c['tiles']['stages']}, "
+              f"{c['tiles']['k_splits']} | {c['us']:.1f}") if c else "**none invariant** |"
+      lines.append(f"| {key} | {len(r['candidates'])} | "
+                   f"{sum(x['invariant'] for x in r['candidates'])} | {best} | "
+                   f"{first['us']:.1f} | {r['xla_us']:.1f} |")
+    att = sw.get("attention", {})
+    if att.get("candidates"):
+      lines += ["", f"Attention {att['key']} {att['shape']} (B, H, S, D): " + ", ".join(
+          f"chunk {c['chunk']}: {c['us']:.1f} us{'' if c['invariant'] else ' (NOT invariant)'}"
+          for c in att["candidates"])]
+    lines.append("")
   inv = result.get("invariance")
   if isinstance(inv, dict) and "dot" in inv:
     lines += ["## Rows bitwise equal across M (vs the largest call)", "",
@@ -245,8 +431,22 @@ def markdown(result: dict) -> str:
       frac = f"{100 * r['fraction_of_peak']:.0f}%" if "fraction_of_peak" in r else "n/a"
       lines.append(f"| {backend} | {r['target_step_ms']:.3f} | {r['drafter_step_ms']:.3f} | "
                    f"{r['c']:.3f} | {frac} |")
+    cb = result.get("steps_command_buffers")
+    if isinstance(cb, dict) and "steps" in cb:
+      for backend in ("xla", "gpu"):
+        r = cb["steps"][backend]
+        lines.append(f"| {backend}, command buffers | {r['target_step_ms']:.3f} | "
+                     f"{r['drafter_step_ms']:.3f} | {r['c']:.3f} | |")
     bound = f"{st['bound_ms']:.3f} ms" if st.get("bound_ms") else "unknown (device kind)"
     lines += ["", f"Target step reads {st['target_step_bytes'] / 1e9:.2f} GB: bound {bound}.", ""]
+  ce = result.get("census")
+  if isinstance(ce, dict) and "steps" in ce:
+    lines += ["## Near-tie census (natural text)", "",
+              f"{ce['prompts']} demo sentences ({ce['source']}), {ce['new_tokens']} new tokens, "
+              f"exact baseline on {ce['exact_on']} vs the plain one on XLA: "
+              f"{ce['near_ties']} of {ce['steps']} steps had a top-2 logit gap under 1 "
+              f"bfloat16 ulp of the top logit (in {ce['near_tie_rows']} rows); "
+              f"{ce['rows_differ']} rows ({ce['tokens_differ']} tokens) differ.", ""]
   for section, value in result.items():
     if isinstance(value, dict) and "error" in value:
       lines += [f"## {section}: FAILED", "", "```", value["error"].strip()[-2000:], "```", ""]
@@ -278,6 +478,10 @@ def verdict(result: dict) -> tuple[str, list[str]]:
       if row["exact baseline (gpu kernels)"] > row["exact baseline (xla, padded)"]:
         why.append(f"the kernels' exact baseline is slower than XLA's padded one at batch "
                    f"{batch}")
+  sweep_ = result.get("sweep", {})
+  for key, r in {**sweep_.get("shapes", {}), "attention": sweep_.get("attention", {})}.items():
+    if r.get("candidates") and not r.get("chosen"):
+      why.append(f"no tiling of {key} kept its rows invariant")
   if result.get("interpret_mode"):
     why.append("interpret mode: nothing measured on a GPU")
   return ("fail" if why else "pass"), why
@@ -291,6 +495,38 @@ def record_entry(result: dict, command: str) -> dict:
       "total_seconds")}
   return verified.entry(status, time.strftime("%Y-%m-%d"), json.loads(json.dumps(
       figures, default=str)), check=command, jax_version=jax.__version__)
+
+
+def _sections(args, sections, result: dict, out: pathlib.Path) -> bool:
+  """Run `sections` in order into `result`; whether one failed (it is recorded, the
+  others still run)."""
+  failed = False
+  target = drafter = None
+  for name in sections:
+    t = time.perf_counter()
+    try:
+      if name == "sweep":
+        result[name] = sweep(args)
+        (out / "gpu_tiles.json").write_text(json.dumps(result[name]["table"], indent=1) + "\n")
+      elif name == "census":
+        result[name] = census(args)
+      elif name == "steps_command_buffers":
+        result[name] = steps_command_buffers(args, out)
+      elif name == "invariance":
+        result[name] = invariance(args)
+      elif name in ("decoding", "steps"):
+        if target is None:
+          target, drafter = _models(args)
+        result[name] = {"decoding": decoding, "steps": steps}[name](args, target, drafter)
+      else:
+        raise ValueError(f"unknown section {name!r} (sweep, invariance, decoding, steps, "
+                         f"steps_command_buffers, census)")
+    except Exception:                       # one failed section: record it, run the others
+      failed = True
+      result[name] = {"error": traceback.format_exc()}
+    result.setdefault("seconds", {})[name] = time.perf_counter() - t
+    print(f"gpu_check: {name} done in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+  return failed
 
 
 def main(argv=None) -> int:
@@ -307,15 +543,29 @@ def main(argv=None) -> int:
   p.add_argument("--steps", type=int, default=16, help="decode steps per timed step loop")
   p.add_argument("--tiny", action="store_true",
                  help="tiny shapes and models (a CPU run of the whole check, interpret mode)")
-  p.add_argument("--sections", default="invariance,decoding,steps")
+  p.add_argument("--sections", default=None,
+                 help="comma-separated (default: sweep,invariance,decoding,steps,"
+                 "steps_command_buffers,census; --tiny: without steps_command_buffers)")
+  p.add_argument("--sweep-max", type=int, default=8,
+                 help="candidate tilings timed per weight shape (default 8)")
+  p.add_argument("--sweep-rows", type=int, default=8, help="rows M of the timed products")
+  p.add_argument("--sweep-seconds", type=float, default=80.0,
+                 help="shapes past this many seconds of sweeping keep the default rule")
+  p.add_argument("--census-prompts", type=int, default=32,
+                 help="demo sentences decoded for the near-tie census (default 32)")
   p.add_argument("--record", action="store_true",
                  help="write this device kind's verdict into specdec_jax/kernels/"
-                 "verified.json (what kernels='auto' reads); refused in interpret mode")
+                 "verified.json (what kernels='auto' reads) and the sweep's tiles into "
+                 "specdec_jax/kernels/gpu_tiles.json; refused in interpret mode")
   args = p.parse_args(argv)
+  if args.sections is None:
+    args.sections = "sweep,invariance,decoding,steps," + (
+        "" if args.tiny else "steps_command_buffers,") + "census"
   if args.batches is None:
     args.batches = [2] if args.tiny else [1, 8, 32]
   if args.tiny:
     args.new_tokens, args.prompt_len, args.repeats, args.steps = 3, 6, 1, 2
+    args.sweep_max, args.sweep_rows = 2, 2
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   device = jax.devices()[0]
@@ -325,24 +575,11 @@ def main(argv=None) -> int:
             "args": {k: v for k, v in vars(args).items()}}
   started = time.perf_counter()
   sections = args.sections.split(",")
-  failed = False
-  target = drafter = None
-  for name in sections:
-    t = time.perf_counter()
-    try:
-      if name == "invariance":
-        result[name] = invariance(args)
-      elif name in ("decoding", "steps"):
-        if target is None:
-          target, drafter = _models(args)
-        result[name] = {"decoding": decoding, "steps": steps}[name](args, target, drafter)
-      else:
-        raise ValueError(f"unknown section {name!r} (invariance, decoding, steps)")
-    except Exception:                       # one failed section: record it, run the others
-      failed = True
-      result[name] = {"error": traceback.format_exc()}
-    result.setdefault("seconds", {})[name] = time.perf_counter() - t
-    print(f"gpu_check: {name} done in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+  shipped = tiles.table          # the sweep's table serves this run only (`_use_table`)
+  try:
+    failed = _sections(args, sections, result, out)
+  finally:
+    tiles.table = shipped
   result["total_seconds"] = time.perf_counter() - started
   command = "python scripts/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])
   entry = record_entry(result, command)
@@ -358,6 +595,10 @@ def main(argv=None) -> int:
       path.write_text(json.dumps(new, indent=1) + "\n")
       print(f"gpu_check: recorded {entry['verdict']} for {device.device_kind} in {path}",
             file=sys.stderr)
+      if "table" in result.get("sweep", {}):
+        path = pathlib.Path(verified.__file__).with_name(tiles.FILE[-1])
+        path.write_text(json.dumps(result["sweep"]["table"], indent=1) + "\n")
+        print(f"gpu_check: recorded the swept tiles in {path}", file=sys.stderr)
   (out / "gpu_check.json").write_text(json.dumps(result, indent=1, default=str))
   (out / "gpu_check.md").write_text(markdown(result))
   print(markdown(result))

@@ -40,8 +40,26 @@ def test_invariance_section_on_tiny_shapes(tmp_path):
 
 @pytest.mark.slow
 def test_the_whole_check_runs_end_to_end_on_tiny_models(tmp_path):
-  rc, result, md = _run(tmp_path, "invariance", "decoding", "steps")
+  """Every section but invariance (its own test above): the tile sweep, decoding, steps and
+  the near-tie census."""
+  rc, result, md = _run(tmp_path, "sweep", "decoding", "steps", "census")
   assert rc == 0, {k: v for k, v in result.items() if isinstance(v, dict) and "error" in v}
+  # the sweep: each candidate timed and checked; the fastest invariant one is the table's
+  from specdec_jax.kernels.gpu import tiles
+  swept = result["sweep"]["shapes"]["70x130:bfloat16"]
+  candidates = [tiles.Tiles(**c["tiles"]) for c in swept["candidates"]]
+  assert candidates == tiles.candidates(70, 130, "bfloat16")[:2]
+  assert all(c["invariant"] and c["us"] > 0 for c in swept["candidates"])
+  fastest = min(swept["candidates"], key=lambda c: c["us"])
+  table = json.loads((tmp_path / "gpu_tiles.json").read_text())
+  assert table["dot"]["70x130:bfloat16"] == {**fastest["tiles"], "us": round(fastest["us"], 2)}
+  assert "70x130:bfloat16" not in tiles.table()["dot"]   # the run's table did not outlive it
+  assert "## Tile sweep" in md and "| 70x130:bfloat16 | 2 | 2 |" in md
+  # the census: natural text, near-ties counted among the decoded steps
+  census = result["census"]
+  assert census["prompts"] == 2 and 0 < census["steps"] <= 2 * census["new_tokens"]
+  assert 0 <= census["near_ties"] <= census["steps"] and 0 <= census["rows_differ"] <= 2
+  assert "## Near-tie census (natural text)" in md
   dec = result["decoding"]
   assert set(dec["ms_per_token"]) == {"2"}
   for checks in dec["tokens_equal_gpu_baseline"].values():
@@ -80,6 +98,10 @@ def test_the_verdict_needs_invariance_equal_tokens_and_speed():
   varying = json.loads(json.dumps(good))
   varying["invariance"]["dot"]["1"] = False
   assert module.verdict(varying) == ("fail", ["dot rows differ with M"])
+  swept = {**good, "sweep": {"shapes": {"4096x4096:bfloat16": {
+      "candidates": [{"invariant": False}], "chosen": None}}}}
+  assert module.verdict(swept) == ("fail", ["no tiling of 4096x4096:bfloat16 kept its rows "
+                                            "invariant"])
   assert module.verdict({**good, "interpret_mode": True})[0] == "fail"
   entry = module.record_entry(good, "python scripts/gpu_check.py --out x")
   assert entry["verdict"] == "pass" and entry["check"].endswith("--out x")

@@ -21,7 +21,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import specdec_jax as sd
 from specdec_jax.kernels import backends, gpu
-from specdec_jax.kernels.gpu import matmul
+from specdec_jax.kernels.gpu import matmul, tiles
 
 K, N = 70, 130                    # odd: both edges padded at packing
 MS = (1, 2, 5, 16, 64, 512)
@@ -40,20 +40,42 @@ def products():
   return x, w
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, pytest.param(jnp.float32,
-                                                               marks=pytest.mark.slow)])
-def test_dot_rows_are_bitwise_independent_of_m_and_position(products, dtype):
+#: The tile classes of the table (`tiles.Tiles`), tiny: (K, tiles; None: the default rule).
+#: The default of a [70, 130] weight (64 x 64, one K part); a K split in 3 parts (the
+#: order of their sum matters: a + b = b + a) of 3 steps each through 2 stages (slots
+#: reused); 128-wide K steps through 3 stages.
+TILE_CLASSES = {"default": (K, None), "k split": (400, tiles.Tiles(128, 64, 2, 3)),
+                "tk 128": (300, tiles.Tiles(64, 128, 3, 1))}
+
+
+@pytest.mark.parametrize("dtype,case", [
+    (jnp.bfloat16, "default"), (jnp.bfloat16, "k split"),
+    pytest.param(jnp.bfloat16, "tk 128", marks=pytest.mark.slow),
+    pytest.param(jnp.float32, "default", marks=pytest.mark.slow),
+    pytest.param(jnp.float32, "k split", marks=pytest.mark.slow)])
+def test_dot_rows_are_bitwise_independent_of_m_and_position(products, dtype, case):
+  """For each tile class: rows of 1..64-row calls are bitwise those of a 512-row call
+  (scattered, reversed), and a [B, T, K] call's rows are its [B x T, K] call's."""
+  k, t = TILE_CLASSES[case]
   x, w = products
-  wp = gpu.pack(w, dtype)
-  full = np.asarray(gpu.dot(x.astype(dtype), wp, N))
-  ms = MS[:-1] if dtype == jnp.bfloat16 else (1, 5, 64)       # f32: three WGMMAs a step
+  if k != K:
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.standard_normal((512, k)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((k, N)) / np.sqrt(k), jnp.float32)
+  wp = gpu.pack(w, dtype, tiles=t)
+  assert t is None or wp.shape[1] == t.padded(k, N)[0]
+  full = np.asarray(gpu.dot(x.astype(dtype), wp, N, tiles=t))
+  ms = MS[:-1] if dtype == jnp.bfloat16 and t is None else (1, 5, 64)   # interpreting: slow
   for m in ms:
     rows = _rows(m, seed=m)
-    got = np.asarray(gpu.dot(x[rows].astype(dtype), wp, N))
+    got = np.asarray(gpu.dot(x[rows].astype(dtype), wp, N, tiles=t))
     np.testing.assert_array_equal(got, full[rows], err_msg=f"M={m}")
   # [..., K] leading dims: a [B, T, K] call is its rows
-  got = np.asarray(gpu.dot(x[:6].astype(dtype).reshape(2, 3, K), wp, N))
+  got = np.asarray(gpu.dot(x[:6].astype(dtype).reshape(2, 3, k), wp, N, tiles=t))
   np.testing.assert_array_equal(got.reshape(6, N), full[:6])
+  want = np.asarray(jnp.dot(x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32,
+                            precision=jax.lax.Precision.HIGHEST))
+  np.testing.assert_allclose(full, want, rtol=0, atol=2e-4 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("dtype,rtol", [(jnp.bfloat16, 1e-5), (jnp.float32, 2e-5)])
@@ -68,6 +90,45 @@ def test_dot_agrees_with_xla(products, dtype, rtol):
   assert got.shape == (5, N)
   scale = np.abs(x).sum(-1, keepdims=True) * np.abs(w).max()
   assert np.max(np.abs(got - want) / scale) <= rtol
+
+
+def test_tiles_come_from_the_table_by_weight_shape(products, monkeypatch):
+  """A table entry for a weight's (K, N, dtype) sets its packing and the kernel's tiles;
+  other shapes and dtypes take the default rule; a packing made for other tiles is
+  refused, never misread."""
+  x, w = products
+  default = gpu.pack(w, jnp.bfloat16)
+  entry = {"tn": 128, "tk": 64, "stages": 2, "k_splits": 2, "device": "test"}
+  monkeypatch.setattr(tiles, "table", lambda: {"dot": {tiles.key(K, N, jnp.bfloat16): entry}})
+  assert tiles.dot_tiles(K, N, jnp.bfloat16) == tiles.Tiles(128, 64, 2, 2)
+  assert tiles.dot_tiles(K, N, jnp.float32) == tiles.default(K, N, jnp.float32)
+  assert tiles.dot_tiles(K + 1, N, jnp.bfloat16) == tiles.default(K + 1, N, jnp.bfloat16)
+  wp = gpu.pack(w, jnp.bfloat16)
+  assert wp.shape == (1, 128, 256) and default.shape == (1, 128, 192)
+  got = np.asarray(gpu.dot(x[:5].astype(jnp.bfloat16), wp, N))
+  want = np.asarray(gpu.dot(x[:5].astype(jnp.bfloat16), default, N, tiles=tiles.Tiles()))
+  np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+  with pytest.raises(ValueError, match="not a GPU packing of a .70, 130. matrix for Tiles"):
+    gpu.dot(x[:5].astype(jnp.bfloat16), default, N)
+
+
+def test_the_default_rule_and_the_candidates_the_device_check_sweeps():
+  """Blocks enough for the T5-XXL products (K split: about one block per SM), pipelined
+  copies (>= 2 stages) that fit a Hopper block's SMEM, the default first."""
+  for k, n in ((4096, 4096), (4096, 10240), (10240, 4096)):
+    t = tiles.default(k, n, jnp.bfloat16)
+    assert t.stages >= 2 and t.k_splits > 1 and t.steps(k) >= 2
+    assert -(-n // t.tn) * t.k_splits >= tiles.TARGET_BLOCKS
+  assert tiles.default(K, N, jnp.bfloat16) == tiles.Tiles(64, 64, 2, 1)
+  for dtype, parts in ((jnp.bfloat16, 1), (jnp.float32, 2)):
+    for k, n in ((4096, 10240), (512, 384), (4096, 1)):
+      found = tiles.candidates(k, n, dtype)
+      assert found[0] == tiles.default(k, n, dtype) and len(set(found)) == len(found) > 3
+      for t in found:
+        assert t.smem_bytes(parts) <= tiles.SMEM_BYTES and (t.stages >= 2 or t.steps(k) < 2)
+        assert t.padded(k, n)[0] == t.steps(k) * t.tk * t.k_splits >= k
+  with pytest.raises(ValueError, match="tiles need"):
+    tiles.Tiles(tn=96)
 
 
 def test_packing_pads_the_edges_with_zeros_and_is_checked():
@@ -130,6 +191,25 @@ def test_attention_rows_are_invariant_in_t_and_b_and_agree(dtype, atol):
   np.testing.assert_allclose(full, np.asarray(_xla_attention(q, k, v, bias)), atol=atol)
 
 
+@pytest.mark.slow
+def test_attention_keys_per_chunk_come_from_the_tile_table(monkeypatch):
+  """A table entry of 128 keys per chunk (head size 24, padded to 64; bfloat16): rows stay
+  invariant in T and B (S = 200: two chunks, the second masked in part), the result
+  agrees with XLA's, and the kernel lowers for CUDA; float32 keeps 64."""
+  q, k, v, bias = _attention_inputs(3, 5, 1, 200, 24, jnp.bfloat16)
+  by_64 = np.asarray(gpu.attention(q, k, v, bias))
+  monkeypatch.setattr(tiles, "table", lambda: {"attention": {"64:bfloat16": {"chunk": 128}}})
+  assert tiles.chunk(64, jnp.bfloat16) == 128 and tiles.chunk(64, jnp.float32) == 64
+  full = np.asarray(gpu.attention(q, k, v, bias))
+  assert not np.array_equal(full, by_64)        # the chunks changed: another softmax order
+  np.testing.assert_array_equal(np.asarray(gpu.attention(q[:, 3:4], k, v, bias)), full[:, 3:4])
+  np.testing.assert_array_equal(np.asarray(gpu.attention(q[1:2], k[1:2], v[1:2], bias[1:2])),
+                                full[1:2])
+  np.testing.assert_allclose(full, np.asarray(_xla_attention(q, k, v, bias)), atol=2e-2)
+  text = _lowers(lambda *a: gpu.attention(*a, interpret=False), q, k, v, bias)
+  assert "mosaic_gpu" in text
+
+
 def test_attention_takes_a_broadcast_bias_and_checks_shapes():
   q, k, v, bias = _attention_inputs(2, 3, 2, 9, 8, jnp.float32)
   rel = jnp.asarray(np.random.default_rng(1).standard_normal((1, 2, 3, 9)), jnp.float32)
@@ -164,6 +244,40 @@ def test_kernels_lower_for_cuda(products, dtype):
   q, k, v, bias = _attention_inputs(2, 3, 2, 70, 24, dtype)
   assert "mosaic_gpu" in _lowers(
       lambda *a: gpu.attention(*a, interpret=False), q, k, v, bias)
+
+
+#: Weight shapes of the T5-XXL target's and the T5-small drafter's decode products, and
+#: their norms' sums of squares ([K, 1], float32).
+DECODE_SHAPES = ((4096, 4096), (4096, 10240), (10240, 4096), (4096, 32128), (512, 384),
+                 (384, 512), (512, 1024), (1024, 512), (512, 32128))
+
+
+def _candidates_lower(shapes, dtypes, most=None):
+  for k, n in shapes:
+    for dtype in dtypes:
+      parts = 1 if dtype == jnp.bfloat16 else 2
+      x = jax.ShapeDtypeStruct((8, k), dtype)
+      for t in tiles.candidates(k, n, dtype)[:most]:
+        wp = jax.ShapeDtypeStruct((parts,) + t.padded(k, n), jnp.bfloat16)
+        text = _lowers(lambda a, b, t=t, n=n: matmul.dot(a, b, n, interpret=False, tiles=t),
+                       x, wp)
+        assert text.count("mosaic_gpu") >= 1, (k, n, dtype, t)
+
+
+def test_candidate_tilings_lower_for_cuda():
+  """The first configurations the device check sweeps for a T5-XXL MLP product (bfloat16:
+  K split, 3 stages; tn 256) and a T5-small one (float32) go through Mosaic GPU's
+  lowering: the pipelined kernel. Every candidate of every decode shape: the slow test."""
+  _candidates_lower([(4096, 10240)], [jnp.bfloat16], most=5)
+  _candidates_lower([(512, 384)], [jnp.float32], most=2)
+
+
+@pytest.mark.slow
+def test_every_candidate_of_every_decode_shape_lowers_for_cuda():
+  """Each configuration the device check sweeps, for every T5-XXL / T5-small decode
+  product and norm, in both dtypes, lowers for CUDA through Mosaic GPU."""
+  _candidates_lower(DECODE_SHAPES, [jnp.bfloat16, jnp.float32])
+  _candidates_lower([(4096, 1), (512, 1)], [jnp.float32])
 
 
 def test_cuda_lowering_rejects_what_mosaic_gpu_cannot_compile():

@@ -6,7 +6,8 @@
 softmax(q . k + bias) @ v per (b, h, query row), T5's conventions (no 1/sqrt(D): it lives
 in the query weights; masked keys carry a large negative bias). The query rows of a
 (b, h) are cut into tiles of TM = 64 (zero rows pad the last); each tile walks the keys
-in chunks of C = 64 keys, in order, with an online softmax (running max m, sum l,
+in chunks of C keys (64 unless the tile table names another for the head size:
+`tiles.chunk`), in order, with an online softmax (running max m, sum l,
 output o): the same operations for every row, whatever T, B, H and the row's place, so
 a row is bitwise the same in a 1-token call and in a 16-token one. The cache is read in
 its fixed shape S (rounded up to C; the padding carries -inf-like bias, contributing
@@ -31,13 +32,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from specdec_jax.kernels.gpu import mode
+from specdec_jax.kernels.gpu import mode, tiles
 from specdec_jax.kernels.gpu.matmul import _PAIRS, TM, _acc, _ceil, _mma, _transforms, split
 from specdec_jax.kernels.shapes import check_attention
 
 Array = jax.Array
 
-C = 64          # keys per chunk: a fixed SIZE, whatever S is
+C = 64          # keys per chunk by default: a fixed SIZE, whatever S is (`_chunk`)
 _MASKED = -1e30  # bias of the keys padding S up to chunks: exp() of it is 0
 
 
@@ -47,6 +48,7 @@ def _kernel_call(qp, ktp, vp, bias, heads: int, interpret) -> Array:
   parts, bh, tp, dp = qp.shape
   sp = ktp.shape[3]
   bias_b, bias_h = bias.shape[:2]
+  C = _chunk(dp, parts)              # noqa: N806 (the module's C, from the tile table)
   row_tiles, chunks = tp // TM, sp // C
   units = bh * row_tiles
   blocks = 1 if interpret else units
@@ -136,6 +138,11 @@ def _kernel_call(qp, ktp, vp, bias, heads: int, interpret) -> Array:
                           qp, ktp, vp, bias)
 
 
+def _chunk(dp: int, parts: int) -> int:
+  """Keys per chunk for padded head size `dp` (`tiles.chunk`; C by default)."""
+  return tiles.chunk(dp, jnp.bfloat16 if parts == 1 else jnp.float32)
+
+
 def _f32_transforms(cols: int):
   """SMEM layout of a float32 tile read into / written from WGMMA-layout registers."""
   swizzle = plgpu.find_swizzle(cols * 32)
@@ -152,7 +159,8 @@ def attention(q: Array, k: Array, v: Array, bias: Array, interpret: bool | None 
   b, t, h, d, s = check_attention(q, k, v, bias)
   bf16 = jnp.dtype(jnp.bfloat16)
   parts = 1 if {jnp.dtype(a.dtype) for a in (q, k, v)} == {bf16} else 2
-  tp, dp, sp = _ceil(t, TM), _ceil(d, 64), _ceil(s, C)
+  tp, dp = _ceil(t, TM), _ceil(d, 64)
+  sp = _ceil(s, _chunk(dp, parts))
   qh = jnp.pad(jnp.swapaxes(q, 1, 2), ((0, 0), (0, 0), (0, tp - t), (0, dp - d)))
   kt = jnp.pad(jnp.swapaxes(k, 2, 3), ((0, 0), (0, 0), (0, dp - d), (0, sp - s)))
   vv = jnp.pad(v, ((0, 0), (0, 0), (0, sp - s), (0, dp - d)))

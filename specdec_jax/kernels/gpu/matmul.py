@@ -7,21 +7,26 @@
 bfloat16 weights pack to one bfloat16 part (P = 1); float32 weights to two, w = hi + lo
 with hi = bf16(w), lo = bf16(w - hi), and x splits the same way: the product is
 hi.hi + hi.lo + lo.hi (three bfloat16 WGMMAs, the lo.lo term dropped), about 2^-16 relative
-error per term, where a float32 WGMMA would round its operands to TF32 (2^-11). Kp and Np
-are K and N rounded up to the tiles (zeros: padding adds exact zeros to each sum).
+error per term, where a float32 WGMMA would round its operands to TF32 (2^-11).
 
-Tiling: the rows are cut into tiles of TM = 64 (a WGMMA's M; zero rows pad the last),
-the columns into tiles of TN, and each (row tile, column tile) accumulates in float32
-over K in steps of TK, in order, each step one WGMMA per part pair in a fixed order.
-Nothing depends on M but the number of row tiles, so a row's result is bitwise the same
-in a call of 1 row or of 512, at any position. Weight tiles are read once per row tile:
-once for all rows up to TM = 64 rows (a decode step at batch x width <= 64).
+Tiles (`tiles.Tiles`, from the table keyed by the weight's shape and dtype, else its
+default rule): the rows are cut into tiles of TM = 64 (a WGMMA's M; zero rows pad the
+last), the columns into tiles of tn, and K into k_splits equal parts of `steps` steps of
+tk. Each (row tile, K part, column tile) is a block: it streams its row and weight tiles
+through a pipeline of `stages` SMEM buffers (`plgpu.emit_pipeline`: the copies of the next
+steps are in flight while a step's WGMMAs run) and accumulates its steps in order in
+float32; the parts' partial sums are added after the kernel in their fixed order,
+p0 + p1 + p2 + .... Kp and Np are K and N rounded up to the tiles (zeros: padding adds
+exact zeros to each sum). Nothing depends on M but the number of row tiles, so a row's
+result is bitwise the same in a call of 1 row or of 512, at any position. K splits give
+a small N enough blocks to keep a GPU's SMs reading weights (N = 512: 8 column tiles of
+64, times up to 16 parts).
 
-One block per column tile of TN columns on a GPU. Interpret mode (the interpreter runs
-one block per grid, and every copy, barrier and SMEM access is a host callback of a few
-ms) runs one block with one column tile of all Np columns: as invariant in M (the tile is
-fixed by N alone), and ~Np/TN times fewer callbacks. It keeps the copies, barriers,
-tiles and K order, but replaces each WGMMA by an in-order product into an SMEM
+Interpret mode (the interpreter runs the grid's blocks one after another, and every copy,
+barrier and SMEM access is a host callback of a few ms) runs one block that walks every
+row tile and K part with one column tile of all Np columns: as invariant in M (the tile
+is fixed by N alone), and ~Np/tn times fewer callbacks. It keeps the pipeline, stages, K
+parts and K order, but replaces each WGMMA by an in-order product into an SMEM
 accumulator (`_mma`): the interpreter's WGMMA is the host BLAS's matmul, whose rows can
 depend on their position in the tile, which a GPU's WGMMA rows do not.
 """
@@ -37,12 +42,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from specdec_jax.kernels.gpu import mode
+from specdec_jax.kernels.gpu.tiles import TM, Tiles, dot_tiles
 
 Array = jax.Array
 
-TM = 64     # rows per tile: a WGMMA's M
-TN = 64     # columns per tile: one block's share of the output
-TK = 64     # reduction step: 128 bytes of bfloat16, one swizzled SMEM row
 _PAIRS = {1: ((0, 0),), 2: ((0, 0), (0, 1), (1, 0))}   # (x part, w part) per WGMMA, in order
 
 
@@ -59,26 +62,45 @@ def split(a: Array, parts: int) -> Array:
   return jnp.stack([hi, lo])
 
 
-@functools.partial(jax.jit, static_argnames=("dtype",))
-def pack(w: Array, dtype=None) -> Array:
+def _tiles(k: int, n: int, parts: int, tiles: Tiles | None) -> Tiles:
+  """`tiles`, else the table's for a [k, n] weight of P = `parts` (`tiles.dot_tiles`)."""
+  return tiles or dot_tiles(k, n, jnp.bfloat16 if parts == 1 else jnp.float32)
+
+
+def pack(w: Array, dtype=None, tiles: Tiles | None = None) -> Array:
   """w [K, N] -> [P, Kp, Np] bfloat16 (P = 1 for bfloat16, 2 for float32; module docstring).
 
   dtype: the product's compute dtype (default: w's), float32 or bfloat16.
+  tiles: the tiles it is packed for (None: the table's, `tiles.dot_tiles`, looked up
+  here, outside the jitted padding).
   """
   dtype = jnp.dtype(dtype or w.dtype)
   if dtype not in (jnp.float32, jnp.bfloat16):
     raise TypeError(f"GPU products take float32 or bfloat16 weights, not {dtype}")
   k, n = w.shape
-  w = jnp.pad(w.astype(dtype), ((0, _ceil(k, TK) - k), (0, _ceil(n, TN) - n)))
+  parts = 1 if dtype == jnp.bfloat16 else 2
+  return _pack(w, dtype, _tiles(k, n, parts, tiles).padded(k, n))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _pack(w: Array, dtype, padded: tuple[int, int]) -> Array:
+  (k, n), (kp, np_) = w.shape, padded
+  w = jnp.pad(w.astype(dtype), ((0, kp - k), (0, np_ - n)))
   return split(w, 1 if dtype == jnp.bfloat16 else 2)
 
 
-def check_packed(wp: Array, k: int, n: int) -> None:
-  """Raise unless `wp` is the packing of a [k, n] matrix."""
-  if (wp.ndim != 3 or wp.dtype != jnp.bfloat16 or wp.shape[0] not in _PAIRS
-      or wp.shape[1:] != (_ceil(k, TK), _ceil(n, TN))):
+def check_packed(wp: Array, k: int, n: int, tiles: Tiles | None = None) -> Tiles:
+  """The tiles `wp` is packed for; raise unless it is the packing of a [k, n] matrix for
+  them (`tiles`, else the table's)."""
+  if wp.ndim != 3 or wp.dtype != jnp.bfloat16 or wp.shape[0] not in _PAIRS:
+    raise ValueError(f"packed weights {wp.dtype}{list(wp.shape)} are not a GPU packing "
+                     f"(bfloat16 [1|2, Kp, Np])")
+  t = _tiles(k, n, wp.shape[0], tiles)
+  if wp.shape[1:] != t.padded(k, n):
+    kp, np_ = t.padded(k, n)
     raise ValueError(f"packed weights {wp.dtype}{list(wp.shape)} are not a GPU packing of a "
-                     f"[{k}, {n}] matrix (bfloat16 [1|2, {_ceil(k, TK)}, {_ceil(n, TN)}])")
+                     f"[{k}, {n}] matrix for {t} (bfloat16 [1|2, {kp}, {np_}])")
+  return t
 
 
 def _transforms(cols: int):
@@ -110,83 +132,83 @@ def _mma(acc, a_ref, b_ref, interpret) -> None:
                            acc[...])
 
 
-def _matmul(xp: Array, wp: Array, interpret) -> Array:
-  """xp [P, Mp, Kp] @ wp [P, Kp, Np] bfloat16 (summed over `_PAIRS`) -> [Mp, Np] float32.
+def _matmul(xp: Array, wp: Array, t: Tiles, interpret) -> Array:
+  """xp [P, Mp, Kp] @ wp [P, Kp, Np] bfloat16 (summed over `_PAIRS`) -> partial sums
+  [k_splits, Mp, Np] float32, one per K part.
 
-  interpret: `mode.params`; when interpreting, `blocks` is 1 (see the module docstring).
+  interpret: `mode.params`; when interpreting, one block, one column tile of Np columns
+  (see the module docstring).
   """
   parts, mp, kp = xp.shape
   np_ = wp.shape[2]
-  tn = np_ if interpret else TN      # the interpreter: one column tile (see the docstring)
-  m_tiles, n_tiles, k_steps = mp // TM, np_ // tn, kp // TK
-  blocks = 1 if interpret else n_tiles
+  tn, tk, splits = (np_ if interpret else t.tn), t.tk, t.k_splits
+  m_tiles, n_tiles, steps = mp // TM, np_ // tn, kp // (tk * splits)
+  units = m_tiles * splits * n_tiles       # blocks on a GPU: (row tile, K part, col tile)
+  blocks = 1 if interpret else units
   pairs = _PAIRS[parts]
+  specs = [plgpu.BlockSpec((parts, TM, tk), lambda s: (0, 0, s), transforms=_transforms(tk)),
+           plgpu.BlockSpec((parts, tk, tn), lambda s: (0, s, 0), transforms=_transforms(tn))]
 
-  def kernel(x_gmem, w_gmem, o_gmem):
+  def kernel(x_gmem, w_gmem, o_gmem, o_smem):
     block = lax.axis_index("blocks")
 
-    def scoped(x_smem, w_smem, o_smem, barrier):
-      def column_tile(t, carry):
-        j = block * (n_tiles // blocks) + t
+    def unit(u, carry):
+      u = block * (units // blocks) + u
+      j, part, i = u % n_tiles, (u // n_tiles) % splits, u // (n_tiles * splits)
+      ks = pl.ds(part * steps * tk, steps * tk)
 
-        def row_tile(i, carry):
-          def accumulate(acc):
-            def step(s, carry):
-              for p in range(parts):
-                plgpu.copy_gmem_to_smem(x_gmem.at[p, pl.ds(i * TM, TM), pl.ds(s * TK, TK)],
-                                        x_smem.at[p], barrier.at[p])
-                plgpu.copy_gmem_to_smem(w_gmem.at[p, pl.ds(s * TK, TK), pl.ds(j * tn, tn)],
-                                        w_smem.at[p], barrier.at[parts + p])
-              for b in range(2 * parts):
-                plgpu.barrier_wait(barrier.at[b])
-              for a, b in pairs:
-                _mma(acc, x_smem.at[a], w_smem.at[b], interpret)
-              plgpu.wgmma_wait(0)          # the tiles are overwritten next step
-              return carry
+      def accumulate(acc):
+        def step(_, x_smem, w_smem):
+          for a, b in pairs:
+            _mma(acc, x_smem.at[a], w_smem.at[b], interpret)
+          plgpu.wgmma_wait(0)       # this slot's tiles are refilled after the step
 
-            lax.fori_loop(0, k_steps, step, None)
-            o_smem[...] = acc[...]
+        # the copies of the next `stages - 1` steps stream while this step's WGMMAs run
+        plgpu.emit_pipeline(step, grid=(steps,), in_specs=specs,
+                            max_concurrent_steps=t.stages)(
+                                x_gmem.at[:, pl.ds(i * TM, TM), ks],
+                                w_gmem.at[:, ks, pl.ds(j * tn, tn)])
+        o_smem[...] = acc[...]
 
-          pl.run_scoped(accumulate, _acc((TM, tn), interpret))
-          plgpu.commit_smem()
-          plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[pl.ds(i * TM, TM), pl.ds(j * tn, tn)])
-          plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-          return carry
+      pl.run_scoped(accumulate, _acc((TM, tn), interpret))
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[part, pl.ds(i * TM, TM), pl.ds(j * tn, tn)])
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+      return carry
 
-        return lax.fori_loop(0, m_tiles, row_tile, carry)
+    lax.fori_loop(0, units // blocks, unit, None)
+    plgpu.wait_smem_to_gmem(0)
 
-      lax.fori_loop(0, n_tiles // blocks, column_tile, None)
-      plgpu.wait_smem_to_gmem(0)
-
-    pl.run_scoped(scoped,
-                  plgpu.SMEM((parts, TM, TK), jnp.bfloat16, transforms=_transforms(TK)),
-                  plgpu.SMEM((parts, TK, tn), jnp.bfloat16, transforms=_transforms(tn)),
-                  plgpu.SMEM((TM, tn), jnp.float32),
-                  plgpu.Barrier(num_barriers=2 * parts))
-
-  return plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((mp, np_), jnp.float32),
+  return plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((splits, mp, np_), jnp.float32),
                       grid=(blocks,), grid_names=("blocks",),
+                      scratch_types=[plgpu.SMEM((TM, tn), jnp.float32)],
                       compiler_params=plgpu.CompilerParams(), interpret=interpret)(xp, wp)
 
 
-def dot(x: Array, wp: Array, n: int, interpret: bool | None = None) -> Array:
+def dot(x: Array, wp: Array, n: int, interpret: bool | None = None,
+        tiles: Tiles | None = None) -> Array:
   """x [..., K] (any float dtype) @ packed [K, n] -> [..., n] float32.
 
   x is split like the weights (one bfloat16 part, or hi/lo of its float32 value).
   interpret: None: `mode.interpret()`; False compiles for Mosaic GPU (`lower_for_cuda`).
+  tiles: those `wp` was packed for (None: the table's).
   """
   k = x.shape[-1]
-  check_packed(wp, k, n)
+  t = check_packed(wp, k, n, tiles)
   parts, kp, _ = wp.shape
   lead = x.shape[:-1]
   rows = x.reshape(-1, k)
   m = rows.shape[0]
   xp = split(jnp.pad(rows, ((0, _ceil(max(m, 1), TM) - m), (0, kp - k))), parts)
-  y = _matmul(xp, wp, mode.params(interpret))
+  partials = _matmul(xp, wp, t, mode.params(interpret))
+  y = partials[0]
+  for part in range(1, t.k_splits):          # the K parts in order: the same for every row
+    y = y + partials[part]
   return y[:m, :n].reshape(lead + (n,))
 
 
-def sum_squares(x: Array, ones: Array, interpret: bool | None = None) -> Array:
+def sum_squares(x: Array, ones: Array, interpret: bool | None = None,
+                tiles: Tiles | None = None) -> Array:
   """sum(x^2) over the last axis, float32 [..., K] -> [..., 1], as x^2 @ ones [K, 1]
   (`ones` = pack(ones [K, 1] float32)): the matmul's fixed order per row."""
-  return dot(jnp.square(x.astype(jnp.float32)), ones, 1, interpret)
+  return dot(jnp.square(x.astype(jnp.float32)), ones, 1, interpret, tiles)
