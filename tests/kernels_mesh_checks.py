@@ -14,10 +14,11 @@ the widths of the target's calls, and the kernel calls in the mesh's program.
 - tpu (Pallas interpret mode, slow): a one-layer bfloat16 t5_1_1_tiny on a 1 x 2 mesh of
   two of the devices (the interpreter runs each block copy as a host callback, per
   device), autoregressive and speculative.
-- every backend, one product at a time on the 1 x 2 mesh (gpu in interpret mode: its
-  emulated WGMMAs make a whole decode too slow here): a column-split dot and attention
+- cpu and tpu, one product at a time on the 1 x 2 mesh: a column-split dot and attention
   split by grouped heads bitwise the one-device kernel, a row-split dot bitwise its two
-  blocks' partial sums added in order, each row as alone.
+  blocks' partial sums added in order, each row as alone. Not gpu: jax's Mosaic GPU
+  interpreter keeps one shared memory for all devices and fails when two run a kernel
+  at once ("Barrier remains allocated"); on a mesh the gpu kernels are lowered only.
 - gpu, tpu: the autoregressive and speculative programs lowered for CUDA / TPU on the
   2 x 4 mesh (lowering compiles nothing).
 """
@@ -28,6 +29,7 @@ import dataclasses
 import json
 import re
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +41,12 @@ from specdec_jax.kernels import backends, build, dispatch
 from specdec_jax.models import packing
 
 NEW = 4
+_START = time.time()
+
+
+def progress(what: str) -> None:
+  """A line on stderr per step, with the seconds since start (a slow run shows where)."""
+  print(f"{time.time() - _START:7.1f}s {what}", file=sys.stderr, flush=True)
 
 
 def custom_calls(text: str) -> list[str]:
@@ -113,6 +121,7 @@ def run(model: sd.Model, mesh, backend: str, names, batch: int) -> dict:
                "equal_single": {}, "equal_baseline": {}, "exact": {}, "widths": {}}
   base = None
   for name in names:
+    progress(f"{backend} {model.config.__class__.__name__} {name}")
     got = sd.decode(target, on_mesh[name], enc, max_new_tokens=NEW)
     out["widths"][name] = widths.take()
     ref = sd.decode(single, alone[name], x, max_new_tokens=NEW)
@@ -211,7 +220,8 @@ def main(path: str) -> None:
                            ("Autoregressive", "Speculative"), batch=4)
   # the Pallas backends in interpret mode: small, on two devices
   mesh12 = sd.make_mesh(data=1, model=2, devices=jax.devices()[:2])
-  for backend in ("cpu", "tpu", "gpu") if build.available() else ("tpu", "gpu"):
+  for backend in ("cpu", "tpu") if build.available() else ("tpu",):
+    progress(f"products {backend}")
     report[f"products/{backend}"] = products(backend, mesh12)
   config = dataclasses.replace(sd.get_config("t5_1_1_tiny"), num_encoder_layers=1,
                                num_decoder_layers=1)
@@ -220,6 +230,7 @@ def main(path: str) -> None:
   bf16 = t5.with_dtype("bfloat16")
   enc = sd.sharding.shard_batch(prompts(t5.vocab_size, 2), mesh24)
   for backend, platform in (("tpu", "tpu"), ("gpu", "cuda")):
+    progress(f"lowered {backend}")
     target = sd.pack(sd.shard(bf16, mesh24), kernels=backend)
     report[f"lowered/{backend}"] = kernel_calls(target, enc, (platform,),
                                                 sd.sharding.replicate(bf16, mesh24))
