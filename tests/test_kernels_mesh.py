@@ -65,20 +65,19 @@ def test_exact_greedy_at_natural_widths_on_the_mesh(report, key):
   assert all(max(w) < 16 for w in entry["widths"].values() if w), entry["widths"]
 
 
-@pytest.mark.parametrize("key,backend,axes", [
-    # (batch, K, N) per product: attention by heads; wi / q,k,v / logits by columns;
-    # wo / out by rows; the norms whole
-    ("cpu/t5", "cpu", [["data", None, None], ["data", None, "model"],
-                       ["data", "model", None]]),
-    ("cpu/lm", "cpu", [["data", None, None], ["data", None, "model"],
-                       ["data", "model", None]]),
-    ("tpu/t5", "tpu", [[None, None, None], [None, None, "model"], [None, "model", None]])])
-def test_the_mesh_keeps_its_kernels(report, key, backend, axes):
+# (batch, K, N) of the products' layouts: rows over "data"; the norms whole; wo and the
+# attention's out split by rows (K); q/k/v, wi and the output layer by columns, and
+# attention by heads (its N)
+AXES = [["data", None, None], ["data", None, "model"], ["data", "model", None]]
+
+
+@pytest.mark.parametrize("key,backend", [("cpu/t5", "cpu"), ("cpu/lm", "cpu"), ("tpu/t5", "tpu")])
+def test_the_mesh_keeps_its_kernels(report, key, backend):
   """No fallback to XLA: every product packed for the backend, in blocks on the mesh."""
   entry = _cpu(report, key) if key.startswith("cpu") else report[key]
   layouts = entry["layouts"]
   assert layouts["backends"] == [backend] and layouts["all_on_mesh"]
-  assert sorted(layouts["axes"], key=str) == sorted(axes, key=str)
+  assert sorted(layouts["axes"], key=str) == sorted(AXES, key=str)
   assert layouts["operand_devices"] == ([2] if key == "tpu/t5" else [8])
 
 
