@@ -62,7 +62,8 @@ def _kernel_call(qp, ktp, vp, bias, heads: int, interpret) -> Array:
       def unit(t, carry):
         u = block * (units // blocks) + t
         g, ti = u // row_tiles, u % row_tiles
-        kv = (g // heads) * (heads // group) + (g % heads) // group   # its K/V head
+        # its K/V head (ungrouped: g itself)
+        kv = g if group == 1 else (g // heads) * (heads // group) + (g % heads) // group
         bb = g // heads if bias_b > 1 else 0
         hb = g % heads if bias_h > 1 else 0
         rows = pl.ds(ti * TM, TM)

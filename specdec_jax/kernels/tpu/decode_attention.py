@@ -80,7 +80,10 @@ def _kernel_call(qp: Array, kp: Array, vp: Array, bias: Array, interpret) -> Arr
     o_ref[...] = o / denom
 
   row = lambda bb, hh, t: (bb, hh, t, 0)
-  cache = lambda bb, hh, t: (bb, hh // group, 0, 0, 0)
+  # lax.div: heads are >= 0, and Mosaic TPU lowers a floor division's sign test only
+  # knowing the chip (not where `lower_for_tpu` runs); ungrouped: the head itself
+  kv_head = (lambda hh: hh) if group == 1 else (lambda hh: lax.div(hh, group))
+  cache = lambda bb, hh, t: (bb, kv_head(hh), 0, 0, 0)
   on_bias = lambda bb, hh, t: (bb if bias_b > 1 else 0, hh if bias_h > 1 else 0, 0, t, 0)
   return pl.pallas_call(
       kernel, out_shape=jax.ShapeDtypeStruct((b, h, tp, dp), jnp.float32),
