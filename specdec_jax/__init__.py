@@ -114,9 +114,10 @@ def load(path_or_name: str, dtype="float32", config: T5Config | None = None, *,
   tests), "tpu" (Pallas on Mosaic TPU; likewise), "xla" (none), or "auto": cpu on a CPU
   where the C++ kernels build, gpu only on a GPU kind a device check recorded as
   measured (`kernels/verified.json`; none yet), xla on a mesh of several devices or
-  elsewhere (`sd.kernels.backends.choose`). cpu, gpu and tpu make every decode product
-  width- and batch-invariant: exact greedy then runs every call at its natural width
-  (docs/exactness.md).
+  elsewhere (`sd.kernels.backends.choose`); named with `mesh`, a backend's kernels run
+  inside `shard_map`, each device on its own block (docs/accelerators.md). cpu, gpu and
+  tpu make every decode product width- and batch-invariant: exact greedy then runs every
+  call at its natural width (docs/exactness.md).
   check_finite: refuse (`CheckpointError`, naming the parameter) a checkpoint whose
   floating parameters hold NaN or inf, as a corrupt file or a diverged run does; about
   one pass over the weights in memory (~0.1 s per 300 MB on one CPU core). False skips

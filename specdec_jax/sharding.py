@@ -20,9 +20,10 @@ where T5X's do (`with_logical_constraint`): queries, keys and values ('batch', '
 ('batch', 'length', 'embed'). The decode engine pins its loop state by the same names
 (`constrain_state`: caches and token buffer by batch, the target's caches by heads).
 `jit` propagates these layouts to everything else, and XLA inserts the collectives. A
-Model on one device has no partitioner: its program holds no constraint at all. The CPU
-decode kernels run on one device only, so a model placed on several devices decodes on
-XLA's ops (`sd.load(mesh=)` packs for "auto": "xla" on several devices).
+Model on one device has no partitioner: its program holds no constraint at all. A model
+placed on several devices decodes on XLA's ops under "auto" (`sd.load(mesh=)` packs for
+"xla" there); packed for a named backend (`sd.pack(sd.shard(model, mesh), kernels="cpu")`)
+its kernels run inside `shard_map`, each device on its block (`kernels.dispatch.Layout`).
 
 A dimension whose size the mesh axis does not divide is replicated instead (e.g. the 4
 relative-position heads of t5_1_1_tiny on an 8-wide "model" axis): the rules describe a
@@ -264,8 +265,9 @@ def shard(model: Model, mesh: Mesh, rules: Rules | None = None, strict: bool = F
     `RULES_2D` also splits "embed" over "data".
   strict: a dimension the mesh axis does not divide is a ConfigError (default: that
     dimension is replicated).
-  The result decodes with every `sd` method unchanged, on XLA's ops (the CPU kernels run
-  on one device); packed kernel weights (`decode_weights`) are dropped. It carries
+  The result decodes with every `sd` method unchanged, on XLA's ops; packed kernel
+  weights (`decode_weights`) are dropped (`sd.pack` it with a named backend to run the
+  kernels on the mesh). It carries
   `partitioner(mesh, rules)`: its activations are constrained by the same rules.
   """
   if not isinstance(model, Model):

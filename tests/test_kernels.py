@@ -301,10 +301,18 @@ def test_attention_propagates_nan_as_xla_does():
 
 
 @needs_kernels
-def test_attention_shapes_are_checked():
+def test_attention_takes_grouped_kv_and_checks_shapes():
+  """Grouped K/V [B, Hkv, S, D] (4 query heads on 2 K/V heads) are read in place: bitwise
+  the attention over K/V repeated per query head (`repeat_kv` order)."""
+  q, k, v, bias = _attention_inputs(2, 3, 4, 9, 8, jnp.bfloat16, (2, 4, 3, 9))
+  repeated = [jnp.repeat(a[:, :2], 2, axis=1) for a in (k, v)]
+  np.testing.assert_array_equal(np.asarray(kernels.attention(q, k[:, :2], v[:, :2], bias)),
+                                np.asarray(kernels.attention(q, *repeated, bias)))
   q, k, v, bias = _attention_inputs(2, 3, 2, 9, 8, jnp.float32, (2, 2, 3, 9))
-  with pytest.raises(ValueError, match=r"not \[B, H, S, D\]"):
-    kernels.attention(q, k[:, :1], v[:, :1], bias)
+  with pytest.raises(ValueError, match=r"not \[B, Hkv, S, D\]"):
+    kernels.attention(q, k[:, :, :, :4], v, bias)
+  with pytest.raises(ValueError, match=r"not \[B, Hkv, S, D\]"):
+    kernels.attention(q[:, :, :1], k, v, bias[:, :1])     # 2 K/V heads for 1 query head
   with pytest.raises(ValueError, match=r"bias \[2, 2, 2, 9\] is not"):
     kernels.attention(q, k, v, bias[:, :, :2])
   with pytest.raises(ValueError, match="bias"):

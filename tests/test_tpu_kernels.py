@@ -164,8 +164,12 @@ def test_attention_takes_a_broadcast_bias_and_checks_shapes():
   np.testing.assert_array_equal(np.asarray(tpu.attention(q, k, v, jnp.broadcast_to(
       rel + bias, (2, 2, 3, 9)))), got)
   np.testing.assert_allclose(got, np.asarray(_xla_attention(q, k, v, rel + bias)), atol=1e-5)
-  with pytest.raises(ValueError, match=r"not \[B, H, S, D\]"):
-    tpu.attention(q, k[:, :1], v[:, :1], bias)
+  # grouped K/V (one K/V head for both query heads) read in place, bitwise as repeated
+  np.testing.assert_array_equal(
+      np.asarray(tpu.attention(q, k[:, :1], v[:, :1], bias)),
+      np.asarray(tpu.attention(q, *(jnp.repeat(a[:, :1], 2, axis=1) for a in (k, v)), bias)))
+  with pytest.raises(ValueError, match=r"not \[B, Hkv, S, D\]"):
+    tpu.attention(q, k[:, :, :, :4], v, bias)
   with pytest.raises(ValueError, match="bias"):
     tpu.attention(q, k, v, bias[..., :8])
 

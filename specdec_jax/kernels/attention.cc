@@ -1,10 +1,12 @@
 // Attention of decode requests (the decoder's in cached decode calls, the encoder's in
 // Model.start) as one XLA FFI custom call for the CPU:
 //
-//   out[b, t, h, :] = softmax_s(q[b, t, h, :] . k[b, h, s, :] + bias[b, h, t, s]) @ v[b, h, :, :]
+//   out[b, t, h, :] = softmax_s(q[b, t, h, :] . k[b, g, s, :] + bias[b, h, t, s]) @ v[b, g, :, :]
+//   with g = h / (H / Hkv): grouped-query attention reads each K/V head for H / Hkv query heads
 //
 //   q    [B, T, H, D] float32       (the new tokens' queries; T = tokens in the call)
-//   k, v [B, H, S, D] float32|bf16  (the heads-major decoder caches, or the encoder's K/V)
+//   k, v [B, Hkv, S, D] f32|bf16    (the heads-major decoder caches, or the encoder's K/V;
+//                                    Hkv divides H, Hkv = H without grouping)
 //   bias [B|1, H|1, T|1, S] float32 (mask as -1e10, plus relative position bias)
 //   out  [B, T, H, D] float32
 //
@@ -103,6 +105,7 @@ inline V8 round_bf16(V8 x) {
 
 struct Attention {
   int64_t B, T, H, S, D;
+  int64_t group;                   // query heads per K/V head (H / Hkv)
   const float* q;
   const void* k;
   const void* v;
@@ -117,8 +120,9 @@ template <typename KV>
 void row(const Attention& a, int64_t b, int64_t h, int64_t t, float* scratch) {
   const int64_t S = a.S, D = a.D, S8 = (S + 7) / 8 * 8, D8 = D / 8 * 8;
   const float* q = a.q + ((b * a.T + t) * a.H + h) * D;
-  const KV* k = static_cast<const KV*>(a.k) + (b * a.H + h) * S * D;
-  const KV* v = static_cast<const KV*>(a.v) + (b * a.H + h) * S * D;
+  const int64_t kv = b * (a.H / a.group) + h / a.group;  // the K/V head of query head h
+  const KV* k = static_cast<const KV*>(a.k) + kv * S * D;
+  const KV* v = static_cast<const KV*>(a.v) + kv * S * D;
   const float* bias = a.bias + b * a.bias_b + h * a.bias_h + t * a.bias_t;
   float* logit = scratch;
   float* prob = scratch + S8;
@@ -197,16 +201,17 @@ ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Any
              bd = bias.dimensions();
   if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4 || bd.size() != 4)
     return ffi::Error::InvalidArgument("decode_attention: q, k, v and bias must be 4-D");
-  const int64_t B = qd[0], T = qd[1], H = qd[2], D = qd[3], S = kd[2];
-  if (kd[0] != B || kd[1] != H || kd[3] != D || !std::equal(kd.begin(), kd.end(), vd.begin()))
-    return ffi::Error::InvalidArgument("decode_attention: k, v must be [B, H, S, D] of q");
+  const int64_t B = qd[0], T = qd[1], H = qd[2], D = qd[3], S = kd[2], Hkv = kd[1];
+  if (kd[0] != B || Hkv < 1 || H % Hkv != 0 || kd[3] != D ||
+      !std::equal(kd.begin(), kd.end(), vd.begin()))
+    return ffi::Error::InvalidArgument("decode_attention: k, v must be [B, Hkv, S, D] of q");
   if (k.element_type() != v.element_type() ||
       (k.element_type() != ffi::DataType::F32 && k.element_type() != ffi::DataType::BF16))
     return ffi::Error::InvalidArgument("decode_attention: k, v must both be f32 or bf16");
   if ((bd[0] != B && bd[0] != 1) || (bd[1] != H && bd[1] != 1) || (bd[2] != T && bd[2] != 1) ||
       bd[3] != S)
     return ffi::Error::InvalidArgument("decode_attention: bias must be [B|1, H|1, T|1, S]");
-  Attention a{B, T, H, S, D, q.typed_data(), k.untyped_data(), v.untyped_data(),
+  Attention a{B, T, H, S, D, H / Hkv, q.typed_data(), k.untyped_data(), v.untyped_data(),
               bias.typed_data(), 0, 0, 0, out->typed_data(),
               k.element_type() == ffi::DataType::BF16};
   a.bias_t = bd[2] == 1 ? 0 : S;

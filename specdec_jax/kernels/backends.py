@@ -8,21 +8,22 @@ width- and batch-invariant.
 
 - cpu: the C++ kernels through XLA FFI (`kernels.skinny`, `kernels.row_attention`): every
   product kind, float32 and bfloat16; needs the build (`kernels.status()`) and params on
-  one CPU device.
+  the CPU (one device or a mesh).
 - gpu: Pallas kernels on NVIDIA Hopper through Mosaic GPU (`kernels.gpu`): the decode
   matmul, the RMSNorm sum of squares and decode attention; on a machine without a GPU
-  the same kernels run in Pallas's GPU interpret mode (slow: for tests and CI). Needs
-  params on one device.
+  the same kernels run in Pallas's GPU interpret mode (slow: for tests and CI).
 - tpu: Pallas kernels through Mosaic TPU (`kernels.tpu`), the same three products; off
   a TPU they run in Pallas's TPU interpret mode (slow: for tests and CI). Never run on a
-  TPU yet, so never "auto"'s choice: an explicit opt-in. Needs params on one device.
+  TPU yet, so never "auto"'s choice: an explicit opt-in.
 - xla: no kernels: every product on XLA's ops, which round a row differently with the
   number of rows (exact greedy then pads every call to one width).
 
 A backend runs a product kind on its kernel when it lists the kind in `kinds`;
 `invariant` (a subset) are the kinds whose rows are bitwise independent of M, the row's
 position and the call width. `dispatch.width_invariant(model)` holds when every product
-of the model's decode runs on such a kernel.
+of the model's decode runs on such a kernel. On a mesh every backend's kernels run
+inside `shard_map`, each device on its block (`dispatch.Layout`); "auto" still picks
+"xla" there: name the backend.
 
 Hardware: "auto" picks a backend whose kernels compile for an accelerator (`Backend.checked`:
 gpu, later tpu) only on a device kind the device check has recorded as measured
@@ -78,8 +79,8 @@ class Backend:
   pack: (w [K, N], compute dtype) -> the packed operand of a "dot" or "sum_squares".
   dot: (x [..., K], packed, N) -> [..., N] float32.
   sum_squares: (x [..., K], packed ones) -> [..., 1] float32.
-  attention: (q [B, T, H, D], k/v [B, H, S, D], bias [B|1, H|1, T|1, S]) -> [B, T, H, D]
-    float32.
+  attention: (q [B, T, H, D], grouped k/v [B, Hkv, S, D], bias [B|1, H|1, T|1, S]) ->
+    [B, T, H, D] float32.
   platform: the JAX backend its kernels run compiled on ("cpu", "gpu", "tpu"; None: xla).
   compiles_for: the lowering platforms its compiled kernels target ("cpu", "cuda",
     "tpu"); () for xla, which lowers for any.
@@ -97,7 +98,6 @@ class Backend:
   dot: Callable[..., Array] | None = dataclasses.field(default=None, compare=False)
   sum_squares: Callable[..., Array] | None = dataclasses.field(default=None, compare=False)
   attention: Callable[..., Array] | None = dataclasses.field(default=None, compare=False)
-  needs_one_device: bool = True
   platform: str | None = None
   compiles_for: tuple[str, ...] = ()
   interprets: bool = False
@@ -191,7 +191,7 @@ def _tpu() -> Backend:
   return _pallas("tpu", tpu, "tpu", "tpu")
 
 
-_XLA = Backend("xla", frozenset(), frozenset(), needs_one_device=False)
+_XLA = Backend("xla", frozenset(), frozenset())
 #: name -> (the JAX platform its kernels run compiled on, its maker). A new backend is one
 #: line here and one module of kernels.
 _MAKERS: dict[str, tuple[str | None, Callable[[], Backend]]] = {

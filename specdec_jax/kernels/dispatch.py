@@ -15,6 +15,14 @@ packing (`models.packing.pack`, `sd.pack(model, kernels=...)`, `sd.load(kernels=
     dispatch.width_invariant(model)             # every product of its decode invariant?
 
 Teacher-forced passes (`Model.forward`) never carry the collection: they run XLA.
+
+On a mesh (a Model placed by `sd.shard`, then packed) each packed operand carries a
+`Layout`: its kernel runs inside `shard_map`, each device on its own block, with specs
+from the logical axes' rules (`sharding.RULES_1D`: "model" splits heads and the MLP). A
+column-parallel product (wi, q/k/v, the output layer: N split) needs nothing more; a
+row-parallel one (wo, the attention's out: K split) adds the devices' partial sums in
+shard order (`_reduce`); attention splits by heads (grouped K/V heads with their query
+heads) and rows by batch.
 """
 
 from __future__ import annotations
@@ -26,7 +34,9 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
+from jax.sharding import PartitionSpec as P
 
 from specdec_jax.errors import InputError
 from specdec_jax.kernels import backends
@@ -106,7 +116,8 @@ def policy(kernels: str = "auto", params=None, xla=()) -> Policy:
   """The policy for `kernels` ("auto", "cpu", "gpu", "xla"; `backends.choose`) and `params`.
 
   A backend named explicitly that cannot run here raises `InputError` (the CPU kernels
-  unbuilt or disabled, params on several devices); "auto" falls back to "xla".
+  unbuilt or disabled, params off the CPU for "cpu"); "auto" falls back to "xla", and
+  picks it for params on several devices (name the backend to run its kernels on a mesh).
   xla: product names to keep on XLA.
   """
   name = backends.choose(kernels, params)
@@ -115,9 +126,6 @@ def policy(kernels: str = "auto", params=None, xla=()) -> Policy:
   if not available:
     raise InputError(f"kernels={kernels!r}: the {name} kernels are unavailable: {reason}")
   devices = backends.placement(params)
-  if backend.needs_one_device and len(devices) > 1:
-    raise InputError(f"kernels={kernels!r}: the {name} kernels need the params on one device, "
-                     f"they are on {len(devices)}; use kernels='xla' (or 'auto')")
   if name == "cpu" and any(d.platform != "cpu" for d in devices):
     raise InputError(f"kernels='cpu': the params are on {sorted({d.platform for d in devices})}, "
                      f"not on the CPU")
@@ -135,16 +143,44 @@ def _why_xla(params) -> str:
   return backends.auto_reason(params)
 
 
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Where a product runs on a mesh (`Packed.layout`): its kernel inside `shard_map` over
+  `mesh`, each device on its own block (hashable: a static value).
+
+  batch: the mesh axis of the rows' leading (batch) dimension, where it divides it.
+  k: a "dot": the mesh axis splitting K, the weight's rows (row-parallel: the partial
+    sums are reduced across it).
+  n: a "dot": the mesh axis splitting N, the weight's columns; an "attention": the mesh
+    axis splitting heads, where it divides the K/V heads.
+  widths: a "dot": the widths N_i of the matrices joined along N (each split alike).
+  The operand of a "dot" or "sum_squares" is the backend's packing of each block, stacked
+  [size(k), size(n), *packed], split over (k, n).
+  """
+
+  mesh: Any
+  batch: str | None = None
+  k: str | None = None
+  n: str | None = None
+  widths: tuple[int, ...] = ()
+
+  def size(self, axis: str | None) -> int:
+    return 1 if axis is None else int(self.mesh.shape[axis])
+
+
 @struct.dataclass
 class Packed:
   """One product's packed operand in `COLLECTION`, with the backend it is packed for.
 
-  operand: the backend's packing of its weights (an attention: an empty [0] int8 marker).
+  operand: the backend's packing of its weights (an attention: an empty [0] int8 marker);
+    on a mesh, the packing of each block (`Layout`).
   backend: static; the layers run this backend's kernel on `operand`.
+  layout: static; on a mesh, where the kernel's blocks run (None: one device).
   """
 
   operand: Array
   backend: str = struct.field(pytree_node=False, default="cpu")
+  layout: Layout | None = struct.field(pytree_node=False, default=None)
 
 
 @struct.dataclass
@@ -221,7 +257,10 @@ def dot(module, name: str, x: Array, sources, n: int, dtype, xla: Callable[[], A
   wp = _packed(module, product)
   if wp is None:
     return xla()
-  return backends.get(wp.backend).kernel("dot")(x.astype(dtype), wp.operand, n).astype(dtype)
+  kernel = backends.get(wp.backend).kernel("dot")
+  if wp.layout is not None:
+    return _dot_on_mesh(kernel, x.astype(dtype), wp.operand, n, wp.layout).astype(dtype)
+  return kernel(x.astype(dtype), wp.operand, n).astype(dtype)
 
 
 def mean_square(module, x: Array, scale: str = "scale") -> Array:
@@ -232,16 +271,95 @@ def mean_square(module, x: Array, scale: str = "scale") -> Array:
   ones = _packed(module, product)
   if ones is None:
     return jnp.mean(jnp.square(x), axis=-1, keepdims=True)
-  return backends.get(ones.backend).kernel("sum_squares")(x, ones.operand) / x.shape[-1]
+  kernel = backends.get(ones.backend).kernel("sum_squares")
+  if ones.layout is not None:     # K whole on every device, the rows split by batch
+    batch = _batch_spec(x, ones.layout)
+    return _shard_map(lambda a, w: kernel(a, w[0, 0]), ones.layout.mesh,
+                      (P(*batch, None), P()), P(*batch, None))(x, ones.operand) / x.shape[-1]
+  return kernel(x, ones.operand) / x.shape[-1]
 
 
 def attention(module, q: Array, k: Array, v: Array, bias: Array, dtype,
               xla: Callable[[], Array]) -> Array:
-  """q [B, H, T, Dh], k/v [B, H, S, Dh], bias [B|1, H|1, T|1, S] -> [B, T, H, Dh] `dtype`;
-  the attention kernel when packed (every query row computed alike), else `xla()`."""
+  """q [B, H, T, Dh], grouped k/v [B, Hkv, S, Dh] (query head h reads K/V head
+  h // (H / Hkv)), bias [B|1, H|1, T|1, S] -> [B, T, H, Dh] `dtype`; the attention kernel
+  when packed (every query row computed alike), else `xla()`."""
   product = Product(tuple(module.scope.path) + ("attention",), "attention", (), jnp.dtype(dtype))
   marker = _packed(module, product)
   if marker is None:
     return xla()
   attend = backends.get(marker.backend).kernel("attention")
-  return attend(jnp.swapaxes(q, 1, 2), k, v, bias).astype(dtype)
+  q = jnp.swapaxes(q, 1, 2)
+  if marker.layout is not None:
+    return _attention_on_mesh(attend, q, k, v, bias, marker.layout).astype(dtype)
+  return attend(q, k, v, bias).astype(dtype)
+
+
+# ----------------------------------------------------------------------------- on a mesh
+
+
+def _shard_map(f, mesh, in_specs, out_specs):
+  """`jax.shard_map` (jax.experimental's on a jax without it). No replication check: the
+  kernels are custom calls that declare none."""
+  if hasattr(jax, "shard_map"):
+    return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+  from jax.experimental.shard_map import shard_map  # pragma: no cover (older jax)
+  return shard_map(f, mesh, in_specs, out_specs, check_rep=False)
+
+
+def _batch_spec(x: Array, layout: Layout, taken=()) -> tuple[str | None, ...]:
+  """Specs of x's dimensions but the last: the leading one over `layout.batch` where that
+  axis divides it (and splits no weight dimension, `taken`), the rest whole."""
+  axis = layout.batch
+  if (x.ndim < 2 or axis is None or axis in taken or layout.size(axis) == 1
+      or x.shape[0] % layout.size(axis)):
+    axis = None
+  return ((axis,) + (None,) * (x.ndim - 2))[:max(x.ndim - 1, 0)]
+
+
+def _reduce(parts: Array) -> Array:
+  """parts [s, ...] (one partial sum per device, in shard order) -> their sum, added in
+  shard order: 0 + 1, then + 2, ... Each element's order of additions is fixed by the mesh,
+  never by the rows: a row-parallel product stays bitwise independent of the batch and
+  the call width, as the kernels are (a psum's order is the collective's to choose)."""
+  total = parts[0]
+  for i in range(1, parts.shape[0]):
+    total = total + parts[i]
+  return total
+
+
+def _dot_on_mesh(kernel: Callable[..., Array], x: Array, operand: Array, n: int,
+                 layout: Layout) -> Array:
+  """x [..., K] @ the blocks of w [K, n] (`Layout`) -> [..., n] float32, each device's
+  kernel on its block: columns split over `layout.n` (each joined matrix alike), K over
+  `layout.k` (partial sums gathered and added in shard order: `_reduce`)."""
+  sk, sn = layout.size(layout.k), layout.size(layout.n)
+  widths = layout.widths or (n,)
+  local = [w // sn for w in widths]
+  batch = _batch_spec(x, layout, (layout.k, layout.n))
+
+  def block(xs, ws):
+    y = kernel(xs, ws[0, 0], sum(local))
+    if sk > 1:
+      y = _reduce(jax.lax.all_gather(y, layout.k))
+    return tuple(jnp.split(y, np.cumsum(local)[:-1].tolist(), axis=-1))
+
+  # each joined matrix's columns come back whole: device j's y holds block j of each
+  ys = _shard_map(block, layout.mesh, (P(*batch, layout.k), P(layout.k, layout.n)),
+                  tuple(P(*batch, layout.n) for _ in widths))(x, operand)
+  return ys[0] if len(ys) == 1 else jnp.concatenate(ys, axis=-1)
+
+
+def _attention_on_mesh(attend: Callable[..., Array], q: Array, k: Array, v: Array, bias: Array,
+                       layout: Layout) -> Array:
+  """`attend` (q [B, T, H, D], k/v [B, Hkv, S, D], bias [B|1, H|1, T|1, S]) per device:
+  heads over `layout.n` where it divides Hkv (each device its K/V heads and their query
+  heads), rows over `layout.batch` where it divides B; the rest whole on every device."""
+  heads = layout.n if layout.n and k.shape[1] % layout.size(layout.n) == 0 else None
+  batch = _batch_spec(q, layout, (heads,))[0] if q.ndim == 4 else None
+  on = lambda axis, size: axis if size > 1 else None
+  q_spec = P(batch, None, heads, None)
+  kv_spec = P(batch, heads, None, None)
+  bias_spec = P(on(batch, bias.shape[0]), on(heads, bias.shape[1]), None, None)
+  return _shard_map(attend, layout.mesh, (q_spec, kv_spec, kv_spec, bias_spec), q_spec)(
+      q, k, v, bias)

@@ -1,13 +1,15 @@
 """Attention of decode requests in one kernel: every query row computed alike.
 
-    out = attention(q, k, v, bias)   # q [B, T, H, D], k/v [B, H, S, D],
+    out = attention(q, k, v, bias)   # q [B, T, H, D], grouped k/v [B, Hkv, S, D],
                                      # bias [B|1, H|1, T|1, S] -> out [B, T, H, D] float32
 
 softmax(q . k + bias) @ v per (b, t, h) row with a fixed per-row sequence of
 operations (see attention.cc): row t of a T-row call is bitwise the 1-row call on it,
-whatever B, T and H are. Keys appended under the mask change nothing either (a
-sentence's rows do not depend on the padded length of its batch), provided the row has
-an unmasked key and the masked values are finite. T5 conventions: no 1/sqrt(D) scaling
+whatever B, T and H are. Grouped-query K/V are read in place: query head h reads K/V
+head h // (H / Hkv) (Hugging Face's `repeat_kv` order), bitwise as if repeated. Keys
+appended under the mask change nothing either (a sentence's rows do not depend on the
+padded length of its batch), provided the row has an unmasked key and the masked values
+are finite. T5 conventions: no 1/sqrt(D) scaling
 (it lives in the query weights), masked keys carry a large negative bias.
 
 k and v are read in their dtype. With bfloat16 the probabilities are rounded to
@@ -35,13 +37,13 @@ def threads(b: int, h: int, s: int, d: int, dtype) -> int:
 
 
 def attention(q: Array, k: Array, v: Array, bias: Array) -> Array:
-  """q [B, T, H, D] (any float dtype; computed in float32), k/v [B, H, S, D],
-  bias [B|1, H|1, T|1, S] -> [B, T, H, D] float32.
+  """q [B, T, H, D] (any float dtype; computed in float32), k/v [B, Hkv, S, D] (Hkv
+  divides H), bias [B|1, H|1, T|1, S] -> [B, T, H, D] float32.
 
   Needs the kernels (`build.available()`): the caller picks this or XLA's ops. Under
   `jax.vmap` the call runs once per mapped element (each bitwise as alone).
   """
-  b, t, h, d, s = check_attention(q, k, v, bias)
+  b, _, h, d, s, hkv = check_attention(q, k, v, bias)
   if k.dtype != v.dtype or jnp.dtype(k.dtype) != jnp.bfloat16:
     k, v = k.astype(jnp.float32), v.astype(jnp.float32)
   if not build.available():
@@ -49,4 +51,4 @@ def attention(q: Array, k: Array, v: Array, bias: Array) -> Array:
   call = jax.ffi.ffi_call(build.ATTENTION, jax.ShapeDtypeStruct(q.shape, jnp.float32),
                           vmap_method="sequential")
   return call(q.astype(jnp.float32), k, v, bias.astype(jnp.float32),
-              nthreads=np.int64(threads(b, h, s, d, k.dtype)), chunks=np.int64(work.CHUNKS))
+              nthreads=np.int64(threads(b, hkv, s, d, k.dtype)), chunks=np.int64(work.CHUNKS))

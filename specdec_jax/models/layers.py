@@ -363,19 +363,17 @@ class MultiHeadAttention(nn.Module):
     With Hkv < H each key/value head serves H / Hkv consecutive query heads (Hugging
     Face's `repeat_kv` order).
 
-    On the CPU kernel (`dispatch.attention`) every query row is computed alike whatever
+    On the kernels (`dispatch.attention`) every query row is computed alike whatever
     T, B and the number of masked keys are. XLA computes T >= 2 rows with other kernels
     than T = 1: the rows of a k-token call would round differently from 1-token calls,
     and a sentence's encoding would depend on the padded length of its batch.
     """
-    if k.shape[1] == self.num_heads:
-      xla = lambda: self._weighted_values(q, k, v, bias)
-      kk, vv = k, v
-    else:   # the kernel reads every query head's keys; XLA's ops group the query heads
-      xla = lambda: self._grouped_weighted_values(q, k, v, bias)
-      kk, vv = (jnp.repeat(a, self.num_heads // k.shape[1], axis=1) for a in (k, v))
-    # [B, T, H, Dh]: the transposes around it cancel with `_split`'s.
-    y = dispatch.attention(self, q, kk, vv, bias, self.dtype, lambda: jnp.swapaxes(xla(), 1, 2))
+    grouped = k.shape[1] != self.num_heads
+    xla = functools.partial(self._grouped_weighted_values if grouped else self._weighted_values,
+                            q, k, v, bias)
+    # [B, T, H, Dh]: the transposes around it cancel with `_split`'s. The kernels take the
+    # K/V grouped as cached (query head h reads K/V head h // (H / Hkv)): no repeated copy.
+    y = dispatch.attention(self, q, k, v, bias, self.dtype, lambda: jnp.swapaxes(xla(), 1, 2))
     return self.out(y.reshape(y.shape[:2] + (self.num_heads * self.head_dim,)))
 
   def _grouped_weighted_values(self, q: Array, k: Array, v: Array, bias: Array) -> Array:

@@ -12,6 +12,11 @@ their weights (`backends.Backend.pack`); the packed Model carries them as pytree
 (`dispatch.Packed`, which names the backend), so a jitted function that takes it runs
 its decode requests on those kernels. An unpacked Model runs XLA's ops.
 
+On a mesh (a Model placed by `sd.shard` or `sd.load(mesh=)`, then packed with a backend
+named: "auto" keeps XLA there) each weight is packed block by block, as its parameters
+are split (`dispatch.Layout`): the kernels run inside `shard_map`, each device on its
+own block.
+
 Nothing packs implicitly: `sd.load` packs what it loads (its `kernels=`), `sd.pack`
 packs what it is given, every call (no memo: keep the packed Model). A Model whose
 params change (`Model.replace`) comes back unpacked.
@@ -27,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax.traverse_util import unflatten_dict
+from jax.sharding import NamedSharding, PartitionSpec
 
 from specdec_jax.config.lm import LMConfig
 from specdec_jax.errors import InputError
@@ -102,17 +108,84 @@ def pack_model(model: Model, policy: dispatch.Policy | None = None, *,
       if reason is not None:
         xla.append((product.name, reason))
         continue
+      layout = _layout(model, product, mats)
       if product.kind == "attention":
         operand = jnp.zeros((0,), jnp.int8)     # no weights: a marker
       elif product.kind == "sum_squares":
         operand = backend.kernel("pack")(jnp.ones((mats[0].shape[0], 1), jnp.float32), jnp.float32)
+        if layout is not None:   # one block, on every device
+          operand = jax.device_put(operand[None, None],
+                                   NamedSharding(layout.mesh, PartitionSpec()))
+      elif layout is not None:
+        operand = _blocks(backend, product, mats, layout)
       else:
         w = mats[0].T if product.transposed else jnp.concatenate(mats, axis=1)
         operand = backend.kernel("pack")(w, product.dtype)
-      tree[product.key] = dispatch.Packed(operand, policy.backend)
+      tree[product.key] = dispatch.Packed(operand, policy.backend, layout)
       packed.append(product)
   weights = dispatch.DecodeWeights(unflatten_dict(tree), tuple(xla), policy, tuple(packed))
   return model.replace(decode_weights=weights)
+
+
+def _mesh(model: Model):
+  """The mesh `model`'s params are split over (its partitioner's), or None on one device."""
+  if model.partitioner is not None:
+    return model.partitioner.mesh
+  for x in jax.tree_util.tree_leaves(model.params):
+    where = getattr(x, "sharding", None)
+    if isinstance(where, NamedSharding) and len(where.device_set) > 1:
+      return where.mesh
+  return None
+
+
+def _rule(model: Model, logical: str) -> str | None:
+  """The mesh axis the first rule for `logical` maps to (None: no rule or replicated)."""
+  rules = model.partitioner.rules if model.partitioner is not None else ()
+  return next((axis for name, axis in rules if name == logical), None)
+
+
+def _axis(spec, dim: int) -> str | None:
+  """The one mesh axis dimension `dim` of a PartitionSpec is split over (None: whole or
+  split over several axes, which the blocks do not follow: that dimension is gathered)."""
+  entry = spec[dim] if dim < len(spec) else None
+  return entry if isinstance(entry, str) else None
+
+
+def _layout(model: Model, product: dispatch.Product, mats) -> dispatch.Layout | None:
+  """Where `product` runs on `model`'s mesh (None on one device): batch over the "batch"
+  rule's axis; a "dot" split as its weights are (its joined matrices split alike, else
+  gathered whole); an attention's heads over the "heads" rule's axis."""
+  mesh = _mesh(model)
+  if mesh is None:
+    return None
+  batch = _rule(model, "batch")
+  if product.kind == "attention":
+    return dispatch.Layout(mesh, batch, None, _rule(model, "heads"))
+  if product.kind != "dot":
+    return dispatch.Layout(mesh, batch)
+  specs = {tuple(getattr(getattr(m, "sharding", None), "spec", ())) for m in mats}
+  spec = specs.pop() if len(specs) == 1 else ()
+  k, n = (_axis(spec, 1), _axis(spec, 0)) if product.transposed else (_axis(spec, 0),
+                                                                       _axis(spec, 1))
+  widths = tuple(m.shape[0] if product.transposed else m.shape[1] for m in mats)
+  return dispatch.Layout(mesh, batch, k, n, widths)
+
+
+def _blocks(backend, product: dispatch.Product, mats, layout: dispatch.Layout) -> Array:
+  """The packed blocks of a "dot" on a mesh: block (i, j) = rows i of K and columns j of
+  each joined matrix, packed alone; stacked [size(k), size(n), *packed] and split over
+  (k, n), so each device holds its own block."""
+  sk, sn = layout.size(layout.k), layout.size(layout.n)
+  ws = [m.T if product.transposed else m for m in mats]
+  rows = ws[0].shape[0] // sk
+
+  def block(i, j):
+    cols = [w[i * rows:(i + 1) * rows, j * (w.shape[1] // sn):(j + 1) * (w.shape[1] // sn)]
+            for w in ws]
+    return backend.kernel("pack")(jnp.concatenate(cols, axis=1), product.dtype)
+
+  stacked = jnp.stack([jnp.stack([block(i, j) for j in range(sn)]) for i in range(sk)])
+  return jax.device_put(stacked, NamedSharding(layout.mesh, PartitionSpec(layout.k, layout.n)))
 
 
 def _at(params, path: tuple[str, ...]) -> Array:

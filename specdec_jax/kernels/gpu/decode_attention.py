@@ -1,6 +1,6 @@
 """Decode attention on Hopper tensor cores: every query row computed alike.
 
-    out = attention(q, k, v, bias)  # q [B, T, H, D], k/v [B, H, S, D],
+    out = attention(q, k, v, bias)  # q [B, T, H, D], grouped k/v [B, Hkv, S, D],
                                     # bias [B|1, H|1, T|1, S] -> out [B, T, H, D] float32
 
 softmax(q . k + bias) @ v per (b, h, query row), T5's conventions (no 1/sqrt(D): it lives
@@ -11,7 +11,8 @@ in chunks of C keys (64 unless the tile table names another for the head size:
 output o): the same operations for every row, whatever T, B, H and the row's place, so
 a row is bitwise the same in a 1-token call and in a 16-token one. The cache is read in
 its fixed shape S (rounded up to C; the padding carries -inf-like bias, contributing
-exact zeros); a row's lengths are its bias.
+exact zeros); a row's lengths are its bias. Grouped-query K/V stay grouped: query head h
+reads K/V head h // (H / Hkv) (no repeated copy).
 
 Products run as bfloat16 WGMMAs with float32 accumulation; float32 operands split into
 hi/lo parts as in `matmul` (three WGMMAs). Interpret mode replaces each WGMMA by an
@@ -43,12 +44,13 @@ _MASKED = -1e30  # bias of the keys padding S up to chunks: exp() of it is 0
 
 
 def _kernel_call(qp, ktp, vp, bias, heads: int, interpret) -> Array:
-  """qp [P, BH, Tp, Dp], ktp [P, BH, Dp, Sp], vp [P, BH, Sp, Dp] bfloat16, bias
+  """qp [P, BH, Tp, Dp], ktp [P, BHkv, Dp, Sp], vp [P, BHkv, Sp, Dp] bfloat16, bias
   [Bb, Hb, Tp, Sp] float32 -> [BH, Tp, Dp] float32."""
   parts, bh, tp, dp = qp.shape
   sp = ktp.shape[3]
   bias_b, bias_h = bias.shape[:2]
   C = _chunk(dp, parts)              # noqa: N806 (the module's C, from the tile table)
+  group = bh // ktp.shape[1]          # query heads per K/V head
   row_tiles, chunks = tp // TM, sp // C
   units = bh * row_tiles
   blocks = 1 if interpret else units
@@ -62,6 +64,8 @@ def _kernel_call(qp, ktp, vp, bias, heads: int, interpret) -> Array:
       def unit(t, carry):
         u = block * (units // blocks) + t
         g, ti = u // row_tiles, u % row_tiles
+        # its K/V head (ungrouped: g itself)
+        kv = g if group == 1 else (g // heads) * (heads // group) + (g % heads) // group
         bb = g // heads if bias_b > 1 else 0
         hb = g % heads if bias_h > 1 else 0
         rows = pl.ds(ti * TM, TM)
@@ -74,8 +78,8 @@ def _kernel_call(qp, ktp, vp, bias, heads: int, interpret) -> Array:
           """Chunk c of the keys; state (o, m, l) of the chunks before, None for the first."""
           keys = pl.ds(c * C, C)
           for p in range(parts):
-            plgpu.copy_gmem_to_smem(k_gmem.at[p, g, :, keys], k_smem.at[p], barrier.at[p])
-            plgpu.copy_gmem_to_smem(v_gmem.at[p, g, keys, :], v_smem.at[p],
+            plgpu.copy_gmem_to_smem(k_gmem.at[p, kv, :, keys], k_smem.at[p], barrier.at[p])
+            plgpu.copy_gmem_to_smem(v_gmem.at[p, kv, keys, :], v_smem.at[p],
                                     barrier.at[parts + p])
           plgpu.copy_gmem_to_smem(bias_gmem.at[bb, hb, rows, keys], b_smem,
                                   barrier.at[2 * parts])
@@ -150,13 +154,13 @@ def _f32_transforms(cols: int):
 
 
 def attention(q: Array, k: Array, v: Array, bias: Array, interpret: bool | None = None) -> Array:
-  """q [B, T, H, D], k/v [B, H, S, D] (float32 or bfloat16; float16 computed as float32),
-  bias [B|1, H|1, T|1, S] -> [B, T, H, D] float32.
+  """q [B, T, H, D], k/v [B, Hkv, S, D] (Hkv divides H; float32 or bfloat16; float16
+  computed as float32), bias [B|1, H|1, T|1, S] -> [B, T, H, D] float32.
 
   bfloat16 q, k and v run one bfloat16 part; anything else two (hi/lo of float32).
   interpret: None: `mode.interpret()`; False compiles for Mosaic GPU.
   """
-  b, t, h, d, s = check_attention(q, k, v, bias)
+  b, t, h, d, s, hkv = check_attention(q, k, v, bias)
   bf16 = jnp.dtype(jnp.bfloat16)
   parts = 1 if {jnp.dtype(a.dtype) for a in (q, k, v)} == {bf16} else 2
   tp, dp = _ceil(t, TM), _ceil(d, 64)
@@ -164,7 +168,7 @@ def attention(q: Array, k: Array, v: Array, bias: Array, interpret: bool | None 
   qh = jnp.pad(jnp.swapaxes(q, 1, 2), ((0, 0), (0, 0), (0, tp - t), (0, dp - d)))
   kt = jnp.pad(jnp.swapaxes(k, 2, 3), ((0, 0), (0, 0), (0, dp - d), (0, sp - s)))
   vv = jnp.pad(v, ((0, 0), (0, 0), (0, sp - s), (0, dp - d)))
-  flat = lambda a: split(a.reshape((b * h,) + a.shape[2:]).astype(jnp.float32), parts)
+  flat = lambda a: split(a.reshape((-1,) + a.shape[2:]).astype(jnp.float32), parts)
   bias = jnp.broadcast_to(bias.astype(jnp.float32), bias.shape[:2] + (t, s))
   bias = jnp.pad(bias, ((0, 0), (0, 0), (0, tp - t), (0, sp - s)),
                  constant_values=_MASKED)

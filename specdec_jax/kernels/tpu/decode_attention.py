@@ -1,6 +1,6 @@
 """Decode attention on TPU (Pallas, Mosaic TPU): every query row computed alike.
 
-    out = attention(q, k, v, bias)  # q [B, T, H, D], k/v [B, H, S, D],
+    out = attention(q, k, v, bias)  # q [B, T, H, D], grouped k/v [B, Hkv, S, D],
                                     # bias [B|1, H|1, T|1, S] -> out [B, T, H, D] float32
 
 softmax(q . k + bias) @ v per (b, h, query row), T5's conventions (no 1/sqrt(D): it lives
@@ -11,7 +11,8 @@ chunks of C = 128 keys (a fixed SIZE, whatever S is), in order, with an online s
 (running max m, sum l, output o): the same operations for every row, whatever T, B, H
 and the row's place, so a row is bitwise the same in a 1-token call and in a 16-token
 one. The keys padding S up to chunks carry a -1e30 bias (exact zero weight); a row's
-lengths are its bias.
+lengths are its bias. Grouped-query K/V stay grouped: the block of query head h reads
+K/V head h // (H / Hkv) (no repeated copy).
 
 bfloat16 q, k and v: bfloat16 MXU products with float32 accumulation, the probabilities
 of a chunk entering p @ v rounded to bfloat16 before normalisation (XLA's path rounds
@@ -49,12 +50,13 @@ def _row_sum(p: Array, interpret: bool) -> Array:
 
 
 def _kernel_call(qp: Array, kp: Array, vp: Array, bias: Array, interpret) -> Array:
-  """qp [B, H, Tp, Dp], kp/vp [B, H, chunks, C, Dp] (one dtype), bias [Bb, Hb, chunks, Tp,
+  """qp [B, H, Tp, Dp], kp/vp [B, Hkv, chunks, C, Dp] (one dtype), bias [Bb, Hb, chunks, Tp,
   C] float32 -> [B, H, Tp, Dp] float32. Chunks are a leading axis: the kernel picks one by
   a dynamic index on an untiled dimension, which any TPU layout allows."""
   b, h, tp, dp = qp.shape
   chunks = kp.shape[2]
   bias_b, bias_h = bias.shape[:2]
+  group = h // kp.shape[1]
   inline = bool(interpret)
   low = qp.dtype == jnp.bfloat16
 
@@ -78,7 +80,10 @@ def _kernel_call(qp: Array, kp: Array, vp: Array, bias: Array, interpret) -> Arr
     o_ref[...] = o / denom
 
   row = lambda bb, hh, t: (bb, hh, t, 0)
-  cache = lambda bb, hh, t: (bb, hh, 0, 0, 0)
+  # lax.div: heads are >= 0, and Mosaic TPU lowers a floor division's sign test only
+  # knowing the chip (not where `lower_for_tpu` runs); ungrouped: the head itself
+  kv_head = (lambda hh: hh) if group == 1 else (lambda hh: lax.div(hh, group))
+  cache = lambda bb, hh, t: (bb, kv_head(hh), 0, 0, 0)
   on_bias = lambda bb, hh, t: (bb if bias_b > 1 else 0, hh if bias_h > 1 else 0, 0, t, 0)
   return pl.pallas_call(
       kernel, out_shape=jax.ShapeDtypeStruct((b, h, tp, dp), jnp.float32),
@@ -94,18 +99,18 @@ def _kernel_call(qp: Array, kp: Array, vp: Array, bias: Array, interpret) -> Arr
 
 
 def attention(q: Array, k: Array, v: Array, bias: Array, interpret: bool | None = None) -> Array:
-  """q [B, T, H, D], k/v [B, H, S, D] (float32 or bfloat16; float16 computed as float32),
-  bias [B|1, H|1, T|1, S] -> [B, T, H, D] float32.
+  """q [B, T, H, D], k/v [B, Hkv, S, D] (Hkv divides H; float32 or bfloat16; float16
+  computed as float32), bias [B|1, H|1, T|1, S] -> [B, T, H, D] float32.
 
   interpret: None: `mode.interpret()`; False compiles for Mosaic TPU (`lower_for_tpu`).
   """
-  b, t, h, d, s = check_attention(q, k, v, bias)
+  b, t, h, d, s, hkv = check_attention(q, k, v, bias)
   bf16 = jnp.dtype(jnp.bfloat16)
   dtype = bf16 if {jnp.dtype(a.dtype) for a in (q, k, v)} == {bf16} else jnp.dtype(jnp.float32)
   tp, dp, sp = _ceil(t, TQ), _ceil(d, LANE), _ceil(s, C)
   qh = jnp.pad(jnp.swapaxes(q, 1, 2).astype(dtype), ((0, 0), (0, 0), (0, tp - t), (0, dp - d)))
   chunked = lambda a: jnp.pad(a.astype(dtype), ((0, 0), (0, 0), (0, sp - s), (0, dp - d))
-                             ).reshape(b, h, sp // C, C, dp)
+                             ).reshape(b, hkv, sp // C, C, dp)
   kp, vp = chunked(k), chunked(v)
   bias = jnp.broadcast_to(bias.astype(jnp.float32), bias.shape[:2] + (t, s))
   bias = jnp.pad(bias, ((0, 0), (0, 0), (0, tp - t), (0, sp - s)), constant_values=_MASKED)
