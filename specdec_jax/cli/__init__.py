@@ -140,6 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return e.code if isinstance(e.code, int) else EXIT_USAGE
   args.argv = list(sys.argv[1:] if argv is None else argv)
   if argv is None:
+    progress.unblock_interrupts()   # a parent's blocked mask must not swallow Ctrl-C
     supervise.as_child()      # a supervised child: a SIGINT sent twice is one interrupt
     progress.on_sigterm()     # SIGTERM ends the run as Ctrl-C does: with what was kept
   try:

@@ -47,6 +47,15 @@ def interrupts_kept(kept: Callable[[], str | None]) -> Iterator[None]:
     raise Interrupted(detail, terminated=isinstance(e, Terminated)) from None
 
 
+def unblock_interrupts() -> None:
+  """SIGINT and SIGTERM unblocked in the main thread, at a process's start: a mask
+  inherited from the parent would hold them pending for ever (Ctrl-C would do nothing),
+  and the threads XLA starts later inherit this thread's mask."""
+  if threading.current_thread() is threading.main_thread() and hasattr(
+      signal, "pthread_sigmask"):
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
 def on_sigterm() -> None:
   """SIGTERM raises `Terminated` in the main thread (a no-op elsewhere)."""
   if threading.current_thread() is not threading.main_thread():

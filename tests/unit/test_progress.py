@@ -96,3 +96,25 @@ def test_an_interrupt_says_what_was_kept_when_it_came(interrupt, terminated):
   assert type(plain.value) is interrupt
   with interrupts_kept(lambda: "never read"):         # a quiet block: nothing raised
     pass
+
+
+def test_a_blocked_interrupt_inherited_from_the_parent_is_unblocked():
+  """A process started with SIGINT blocked (a parent's mask, kept across exec) still
+  ends on Ctrl-C once it calls `unblock_interrupts` at its start."""
+  import subprocess
+  import sys
+  code = ("import os, signal, time\n"
+          "from specdec_jax.runtime import progress\n"
+          "if os.environ['UNBLOCK'] == '1':\n"
+          "  progress.unblock_interrupts()\n"
+          "os.kill(os.getpid(), signal.SIGINT)\n"
+          "time.sleep(0.2)\n"
+          "print('ran on')\n")
+  launch = ("import os, signal, sys\n"
+            "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})\n"
+            "os.execv(sys.executable, [sys.executable, '-c', sys.argv[1]])\n")
+  for unblock, interrupted in (("1", True), ("0", False)):     # and the negative control
+    out = subprocess.run([sys.executable, "-c", launch, code], capture_output=True,
+                         text=True, env={**os.environ, "UNBLOCK": unblock}, timeout=60)
+    assert ("KeyboardInterrupt" in out.stderr) is interrupted, out.stderr[-500:]
+    assert ("ran on" in out.stdout) is not interrupted
