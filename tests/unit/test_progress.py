@@ -16,6 +16,8 @@ from specdec_jax.runtime.progress import (
   interrupts_kept,
 )
 
+pytestmark = pytest.mark.unit
+
 
 class _Raised(Exception):
   pass
