@@ -6,6 +6,7 @@ conftest.py keeps pytest's own set-up (the compilation cache, session fixtures).
 
 import json
 import pathlib
+import sys
 
 import jax
 import numpy as np
@@ -21,6 +22,15 @@ DEMO_PAIRS = [json.loads(line) for line in
               (pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl")
               .read_text().splitlines()]
 DEMO_SENTENCES = [p["de"] for p in DEMO_PAIRS[:8]]
+
+#: Prefix of a command that a test interrupts: `[*WITH_DEFAULT_SIGINT, "-m", ...]` runs
+#: `python -m ...` with SIGINT's default action, as from a terminal. A shell starts its
+#: background jobs with SIGINT ignored, an ignored signal stays ignored across exec, and
+#: Python then installs no KeyboardInterrupt handler: a suite run in the background would
+#: otherwise send SIGINTs that nothing receives.
+WITH_DEFAULT_SIGINT = [sys.executable, "-c",
+                       "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                       "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"]
 
 
 def peaked(model: sd.Model, scale: float = 6.0, eos_boost: float = 2.0) -> sd.Model:

@@ -15,6 +15,7 @@ import threading
 import time
 
 import pytest
+from helpers import WITH_DEFAULT_SIGINT
 from loopback import device_env, free_port
 
 from specdec_jax.runtime import distributed, liveness, supervise
@@ -148,7 +149,8 @@ sys.exit(supervise.run(sys.argv[1:], supervise.Who(1, 2, "10.0.0.1:1234")))
 def _parent(child: str, before: str = "", **popen) -> subprocess.Popen:
   """A `supervise.run` parent of `python -c child` (running the code `before` first),
   stdout and stderr piped."""
-  return subprocess.Popen([sys.executable, "-c", before + PARENT, sys.executable, "-c", child],
+  return subprocess.Popen([*WITH_DEFAULT_SIGINT, "-c", before + PARENT, sys.executable, "-c",
+                           child],
                           env=device_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           **popen)
 

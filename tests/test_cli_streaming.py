@@ -5,11 +5,10 @@ rows were kept and how to go on."""
 import os
 import signal
 import subprocess
-import sys
 
 import numpy as np
 import pytest
-from helpers import REPO_DIR
+from helpers import REPO_DIR, WITH_DEFAULT_SIGINT
 
 TARGET = "config:t5_1_1_tiny"
 
@@ -23,7 +22,7 @@ def _prompts(path, n: int, seed: int = 0) -> list[str]:
 
 
 def _command(*args) -> list[str]:
-  return [sys.executable, "-m", "specdec_jax.cli", "decode", "--model", TARGET,
+  return [*WITH_DEFAULT_SIGINT, "-m", "specdec_jax.cli", "decode", "--model", TARGET,
           "--max-new-tokens", "24", "--batch-size", "1", *args]
 
 

@@ -113,6 +113,7 @@ def test_a_blocked_interrupt_inherited_from_the_parent_is_unblocked():
           "time.sleep(0.2)\n"
           "print('ran on')\n")
   launch = ("import os, signal, sys\n"
+            "signal.signal(signal.SIGINT, signal.SIG_DFL)   # not a background job's\n"
             "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})\n"
             "os.execv(sys.executable, [sys.executable, '-c', sys.argv[1]])\n")
   for unblock, interrupted in (("1", True), ("0", False)):     # and the negative control
