@@ -9,6 +9,18 @@ from typing import Any
 from specdec_jax.costs import VERIFY_NOISE_NOTE, verify_cost_text
 from specdec_jax.runtime.report import fmt
 
+# (key, label, note) of the statistics a method's stats may carry, in the order shown
+_OWN = (
+    ("tokens_per_target_call", "tokens/target call", "per row"),   # not beam search's
+    ("steps_per_target_call", "beam steps/call", "{steps:.0f} steps: sd.Beam's calls"),
+    ("drafter_calls", "drafter calls", ""),
+    ("acceptance_rate", "acceptance rate", "accepted / drafted"),
+    ("alpha", "alpha", "mean of sum_x min(p, q)"),
+    *((key, key, "") for key in ("fallback_rate", "rollback_rate", "repeated_draft_rate",
+                                 "mean_max_run", "oracle_tokens_per_target_call")),
+)
+_COUNTS = frozenset({"drafter_calls"})
+
 
 def stats_block(stats: dict[str, Any], timing: dict[str, Any], method) -> str:
   """The --stats lines: the run's counts, its timing (unless --compare times it) and the
@@ -30,22 +42,11 @@ def stats_block(stats: dict[str, Any], timing: dict[str, Any], method) -> str:
               "tokens, summed over rows)"]
   lines.append(f"target calls         {int(stats['target_calls'])} per-row verifier calls, "
                f"{int(stats['rounds'])} batched rounds")
-  if "tokens_per_target_call" in stats:    # not beam search's (a call scores K beams)
-    lines.append(f"tokens/target call   {f(stats['tokens_per_target_call'])}   (per row)")
   # the method's own statistics, where its stats carry them (`Method.statistics`)
-  if "steps_per_target_call" in stats:     # speculative beam search
-    lines.append(f"beam steps/call      {f(stats['steps_per_target_call'])}   "
-                 f"({int(stats['steps'])} steps: sd.Beam's calls)")
-  if "drafter_calls" in stats:
-    lines.append(f"drafter calls        {int(stats['drafter_calls'])}")
-  if "acceptance_rate" in stats:
-    lines.append(f"acceptance rate      {f(stats['acceptance_rate'])}   (accepted / drafted)")
-  if "alpha" in stats:
-    lines.append(f"alpha                {f(stats['alpha'])}   (mean of sum_x min(p, q))")
-  for key in ("fallback_rate", "rollback_rate", "repeated_draft_rate", "mean_max_run",
-              "oracle_tokens_per_target_call"):
+  for key, label, note in _OWN:
     if key in stats:
-      lines.append(f"{key:<20} {f(stats[key])}")
+      value = f"{int(stats[key])}" if key in _COUNTS else f(stats[key])
+      lines.append(f"{label:<20} {value}" + (f"   ({note.format(**stats)})" if note else ""))
   if bool(stats.get("lossy", False)):
     lines.append("lossy                LOSSY: the output (or its distribution) is not the "
                  "target's" + (f" (lenience {stats['lenience']})" if "lenience" in stats else ""))
