@@ -46,6 +46,7 @@ import numpy as np
 from specdec_jax.batching import Batch
 from specdec_jax.errors import CLIError, FileAccessError
 from specdec_jax.runs import Corpus, decode_corpus
+from specdec_jax.runtime.progress import deferred_signals
 from specdec_jax.runtime.report import atomic_write, read_json, to_jsonable
 
 FORMAT = 1
@@ -141,17 +142,20 @@ class OutputFile:
   rows: int
 
   def append(self, lines: Sequence[str]) -> None:
-    """Append `lines` (one output line each), flushed and fsync'd: on disk when this returns."""
+    """Append `lines` (one output line each), flushed and fsync'd: on disk when this returns.
+    The lines are written and counted together (an interrupt waits), so `rows` is what
+    the file holds when a run is stopped."""
     if not lines:
       return
-    try:
-      with open(self.path, "a", encoding="utf-8", newline="\n") as f:
-        f.write("".join(line + "\n" for line in lines))
-        f.flush()
-        os.fsync(f.fileno())
-    except OSError as e:
-      raise FileAccessError(f"cannot write --output {self.path!r}: {e.strerror or e}") from None
-    self.rows += len(lines)
+    with deferred_signals():
+      try:
+        with open(self.path, "a", encoding="utf-8", newline="\n") as f:
+          f.write("".join(line + "\n" for line in lines))
+          f.flush()
+          os.fsync(f.fileno())
+      except OSError as e:
+        raise FileAccessError(f"cannot write --output {self.path!r}: {e.strerror or e}") from None
+      self.rows += len(lines)
 
   def finish(self) -> None:
     """Mark OUT complete in its sidecar."""

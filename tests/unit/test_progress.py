@@ -121,3 +121,20 @@ def test_a_blocked_interrupt_inherited_from_the_parent_is_unblocked():
                          text=True, env={**os.environ, "UNBLOCK": unblock}, timeout=60)
     assert ("KeyboardInterrupt" in out.stderr) is interrupted, out.stderr[-500:]
     assert ("ran on" in out.stdout) is not interrupted
+
+
+def test_an_output_files_lines_and_count_stay_together(raising_handlers, tmp_path,
+                                                       monkeypatch):
+  """A signal that comes while `OutputFile.append` writes is raised after the lines are
+  counted: `rows` is what the file holds (the 'N rows kept' of a stopped run)."""
+  from specdec_jax.runtime import output_file
+  out = output_file.OutputFile(str(tmp_path / "out.txt"), {}, rows=0)
+  real_fsync = os.fsync
+
+  def fsync_then_signal(fd):
+    real_fsync(fd)
+    _signal_from_another_thread(signal.SIGTERM)     # lands between write and count
+  monkeypatch.setattr(output_file.os, "fsync", fsync_then_signal)
+  with pytest.raises(_Raised):
+    out.append(["a", "b"])
+  assert out.rows == len((tmp_path / "out.txt").read_text().splitlines()) == 2
