@@ -44,6 +44,7 @@ def _stop_after(cmd, env, cwd, lines: int, sig) -> tuple[list[str], str, int]:
   return [s.rstrip("\n") for s in seen] + rest.splitlines(), err, proc.returncode
 
 
+@pytest.mark.slow      # 15 s; the fast tier keeps tests/unit/test_progress.py's
 def test_an_interrupted_stdout_run_has_printed_its_finished_rows(tmp_path):
   prompts = _prompts(tmp_path / "in.txt", 3000)
   env = _env(tmp_path)
