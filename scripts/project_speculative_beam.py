@@ -156,6 +156,7 @@ def main() -> int:
   parser.add_argument("--sentences", type=int, default=8)
   parser.add_argument("--max-new-tokens", type=int, default=32)
   parser.add_argument("--gammas", default="2,3,4")
+  parser.add_argument("--chains", default=f"{K},{3 * K}", help="chain counts M, e.g. 4,8,12")
   parser.add_argument("--batch-sizes", default="1,8")
   parser.add_argument("--costs", metavar="BENCH_JSON",
                       help="a device's bench.json with speculative beam entries (beam_costs)")
@@ -171,7 +172,7 @@ def main() -> int:
   rows = []
   for batch in (int(b) for b in args.batch_sizes.split(",")):
     for gamma in (int(g) for g in args.gammas.split(",")):
-      for chains in (K, 3 * K):
+      for chains in (int(m) for m in args.chains.split(",")):
         r = steps_per_call(target, drafter, enc, batch, gamma, chains, args.max_new_tokens)
         c, v, source = H200["c"], verify_cost(n0, batch, chains, gamma), "recorded H200"
         if (batch, gamma, chains) in measured:
