@@ -476,6 +476,13 @@ def test_a_tree_wider_than_the_call_is_drafted_and_replayed():
                   max_new_tokens=5)
   np.testing.assert_array_equal(np.asarray(out.beams), np.asarray(ref.beams))
   assert out.stats["drafted"] == (8 + 4 * 1) * out.stats["target_calls"]
+  # Deeper levels wider than K and than the first (`run`'s deep_width): leaves the chains
+  # reach through their parents' drafter states; the same beams.
+  config = beam.SearchConfig(num_beams=4, alpha=0.6, eos_id=1, max_decode_len=6)
+  deep = speculative_beam.run(target, target, enc, config=config, gamma=2, chains=20,
+                              deep_width=12)
+  np.testing.assert_array_equal(np.asarray(deep.beams), np.asarray(ref.beams))
+  assert deep.stats["drafted"] == (8 + 12 * 1) * deep.stats["target_calls"]
 
 
 @pytest.mark.slow

@@ -13,8 +13,8 @@ A round, for the K live beams of every row (the flat [B*K] layout of `beam`):
 
     draft    the drafter's own beam search (width K, from the live beams and their
              log-probs) for gamma steps: a tree of K nodes per level (the first level:
-             `width`, default 2K); where the last round computed a beam's target logits,
-             the first level reads them
+             `width`, default 2K; the deeper ones K, or `run`'s deep_width); where the
+             last round computed a beam's target logits, the first level reads them
     chains   the tree cut into M chains (`chains`, default 3K) following first children:
              chain k continues live beam k, the others start at the other children,
              shallowest first (the replay needs every node of a level)
@@ -221,11 +221,19 @@ class SpeculativeBeam(Method):
 
 def run(target: Model, drafter: Any, inputs: Array, *, config: beam.SearchConfig,
         gamma: int, width: int | None = None, chains: int | None = None, exact: bool = False,
-        prompt_lengths: Array | None = None,
+        deep_width: int | None = None, prompt_lengths: Array | None = None,
         check_scored: bool = True) -> SpeculativeBeamOutput:
   """Speculative beam search of `target` over `inputs` [B, Le] (a decoder-only
   target: prompts [B, P] with `prompt_lengths` [B]) as ONE jitted program: the output of
   `beam.run(target, inputs, config=config, exact=exact, ...)`.
+
+  deep_width: the tree's levels below the first, each the drafter's best `deep_width`
+  (>= K) continuations of the level above's best K (None: K). The extra nodes are leaves
+  (the drafter goes on from the best K) that more chains can cover, so that a step's new
+  beams are more often all scored. Measured on the demo pair (batch 1, 8 sentences):
+  s 1.60 -> 1.66 (gamma 2, M 12 -> 16, deep_width 8), 1.75 (gamma 3, M 16 or gamma 2,
+  width 16, M 20): the wider call costs more than the steps gain (results/speculative_beam
+  /cpu_speed.md), so it is a research knob here, not a setting of `sd.SpeculativeBeam`.
 
   check_scored=False is a deliberately WRONG replay (a negative control for the tests):
   it takes gamma + 1 steps every round, reading each new beam's logits from its parent's
@@ -238,6 +246,9 @@ def run(target: Model, drafter: Any, inputs: Array, *, config: beam.SearchConfig
   k = config.num_beams
   padded = exact and not target.width_invariant_decode
   width = 2 * k if width is None else width
+  if deep_width is not None and requests.check_positive_int(deep_width, "deep_width") < k:
+    raise InputError(f"deep_width must be >= num_beams ({k}): the search goes on from the "
+                     f"best num_beams, got {deep_width!r}")
   if chains is None:
     chains = k if padded else 3 * k
   if padded and chains != k:
@@ -245,7 +256,8 @@ def run(target: Model, drafter: Any, inputs: Array, *, config: beam.SearchConfig
                      f"one chain per beam (its calls keep sd.Beam's {k} rows per row): "
                      f"chains={chains} (use chains=None, or pack the target: sd.pack)")
   return _run(target, drafter, inputs, prompt_lengths, config=config, gamma=gamma,
-              width=width, chains=chains, exact=exact, check_scored=check_scored)
+              width=width, chains=chains, exact=exact, check_scored=check_scored,
+              deep_width=deep_width)
 
 
 class _State(struct.PyTreeNode):
@@ -370,7 +382,7 @@ class _Tree(struct.PyTreeNode):
 
 def _draft(drafter: Any, state: Any, seqs: Array, n: Array, live_logprobs: Array,
            known: Array, target_logits: Array, gamma: int, width: int, chains: int,
-           eos_id: int) -> _Tree:
+           eos_id: int, deep_width: int | None = None) -> _Tree:
   """The drafter's own beam search (width K, EOS excluded: T5X's live beams) for gamma
   steps from the K live beams (seqs [B*K, L] up to n [B*K], their log-probs [B, K]); its
   nodes form a tree under the beams, `width` >= K of them at the first level (the search
@@ -383,7 +395,9 @@ def _draft(drafter: Any, state: Any, seqs: Array, n: Array, live_logprobs: Array
   `chains` per row: the replay needs every node of a level, so the tree is covered level
   by level."""
   batch, k = live_logprobs.shape
-  sizes = [k] + [width if depth == 1 else k for depth in range(1, gamma + 1)]
+  deep = k if deep_width is None else deep_width
+  sizes = [k] + [width if depth == 1 else deep for depth in range(1, gamma + 1)]
+  big = max(sizes) + 1
   logits, state = drafter.first(state, seqs, n)
   snapshots, parents, tokens, lp = [state], [], [], live_logprobs
   for depth in range(1, gamma + 1):
@@ -424,8 +438,8 @@ def _draft(drafter: Any, state: Any, seqs: Array, n: Array, live_logprobs: Array
   level_of = jnp.concatenate([jnp.full((size,), d, jnp.int32) for d, size in enumerate(sizes)])
   index_of = jnp.concatenate(arange)                                     # [C]: all nodes
   offset = jnp.cumsum(jnp.array([0] + sizes[:-1], jnp.int32))
-  order = -(level_of * (width + 1) + index_of)                           # shallow, then first
-  rank = jnp.where(jnp.concatenate(starts, 1), order, -(gamma + 2) * (width + 1))
+  order = -(level_of * big + index_of)                                   # shallow, then first
+  rank = jnp.where(jnp.concatenate(starts, 1), order, -(gamma + 2) * big)
   start = jax.lax.top_k(rank, chains)[1]             # [B, M]: the live beams first, in order
   end = _take(jnp.concatenate(end_level, 1), start)
   chosen = offset[end] + _take(jnp.concatenate(end_node, 1), start)     # the chains' ends
@@ -458,11 +472,11 @@ def _drafter_rows(tree: _Tree, first: Any, row: Array) -> Any:
 
 
 @functools.partial(jax.jit,
-                   static_argnames=("config", "gamma", "width", "chains", "exact",
+                   static_argnames=("config", "gamma", "width", "deep_width", "chains", "exact",
                                     "check_scored"))
 def _run(target: Model, drafter: Any, inputs: Array, prompt_lengths: Array | None, *,
          config: beam.SearchConfig, gamma: int, width: int, chains: int, exact: bool,
-         check_scored: bool) -> SpeculativeBeamOutput:
+         check_scored: bool, deep_width: int | None = None) -> SpeculativeBeamOutput:
   k, m, steps = config.num_beams, chains, config.max_decode_len - 1
   batch = inputs.shape[0]
   # The target's calls and cache exactly as `beam._run`'s (one capacity, one call width).
@@ -504,7 +518,7 @@ def _run(target: Model, drafter: Any, inputs: Array, prompt_lengths: Array | Non
     flat = b.live_seqs.reshape(batch * k, steps + 1)
     n = jnp.repeat(t, k)
     tree = _draft(drafter, s.drafter, flat, n, b.live_logprobs, s.known, s.logits, gamma,
-                  width, m, config.eos_id)
+                  width, m, config.eos_id, deep_width)
     last = jnp.take_along_axis(flat, n[:, None], axis=1).reshape(batch, k)
     tokens = jnp.concatenate([_take(last, tree.root)[..., None], tree.path], axis=2)
     tokens = jnp.pad(tokens.reshape(batch * m, gamma + 1),
@@ -577,7 +591,7 @@ def _run(target: Model, drafter: Any, inputs: Array, prompt_lengths: Array | Non
   calls = jnp.full((batch,), final.rounds, jnp.int32)
   counters = DecodeStats.zeros(batch, gamma).replace(
       rounds=final.rounds, target_calls=calls, drafter_calls=gamma * calls,
-      drafted=(width + k * (gamma - 1)) * calls,          # the tree's nodes
+      drafted=(width + (deep_width or k) * (gamma - 1)) * calls,   # the tree's nodes
       accepted=k * jnp.sum(final.depth_used, axis=1),
       per_position_accepted=final.depth_used, emitted=lengths)
   return SpeculativeBeamOutput(
