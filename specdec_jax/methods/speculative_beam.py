@@ -497,7 +497,12 @@ def _run(target: Model, drafter: Any, inputs: Array, prompt_lengths: Array | Non
     cache = target.start(inputs, rounds.capacity)
     dstate = drafter.init(inputs, drafting.capacity)
   repeat = lambda tree: jax.tree_util.tree_map(lambda x: jnp.repeat(x, k, axis=0), tree)
-  cache, dstate = repeat(cache), repeat(dstate)                       # [B*K, ...]
+  # The cross-attention K/V is the same for a row's beams and chains: built once at the
+  # chains' [B*M] rows for the verify calls (not gathered from the beams' every round) and
+  # not carried at [B*K] (no target call runs on the beams' rows).
+  chain_cross = None if cache.cross is None else jax.tree_util.tree_map(
+      lambda x: jnp.repeat(x, m, axis=0), cache.cross)
+  cache, dstate = repeat(cache.replace(cross=None)), repeat(dstate)   # [B*K, ...]
   first = target.first_tokens(inputs, prompt_lengths)
   seqs = jnp.zeros((batch, k, steps + 1), jnp.int32).at[:, :, 0].set(first[:, None])
   start = beam.init_state(seqs, cache, k)
@@ -524,8 +529,8 @@ def _run(target: Model, drafter: Any, inputs: Array, prompt_lengths: Array | Non
     tokens = jnp.pad(tokens.reshape(batch * m, gamma + 1),
                      ((0, 0), (0, call_width - gamma - 1)))
     # Each chain continues its beam's cache: M rows per row, [B*K] -> [B*M].
-    logits, vcache = target.decode(
-        tokens, jax.tree_util.tree_map(lambda x: _blocks(x, tree.root), b.cache))
+    rows = jax.tree_util.tree_map(lambda x: _blocks(x, tree.root), b.cache)
+    logits, vcache = target.decode(tokens, rows.replace(cross=chain_cross))
     logits = logits[:, :gamma + 1].astype(jnp.float32).reshape(batch, m, gamma + 1, -1)
     # same[b, i, j, d]: chains i and j share their beam and first d tokens.
     equal = jnp.cumprod(tree.path[:, :, None] == tree.path[:, None], axis=3).astype(bool)
