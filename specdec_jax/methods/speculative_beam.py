@@ -230,10 +230,11 @@ def run(target: Model, drafter: Any, inputs: Array, *, config: beam.SearchConfig
   deep_width: the tree's levels below the first, each the drafter's best `deep_width`
   (>= K) continuations of the level above's best K (None: K). The extra nodes are leaves
   (the drafter goes on from the best K) that more chains can cover, so that a step's new
-  beams are more often all scored. Measured on the demo pair (batch 1, 8 sentences):
-  s 1.60 -> 1.66 (gamma 2, M 12 -> 16, deep_width 8), 1.75 (gamma 3, M 16 or gamma 2,
-  width 16, M 20): the wider call costs more than the steps gain (results/speculative_beam
-  /cpu_speed.md), so it is a research knob here, not a setting of `sd.SpeculativeBeam`.
+  beams are more often all scored. Measured on the demo pair (batch 1, 8 sentences,
+  deep_width 8): s 1.60 -> 1.66 (gamma 2, M 12 -> 16), 1.75 (gamma 3, M 16; or gamma 2,
+  width 16, M 20); the wider call costs more than those steps gain
+  (docs/methods/speculative-beam.md), so it is a research knob of `run`, not a setting
+  of `sd.SpeculativeBeam`.
 
   check_scored=False is a deliberately WRONG replay (a negative control for the tests):
   it takes gamma + 1 steps every round, reading each new beam's logits from its parent's
@@ -353,8 +354,9 @@ def _top_nodes(scores: Array, n: int) -> tuple[Array, Array, Array]:
   """The best n (node, token) pairs of scores f32 [B, K, V]: (values [B, n], node [B, n],
   token [B, n]), as `lax.top_k` over the flat [B, K*V] orders them (ties: lower node,
   then lower token). Two stages, as T5X's beam search: each node's best n, then the best n
-  of those K*n. XLA:CPU turned the one-stage top-k over K*V inside the round into a full
-  stable sort of every row (~2 ms a row and level for the demo's 4 x 8,000)."""
+  of those K*n. XLA:CPU turned the one-stage top-k over K*V (the first level's, keeping
+  2K) inside the round into a full stable sort of every row: ~6 ms a row and round for
+  the demo's 4 x 8,000 lattice, where the drafter's own calls take 0.3 ms."""
   batch, k, vocab = scores.shape
   n1 = min(n, vocab)
   values, tokens = sampling_lib.top_k(scores, n1)                      # [B, K, n1]
@@ -385,10 +387,11 @@ def _draft(drafter: Any, state: Any, seqs: Array, n: Array, live_logprobs: Array
            eos_id: int, deep_width: int | None = None) -> _Tree:
   """The drafter's own beam search (width K, EOS excluded: T5X's live beams) for gamma
   steps from the K live beams (seqs [B*K, L] up to n [B*K], their log-probs [B, K]); its
-  nodes form a tree under the beams, `width` >= K of them at the first level (the search
-  goes on from the best K). Where the target's next-token logits of a live beam are known
-  (known [B, K], target_logits f32 [B, K, V]: the last round scored the beam), the first
-  level reads them instead of the drafter's.
+  nodes form a tree under the beams, `width` >= K of them at the first level and
+  `deep_width` (None: K) at each deeper one (the search goes on from the best K). Where
+  the target's next-token logits of a live beam are known (known [B, K], target_logits
+  f32 [B, K, V]: the last round scored the beam), the first level reads them instead of
+  the drafter's.
 
   A chain follows first children down; one starts at each live beam (step 1 needs every
   beam's logits: chain k is beam k's), then at each other child, shallowest first, up to
