@@ -76,9 +76,10 @@ def verify_cost(n0: float, batch: int, chains: int, gamma: int) -> float:
 
 
 def steps_per_call(target, drafter, enc, batch: int, gamma: int, chains: int | None,
-                   max_new_tokens: int) -> dict:
+                   max_new_tokens: int, width: int | None = None) -> dict:
   """s merged over the sentences (batches of `batch`), and the beams checked."""
-  method = sd.SpeculativeBeam(drafter, num_beams=K, alpha=ALPHA, gamma=gamma, chains=chains)
+  method = sd.SpeculativeBeam(drafter, num_beams=K, alpha=ALPHA, gamma=gamma, chains=chains,
+                              width=width)
   outs, same = [], True
   for i in range(0, len(enc), batch):
     part = enc[i:i + batch]
@@ -120,7 +121,8 @@ def markdown(res: dict) -> str:
       f"- s, beam steps per target call: MEASURED here ({res['machine']['device_kind']}, "
       f"{res['machine']['cpu_count']} CPUs) on the bundled demo pair in bfloat16 "
       f"(demo-de-en/target verifying, demo-de-en/drafter drafting), "
-      f"{res['sentences']} held-out sentences, beam {K} / alpha {ALPHA}, "
+      f"{res['sentences']} held-out sentences, beam {K} / alpha {ALPHA}, the tree's first "
+      f"level {res.get('width', 2 * K)} wide, "
       f"{res['max_new_tokens']} new tokens at most; every beam equal to `sd.Beam`'s: "
       f"{all(r['beams_equal'] for r in res['rows'])};",
       f"- c = {h['c']}: T5-small step / T5-XXL step measured on {h['device']} (jax "
@@ -156,6 +158,8 @@ def main() -> int:
   parser.add_argument("--sentences", type=int, default=8)
   parser.add_argument("--max-new-tokens", type=int, default=32)
   parser.add_argument("--gammas", default="2,3,4")
+  parser.add_argument("--chains", default=f"{K},{3 * K}", help="chain counts M, e.g. 4,8,12")
+  parser.add_argument("--width", type=int, help="the tree's first level (default 2K)")
   parser.add_argument("--batch-sizes", default="1,8")
   parser.add_argument("--costs", metavar="BENCH_JSON",
                       help="a device's bench.json with speculative beam entries (beam_costs)")
@@ -171,8 +175,9 @@ def main() -> int:
   rows = []
   for batch in (int(b) for b in args.batch_sizes.split(",")):
     for gamma in (int(g) for g in args.gammas.split(",")):
-      for chains in (K, 3 * K):
-        r = steps_per_call(target, drafter, enc, batch, gamma, chains, args.max_new_tokens)
+      for chains in (int(m) for m in args.chains.split(",")):
+        r = steps_per_call(target, drafter, enc, batch, gamma, chains, args.max_new_tokens,
+                           args.width)
         c, v, source = H200["c"], verify_cost(n0, batch, chains, gamma), "recorded H200"
         if (batch, gamma, chains) in measured:
           c, v, source = *measured[batch, gamma, chains], args.costs
@@ -192,6 +197,7 @@ def main() -> int:
                     + " ".join(sys.argv[1:]),
          "machine": machine_info(), "inputs": H200, "n0": n0, "fit_check": fit,
          "costs": args.costs, "num_beams": K, "alpha": ALPHA, "sentences": len(lines),
+         "width": args.width or 2 * K,
          "max_new_tokens": args.max_new_tokens, "rows": rows}
   os.makedirs(args.out, exist_ok=True)
   write_json(os.path.join(args.out, "projection.json"), res)

@@ -197,6 +197,21 @@ def test_small_search_matches_the_oracle():
   assert out.stats["steps"] > out.stats["rounds"], out.stats
 
 
+@pytest.mark.parametrize("n", [3, 7])
+def test_two_stage_top_nodes_is_the_flat_top_k_ties_included(n):
+  """The tree's two-stage top-k (each node's best n, then the best n of those) picks and
+  orders (node, token) pairs as `lax.top_k` over the flat [B, K*V] lattice: on a lattice
+  of few distinct values (many ties, -inf among them) its values, nodes and tokens are
+  the flat one's, so the drafted tree is the one-stage search's. No model, no decode."""
+  scores = np.random.default_rng(n).integers(0, 4, size=(3, 4, 9)).astype(np.float32)
+  scores[:, :, 1] = -np.inf                                      # EOS excluded, as drafted
+  values, flat = jax.lax.top_k(jnp.asarray(scores).reshape(3, -1), n)
+  got = speculative_beam._top_nodes(jnp.asarray(scores), n)
+  np.testing.assert_array_equal(got[0], values)
+  np.testing.assert_array_equal(got[1], flat // 9)
+  np.testing.assert_array_equal(got[2], flat % 9)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("num_beams,alpha,gamma", [(2, 0.6, 3), (3, 0.0, 2), (3, 2.0, 4)])
 def test_table_model_matches_the_oracle_and_beam(num_beams, alpha, gamma):
@@ -461,6 +476,13 @@ def test_a_tree_wider_than_the_call_is_drafted_and_replayed():
                   max_new_tokens=5)
   np.testing.assert_array_equal(np.asarray(out.beams), np.asarray(ref.beams))
   assert out.stats["drafted"] == (8 + 4 * 1) * out.stats["target_calls"]
+  # Deeper levels wider than K and than the first (`run`'s deep_width): leaves the chains
+  # reach through their parents' drafter states; the same beams.
+  config = beam.SearchConfig(num_beams=4, alpha=0.6, eos_id=1, max_decode_len=6)
+  deep = speculative_beam.run(target, target, enc, config=config, gamma=2, chains=20,
+                              deep_width=12)
+  np.testing.assert_array_equal(np.asarray(deep.beams), np.asarray(ref.beams))
+  assert deep.stats["drafted"] == (8 + 12 * 1) * deep.stats["target_calls"]
 
 
 @pytest.mark.slow

@@ -13,8 +13,8 @@ A round, for the K live beams of every row (the flat [B*K] layout of `beam`):
 
     draft    the drafter's own beam search (width K, from the live beams and their
              log-probs) for gamma steps: a tree of K nodes per level (the first level:
-             `width`, default 2K); where the last round computed a beam's target logits,
-             the first level reads them
+             `width`, default 2K; the deeper ones K, or `run`'s deep_width); where the
+             last round computed a beam's target logits, the first level reads them
     chains   the tree cut into M chains (`chains`, default 3K) following first children:
              chain k continues live beam k, the others start at the other children,
              shallowest first (the replay needs every node of a level)
@@ -55,6 +55,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specdec_jax import sampling as sampling_lib
 from specdec_jax.cache import DecoderCache
 from specdec_jax.drafters import as_drafter
 from specdec_jax.errors import InputError, SamplingError
@@ -220,11 +221,20 @@ class SpeculativeBeam(Method):
 
 def run(target: Model, drafter: Any, inputs: Array, *, config: beam.SearchConfig,
         gamma: int, width: int | None = None, chains: int | None = None, exact: bool = False,
-        prompt_lengths: Array | None = None,
+        deep_width: int | None = None, prompt_lengths: Array | None = None,
         check_scored: bool = True) -> SpeculativeBeamOutput:
   """Speculative beam search of `target` over `inputs` [B, Le] (a decoder-only
   target: prompts [B, P] with `prompt_lengths` [B]) as ONE jitted program: the output of
   `beam.run(target, inputs, config=config, exact=exact, ...)`.
+
+  deep_width: the tree's levels below the first, each the drafter's best `deep_width`
+  (>= K) continuations of the level above's best K (None: K). The extra nodes are leaves
+  (the drafter goes on from the best K) that more chains can cover, so that a step's new
+  beams are more often all scored. Measured on the demo pair (batch 1, 8 sentences,
+  deep_width 8): s 1.60 -> 1.66 (gamma 2, M 12 -> 16), 1.75 (gamma 3, M 16; or gamma 2,
+  width 16, M 20); the wider call costs more than those steps gain
+  (docs/methods/speculative-beam.md), so it is a research knob of `run`, not a setting
+  of `sd.SpeculativeBeam`.
 
   check_scored=False is a deliberately WRONG replay (a negative control for the tests):
   it takes gamma + 1 steps every round, reading each new beam's logits from its parent's
@@ -237,6 +247,9 @@ def run(target: Model, drafter: Any, inputs: Array, *, config: beam.SearchConfig
   k = config.num_beams
   padded = exact and not target.width_invariant_decode
   width = 2 * k if width is None else width
+  if deep_width is not None and requests.check_positive_int(deep_width, "deep_width") < k:
+    raise InputError(f"deep_width must be >= num_beams ({k}): the search goes on from the "
+                     f"best num_beams, got {deep_width!r}")
   if chains is None:
     chains = k if padded else 3 * k
   if padded and chains != k:
@@ -244,7 +257,8 @@ def run(target: Model, drafter: Any, inputs: Array, *, config: beam.SearchConfig
                      f"one chain per beam (its calls keep sd.Beam's {k} rows per row): "
                      f"chains={chains} (use chains=None, or pack the target: sd.pack)")
   return _run(target, drafter, inputs, prompt_lengths, config=config, gamma=gamma,
-              width=width, chains=chains, exact=exact, check_scored=check_scored)
+              width=width, chains=chains, exact=exact, check_scored=check_scored,
+              deep_width=deep_width)
 
 
 class _State(struct.PyTreeNode):
@@ -336,6 +350,21 @@ def _take(x: Array, index: Array) -> Array:
   return jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
+def _top_nodes(scores: Array, n: int) -> tuple[Array, Array, Array]:
+  """The best n (node, token) pairs of scores f32 [B, K, V]: (values [B, n], node [B, n],
+  token [B, n]), as `lax.top_k` over the flat [B, K*V] orders them (ties: lower node,
+  then lower token). Two stages, as T5X's beam search: each node's best n, then the best n
+  of those K*n. XLA:CPU turned the one-stage top-k over K*V (the first level's, keeping
+  2K) inside the round into a full stable sort of every row: ~6 ms a row and round for
+  the demo's 4 x 8,000 lattice, where the drafter's own calls take 0.3 ms."""
+  batch, k, vocab = scores.shape
+  n1 = min(n, vocab)
+  values, tokens = sampling_lib.top_k(scores, n1)                      # [B, K, n1]
+  values, index = jax.lax.top_k(values.reshape(batch, k * n1), n)
+  token = jnp.take_along_axis(tokens.reshape(batch, k * n1), index, axis=1)
+  return values, (index // n1).astype(jnp.int32), token.astype(jnp.int32)
+
+
 class _Tree(struct.PyTreeNode):
   """The drafted chains of one round, M per row.
 
@@ -355,20 +384,23 @@ class _Tree(struct.PyTreeNode):
 
 def _draft(drafter: Any, state: Any, seqs: Array, n: Array, live_logprobs: Array,
            known: Array, target_logits: Array, gamma: int, width: int, chains: int,
-           eos_id: int) -> _Tree:
+           eos_id: int, deep_width: int | None = None) -> _Tree:
   """The drafter's own beam search (width K, EOS excluded: T5X's live beams) for gamma
   steps from the K live beams (seqs [B*K, L] up to n [B*K], their log-probs [B, K]); its
-  nodes form a tree under the beams, `width` >= K of them at the first level (the search
-  goes on from the best K). Where the target's next-token logits of a live beam are known
-  (known [B, K], target_logits f32 [B, K, V]: the last round scored the beam), the first
-  level reads them instead of the drafter's.
+  nodes form a tree under the beams, `width` >= K of them at the first level and
+  `deep_width` (None: K) at each deeper one (the search goes on from the best K). Where
+  the target's next-token logits of a live beam are known (known [B, K], target_logits
+  f32 [B, K, V]: the last round scored the beam), the first level reads them instead of
+  the drafter's.
 
   A chain follows first children down; one starts at each live beam (step 1 needs every
   beam's logits: chain k is beam k's), then at each other child, shallowest first, up to
   `chains` per row: the replay needs every node of a level, so the tree is covered level
   by level."""
   batch, k = live_logprobs.shape
-  sizes = [k] + [width if depth == 1 else k for depth in range(1, gamma + 1)]
+  deep = k if deep_width is None else deep_width
+  sizes = [k] + [width if depth == 1 else deep for depth in range(1, gamma + 1)]
+  big = max(sizes) + 1
   logits, state = drafter.first(state, seqs, n)
   snapshots, parents, tokens, lp = [state], [], [], live_logprobs
   for depth in range(1, gamma + 1):
@@ -378,10 +410,9 @@ def _draft(drafter: Any, state: Any, seqs: Array, n: Array, live_logprobs: Array
     vocab = logp.shape[-1]
     if eos_id >= 0:
       logp = jnp.where(jnp.arange(vocab) == eos_id, -jnp.inf, logp)
-    lp, index = jax.lax.top_k((lp[:, :k, None] + logp).reshape(batch, k * vocab),
-                              sizes[depth])
-    parents.append((index // vocab).astype(jnp.int32))       # into the level above's first K
-    tokens.append((index % vocab).astype(jnp.int32))
+    lp, parent, token = _top_nodes(lp[:, :k, None] + logp, sizes[depth])
+    parents.append(parent)                                   # into the level above's first K
+    tokens.append(token)
     if depth < gamma:
       state = _gather_drafter(state, parents[-1][:, :k], batch * k)
       logits, state = drafter.next(state, tokens[-1][:, :k].reshape(-1))
@@ -410,8 +441,8 @@ def _draft(drafter: Any, state: Any, seqs: Array, n: Array, live_logprobs: Array
   level_of = jnp.concatenate([jnp.full((size,), d, jnp.int32) for d, size in enumerate(sizes)])
   index_of = jnp.concatenate(arange)                                     # [C]: all nodes
   offset = jnp.cumsum(jnp.array([0] + sizes[:-1], jnp.int32))
-  order = -(level_of * (width + 1) + index_of)                           # shallow, then first
-  rank = jnp.where(jnp.concatenate(starts, 1), order, -(gamma + 2) * (width + 1))
+  order = -(level_of * big + index_of)                                   # shallow, then first
+  rank = jnp.where(jnp.concatenate(starts, 1), order, -(gamma + 2) * big)
   start = jax.lax.top_k(rank, chains)[1]             # [B, M]: the live beams first, in order
   end = _take(jnp.concatenate(end_level, 1), start)
   chosen = offset[end] + _take(jnp.concatenate(end_node, 1), start)     # the chains' ends
@@ -444,11 +475,11 @@ def _drafter_rows(tree: _Tree, first: Any, row: Array) -> Any:
 
 
 @functools.partial(jax.jit,
-                   static_argnames=("config", "gamma", "width", "chains", "exact",
+                   static_argnames=("config", "gamma", "width", "deep_width", "chains", "exact",
                                     "check_scored"))
 def _run(target: Model, drafter: Any, inputs: Array, prompt_lengths: Array | None, *,
          config: beam.SearchConfig, gamma: int, width: int, chains: int, exact: bool,
-         check_scored: bool) -> SpeculativeBeamOutput:
+         check_scored: bool, deep_width: int | None = None) -> SpeculativeBeamOutput:
   k, m, steps = config.num_beams, chains, config.max_decode_len - 1
   batch = inputs.shape[0]
   # The target's calls and cache exactly as `beam._run`'s (one capacity, one call width).
@@ -469,7 +500,12 @@ def _run(target: Model, drafter: Any, inputs: Array, prompt_lengths: Array | Non
     cache = target.start(inputs, rounds.capacity)
     dstate = drafter.init(inputs, drafting.capacity)
   repeat = lambda tree: jax.tree_util.tree_map(lambda x: jnp.repeat(x, k, axis=0), tree)
-  cache, dstate = repeat(cache), repeat(dstate)                       # [B*K, ...]
+  # The cross-attention K/V is the same for a row's beams and chains: built once at the
+  # chains' [B*M] rows for the verify calls (not gathered from the beams' every round) and
+  # not carried at [B*K] (no target call runs on the beams' rows).
+  chain_cross = None if cache.cross is None else jax.tree_util.tree_map(
+      lambda x: jnp.repeat(x, m, axis=0), cache.cross)
+  cache, dstate = repeat(cache.replace(cross=None)), repeat(dstate)   # [B*K, ...]
   first = target.first_tokens(inputs, prompt_lengths)
   seqs = jnp.zeros((batch, k, steps + 1), jnp.int32).at[:, :, 0].set(first[:, None])
   start = beam.init_state(seqs, cache, k)
@@ -490,14 +526,14 @@ def _run(target: Model, drafter: Any, inputs: Array, prompt_lengths: Array | Non
     flat = b.live_seqs.reshape(batch * k, steps + 1)
     n = jnp.repeat(t, k)
     tree = _draft(drafter, s.drafter, flat, n, b.live_logprobs, s.known, s.logits, gamma,
-                  width, m, config.eos_id)
+                  width, m, config.eos_id, deep_width)
     last = jnp.take_along_axis(flat, n[:, None], axis=1).reshape(batch, k)
     tokens = jnp.concatenate([_take(last, tree.root)[..., None], tree.path], axis=2)
     tokens = jnp.pad(tokens.reshape(batch * m, gamma + 1),
                      ((0, 0), (0, call_width - gamma - 1)))
     # Each chain continues its beam's cache: M rows per row, [B*K] -> [B*M].
-    logits, vcache = target.decode(
-        tokens, jax.tree_util.tree_map(lambda x: _blocks(x, tree.root), b.cache))
+    rows = jax.tree_util.tree_map(lambda x: _blocks(x, tree.root), b.cache)
+    logits, vcache = target.decode(tokens, rows.replace(cross=chain_cross))
     logits = logits[:, :gamma + 1].astype(jnp.float32).reshape(batch, m, gamma + 1, -1)
     # same[b, i, j, d]: chains i and j share their beam and first d tokens.
     equal = jnp.cumprod(tree.path[:, :, None] == tree.path[:, None], axis=3).astype(bool)
@@ -563,7 +599,7 @@ def _run(target: Model, drafter: Any, inputs: Array, prompt_lengths: Array | Non
   calls = jnp.full((batch,), final.rounds, jnp.int32)
   counters = DecodeStats.zeros(batch, gamma).replace(
       rounds=final.rounds, target_calls=calls, drafter_calls=gamma * calls,
-      drafted=(width + k * (gamma - 1)) * calls,          # the tree's nodes
+      drafted=(width + (deep_width or k) * (gamma - 1)) * calls,   # the tree's nodes
       accepted=k * jnp.sum(final.depth_used, axis=1),
       per_position_accepted=final.depth_used, emitted=lengths)
   return SpeculativeBeamOutput(
