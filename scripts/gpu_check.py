@@ -140,7 +140,6 @@ def sweep(args) -> dict:
   if c:
     table = tiles.with_entries(table, attention={attention["key"]: {
         "chunk": c["chunk"], "us": round(c["us"], 2)}})
-  _use_table(table)
   return {"rows": args.sweep_rows, "shapes": shapes, "attention": attention, "table": table}
 
 
@@ -159,23 +158,16 @@ def _sweep_chunks(args, table: dict) -> dict:
   key = f"{-(-d // 64) * 64}:bfloat16"
   timed = []
   for c in tiles.CHUNKS:
-    _use_table(tiles.with_entries(table, attention={key: {"chunk": c}}))
-    run = jax.jit(lambda q, k, v, bias: gpu.attention(q, k, v, bias))
-    seconds, full = _timed(lambda run=run: run(q, k, v, bias), args.repeats)
-    full = np.asarray(full)
-    invariant = all(np.array_equal(np.asarray(run(q[r], k[r], v[r], bias[r])), full[r])
-                    for r in (np.array([b - 1]), np.array([2, 0, 1])))
+    with tiles.using(tiles.with_entries(table, attention={key: {"chunk": c}})):
+      run = jax.jit(lambda q, k, v, bias: gpu.attention(q, k, v, bias))
+      seconds, full = _timed(lambda run=run: run(q, k, v, bias), args.repeats)
+      full = np.asarray(full)
+      invariant = all(np.array_equal(np.asarray(run(q[r], k[r], v[r], bias[r])), full[r])
+                      for r in (np.array([b - 1]), np.array([2, 0, 1])))
     timed.append({"chunk": c, "us": 1e6 * seconds, "invariant": invariant})
-  _use_table(table)
   fine = [t for t in timed if t["invariant"]]
   return {"key": key, "shape": [b, h, s, d], "candidates": timed,
           "chosen": min(fine, key=lambda t: t["us"]) if fine else None}
-
-
-def _use_table(table: dict) -> None:
-  """Make `table` the tile table of this process (`tiles.dot_tiles` reads `tiles.table()`):
-  the sections after the sweep pack and run the kernels with the tiles it chose."""
-  tiles.table = functools.cache(lambda: table)
 
 
 def census(args) -> dict:
@@ -499,34 +491,39 @@ def record_entry(result: dict, command: str) -> dict:
 
 def _sections(args, sections, result: dict, out: pathlib.Path) -> bool:
   """Run `sections` in order into `result`; whether one failed (it is recorded, the
-  others still run)."""
+  others still run). The sections after the sweep run with the tiles it chose
+  (`tiles.using`: this run only; --record writes them into the package)."""
   failed = False
-  target = drafter = None
+  models: list = []                 # (target, drafter), built by the first section needing them
+  table = tiles.table()
   for name in sections:
     t = time.perf_counter()
     try:
+      with tiles.using(table):
+        result[name] = _section(args, name, out, models)
       if name == "sweep":
-        result[name] = sweep(args)
-        (out / "gpu_tiles.json").write_text(json.dumps(result[name]["table"], indent=1) + "\n")
-      elif name == "census":
-        result[name] = census(args)
-      elif name == "steps_command_buffers":
-        result[name] = steps_command_buffers(args, out)
-      elif name == "invariance":
-        result[name] = invariance(args)
-      elif name in ("decoding", "steps"):
-        if target is None:
-          target, drafter = _models(args)
-        result[name] = {"decoding": decoding, "steps": steps}[name](args, target, drafter)
-      else:
-        raise ValueError(f"unknown section {name!r} (sweep, invariance, decoding, steps, "
-                         f"steps_command_buffers, census)")
+        table = result[name]["table"]
+        (out / "gpu_tiles.json").write_text(json.dumps(table, indent=1) + "\n")
     except Exception:                       # one failed section: record it, run the others
       failed = True
       result[name] = {"error": traceback.format_exc()}
     result.setdefault("seconds", {})[name] = time.perf_counter() - t
     print(f"gpu_check: {name} done in {time.perf_counter() - t:.1f} s", file=sys.stderr)
   return failed
+
+
+def _section(args, name: str, out: pathlib.Path, models: list) -> dict:
+  """One section's result."""
+  if name in ("decoding", "steps"):
+    if not models:
+      models.extend(_models(args))
+    return {"decoding": decoding, "steps": steps}[name](args, *models)
+  run = {"sweep": sweep, "census": census, "invariance": invariance,
+         "steps_command_buffers": lambda a: steps_command_buffers(a, out)}.get(name)
+  if run is None:
+    raise ValueError(f"unknown section {name!r} (sweep, invariance, decoding, steps, "
+                     f"steps_command_buffers, census)")
+  return run(args)
 
 
 def main(argv=None) -> int:
@@ -575,11 +572,7 @@ def main(argv=None) -> int:
             "args": {k: v for k, v in vars(args).items()}}
   started = time.perf_counter()
   sections = args.sections.split(",")
-  shipped = tiles.table          # the sweep's table serves this run only (`_use_table`)
-  try:
-    failed = _sections(args, sections, result, out)
-  finally:
-    tiles.table = shipped
+  failed = _sections(args, sections, result, out)
   result["total_seconds"] = time.perf_counter() - started
   command = "python scripts/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])
   entry = record_entry(result, command)

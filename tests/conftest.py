@@ -16,9 +16,11 @@ stale entry is never loaded; the directory only grows (a full run writes a few h
 
 Compile time: XLA's LLVM back end runs at optimization level 0 in the tests
 (`--xla_backend_optimization_level=0` added to XLA_FLAGS, also for the subprocesses),
-which cuts compile-bound test time by about 40%. The HLO is the same, but the machine
-code is not quite: at XLA's own level LLVM contracts a*b+c into fused multiply-adds, so a
-value can differ in its last bit from what users compute. The tests compare programs
+which cuts compile-bound test time by about 40%, and its CPU back end emits fused loops with
+its older emitters (`--xla_cpu_use_fusion_emitters=false`, where this jaxlib has the flag),
+which cuts another third. The HLO is the same, but the machine code is not quite: at XLA's
+own level LLVM contracts a*b+c into fused multiply-adds, so a value can differ in its last
+bit from what users compute. The tests compare programs
 compiled alike, and CI runs the exactness tests again at XLA's own level, kernels on and
 off (`.ci/run`). SPECDEC_TEST_XLA_OPT=default keeps XLA's level (or =N sets level N); an
 XLA_FLAGS that already names a level is kept.
@@ -34,6 +36,8 @@ subprocess), and the fast tier keeps a cheaper test of the same feature.
 import gc
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -60,15 +64,34 @@ def _use_compilation_cache() -> None:
       os.environ[name.upper()] = str(value)
 
 
+LEGACY_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
+
+
+def _xla_knows(flag: str) -> bool:
+  """Whether this jaxlib's XLA accepts `flag` (it aborts the process on an unknown one):
+  asked once, in a child, and remembered in the environment for the xdist workers."""
+  key = "SPECDEC_TEST_XLA_KNOWS_" + flag.strip("-").split("=")[0].upper()
+  if key not in os.environ:
+    probe = subprocess.run(
+        [sys.executable, "-c", "import jax.numpy as jnp; jnp.zeros(1).block_until_ready()"],
+        env=dict(os.environ, XLA_FLAGS=flag, JAX_PLATFORMS="cpu"), capture_output=True)
+    os.environ[key] = "1" if probe.returncode == 0 else "0"
+  return os.environ[key] == "1"
+
+
 def _use_fast_compiles() -> None:
-  """XLA's back-end optimization level 0 in the tests (see the module docstring)."""
+  """XLA's back-end optimization level 0 and its older loop emitters in the tests (see the
+  module docstring)."""
   flags = os.environ.get("XLA_FLAGS", "")
   level = os.environ.get("SPECDEC_TEST_XLA_OPT", "0")
   if level == "default" or "xla_backend_optimization_level" in flags:
     return
   if not level.isdigit():
     raise pytest.UsageError(f"SPECDEC_TEST_XLA_OPT={level!r}: 'default' or a level (0-3)")
-  os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_optimization_level={level}".strip()
+  flags = f"{flags} --xla_backend_optimization_level={level}"
+  if "xla_cpu_use_fusion_emitters" not in flags and _xla_knows(LEGACY_EMITTERS):
+    flags = f"{flags} {LEGACY_EMITTERS}"
+  os.environ["XLA_FLAGS"] = flags.strip()
 
 
 # Before any test compiles: conftest.py is imported before the test modules, and XLA reads

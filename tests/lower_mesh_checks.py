@@ -36,7 +36,8 @@ def methods(target: sd.Model, drafter, heads) -> dict:
           "Speculative": sd.Speculative(drafter, gamma=2),
           "BiLD": sd.BiLD(sd.early_exit(target, 1)),
           "Blockwise": sd.Blockwise(heads),
-          "Beam": sd.Beam(num_beams=2)}
+          "Beam": sd.Beam(num_beams=2),
+          "SpeculativeBeam": sd.SpeculativeBeam(drafter, num_beams=2, gamma=2)}
 
 
 def tokens(vocab: int, length: int) -> np.ndarray:

@@ -92,24 +92,28 @@ def test_dot_agrees_with_xla(products, dtype, rtol):
   assert np.max(np.abs(got - want) / scale) <= rtol
 
 
-def test_tiles_come_from_the_table_by_weight_shape(products, monkeypatch):
-  """A table entry for a weight's (K, N, dtype) sets its packing and the kernel's tiles;
-  other shapes and dtypes take the default rule; a packing made for other tiles is
-  refused, never misread."""
+def test_tiles_come_from_the_table_by_weight_shape(products):
+  """A table entry for a weight's (K, N, dtype) sets its packing and the kernel's tiles
+  (inside `tiles.using`, and only there); other shapes and dtypes take the default rule; a
+  packing made for other tiles is refused, never misread."""
   x, w = products
   default = gpu.pack(w, jnp.bfloat16)
   entry = {"tn": 128, "tk": 64, "stages": 2, "k_splits": 2, "device": "test"}
-  monkeypatch.setattr(tiles, "table", lambda: {"dot": {tiles.key(K, N, jnp.bfloat16): entry}})
-  assert tiles.dot_tiles(K, N, jnp.bfloat16) == tiles.Tiles(128, 64, 2, 2)
-  assert tiles.dot_tiles(K, N, jnp.float32) == tiles.default(K, N, jnp.float32)
-  assert tiles.dot_tiles(K + 1, N, jnp.bfloat16) == tiles.default(K + 1, N, jnp.bfloat16)
-  wp = gpu.pack(w, jnp.bfloat16)
+  with tiles.using({"dot": {tiles.key(K, N, jnp.bfloat16): entry}}):
+    assert tiles.dot_tiles(K, N, jnp.bfloat16) == tiles.Tiles(128, 64, 2, 2)
+    assert tiles.dot_tiles(K, N, jnp.float32) == tiles.default(K, N, jnp.float32)
+    assert tiles.dot_tiles(K + 1, N, jnp.bfloat16) == tiles.default(K + 1, N, jnp.bfloat16)
+    wp = gpu.pack(w, jnp.bfloat16)
+    got = np.asarray(gpu.dot(x[:5].astype(jnp.bfloat16), wp, N))
+    with pytest.raises(ValueError, match="not a GPU packing of a .70, 130. matrix for Tiles"):
+      gpu.dot(x[:5].astype(jnp.bfloat16), default, N)
   assert wp.shape == (1, 128, 256) and default.shape == (1, 128, 192)
-  got = np.asarray(gpu.dot(x[:5].astype(jnp.bfloat16), wp, N))
   want = np.asarray(gpu.dot(x[:5].astype(jnp.bfloat16), default, N, tiles=tiles.Tiles()))
   np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+  # After the block the shipped table is in force again: the table's packing is refused.
+  assert tiles.dot_tiles(K, N, jnp.bfloat16) == tiles.default(K, N, jnp.bfloat16)
   with pytest.raises(ValueError, match="not a GPU packing of a .70, 130. matrix for Tiles"):
-    gpu.dot(x[:5].astype(jnp.bfloat16), default, N)
+    gpu.dot(x[:5].astype(jnp.bfloat16), wp, N)
 
 
 def test_the_default_rule_and_the_candidates_the_device_check_sweeps():

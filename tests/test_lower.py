@@ -1,13 +1,14 @@
 """sd.lower: the program sd.decode runs, lowered for TPU and CUDA on this CPU.
 
-Every method (Autoregressive, Speculative, BiLD, Blockwise, Beam), on a tiny T5 and a tiny
-decoder-only LM, lowers for ("tpu",) and ("cuda",) with XLA's ops and carries no CPU-only
-custom call (the cpu backend's C++ FFI targets, Python callbacks of interpret mode); with
-the gpu backend's Pallas kernels it lowers for CUDA through Mosaic GPU (slow: Mosaic GPU's
-lowering). sd.lower builds exactly decode's call (the same jitted function, the same
-arguments) and its output has decode's structure and shapes. On the 8-device CPU mesh
-(one subprocess: tests/lower_mesh_checks.py) every method on a sharded target lowers for
-both with 8 partitions and the mesh's sharding annotations. Lowering compiles nothing.
+Every method (Autoregressive, Speculative, BiLD, Blockwise, Beam, SpeculativeBeam), on a
+tiny T5 and a tiny decoder-only LM, lowers for ("tpu",) and ("cuda",) with XLA's ops and
+carries no CPU-only custom call (the cpu backend's C++ FFI targets, Python callbacks of
+interpret mode); with the gpu backend's Pallas kernels it lowers for CUDA through Mosaic
+GPU (slow: Mosaic GPU's lowering). sd.lower builds exactly decode's call (the same jitted
+function, the same arguments) and its output has decode's structure and shapes. On the
+8-device CPU mesh (one subprocess: tests/lower_mesh_checks.py) every method on a sharded
+target lowers for both with 8 partitions and the mesh's sharding annotations. Lowering
+compiles nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from specdec_jax.kernels import build
 from specdec_jax.rounds import engine
 
 HERE = pathlib.Path(__file__).resolve().parent
-METHODS = ("Autoregressive", "Speculative", "BiLD", "Blockwise", "Beam")
+METHODS = ("Autoregressive", "Speculative", "BiLD", "Blockwise", "Beam", "SpeculativeBeam")
 PLATFORMS = (("tpu",), ("cuda",))
 T = 3
 

@@ -203,8 +203,19 @@ class SpeculativeBeam(Method):
       raise InputError(f"exact mode verifies at most {engine.EXACT_WIDTH - 1} drafted tokens "
                        f"per beam, got gamma={self.gamma} (use exact=False)")
 
+  def program(self, target, inputs, max_new_tokens, sampling, rng, eos_id,
+              prompt_lengths) -> engine.Program:
+    return program(target, self.drafter, inputs,
+                   **self._search(max_new_tokens, sampling, eos_id),
+                   prompt_lengths=prompt_lengths)
+
   def run(self, target, inputs, max_new_tokens, sampling, rng, eos_id,
           prompt_lengths):
+    return self.program(target, inputs, max_new_tokens, sampling, rng, eos_id,
+                        prompt_lengths)()
+
+  def _search(self, max_new_tokens, sampling, eos_id) -> dict:
+    """The static settings of `program`: {config, gamma, width, chains, exact}."""
     if not sampling.is_greedy:
       raise SamplingError("beam search is deterministic: drop sampling (sd.SpeculativeBeam "
                           f"takes no temperature, top-k or top-p), got {sampling!r}")
@@ -214,18 +225,29 @@ class SpeculativeBeam(Method):
     config = beam.SearchConfig(num_beams=self.num_beams, alpha=float(self.alpha),
                                eos_id=eos_id, max_decode_len=max_new_tokens + 1,
                                min_log_prob=float(self.min_log_prob))
-    return run(target, self.drafter, inputs, config=config, gamma=self.gamma,
-               width=self.width, chains=self.chains, exact=bool(self.exact),
-               prompt_lengths=prompt_lengths)
+    return {"config": config, "gamma": self.gamma, "width": self.width,
+            "chains": self.chains, "exact": bool(self.exact)}
 
 
 def run(target: Model, drafter: Any, inputs: Array, *, config: beam.SearchConfig,
         gamma: int, width: int | None = None, chains: int | None = None, exact: bool = False,
         deep_width: int | None = None, prompt_lengths: Array | None = None,
         check_scored: bool = True) -> SpeculativeBeamOutput:
-  """Speculative beam search of `target` over `inputs` [B, Le] (a decoder-only
-  target: prompts [B, P] with `prompt_lengths` [B]) as ONE jitted program: the output of
-  `beam.run(target, inputs, config=config, exact=exact, ...)`.
+  """`program(...)()`: see there."""
+  return program(target, drafter, inputs, config=config, gamma=gamma, width=width,
+                 chains=chains, exact=exact, deep_width=deep_width,
+                 prompt_lengths=prompt_lengths, check_scored=check_scored)()
+
+
+def program(target: Model, drafter: Any, inputs: Array, *, config: beam.SearchConfig,
+            gamma: int, width: int | None = None, chains: int | None = None,
+            exact: bool = False, deep_width: int | None = None,
+            prompt_lengths: Array | None = None,
+            check_scored: bool = True) -> engine.Program:
+  """Speculative beam search of `target` over `inputs` [B, Le] (a decoder-only target:
+  prompts [B, P] with `prompt_lengths` [B]) as ONE jitted program, whose output is
+  `beam.run(target, inputs, config=config, exact=exact, ...)`'s: the call (`engine.Program`)
+  that `run` makes and `sd.lower` lowers.
 
   deep_width: the tree's levels below the first, each the drafter's best `deep_width`
   (>= K) continuations of the level above's best K (None: K). The extra nodes are leaves
@@ -256,9 +278,10 @@ def run(target: Model, drafter: Any, inputs: Array, *, config: beam.SearchConfig
     raise InputError(f"exact mode on a target whose decode is not width-invariant verifies "
                      f"one chain per beam (its calls keep sd.Beam's {k} rows per row): "
                      f"chains={chains} (use chains=None, or pack the target: sd.pack)")
-  return _run(target, drafter, inputs, prompt_lengths, config=config, gamma=gamma,
-              width=width, chains=chains, exact=exact, check_scored=check_scored,
-              deep_width=deep_width)
+  return engine.Program(_run, (target, drafter, inputs, prompt_lengths),
+                        {"config": config, "gamma": gamma, "width": width, "chains": chains,
+                         "exact": exact, "check_scored": check_scored,
+                         "deep_width": deep_width})
 
 
 class _State(struct.PyTreeNode):

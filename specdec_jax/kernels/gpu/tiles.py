@@ -27,10 +27,12 @@ caught by `matmul.check_packed`, never silently misread.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import json
-from typing import Any
+from typing import Any, Iterator
 
 import jax.numpy as jnp
 
@@ -160,10 +162,37 @@ def candidates(k: int, n: int, dtype) -> list[Tiles]:
 
 
 @functools.cache
-def table() -> dict[str, Any]:
-  """The shipped table (read once per process)."""
+def shipped() -> dict[str, Any]:
+  """The package's table, kernels/gpu_tiles.json (read once per process)."""
   path = package_data.package_root().joinpath(*FILE)
   return json.loads(path.read_text(encoding="utf-8"))
+
+
+# The table `using` puts in force (None: the shipped one). Read when a kernel is traced.
+_IN_FORCE: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "gpu_tiles", default=None)
+
+
+def table() -> dict[str, Any]:
+  """The tile table in force: `using`'s inside its block, else the shipped one."""
+  found = _IN_FORCE.get()
+  return shipped() if found is None else found
+
+
+@contextlib.contextmanager
+def using(tiles_table: dict[str, Any]) -> Iterator[dict[str, Any]]:
+  """Within the block, kernels traced there take their tiles from `tiles_table` (e.g. the
+  device check's sweep, before it is written to the package):
+
+      with tiles.using(tiles.with_entries(tiles.table(), dot={"4096x4096:bfloat16": {...}})):
+        y = jax.jit(lambda x: gpu.dot(x, gpu.pack(w, jnp.bfloat16), n))(x)
+
+  A program traced (and cached by jit) inside keeps those tiles after the block."""
+  token = _IN_FORCE.set(tiles_table)
+  try:
+    yield tiles_table
+  finally:
+    _IN_FORCE.reset(token)
 
 
 def dot_tiles(k: int, n: int, dtype) -> Tiles:
