@@ -342,13 +342,21 @@ class Beam(Method):
 
   def _search(self, max_new_tokens, sampling, eos_id) -> dict:
     """The static settings of `run` / `program`: {config, exact}."""
-    if not sampling.is_greedy:
-      raise SamplingError("beam search is deterministic: drop sampling (sd.Beam takes no "
-                          f"temperature, top-k or top-p), got {sampling!r}")
-    config = SearchConfig(num_beams=self.num_beams, alpha=float(self.alpha), eos_id=eos_id,
-                          max_decode_len=max_new_tokens + 1,
-                          min_log_prob=float(self.min_log_prob))
-    return {"config": config, "exact": bool(self.exact)}
+    return {"config": search_config(self, max_new_tokens, sampling, eos_id),
+            "exact": bool(self.exact)}
+
+
+def search_config(method: Any, max_new_tokens: int, sampling: sampling_lib.SamplingSettings,
+                  eos_id: int) -> SearchConfig:
+  """T5X's search settings of one request for a beam method value (`sd.Beam`,
+  `sd.SpeculativeBeam`: its num_beams, alpha and min_log_prob); sampling is refused."""
+  if not sampling.is_greedy:
+    raise SamplingError(f"beam search is deterministic: drop sampling "
+                        f"(sd.{type(method).__name__} takes no temperature, top-k or top-p), "
+                        f"got {sampling!r}")
+  return SearchConfig(num_beams=method.num_beams, alpha=float(method.alpha), eos_id=eos_id,
+                      max_decode_len=max_new_tokens + 1,
+                      min_log_prob=float(method.min_log_prob))
 
 
 def program(target: Model, inputs: Array, *, config: SearchConfig, exact: bool = False,

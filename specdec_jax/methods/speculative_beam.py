@@ -58,7 +58,7 @@ from flax import struct
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.cache import DecoderCache
 from specdec_jax.drafters import as_drafter
-from specdec_jax.errors import InputError, SamplingError
+from specdec_jax.errors import InputError
 from specdec_jax.methods import beam
 from specdec_jax.methods.values import (
   MAX_GAMMA,
@@ -216,15 +216,10 @@ class SpeculativeBeam(Method):
 
   def _search(self, max_new_tokens, sampling, eos_id) -> dict:
     """The static settings of `program`: {config, gamma, width, chains, exact}."""
-    if not sampling.is_greedy:
-      raise SamplingError("beam search is deterministic: drop sampling (sd.SpeculativeBeam "
-                          f"takes no temperature, top-k or top-p), got {sampling!r}")
+    config = beam.search_config(self, max_new_tokens, sampling, eos_id)
     if self.drafter is None:
       raise InputError("sd.SpeculativeBeam needs a drafter: a Model with the target's "
                        "vocabulary or a drafter of specdec_jax.drafters")
-    config = beam.SearchConfig(num_beams=self.num_beams, alpha=float(self.alpha),
-                               eos_id=eos_id, max_decode_len=max_new_tokens + 1,
-                               min_log_prob=float(self.min_log_prob))
     return {"config": config, "gamma": self.gamma, "width": self.width,
             "chains": self.chains, "exact": bool(self.exact)}
 
@@ -269,7 +264,8 @@ def program(target: Model, drafter: Any, inputs: Array, *, config: beam.SearchCo
   k = config.num_beams
   padded = exact and not target.width_invariant_decode
   width = 2 * k if width is None else width
-  if deep_width is not None and requests.check_positive_int(deep_width, "deep_width") < k:
+  deep_width = k if deep_width is None else deep_width
+  if requests.check_positive_int(deep_width, "deep_width") < k:
     raise InputError(f"deep_width must be >= num_beams ({k}): the search goes on from the "
                      f"best num_beams, got {deep_width!r}")
   if chains is None:
@@ -407,11 +403,11 @@ class _Tree(struct.PyTreeNode):
 
 def _draft(drafter: Any, state: Any, seqs: Array, n: Array, live_logprobs: Array,
            known: Array, target_logits: Array, gamma: int, width: int, chains: int,
-           eos_id: int, deep_width: int | None = None) -> _Tree:
+           eos_id: int, deep_width: int) -> _Tree:
   """The drafter's own beam search (width K, EOS excluded: T5X's live beams) for gamma
   steps from the K live beams (seqs [B*K, L] up to n [B*K], their log-probs [B, K]); its
   nodes form a tree under the beams, `width` >= K of them at the first level and
-  `deep_width` (None: K) at each deeper one (the search goes on from the best K). Where
+  `deep_width` >= K at each deeper one (the search goes on from the best K). Where
   the target's next-token logits of a live beam are known (known [B, K], target_logits
   f32 [B, K, V]: the last round scored the beam), the first level reads them instead of
   the drafter's.
@@ -421,8 +417,7 @@ def _draft(drafter: Any, state: Any, seqs: Array, n: Array, live_logprobs: Array
   `chains` per row: the replay needs every node of a level, so the tree is covered level
   by level."""
   batch, k = live_logprobs.shape
-  deep = k if deep_width is None else deep_width
-  sizes = [k] + [width if depth == 1 else deep for depth in range(1, gamma + 1)]
+  sizes = [k] + [width if depth == 1 else deep_width for depth in range(1, gamma + 1)]
   big = max(sizes) + 1
   logits, state = drafter.first(state, seqs, n)
   snapshots, parents, tokens, lp = [state], [], [], live_logprobs
@@ -502,7 +497,7 @@ def _drafter_rows(tree: _Tree, first: Any, row: Array) -> Any:
                                     "check_scored"))
 def _run(target: Model, drafter: Any, inputs: Array, prompt_lengths: Array | None, *,
          config: beam.SearchConfig, gamma: int, width: int, chains: int, exact: bool,
-         check_scored: bool, deep_width: int | None = None) -> SpeculativeBeamOutput:
+         check_scored: bool, deep_width: int) -> SpeculativeBeamOutput:
   k, m, steps = config.num_beams, chains, config.max_decode_len - 1
   batch = inputs.shape[0]
   # The target's calls and cache exactly as `beam._run`'s (one capacity, one call width).
@@ -622,7 +617,7 @@ def _run(target: Model, drafter: Any, inputs: Array, prompt_lengths: Array | Non
   calls = jnp.full((batch,), final.rounds, jnp.int32)
   counters = DecodeStats.zeros(batch, gamma).replace(
       rounds=final.rounds, target_calls=calls, drafter_calls=gamma * calls,
-      drafted=(width + (deep_width or k) * (gamma - 1)) * calls,   # the tree's nodes
+      drafted=(width + deep_width * (gamma - 1)) * calls,          # the tree's nodes
       accepted=k * jnp.sum(final.depth_used, axis=1),
       per_position_accepted=final.depth_used, emitted=lengths)
   return SpeculativeBeamOutput(
