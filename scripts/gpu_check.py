@@ -494,36 +494,35 @@ def _sections(args, sections, result: dict, out: pathlib.Path) -> bool:
   others still run). The sections after the sweep run with the tiles it chose
   (`tiles.using`: this run only; --record writes them into the package)."""
   failed = False
-  models: list = []                 # (target, drafter), built by the first section needing them
+  target = drafter = None
   table = tiles.table()
   for name in sections:
     t = time.perf_counter()
     try:
       with tiles.using(table):
-        result[name] = _section(args, name, out, models)
-      if name == "sweep":
-        table = result[name]["table"]
-        (out / "gpu_tiles.json").write_text(json.dumps(table, indent=1) + "\n")
+        if name == "sweep":
+          result[name] = sweep(args)
+          table = result[name]["table"]
+          (out / "gpu_tiles.json").write_text(json.dumps(table, indent=1) + "\n")
+        elif name == "census":
+          result[name] = census(args)
+        elif name == "steps_command_buffers":
+          result[name] = steps_command_buffers(args, out)
+        elif name == "invariance":
+          result[name] = invariance(args)
+        elif name in ("decoding", "steps"):
+          if target is None:
+            target, drafter = _models(args)
+          result[name] = {"decoding": decoding, "steps": steps}[name](args, target, drafter)
+        else:
+          raise ValueError(f"unknown section {name!r} (sweep, invariance, decoding, steps, "
+                           f"steps_command_buffers, census)")
     except Exception:                       # one failed section: record it, run the others
       failed = True
       result[name] = {"error": traceback.format_exc()}
     result.setdefault("seconds", {})[name] = time.perf_counter() - t
     print(f"gpu_check: {name} done in {time.perf_counter() - t:.1f} s", file=sys.stderr)
   return failed
-
-
-def _section(args, name: str, out: pathlib.Path, models: list) -> dict:
-  """One section's result."""
-  if name in ("decoding", "steps"):
-    if not models:
-      models.extend(_models(args))
-    return {"decoding": decoding, "steps": steps}[name](args, *models)
-  run = {"sweep": sweep, "census": census, "invariance": invariance,
-         "steps_command_buffers": lambda a: steps_command_buffers(a, out)}.get(name)
-  if run is None:
-    raise ValueError(f"unknown section {name!r} (sweep, invariance, decoding, steps, "
-                     f"steps_command_buffers, census)")
-  return run(args)
 
 
 def main(argv=None) -> int:

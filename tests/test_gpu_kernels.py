@@ -196,21 +196,22 @@ def test_attention_rows_are_invariant_in_t_and_b_and_agree(dtype, atol):
 
 
 @pytest.mark.slow
-def test_attention_keys_per_chunk_come_from_the_tile_table(monkeypatch):
+def test_attention_keys_per_chunk_come_from_the_tile_table():
   """A table entry of 128 keys per chunk (head size 24, padded to 64; bfloat16): rows stay
   invariant in T and B (S = 200: two chunks, the second masked in part), the result
   agrees with XLA's, and the kernel lowers for CUDA; float32 keeps 64."""
   q, k, v, bias = _attention_inputs(3, 5, 1, 200, 24, jnp.bfloat16)
   by_64 = np.asarray(gpu.attention(q, k, v, bias))
-  monkeypatch.setattr(tiles, "table", lambda: {"attention": {"64:bfloat16": {"chunk": 128}}})
-  assert tiles.chunk(64, jnp.bfloat16) == 128 and tiles.chunk(64, jnp.float32) == 64
-  full = np.asarray(gpu.attention(q, k, v, bias))
-  assert not np.array_equal(full, by_64)        # the chunks changed: another softmax order
-  np.testing.assert_array_equal(np.asarray(gpu.attention(q[:, 3:4], k, v, bias)), full[:, 3:4])
-  np.testing.assert_array_equal(np.asarray(gpu.attention(q[1:2], k[1:2], v[1:2], bias[1:2])),
-                                full[1:2])
-  np.testing.assert_allclose(full, np.asarray(_xla_attention(q, k, v, bias)), atol=2e-2)
-  text = _lowers(lambda *a: gpu.attention(*a, interpret=False), q, k, v, bias)
+  with tiles.using({"attention": {"64:bfloat16": {"chunk": 128}}}):
+    assert tiles.chunk(64, jnp.bfloat16) == 128 and tiles.chunk(64, jnp.float32) == 64
+    full = np.asarray(gpu.attention(q, k, v, bias))
+    assert not np.array_equal(full, by_64)        # the chunks changed: another softmax order
+    np.testing.assert_array_equal(np.asarray(gpu.attention(q[:, 3:4], k, v, bias)),
+                                  full[:, 3:4])
+    np.testing.assert_array_equal(
+        np.asarray(gpu.attention(q[1:2], k[1:2], v[1:2], bias[1:2])), full[1:2])
+    np.testing.assert_allclose(full, np.asarray(_xla_attention(q, k, v, bias)), atol=2e-2)
+    text = _lowers(lambda *a: gpu.attention(*a, interpret=False), q, k, v, bias)
   assert "mosaic_gpu" in text
 
 
