@@ -20,7 +20,7 @@ from helpers import ragged_tokens
 import specdec_jax as sd
 from specdec_jax import kernels
 from specdec_jax.errors import InputError
-from specdec_jax.kernels import backends, build, dispatch, skinny
+from specdec_jax.kernels import backends, build, dispatch, shapes, skinny
 from specdec_jax.models import packing
 from specdec_jax.rounds import engine
 
@@ -298,6 +298,31 @@ def test_attention_propagates_nan_as_xla_does():
   assert not np.isnan(np.delete(out.reshape(-1, 8), 1 * 2 + 1, axis=0)).any()
   out = np.asarray(kernels.attention(q, k, v, bias.at[1, 0, 0, 4].set(jnp.nan)))
   assert np.isnan(out[1, 0, 0]).all() and np.isnan(out).sum() == 8
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_attention_lengths_are_the_mask_and_the_keys_past_them_are_not_read(dtype):
+  """Per-row lengths (0 and 30 clipped to 1 and S = 21; rows crossing groups of 8) give
+  bitwise the dense bias that masks the keys past them, also without a bias (an explicit
+  zero bias alike); the keys past every length may hold NaN: they are never read (a masked
+  key is read: the control, NaN)."""
+  q, k, v, bias = _attention_inputs(2, 4, 2, 21, 16, dtype, (2, 2, 4, 21), seed=7)
+  lengths = jnp.asarray([[1, 9, 21, 0], [30, 8, 16, 3]], jnp.int32)
+  for b in (bias, None):
+    want = kernels.attention(q, k, v, shapes.dense_bias(b, lengths, 2, 4, 21))
+    got = kernels.attention(q, k, v, b, lengths)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  np.testing.assert_array_equal(np.asarray(kernels.attention(q, k, v, None, lengths)),
+                                np.asarray(kernels.attention(q, k, v, bias * 0, lengths)))
+  short = jnp.full((2, 4), 6, jnp.int32)
+  poisoned = [a.at[:, :, 6:].set(jnp.nan) for a in (k, v)]
+  out = np.asarray(kernels.attention(q, *poisoned, bias, short))
+  np.testing.assert_array_equal(out, np.asarray(kernels.attention(q, k, v, bias, short)))
+  masked = kernels.attention(q, *poisoned, shapes.dense_bias(bias, short, 2, 4, 21))
+  assert np.isnan(np.asarray(masked)).all()
+  with pytest.raises(ValueError, match=r"lengths \[2, 3\] int32 are not \[B, T\]"):
+    kernels.attention(q, k, v, bias, lengths[:, :3])
 
 
 @needs_kernels

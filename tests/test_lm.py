@@ -166,6 +166,25 @@ def test_grouped_query_attention_equals_attention_with_repeated_heads():
   assert np.max(np.abs(np.asarray(bad.forward(seq)) - np.asarray(gqa.forward(seq)))) > 1e-3
 
 
+@pytest.mark.skipif(not build.available(), reason="CPU kernels not built")
+def test_decode_attention_takes_grouped_kv_and_lengths_not_a_bias():
+  """A causal decode call's attention kernels read the cache as grouped (2 K/V heads for 4
+  query heads), each query row's valid length [B, k], and no bias (zero elements): no
+  [B, H, k, capacity] mask is built for them."""
+  model = sd.pack(sd.init_model(sd.get_config("llama_tiny"), 1))
+  cfg = model.config
+  seq = tokens((2, 7), cfg.vocab_size, seed=4)
+  cache = model.start(seq[:, :4], capacity=8)
+  hlo = jax.jit(lambda m, t, c: m.decode(t, c)).lower(model, seq[:, 4:6], cache).as_text()
+  calls = [line for line in hlo.splitlines() if f"@{build.ATTENTION}(" in line]
+  assert len(calls) == cfg.num_layers
+  kv = f"tensor<2x{cfg.num_kv_heads}x8x{cfg.head_dim}x"
+  for line in calls:
+    operands = line.rsplit(" : (", 1)[1].split(") -> ")[0]
+    assert operands.count(kv) == 2 and "tensor<1x1x1x0xf32>" in operands, operands
+    assert operands.endswith("tensor<2x2xi32>"), operands
+
+
 @pytest.mark.parametrize("tie", [True, False])
 def test_tied_and_untied_output(tie):
   cfg = sd.get_config("gpt2_tiny").replace(tie_embeddings=tie)

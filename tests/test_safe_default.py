@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import pytest
 
 import specdec_jax as sd
-from specdec_jax.kernels import backends, dispatch, selfcheck, verified
+from specdec_jax.kernels import backends, dispatch, selfcheck, shapes, verified
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 H100 = "NVIDIA H100 80GB HBM3"
@@ -199,8 +199,8 @@ def _xla_dot(x, w, n):
      "dot float32: differs from XLA's product"),
     ("raises", _backend(dot=lambda x, w, n: jnp.dot(x, w[:3])),
      "dot float32 did not run: TypeError"),
-    ("attention", _backend(attention=lambda q, k, v, b: selfcheck._xla_attention(
-        q, k, v, b) * (1 + 1e-3 * q.shape[1])),
+    ("attention", _backend(attention=lambda q, k, v, b, n: selfcheck._xla_attention(
+        q, k, v, shapes.dense_bias(b, n, *n.shape, k.shape[2])) * (1 + 1e-3 * q.shape[1])),
      "attention float32: query row 0 differs between a 5-token and a 1-token call"),
 ])
 def test_the_self_check_catches_wrong_kernels(name, backend, want):

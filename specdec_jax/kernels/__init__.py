@@ -16,7 +16,7 @@ time goes on CPU".
     kernels.status()                       # Status(available, reason, library)
     wp = kernels.pack(w)                   # once per model: w [K, N] f32 / bf16
     y = kernels.dot(x, wp, n=w.shape[1])   # x [..., K] -> [..., N] float32
-    o = kernels.attention(q, k, v, bias)   # q [B, T, H, D], k/v [B, H, S, D] -> [B, T, H, D]
+    o = kernels.attention(q, k, v, bias, lengths)  # q [B, T, H, D], k/v [B, Hkv, S, D]
 
 Built on first use with the system C++ compiler (see `build`), for AVX-512F or AVX2
 (with FMA; same results from either); where the backend is not the CPU, the CPU has

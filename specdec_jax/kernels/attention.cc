@@ -1,13 +1,16 @@
 // Attention of decode requests (the decoder's in cached decode calls, the encoder's in
 // Model.start) as one XLA FFI custom call for the CPU:
 //
-//   out[b, t, h, :] = softmax_s(q[b, t, h, :] . k[b, g, s, :] + bias[b, h, t, s]) @ v[b, g, :, :]
-//   with g = h / (H / Hkv): grouped-query attention reads each K/V head for H / Hkv query heads
+//   out[b, t, h, :] = softmax_{s < n}(q[b, t, h, :] . k[b, g, s, :] + bias[b, h, t, s]) @ v[b, g, :n, :]
+//   with g = h / (H / Hkv): grouped-query attention reads each K/V head for H / Hkv query heads,
+//   and n = lengths[b, t] clipped to 1..S: the keys past a row's length are never read
 //
 //   q    [B, T, H, D] float32       (the new tokens' queries; T = tokens in the call)
 //   k, v [B, Hkv, S, D] f32|bf16    (the heads-major decoder caches, or the encoder's K/V;
 //                                    Hkv divides H, Hkv = H without grouping)
-//   bias [B|1, H|1, T|1, S] float32 (mask as -1e10, plus relative position bias)
+//   bias [B|1, H|1, T|1, S] float32 (relative position bias, a draft tree's hidden branches
+//                                    as -1e10), or no elements: no bias
+//   lengths [B, T] int32            (the keys each query row attends to)
 //   out  [B, T, H, D] float32
 //
 // Why a kernel: XLA:CPU computes a T-row attention with other kernels than a 1-row one, so
@@ -18,8 +21,10 @@
 // Numerics, fixed per (b, t, h) row and independent of T, B, H, of threads and of the
 // instruction set (8-lane AVX2 vectors on every build), and of keys appended under the mask
 // (hence of the padded length S) as long as the row has one unmasked key and the masked
-// values are finite: a masked key's weight is exactly 0 and adds exact zeros. (A row whose
-// keys are all masked gets near-uniform weights over all S keys, as XLA's softmax does.)
+// values are finite: a masked key's weight is exactly 0 and adds exact zeros. Hence a length
+// is bitwise the same row with the keys past it masked in the bias (their weights are exact
+// zeros, their lanes' partial sums unchanged), whatever S. (A row whose keys are all masked
+// gets near-uniform weights over its n keys, as XLA's softmax does.)
 //   logit[s] = hsum8(acc), acc = fma(q[d0..d0+7], k[s, d0..d0+7], acc) for d0 = 0, 8, ...
 //              (a partial last group is zero-padded), then + bias[s];
 //   e[s]     = exp8(logit[s] - max_s logit) (a fixed polynomial; arguments below
@@ -109,21 +114,24 @@ struct Attention {
   const float* q;
   const void* k;
   const void* v;
-  const float* bias;
+  const float* bias;                // nullptr: no bias
   int64_t bias_b, bias_h, bias_t;  // bias strides; 0 along a broadcast dimension
+  const int32_t* lengths;          // [B, T]
   float* out;
   bool bf16;                       // k and v are bfloat16 (else float32)
 };
 
-// One query row. scratch: 2 * S8 floats, S8 = S rounded up to 8.
+// One query row over its S = lengths[b, t] keys. scratch: 2 * S8 floats, S8 = a.S rounded up
+// to 8.
 template <typename KV>
 void row(const Attention& a, int64_t b, int64_t h, int64_t t, float* scratch) {
-  const int64_t S = a.S, D = a.D, S8 = (S + 7) / 8 * 8, D8 = D / 8 * 8;
+  const int64_t S = std::clamp<int64_t>(a.lengths[b * a.T + t], 1, a.S);
+  const int64_t D = a.D, S8 = (S + 7) / 8 * 8, D8 = D / 8 * 8;
   const float* q = a.q + ((b * a.T + t) * a.H + h) * D;
   const int64_t kv = b * (a.H / a.group) + h / a.group;  // the K/V head of query head h
-  const KV* k = static_cast<const KV*>(a.k) + kv * S * D;
-  const KV* v = static_cast<const KV*>(a.v) + kv * S * D;
-  const float* bias = a.bias + b * a.bias_b + h * a.bias_h + t * a.bias_t;
+  const KV* k = static_cast<const KV*>(a.k) + kv * a.S * D;
+  const KV* v = static_cast<const KV*>(a.v) + kv * a.S * D;
+  const float* bias = a.bias ? a.bias + b * a.bias_b + h * a.bias_h + t * a.bias_t : nullptr;
   float* logit = scratch;
   float* prob = scratch + S8;
 
@@ -139,7 +147,7 @@ void row(const Attention& a, int64_t b, int64_t h, int64_t t, float* scratch) {
       for (int64_t d = D8; d < D; ++d) k_tail[d - D8] = load1(ks + d);
       acc = _mm256_fmadd_ps(_mm256_load_ps(q_tail), _mm256_load_ps(k_tail), acc);
     }
-    logit[s] = hsum8(acc) + bias[s];
+    logit[s] = bias ? hsum8(acc) + bias[s] : hsum8(acc);
     top = std::max(top, logit[s]);
   }
   for (int64_t s = S; s < S8; ++s) logit[s] = -__builtin_inff();  // exp8 gives 0
@@ -195,12 +203,16 @@ void pairs(const Attention& a, int64_t p0, int64_t p1, float* scratch) {
 
 ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k,
                          ffi::AnyBuffer v, ffi::Buffer<ffi::F32> bias,
-                         ffi::ResultBuffer<ffi::F32> out, int64_t nthreads,
+                         ffi::Buffer<ffi::S32> lengths, ffi::ResultBuffer<ffi::F32> out,
+                         int64_t nthreads,
                          int64_t chunks_per_thread) {
   const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(),
-             bd = bias.dimensions();
+             bd = bias.dimensions(), ld = lengths.dimensions();
   if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4 || bd.size() != 4)
     return ffi::Error::InvalidArgument("decode_attention: q, k, v and bias must be 4-D");
+  if (ld.size() != 2 || ld[0] != qd[0] || ld[1] != qd[1])
+    return ffi::Error::InvalidArgument("decode_attention: lengths must be [B, T] of q");
+  const bool has_bias = bias.element_count() > 0;
   const int64_t B = qd[0], T = qd[1], H = qd[2], D = qd[3], S = kd[2], Hkv = kd[1];
   if (kd[0] != B || Hkv < 1 || H % Hkv != 0 || kd[3] != D ||
       !std::equal(kd.begin(), kd.end(), vd.begin()))
@@ -208,11 +220,12 @@ ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Any
   if (k.element_type() != v.element_type() ||
       (k.element_type() != ffi::DataType::F32 && k.element_type() != ffi::DataType::BF16))
     return ffi::Error::InvalidArgument("decode_attention: k, v must both be f32 or bf16");
-  if ((bd[0] != B && bd[0] != 1) || (bd[1] != H && bd[1] != 1) || (bd[2] != T && bd[2] != 1) ||
-      bd[3] != S)
+  if (has_bias && ((bd[0] != B && bd[0] != 1) || (bd[1] != H && bd[1] != 1) ||
+                   (bd[2] != T && bd[2] != 1) || bd[3] != S))
     return ffi::Error::InvalidArgument("decode_attention: bias must be [B|1, H|1, T|1, S]");
   Attention a{B, T, H, S, D, H / Hkv, q.typed_data(), k.untyped_data(), v.untyped_data(),
-              bias.typed_data(), 0, 0, 0, out->typed_data(),
+              has_bias ? bias.typed_data() : nullptr, 0, 0, 0, lengths.typed_data(),
+              out->typed_data(),
               k.element_type() == ffi::DataType::BF16};
   a.bias_t = bd[2] == 1 ? 0 : S;
   a.bias_h = bd[1] == 1 ? 0 : bd[2] * S;
@@ -245,6 +258,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecdecDecodeAttention, AttentionImpl,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("nthreads")
                                   .Attr<int64_t>("chunks"));

@@ -79,8 +79,8 @@ class Backend:
   pack: (w [K, N], compute dtype) -> the packed operand of a "dot" or "sum_squares".
   dot: (x [..., K], packed, N) -> [..., N] float32.
   sum_squares: (x [..., K], packed ones) -> [..., 1] float32.
-  attention: (q [B, T, H, D], grouped k/v [B, Hkv, S, D], bias [B|1, H|1, T|1, S]) ->
-    [B, T, H, D] float32.
+  attention: (q [B, T, H, D], grouped k/v [B, Hkv, S, D], bias None | [B|1, H|1, T|1, S],
+    lengths None | [B, T]) -> [B, T, H, D] float32 (the seam: `kernels.shapes`).
   platform: the JAX backend its kernels run compiled on ("cpu", "gpu", "tpu"; None: xla).
   compiles_for: the lowering platforms its compiled kernels target ("cpu", "cuda",
     "tpu"); () for xla, which lowers for any.
@@ -172,8 +172,8 @@ def _pallas(name: str, kernels, platform: str, lowered_for: str, **extra) -> Bac
   def sum_squares(x, ones):
     return kernels.sum_squares(x, ones, interpret=interpret(lowered_for))
 
-  def attention(q, k, v, bias):
-    return kernels.attention(q, k, v, bias, interpret=interpret(lowered_for))
+  def attention(q, k, v, bias=None, lengths=None):
+    return kernels.attention(q, k, v, bias, lengths, interpret=interpret(lowered_for))
 
   return Backend(name, frozenset(KINDS), frozenset(KINDS),
                  (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)), kernels.pack, dot,

@@ -279,11 +279,12 @@ def mean_square(module, x: Array, scale: str = "scale") -> Array:
   return kernel(x, ones.operand) / x.shape[-1]
 
 
-def attention(module, q: Array, k: Array, v: Array, bias: Array, dtype,
+def attention(module, q: Array, k: Array, v: Array, bias: Array | None, lengths: Array, dtype,
               xla: Callable[[], Array]) -> Array:
   """q [B, H, T, Dh], grouped k/v [B, Hkv, S, Dh] (query head h reads K/V head
-  h // (H / Hkv)), bias [B|1, H|1, T|1, S] -> [B, T, H, Dh] `dtype`; the attention kernel
-  when packed (every query row computed alike), else `xla()`."""
+  h // (H / Hkv)), bias None | [B|1, H|1, T|1, S], lengths [B, T] (row (b, t) reads keys
+  s < lengths[b, t]: `kernels.shapes`) -> [B, T, H, Dh] `dtype`; the attention kernel when
+  packed (every query row computed alike), else `xla()`."""
   product = Product(tuple(module.scope.path) + ("attention",), "attention", (), jnp.dtype(dtype))
   marker = _packed(module, product)
   if marker is None:
@@ -291,8 +292,8 @@ def attention(module, q: Array, k: Array, v: Array, bias: Array, dtype,
   attend = backends.get(marker.backend).kernel("attention")
   q = jnp.swapaxes(q, 1, 2)
   if marker.layout is not None:
-    return _attention_on_mesh(attend, q, k, v, bias, marker.layout).astype(dtype)
-  return attend(q, k, v, bias).astype(dtype)
+    return _attention_on_mesh(attend, q, k, v, bias, lengths, marker.layout).astype(dtype)
+  return attend(q, k, v, bias, lengths).astype(dtype)
 
 
 # ----------------------------------------------------------------------------- on a mesh
@@ -350,16 +351,21 @@ def _dot_on_mesh(kernel: Callable[..., Array], x: Array, operand: Array, n: int,
   return ys[0] if len(ys) == 1 else jnp.concatenate(ys, axis=-1)
 
 
-def _attention_on_mesh(attend: Callable[..., Array], q: Array, k: Array, v: Array, bias: Array,
-                       layout: Layout) -> Array:
-  """`attend` (q [B, T, H, D], k/v [B, Hkv, S, D], bias [B|1, H|1, T|1, S]) per device:
-  heads over `layout.n` where it divides Hkv (each device its K/V heads and their query
-  heads), rows over `layout.batch` where it divides B; the rest whole on every device."""
+def _attention_on_mesh(attend: Callable[..., Array], q: Array, k: Array, v: Array,
+                       bias: Array | None, lengths: Array, layout: Layout) -> Array:
+  """`attend` (q [B, T, H, D], k/v [B, Hkv, S, D], bias None | [B|1, H|1, T|1, S],
+  lengths [B, T]) per device: heads over `layout.n` where it divides Hkv (each device its
+  K/V heads and their query heads), rows over `layout.batch` where it divides B; the rest
+  whole on every device."""
   heads = layout.n if layout.n and k.shape[1] % layout.size(layout.n) == 0 else None
   batch = _batch_spec(q, layout, (heads,))[0] if q.ndim == 4 else None
   on = lambda axis, size: axis if size > 1 else None
   q_spec = P(batch, None, heads, None)
   kv_spec = P(batch, heads, None, None)
+  lengths_spec = P(batch, None)
+  if bias is None:
+    return _shard_map(lambda q, k, v, n: attend(q, k, v, None, n), layout.mesh,
+                      (q_spec, kv_spec, kv_spec, lengths_spec), q_spec)(q, k, v, lengths)
   bias_spec = P(on(batch, bias.shape[0]), on(heads, bias.shape[1]), None, None)
-  return _shard_map(attend, layout.mesh, (q_spec, kv_spec, kv_spec, bias_spec), q_spec)(
-      q, k, v, bias)
+  return _shard_map(attend, layout.mesh, (q_spec, kv_spec, kv_spec, bias_spec, lengths_spec),
+                    q_spec)(q, k, v, bias, lengths)

@@ -1,11 +1,14 @@
 """Attention of decode requests in one kernel: every query row computed alike.
 
-    out = attention(q, k, v, bias)   # q [B, T, H, D], grouped k/v [B, Hkv, S, D],
-                                     # bias [B|1, H|1, T|1, S] -> out [B, T, H, D] float32
+    out = attention(q, k, v, bias, lengths)  # q [B, T, H, D], grouped k/v [B, Hkv, S, D],
+                                             # bias None | [B|1, H|1, T|1, S],
+                                             # lengths None | [B, T] -> out [B, T, H, D] f32
 
-softmax(q . k + bias) @ v per (b, t, h) row with a fixed per-row sequence of
-operations (see attention.cc): row t of a T-row call is bitwise the 1-row call on it,
-whatever B, T and H are. Grouped-query K/V are read in place: query head h reads K/V
+softmax(q . k + bias) @ v per (b, t, h) row over the row's keys s < lengths[b, t] (the
+seam: `kernels.shapes`), with a fixed per-row sequence of operations (see attention.cc):
+row t of a T-row call is bitwise the 1-row call on it, whatever B, T and H are, and a
+length is bitwise the same row with the keys past it masked in the bias; keys past a
+row's length are not read. Grouped-query K/V are read in place: query head h reads K/V
 head h // (H / Hkv) (Hugging Face's `repeat_kv` order), bitwise as if repeated. Keys
 appended under the mask change nothing either (a sentence's rows do not depend on the
 padded length of its batch), provided the row has an unmasked key and the masked values
@@ -25,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.kernels import build, work
-from specdec_jax.kernels.shapes import check_attention
+from specdec_jax.kernels.shapes import check_attention, row_lengths
 
 Array = jax.Array
 
@@ -36,19 +39,22 @@ def threads(b: int, h: int, s: int, d: int, dtype) -> int:
   return work.count(2 * b * h * s * d * jnp.dtype(dtype).itemsize)
 
 
-def attention(q: Array, k: Array, v: Array, bias: Array) -> Array:
+def attention(q: Array, k: Array, v: Array, bias: Array | None = None,
+              lengths: Array | None = None) -> Array:
   """q [B, T, H, D] (any float dtype; computed in float32), k/v [B, Hkv, S, D] (Hkv
-  divides H), bias [B|1, H|1, T|1, S] -> [B, T, H, D] float32.
+  divides H), bias None | [B|1, H|1, T|1, S], lengths None | [B, T] (clipped to 1..S;
+  None: S) -> [B, T, H, D] float32.
 
   Needs the kernels (`build.available()`): the caller picks this or XLA's ops. Under
   `jax.vmap` the call runs once per mapped element (each bitwise as alone).
   """
-  b, _, h, d, s, hkv = check_attention(q, k, v, bias)
+  b, t, h, d, s, hkv = check_attention(q, k, v, bias, lengths)
   if k.dtype != v.dtype or jnp.dtype(k.dtype) != jnp.bfloat16:
     k, v = k.astype(jnp.float32), v.astype(jnp.float32)
   if not build.available():
     raise RuntimeError(f"attention kernel unavailable: {build.status().reason}")
   call = jax.ffi.ffi_call(build.ATTENTION, jax.ShapeDtypeStruct(q.shape, jnp.float32),
                           vmap_method="sequential")
-  return call(q.astype(jnp.float32), k, v, bias.astype(jnp.float32),
+  bias = jnp.zeros((1, 1, 1, 0), jnp.float32) if bias is None else bias.astype(jnp.float32)
+  return call(q.astype(jnp.float32), k, v, bias, row_lengths(lengths, b, t, s),
               nthreads=np.int64(threads(b, hkv, s, d, k.dtype)), chunks=np.int64(work.CHUNKS))

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.errors import InputError
+from specdec_jax.kernels import shapes
 
 K, N, M = 130, 70, 16        # off the tiles of every backend: both edges padded
 ATTENTION = (2, 5, 2, 70, 24)  # B, T, H, S, D: S spans two 64-key chunks
@@ -114,23 +115,26 @@ def _sum_squares(backend, dtype, rng) -> list[str]:
 
 
 def _attention(backend, dtype, rng) -> list[str]:
+  """Per-row lengths (a causal decode's: each row one key more than the row before) and a
+  relative-position-like bias [1, H, T, S], as the models call it."""
   b, t, h, s, d = ATTENTION
   q = jnp.asarray(rng.standard_normal((b, t, h, d)), dtype)
   k = jnp.asarray(rng.standard_normal((b, h, s, d)), dtype)
   v = jnp.asarray(rng.standard_normal((b, h, s, d)), dtype)
-  lengths = np.array([s - 3, 40])                                 # per-row valid keys
-  bias = jnp.asarray(np.where(np.arange(s)[None, None, None] < lengths[:, None, None, None],
-                              0.0, -1e10), jnp.float32)           # [B, 1, 1, S]
+  last = np.array([s - 3, 40])                                    # the last row's keys
+  lengths = jnp.asarray(last[:, None] - np.arange(t)[::-1], jnp.int32)   # [B, T]
+  bias = jnp.asarray(rng.standard_normal((1, h, t, s)), jnp.float32)
   call = jax.jit(backend.attention)
-  full = np.asarray(call(q, k, v, bias))
+  full = np.asarray(call(q, k, v, bias, lengths))
   problems = []
   for start in (0, t - 1):
-    if not np.array_equal(np.asarray(call(q[:, start:start + 1], k, v, bias)),
-                          full[:, start:start + 1]):
+    row = slice(start, start + 1)
+    if not np.array_equal(np.asarray(call(q[:, row], k, v, bias[:, :, row], lengths[:, row])),
+                          full[:, row]):
       problems.append(f"query row {start} differs between a {t}-token and a 1-token call")
-  if not np.array_equal(np.asarray(call(q[1:], k[1:], v[1:], bias[1:])), full[1:]):
+  if not np.array_equal(np.asarray(call(q[1:], k[1:], v[1:], bias, lengths[1:])), full[1:]):
     problems.append("a batch row differs from the same row alone")
-  want = np.asarray(_xla_attention(q, k, v, bias))
+  want = np.asarray(_xla_attention(q, k, v, shapes.dense_bias(bias, lengths, b, t, s)))
   error = float(np.max(np.abs(full - want)))
   if not error <= ATTENTION_TOLERANCE[dtype]:
     problems.append(f"differs from XLA's attention by {error:.2e} (allowed "

@@ -25,12 +25,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
 from specdec_jax.config import mlp_kernel_names
 from specdec_jax.kernels import dispatch
+from specdec_jax.kernels.shapes import MASKED as _MASKED  # T5X's bias for masked logits
+from specdec_jax.kernels.shapes import dense_bias
 
 Array = jax.Array
-_MASKED = -1e10  # T5X's bias for masked attention logits
 
 
 # ----------------------------------------------------------------------------- position buckets
@@ -294,6 +296,52 @@ def attention_bias(mask: Array, bias: Array | None = None) -> Array:
   return out if bias is None else out + bias
 
 
+@struct.dataclass
+class Keys:
+  """The keys each query row attends to (the attention seam, `kernels.shapes`).
+
+  lengths [B, T] int32: row (b, t) sees keys s < lengths[b, t] only: the keys past it
+    are never read (a causal decode over a fixed-shape cache reads its valid prefix).
+  bias None | [B|1, H|1, T|1, S] float32: added to the logits: what a length cannot say
+    (T5's relative position bias, padding holes, a draft tree's hidden branches as -1e10).
+  """
+  lengths: Array
+  bias: Array | None = None
+
+
+def causal_keys(q_pos: Array, bias: Array | None = None) -> Keys:
+  """Queries at positions q_pos [B, T] see the keys at positions <= theirs."""
+  return Keys(q_pos.astype(jnp.int32) + 1, bias)
+
+
+def padded_keys(mask: Array, num_queries: int, bias: Array | None = None,
+                queries: Array | None = None) -> Keys:
+  """Every query row sees the keys where mask [B, S] (bool: an encoder's non-padding);
+  rows where `queries` [B, T] is False see none (all masked, as T5X's
+  `make_attention_mask(mask, mask)`). The length is the row's extent (its last valid key
+  + 1; S for a row with none or a masked query), the mask stays in the bias: a padding
+  hole inside the extent is masked as T5X masks it."""
+  s = mask.shape[1]
+  last = s - jnp.argmax(mask[:, ::-1], axis=1)
+  extent = jnp.where(mask.any(axis=1), last, s).astype(jnp.int32)[:, None]
+  full = mask[:, None, None, :]
+  if queries is None:
+    lengths = jnp.broadcast_to(extent, (mask.shape[0], num_queries))
+  else:
+    lengths = jnp.where(queries, extent, s).astype(jnp.int32)
+    full = full & queries[:, None, :, None]
+  return Keys(lengths, attention_bias(full, bias))
+
+
+def tree_keys(length: Array, num_new: int, mask: Array, bias: Array | None = None) -> Keys:
+  """A call of `num_new` tokens forming a tree after a valid prefix of `length` [B]:
+  every row reads up to the last new token; `mask` [B, 1, k, C] (`cache.tree_mask`)
+  hides the branches it may not see."""
+  lengths = jnp.broadcast_to((length.astype(jnp.int32) + num_new)[:, None],
+                             (length.shape[0], num_new))
+  return Keys(lengths, attention_bias(mask, bias))
+
+
 class MultiHeadAttention(nn.Module):
   """T5 attention: no biases, no 1/sqrt(d) scaling (it lives in the query init).
 
@@ -357,8 +405,8 @@ class MultiHeadAttention(nn.Module):
     weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
     return jnp.einsum("bhts,bhsd->bhtd", weights, v)
 
-  def attend(self, q: Array, k: Array, v: Array, bias: Array) -> Array:
-    """q [B, H, T, Dh], k/v [B, Hkv, S, Dh], bias [B|1, H|1, T|1, S] -> [B, T, E].
+  def attend(self, q: Array, k: Array, v: Array, keys: Keys) -> Array:
+    """q [B, H, T, Dh], k/v [B, Hkv, S, Dh], `keys` (lengths [B, T], bias) -> [B, T, E].
 
     With Hkv < H each key/value head serves H / Hkv consecutive query heads (Hugging
     Face's `repeat_kv` order).
@@ -369,11 +417,14 @@ class MultiHeadAttention(nn.Module):
     and a sentence's encoding would depend on the padded length of its batch.
     """
     grouped = k.shape[1] != self.num_heads
-    xla = functools.partial(self._grouped_weighted_values if grouped else self._weighted_values,
-                            q, k, v, bias)
+    weighted = self._grouped_weighted_values if grouped else self._weighted_values
+    # XLA's ops read every key: the lengths become the mask of the bias.
+    xla = lambda: weighted(q, k, v, dense_bias(keys.bias, keys.lengths, q.shape[0], q.shape[2],
+                                               k.shape[2]))
     # [B, T, H, Dh]: the transposes around it cancel with `_split`'s. The kernels take the
     # K/V grouped as cached (query head h reads K/V head h // (H / Hkv)): no repeated copy.
-    y = dispatch.attention(self, q, k, v, bias, self.dtype, lambda: jnp.swapaxes(xla(), 1, 2))
+    y = dispatch.attention(self, q, k, v, keys.bias, keys.lengths, self.dtype,
+                           lambda: jnp.swapaxes(xla(), 1, 2))
     return self.out(y.reshape(y.shape[:2] + (self.num_heads * self.head_dim,)))
 
   def _grouped_weighted_values(self, q: Array, k: Array, v: Array, bias: Array) -> Array:

@@ -53,11 +53,13 @@ from specdec_jax.models.layers import (
   EMBEDDING_INIT,
   Dense,
   Embed,
+  Keys,
   LayerNorm,
   MlpBlock,
   MultiHeadAttention,
   RMSNorm,
-  attention_bias,
+  causal_keys,
+  tree_keys,
 )
 
 Array = jax.Array
@@ -163,8 +165,8 @@ class LMLayer(nn.Module):
     self.mlp = MlpBlock(cfg.mlp_dim, acts, gelu_approximate=True, dtype=dt,
                         use_bias=cfg.mlp_bias, partitioner=self.partitioner)
 
-  def __call__(self, x, bias, rope, dropout, kv_cache=None, write_pos=None):
-    """x [B, T, E], bias [B, 1, T, S], rope (cos, sin) or None -> (x, (k, v))."""
+  def __call__(self, x, keys: Keys, rope, dropout, kv_cache=None, write_pos=None):
+    """x [B, T, E], `keys` (lengths [B, T], bias), rope (cos, sin) or None -> (x, (k, v))."""
     h = self.pre_self_attention_layer_norm(x)
     q, k, v = self.self_attention.project_qkv(h)
     if rope is not None:
@@ -173,7 +175,7 @@ class LMLayer(nn.Module):
     if kv_cache is not None:
       k = cache_lib.write(kv_cache[0], k, write_pos)
       v = cache_lib.write(kv_cache[1], v, write_pos)
-    x = x + dropout(self.self_attention.attend(q, k, v, bias))
+    x = x + dropout(self.self_attention.attend(q, k, v, keys))
     x = x + dropout(self.mlp(self.pre_mlp_layer_norm(x)))
     return x, (k, v)
 
@@ -201,7 +203,8 @@ class Decoder(nn.Module):
       return self.token_embedder.attend(x.astype(jnp.float32))
     return self.logits_dense(x)
 
-  def run(self, tokens, positions, bias, dropout, kv_caches=None, write_pos=None, exits=None):
+  def run(self, tokens, positions, keys: Keys, dropout, kv_caches=None, write_pos=None,
+          exits=None):
     """The stack; returns (final-norm states [B, T, E] at each exit, new K/V per run layer).
 
     exits: 1-based layer counts after which to read the stack (default: all layers only);
@@ -219,7 +222,7 @@ class Decoder(nn.Module):
     x = dropout(x)
     hidden, new_caches = [], []
     for i, layer in enumerate(self.layers[:max(exits)]):
-      x, kv = layer(x, bias, rope, dropout, None if kv_caches is None else kv_caches[i],
+      x, kv = layer(x, keys, rope, dropout, None if kv_caches is None else kv_caches[i],
                     write_pos)
       new_caches.append(kv)
       if i + 1 in exits:
@@ -231,8 +234,7 @@ class Decoder(nn.Module):
     dropout = functools.partial(self.dropout, deterministic=deterministic)
     length = tokens.shape[1]
     positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), tokens.shape)
-    bias = attention_bias(cache_lib.causal_mask(positions, length))
-    hidden, _ = self.run(tokens, positions, bias, dropout, exits=exits)
+    hidden, _ = self.run(tokens, positions, causal_keys(positions), dropout, exits=exits)
     return hidden
 
   def decode(self, tokens, cache: cache_lib.DecoderCache, num_layers=None, positions=None,
@@ -245,13 +247,14 @@ class Decoder(nn.Module):
     start = cache.next_slot
     slots = cache_lib.query_positions(start, tokens.shape[1])
     if positions is None:
-      positions, mask = slots, cache_lib.causal_mask(slots, cache.capacity)
+      positions, keys = slots, causal_keys(slots)
     else:
       if cache.offset is not None:
         positions = positions + cache.offset[:, None]
-      mask = cache_lib.tree_mask(start, slots, visible, cache.capacity)
+      keys = tree_keys(start, tokens.shape[1],
+                       cache_lib.tree_mask(start, slots, visible, cache.capacity))
     exits = None if num_layers is None else (num_layers,)
-    (hidden,), new = self.run(tokens, positions, attention_bias(mask), lambda y: y,
+    (hidden,), new = self.run(tokens, positions, keys, lambda y: y,
                               list(zip(cache.self_key, cache.self_value, strict=True)), slots,
                               exits)
     run = len(new)

@@ -27,11 +27,14 @@ from specdec_jax.errors import InputError
 from specdec_jax.models.layers import (
   Dense,
   Embed,
+  Keys,
   MlpBlock,
   MultiHeadAttention,
   RelativePositionBias,
   RMSNorm,
-  attention_bias,
+  causal_keys,
+  padded_keys,
+  tree_keys,
 )
 
 Array = jax.Array
@@ -61,12 +64,12 @@ class EncoderLayer(nn.Module):
   partitioner: Any = None
 
   @nn.compact
-  def __call__(self, x: Array, bias: Array, dropout: Callable) -> Array:
+  def __call__(self, x: Array, keys: Keys, dropout: Callable) -> Array:
     cfg, dt = self.config, self.config.activation_dtype
     attn = _make_attention(cfg, "attention", self.partitioner)
     h = RMSNorm(cfg.layer_norm_epsilon, dt, name="pre_attention_layer_norm")(x)
     # The encoder runs once per call: unfused projections (see `fused_dense`).
-    x = x + dropout(attn.attend(*attn.project_qkv(h, fuse=False), bias))
+    x = x + dropout(attn.attend(*attn.project_qkv(h, fuse=False), keys))
     h = RMSNorm(cfg.layer_norm_epsilon, dt, name="pre_mlp_layer_norm")(x)
     return x + dropout(_make_mlp(cfg, "mlp", False, self.partitioner)(h))
 
@@ -93,16 +96,16 @@ class DecoderLayer(nn.Module):
   def cross_kv(self, encoded: Array) -> tuple[Array, Array]:
     return self.encoder_decoder_attention.project_kv(encoded, fuse=False)   # once per call
 
-  def __call__(self, x, cross_kv, self_bias, cross_bias, dropout, kv_cache=None, write_pos=None):
+  def __call__(self, x, cross_kv, self_keys, cross_keys, dropout, kv_cache=None, write_pos=None):
     h = self.pre_self_attention_layer_norm(x)
     q, k, v = self.self_attention.project_qkv(h)
     if kv_cache is not None:
       k = cache_lib.write(kv_cache[0], k, write_pos)
       v = cache_lib.write(kv_cache[1], v, write_pos)
-    x = x + dropout(self.self_attention.attend(q, k, v, self_bias))
+    x = x + dropout(self.self_attention.attend(q, k, v, self_keys))
     h = self.pre_cross_attention_layer_norm(x)
     q = self.encoder_decoder_attention.project_q(h)
-    x = x + dropout(self.encoder_decoder_attention.attend(q, *cross_kv, cross_bias))
+    x = x + dropout(self.encoder_decoder_attention.attend(q, *cross_kv, cross_keys))
     x = x + dropout(self.mlp(self.pre_mlp_layer_norm(x)))
     return x, (k, v)
 
@@ -137,11 +140,11 @@ class Encoder(_Stack):
     """[B, Le] int32 -> [B, Le, E]."""
     dropout = functools.partial(self.dropout, deterministic=deterministic)
     mask = tokens > 0
-    bias = attention_bias(mask[:, None, None, :] & mask[:, None, :, None],
-                          self.relpos_bias.bidirectional(tokens.shape[1]))
+    keys = padded_keys(mask, tokens.shape[1], self.relpos_bias.bidirectional(tokens.shape[1]),
+                       queries=mask)
     x = dropout(self.shared_embedding(tokens).astype(self.config.activation_dtype))
     for layer in self.layers:
-      x = layer(x, bias, dropout)
+      x = layer(x, keys, dropout)
     return dropout(self.encoder_norm(x))
 
 
@@ -160,7 +163,7 @@ class Decoder(_Stack):
       return self.shared_embedding.attend(x)
     return self.logits_dense(x)
 
-  def _run(self, tokens, cross_kvs, self_bias, cross_bias, dropout, kv_caches=None,
+  def _run(self, tokens, cross_kvs, self_keys, cross_keys, dropout, kv_caches=None,
            write_pos=None, exits=None):
     """The decoder stack; returns (final-norm hidden states at each exit, new K/V per run layer).
 
@@ -171,7 +174,7 @@ class Decoder(_Stack):
     x = dropout(self.shared_embedding(tokens).astype(self.config.activation_dtype))
     hidden, new_caches = [], []
     for i, layer in enumerate(self.layers[:max(exits)]):
-      x, kv = layer(x, cross_kvs[i], self_bias, cross_bias, dropout,
+      x, kv = layer(x, cross_kvs[i], self_keys, cross_keys, dropout,
                     None if kv_caches is None else kv_caches[i], write_pos)
       new_caches.append(kv)
       if i + 1 in exits:
@@ -187,10 +190,9 @@ class Decoder(_Stack):
     dropout = functools.partial(self.dropout, deterministic=deterministic)
     length = tokens.shape[1]
     q_pos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), tokens.shape)
-    self_bias = attention_bias(cache_lib.causal_mask(q_pos, length),
-                               self.relpos_bias.causal(q_pos, length))
-    cross_bias = attention_bias(encoder_mask[:, None, None, :])
-    hidden, _ = self._run(tokens, self.cross_kvs(encoded), self_bias, cross_bias, dropout,
+    self_keys = causal_keys(q_pos, self.relpos_bias.causal(q_pos, length))
+    cross_keys = padded_keys(encoder_mask, length)
+    hidden, _ = self._run(tokens, self.cross_kvs(encoded), self_keys, cross_keys, dropout,
                           exits=exits)
     return hidden
 
@@ -216,22 +218,22 @@ class Decoder(_Stack):
     """
     slots = cache_lib.query_positions(cache.length, tokens.shape[1])
     if positions is None:
-      self_bias = attention_bias(cache_lib.causal_mask(slots, cache.capacity),
-                                 self.relpos_bias.causal(slots, cache.capacity))
+      self_keys = causal_keys(slots, self.relpos_bias.causal(slots, cache.capacity))
     else:
       if visible is None:
         raise InputError("decode: tree positions= need visible= (which new tokens each sees)")
       k_pos = cache_lib.key_positions(slots, positions, cache.capacity)
-      self_bias = attention_bias(cache_lib.tree_mask(cache.length, slots, visible, cache.capacity),
-                                 self.relpos_bias.causal(positions, cache.capacity, k_pos))
+      self_keys = tree_keys(cache.length, tokens.shape[1],
+                            cache_lib.tree_mask(cache.length, slots, visible, cache.capacity),
+                            self.relpos_bias.causal(positions, cache.capacity, k_pos))
     cross = cache.cross
     if cross is None:
       raise InputError("a T5 decode needs the cache `start` made (its encoder keys and values)")
-    cross_bias = attention_bias(cross.mask[:, None, None, :])
+    cross_keys = padded_keys(cross.mask, tokens.shape[1])
     kv_caches = list(zip(cache.self_key, cache.self_value, strict=True))
     exits = None if num_layers is None else (num_layers,)
-    (hidden,), new = self._run(tokens, list(zip(cross.key, cross.value, strict=True)), self_bias,
-                               cross_bias, lambda y: y, kv_caches, slots, exits)
+    (hidden,), new = self._run(tokens, list(zip(cross.key, cross.value, strict=True)), self_keys,
+                               cross_keys, lambda y: y, kv_caches, slots, exits)
     run = len(new)
     cache = cache.replace(self_key=tuple(k for k, _ in new) + cache.self_key[run:],
                           self_value=tuple(v for _, v in new) + cache.self_value[run:],
