@@ -144,7 +144,8 @@ def test_attention_rows_are_invariant_in_t_and_b_and_agree(dtype, atol, case):
   at the start and the end (and a batch row's are those it gets alone); S = 150 spans two
   128-key chunks; the ragged lengths (1, S, past S, either chunk) mask keys of both, and
   the first tile of row 0 holds a 150-key row beside rows of at most 128 keys, so it
-  walks two chunks where its last rows alone walk one. Quick: those rows alone."""
+  walks two chunks where its last rows alone walk one (and never read the second).
+  Quick: those rows alone."""
   b, t, h, s, d = 3, 17, 2, 150, 24
   q, k, v, _ = _attention_inputs(b, t, h, s, d, dtype)
   lengths = jnp.asarray(np.random.default_rng(2).integers(1, s + 1, (b, t)), jnp.int32)
@@ -161,7 +162,9 @@ def test_attention_rows_are_invariant_in_t_and_b_and_agree(dtype, atol, case):
     part = np.asarray(tpu.attention(q[:, start:start + width], k, v,
                                     lengths=lengths[:, start:start + width]))
     np.testing.assert_array_equal(part, full[:, start:start + width], err_msg=f"T={width}")
-  alone = np.asarray(tpu.attention(q[:1, 12:], k[:1], v[:1], lengths=lengths[:1, 12:]))
+  # alone, the rows walk one chunk: NaN keys and values past it are never read
+  k1, v1 = (a[:1].at[:, :, 128:].set(jnp.nan) for a in (k, v))
+  alone = np.asarray(tpu.attention(q[:1, 12:], k1, v1, lengths=lengths[:1, 12:]))
   np.testing.assert_array_equal(alone, full[:1, 12:])
   # bfloat16: probabilities enter p @ v in bfloat16 (XLA's path rounds them too)
   np.testing.assert_allclose(full, np.asarray(_xla_attention(q, k, v, mask)), atol=atol)

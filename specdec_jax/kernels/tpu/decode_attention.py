@@ -37,8 +37,9 @@ in float32 (products at Precision.HIGHEST). Interpret mode replaces each product
 the row sums, by in-order loops (`matmul.product`: the interpreter's are the host's).
 D is padded to a multiple of 128 (zeros: exact zero terms).
 
-The K/V blocks are still the whole (b, kv head) cache in VMEM: the loop skips the
-compute of the chunks past a tile's rows, not their copy from HBM.
+K and V stay in HBM (`pl.ANY`): the loop copies chunk c + 1 into the other half of a
+two-chunk VMEM buffer while it computes chunk c, so a tile reads from HBM only the
+chunks it walks, and VMEM holds 2 x 2 x C x Dp of them whatever S is.
 """
 
 from __future__ import annotations
@@ -71,62 +72,77 @@ def _row_sum(p: Array, interpret: bool) -> Array:
 def _kernel_call(walk: Array, rows: Array, qp: Array, kp: Array, vp: Array,
                  bias: Array | None, interpret) -> Array:
   """walk [B * tiles] int32 (the chunks each query tile walks), rows [B, Tp, 1] int32 (each
-  row's length, 1..S), qp [B, H, Tp, Dp], kp/vp [B, Hkv, chunks, C, Dp] (one dtype), bias
-  None | [Bb, Hb, chunks, Tp, C] float32 -> [B, H, Tp, Dp] float32. Chunks are a leading
-  axis: the kernel picks one by a dynamic index on an untiled dimension, which any TPU
-  layout allows."""
+  row's length, 1..S), qp [B, H, Tp, Dp], kp/vp [B, Hkv, chunks, C, Dp] (one dtype, left in
+  HBM: chunk c + 1 is copied into VMEM while chunk c is computed), bias None | [Bb, Hb,
+  chunks, Tp, C] float32 -> [B, H, Tp, Dp] float32."""
   b, h, tp, dp = qp.shape
-  chunks = kp.shape[2]
   tiles = tp // TQ
   group = h // kp.shape[1]
   inline = bool(interpret)
   low = qp.dtype == jnp.bfloat16
+  # lax.div: heads are >= 0, and Mosaic TPU lowers a floor division's sign test only
+  # knowing the chip (not where `lower_for_tpu` runs); ungrouped: the head itself
+  kv_head = (lambda hh: hh) if group == 1 else (lambda hh: lax.div(hh, group))
 
-  def kernel(walk_ref, rows_ref, q_ref, k_ref, v_ref, *refs):
-    bias_ref, o_ref = refs if bias is not None else (None, refs[0])
+  def kernel(walk_ref, rows_ref, q_ref, k_hbm, v_hbm, *refs):
+    bias_ref = refs[0] if bias is not None else None
+    o_ref, k_buf, v_buf, sems = refs[-4:]
+    bb, kvh = pl.program_id(0), kv_head(pl.program_id(1))
+    walked = walk_ref[bb * tiles + pl.program_id(2)]
     q = q_ref[...]
     length = rows_ref[...]                                        # [TQ, 1]
     lane = lax.broadcasted_iota(jnp.int32, (TQ, C), 1)
 
+    def copies(c, slot):
+      return [pltpu.make_async_copy(hbm.at[bb, kvh, c], buf.at[slot], sems.at[i, slot])
+              for i, (hbm, buf) in enumerate(((k_hbm, k_buf), (v_hbm, v_buf)))]
+
     def chunk(c, state):
       """Chunk c of the keys after the state (o, m, l) of the chunks before it."""
       o, m, denom = state
-      s = product(q, k_ref[c], inline, contract_b=1)
+      slot = lax.rem(c, 2)
+
+      @pl.when(c + 1 < walked)
+      def _next():
+        for copy in copies(c + 1, 1 - slot):
+          copy.start()
+
+      for copy in copies(c, slot):
+        copy.wait()
+      s = product(q, k_buf[slot], inline, contract_b=1)
       if bias_ref is not None:
         s = s + bias_ref[c]
       s = jnp.where(c * C + lane < length, s, _MASKED)
       m_new = jnp.maximum(m, s.max(axis=1, keepdims=True))
       probs = jnp.exp(s - m_new)
-      pv = product(probs.astype(jnp.bfloat16) if low else probs, v_ref[c], inline)
+      pv = product(probs.astype(jnp.bfloat16) if low else probs, v_buf[slot], inline)
       alpha = jnp.exp(m - m_new)          # 0 before the first chunk (m = -inf, o = l = 0)
       return o * alpha + pv, m_new, denom * alpha + _row_sum(probs, inline)
 
+    for copy in copies(0, 0):
+      copy.start()
     # Every score is finite (masked keys carry a finite logit), so m_new is too.
     start = (jnp.zeros((TQ, dp), jnp.float32), jnp.full((TQ, 1), -jnp.inf, jnp.float32),
              jnp.zeros((TQ, 1), jnp.float32))
-    walked = walk_ref[pl.program_id(0) * tiles + pl.program_id(2)]
     o, _, denom = lax.fori_loop(0, walked, chunk, start)
     o_ref[...] = o / denom
 
   row = lambda bb, hh, t, walk: (bb, hh, t, 0)
-  # lax.div: heads are >= 0, and Mosaic TPU lowers a floor division's sign test only
-  # knowing the chip (not where `lower_for_tpu` runs); ungrouped: the head itself
-  kv_head = (lambda hh: hh) if group == 1 else (lambda hh: lax.div(hh, group))
-  cache = lambda bb, hh, t, walk: (bb, kv_head(hh), 0, 0, 0)
   in_specs = [pl.BlockSpec((None, TQ, 1), lambda bb, hh, t, walk: (bb, t, 0)),
               pl.BlockSpec((None, None, TQ, dp), row),
-              pl.BlockSpec((None, None, chunks, C, dp), cache),
-              pl.BlockSpec((None, None, chunks, C, dp), cache)]
+              pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pl.ANY)]
   operands = [rows, qp, kp, vp]
   if bias is not None:
     bias_b, bias_h = bias.shape[:2]
     in_specs.append(pl.BlockSpec(
-        (None, None, chunks, TQ, C),
+        (None, None, bias.shape[2], TQ, C),
         lambda bb, hh, t, walk: (bb if bias_b > 1 else 0, hh if bias_h > 1 else 0, 0, t, 0)))
     operands.append(bias)
   grid = pltpu.PrefetchScalarGridSpec(
       num_scalar_prefetch=1, grid=(b, h, tiles), in_specs=in_specs,
-      out_specs=pl.BlockSpec((None, None, TQ, dp), row))
+      out_specs=pl.BlockSpec((None, None, TQ, dp), row),
+      scratch_shapes=[pltpu.VMEM((2, C, dp), qp.dtype), pltpu.VMEM((2, C, dp), qp.dtype),
+                      pltpu.SemaphoreType.DMA((2, 2))])
   return pl.pallas_call(
       kernel, out_shape=jax.ShapeDtypeStruct((b, h, tp, dp), jnp.float32), grid_spec=grid,
       compiler_params=pltpu.CompilerParams(
