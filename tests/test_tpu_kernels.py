@@ -122,8 +122,8 @@ def _attention_inputs(b, t, h, s, d, dtype, seed=0, lengths=None):
   v = jnp.asarray(rng.standard_normal((b, h, s, d)), dtype)
   if lengths is None:                                               # per-row cache lengths
     lengths = rng.integers(1, s + 1, b)
-  lengths = jnp.asarray(lengths)
-  bias = jnp.where(jnp.arange(s)[None, None, None] < lengths[:, None, None, None], 0.0, -1e10)
+  lengths = jnp.asarray(lengths).reshape(b, 1, -1, 1)               # [B] or [B, T]
+  bias = jnp.where(jnp.arange(s) < lengths, 0.0, shapes.MASKED)
   return q, k, v, bias.astype(jnp.float32)
 
 
@@ -142,7 +142,7 @@ def test_attention_rows_are_invariant_in_t_and_b_and_agree(dtype, atol, case):
   """Per-row lengths: bitwise the same kernel with their mask as a dense bias. Query rows
   of a 17-token call (two query tiles) are bitwise those of 1- and 5-token calls on them,
   at the start and the end (and a batch row's are those it gets alone); S = 150 spans two
-  128-key chunks; the ragged lengths (1, S, past S, either chunk) mask keys of both, and
+  128-key chunks; the ragged lengths (0, 1, S, past S, either chunk) mask keys of both, and
   the first tile of row 0 holds a 150-key row beside rows of at most 128 keys, so it
   walks two chunks where its last rows alone walk one (and never read the second).
   Quick: those rows alone."""
@@ -150,7 +150,7 @@ def test_attention_rows_are_invariant_in_t_and_b_and_agree(dtype, atol, case):
   q, k, v, _ = _attention_inputs(b, t, h, s, d, dtype)
   lengths = jnp.asarray(np.random.default_rng(2).integers(1, s + 1, (b, t)), jnp.int32)
   lengths = lengths.at[0].set(jnp.asarray([150, 1] + [129, 5, 128, 90] * 3 + [12, 77, 3]))
-  lengths = lengths.at[2, :3].set(jnp.asarray([1, 150, 400]))
+  lengths = lengths.at[2, :4].set(jnp.asarray([1, 150, 400, 0]))
   assert decode_attention.C == 128
   walk = lambda lens: np.asarray(shapes.tile_chunks(lens, decode_attention.TQ, 128, s))
   assert walk(lengths[:1]).tolist() == [[2, 1]] and walk(lengths[:1, 12:]).tolist() == [[1]]
@@ -171,27 +171,23 @@ def test_attention_rows_are_invariant_in_t_and_b_and_agree(dtype, atol, case):
 
 
 def test_attention_takes_a_broadcast_bias_and_checks_shapes():
-  q, k, v, bias = _attention_inputs(2, 3, 2, 9, 8, jnp.float32)
+  """A [1, H, T, S] bias beside per-row lengths is bitwise that bias plus their mask;
+  bias=None is bitwise a zero bias."""
+  lengths = jnp.asarray([[1, 9, 4], [2, 9, 6]], jnp.int32)
+  q, k, v, bias = _attention_inputs(2, 3, 2, 9, 8, jnp.float32, lengths=lengths)
   rel = jnp.asarray(np.random.default_rng(1).standard_normal((1, 2, 3, 9)), jnp.float32)
   got = np.asarray(tpu.attention(q, k, v, rel + bias))           # [B, H, T, S] from both
   np.testing.assert_array_equal(np.asarray(tpu.attention(q, k, v, jnp.broadcast_to(
       rel + bias, (2, 2, 3, 9)))), got)
   np.testing.assert_allclose(got, np.asarray(_xla_attention(q, k, v, rel + bias)), atol=1e-5)
-  # a bias and per-row lengths (0 and 20 clipped to 1 and S): the bias with their mask
-  lengths = jnp.asarray([[0, 9, 4], [1, 20, 6]], jnp.int32)
-  np.testing.assert_array_equal(
-      np.asarray(tpu.attention(q, k, v, rel, lengths)),
-      np.asarray(tpu.attention(q, k, v, shapes.dense_bias(rel, lengths, 2, 3, 9))))
-  # no bias: an explicit zero bias, bitwise
+  np.testing.assert_array_equal(np.asarray(tpu.attention(q, k, v, rel, lengths)), got)
+  # grouped K/V (one K/V head for both query heads) read in place and no bias: bitwise
+  # the K/V repeated and a zero bias (one pair of calls for both: the interpreter is slow)
   zero = jnp.zeros((1, 1, 1, 9), jnp.float32)
-  np.testing.assert_array_equal(np.asarray(tpu.attention(q, k, v, lengths=lengths)),
-                                np.asarray(tpu.attention(q, k, v, zero, lengths)))
-  np.testing.assert_array_equal(np.asarray(tpu.attention(q, k, v)),
-                                np.asarray(tpu.attention(q, k, v, zero)))
-  # grouped K/V (one K/V head for both query heads) read in place, bitwise as repeated
   np.testing.assert_array_equal(
-      np.asarray(tpu.attention(q, k[:, :1], v[:, :1], bias)),
-      np.asarray(tpu.attention(q, *(jnp.repeat(a[:, :1], 2, axis=1) for a in (k, v)), bias)))
+      np.asarray(tpu.attention(q, k[:, :1], v[:, :1], lengths=lengths)),
+      np.asarray(tpu.attention(q, *(jnp.repeat(a[:, :1], 2, axis=1) for a in (k, v)), zero,
+                               lengths)))
   with pytest.raises(ValueError, match=r"not \[B, Hkv, S, D\]"):
     tpu.attention(q, k[:, :, :, :4], v, bias)
   with pytest.raises(ValueError, match="bias"):
