@@ -22,7 +22,7 @@ from jax.experimental import pallas as pl
 
 import specdec_jax as sd
 from specdec_jax.errors import InputError
-from specdec_jax.kernels import backends, selfcheck, tpu
+from specdec_jax.kernels import backends, selfcheck, shapes, tpu
 from specdec_jax.kernels.tpu import decode_attention, matmul
 
 K, N = 70, 130                    # odd: both edges padded at packing
@@ -122,8 +122,8 @@ def _attention_inputs(b, t, h, s, d, dtype, seed=0, lengths=None):
   v = jnp.asarray(rng.standard_normal((b, h, s, d)), dtype)
   if lengths is None:                                               # per-row cache lengths
     lengths = rng.integers(1, s + 1, b)
-  lengths = jnp.asarray(lengths)
-  bias = jnp.where(jnp.arange(s)[None, None, None] < lengths[:, None, None, None], 0.0, -1e10)
+  lengths = jnp.asarray(lengths).reshape(b, 1, -1, 1)               # [B] or [B, T]
+  bias = jnp.where(jnp.arange(s) < lengths, 0.0, shapes.MASKED)
   return q, k, v, bias.astype(jnp.float32)
 
 
@@ -139,39 +139,61 @@ def _xla_attention(q, k, v, bias):
     (jnp.bfloat16, 2e-2, QUICK), pytest.param(jnp.bfloat16, 2e-2, "full", marks=pytest.mark.slow),
     pytest.param(jnp.float32, 1e-5, "full", marks=pytest.mark.slow)])
 def test_attention_rows_are_invariant_in_t_and_b_and_agree(dtype, atol, case):
-  """Query rows of a 17-token call (two query tiles) are bitwise those of 1- and 5-token
-  calls on them, at the start and the end (and a batch row's are those it gets alone);
-  S = 150 spans two 128-key chunks, and the rows' lengths mask keys of both. Quick: the
-  last 5 rows of the batch row whose valid keys span both chunks, alone."""
+  """Per-row lengths: bitwise the same kernel with their mask as a dense bias. Query rows
+  of a 17-token call (two query tiles) are bitwise those of 1- and 5-token calls on them,
+  at the start and the end (and a batch row's are those it gets alone); S = 150 spans two
+  128-key chunks; the ragged lengths (0, 1, S, past S, either chunk) mask keys of both, and
+  the first tile of row 0 holds a 150-key row beside rows of at most 128 keys, so it
+  walks two chunks where its last rows alone walk one (and never read the second).
+  Quick: those rows alone."""
   b, t, h, s, d = 3, 17, 2, 150, 24
-  q, k, v, bias = _attention_inputs(b, t, h, s, d, dtype, lengths=(140, 20, 100))
+  q, k, v, _ = _attention_inputs(b, t, h, s, d, dtype)
+  lengths = jnp.asarray(np.random.default_rng(2).integers(1, s + 1, (b, t)), jnp.int32)
+  lengths = lengths.at[0].set(jnp.asarray([150, 1] + [129, 5, 128, 90] * 3 + [12, 77, 3]))
+  lengths = lengths.at[2, :4].set(jnp.asarray([1, 150, 400, 0]))
   assert decode_attention.C == 128
-  full = np.asarray(tpu.attention(q, k, v, bias))
+  walk = lambda lens: np.asarray(shapes.tile_chunks(lens, decode_attention.TQ, 128, s))
+  assert walk(lengths[:1]).tolist() == [[2, 1]] and walk(lengths[:1, 12:]).tolist() == [[1]]
+  full = np.asarray(tpu.attention(q, k, v, lengths=lengths))
+  mask = shapes.dense_bias(None, lengths, b, t, s)
+  np.testing.assert_array_equal(full, np.asarray(tpu.attention(q, k, v, mask)))
   calls = (((1, 0), (1, t - 1), (5, 12)) if case != QUICK else ())
   for width, start in calls:
-    part = np.asarray(tpu.attention(q[:, start:start + width], k, v, bias))
+    part = np.asarray(tpu.attention(q[:, start:start + width], k, v,
+                                    lengths=lengths[:, start:start + width]))
     np.testing.assert_array_equal(part, full[:, start:start + width], err_msg=f"T={width}")
-  alone = np.asarray(tpu.attention(q[:1, 12:], k[:1], v[:1], bias[:1]))   # 140 keys: 2 chunks
+  # alone, the rows walk one chunk: NaN keys and values past it are never read
+  k1, v1 = (a[:1].at[:, :, 128:].set(jnp.nan) for a in (k, v))
+  alone = np.asarray(tpu.attention(q[:1, 12:], k1, v1, lengths=lengths[:1, 12:]))
   np.testing.assert_array_equal(alone, full[:1, 12:])
   # bfloat16: probabilities enter p @ v in bfloat16 (XLA's path rounds them too)
-  np.testing.assert_allclose(full, np.asarray(_xla_attention(q, k, v, bias)), atol=atol)
+  np.testing.assert_allclose(full, np.asarray(_xla_attention(q, k, v, mask)), atol=atol)
 
 
 def test_attention_takes_a_broadcast_bias_and_checks_shapes():
-  q, k, v, bias = _attention_inputs(2, 3, 2, 9, 8, jnp.float32)
+  """A [1, H, T, S] bias beside per-row lengths is bitwise that bias plus their mask;
+  bias=None is bitwise a zero bias."""
+  lengths = jnp.asarray([[1, 9, 4], [2, 9, 6]], jnp.int32)
+  q, k, v, bias = _attention_inputs(2, 3, 2, 9, 8, jnp.float32, lengths=lengths)
   rel = jnp.asarray(np.random.default_rng(1).standard_normal((1, 2, 3, 9)), jnp.float32)
   got = np.asarray(tpu.attention(q, k, v, rel + bias))           # [B, H, T, S] from both
   np.testing.assert_array_equal(np.asarray(tpu.attention(q, k, v, jnp.broadcast_to(
       rel + bias, (2, 2, 3, 9)))), got)
   np.testing.assert_allclose(got, np.asarray(_xla_attention(q, k, v, rel + bias)), atol=1e-5)
-  # grouped K/V (one K/V head for both query heads) read in place, bitwise as repeated
+  np.testing.assert_array_equal(np.asarray(tpu.attention(q, k, v, rel, lengths)), got)
+  # grouped K/V (one K/V head for both query heads) read in place and no bias: bitwise
+  # the K/V repeated and a zero bias (one pair of calls for both: the interpreter is slow)
+  zero = jnp.zeros((1, 1, 1, 9), jnp.float32)
   np.testing.assert_array_equal(
-      np.asarray(tpu.attention(q, k[:, :1], v[:, :1], bias)),
-      np.asarray(tpu.attention(q, *(jnp.repeat(a[:, :1], 2, axis=1) for a in (k, v)), bias)))
+      np.asarray(tpu.attention(q, k[:, :1], v[:, :1], lengths=lengths)),
+      np.asarray(tpu.attention(q, *(jnp.repeat(a[:, :1], 2, axis=1) for a in (k, v)), zero,
+                               lengths)))
   with pytest.raises(ValueError, match=r"not \[B, Hkv, S, D\]"):
     tpu.attention(q, k[:, :, :, :4], v, bias)
   with pytest.raises(ValueError, match="bias"):
     tpu.attention(q, k, v, bias[..., :8])
+  with pytest.raises(ValueError, match="lengths"):
+    tpu.attention(q, k, v, lengths=lengths[:, :2])
 
 
 # ----------------------------------------------------------------------------- TPU lowering
@@ -194,8 +216,17 @@ def test_kernels_lower_for_tpu(products, dtype):
               tpu.pack(jnp.ones((K, 1), jnp.float32), jnp.float32)),
       _lowers(lambda *a: tpu.attention(*a, interpret=False),
               *_attention_inputs(2, 3, 2, 150, 24, dtype))]
+  q, k, v, bias = _attention_inputs(2, 3, 2, 150, 24, dtype)
+  lengths = jnp.asarray([[1, 150, 129], [7, 128, 60]], jnp.int32)
+  with_lengths = lambda *a: tpu.attention(*a, lengths=lengths, interpret=False)
+  texts += [_lowers(with_lengths, q, k, v, bias), _lowers(with_lengths, q, k, v)]
   for text in texts:
     assert "tpu_custom_call" in text and "callback" not in text
+  # bias=None: the kernel has no bias operand (chunk counts, lengths, q, k, v)
+  kernel, = (e for e in jax.make_jaxpr(with_lengths)(q, k, v).eqns
+             if e.primitive.name == "pallas_call")
+  assert [a.aval.shape for a in kernel.invars[:2]] == [(2,), (2, 16, 1)]
+  assert len(kernel.invars) == 5
 
 
 def test_tpu_lowering_rejects_block_shapes_a_tpu_cannot_tile(products, monkeypatch):

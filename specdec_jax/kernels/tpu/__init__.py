@@ -4,7 +4,8 @@
     wp = tpu.pack(w, dtype)                # once per model: w [K, N] -> [Kp, Np] float32/bfloat16
     y = tpu.dot(x, wp, n=w.shape[1])       # x [..., K] -> [..., N] float32
     s = tpu.sum_squares(x, ones)           # x [..., K] -> [..., 1]; ones = tpu.pack(ones [K, 1])
-    o = tpu.attention(q, k, v, bias)       # q [B, T, H, D], k/v [B, H, S, D] -> [B, T, H, D]
+    o = tpu.attention(q, k, v, bias=None, lengths=None)  # q [B, T, H, D], k/v [B, Hkv, S, D],
+                                                         # lengths [B, T] -> [B, T, H, D]
 
 Every output row is computed by the same operations in the same order whatever the
 number of rows M (batch x call width), the row's position and the call width: rows are
@@ -12,7 +13,8 @@ cut into tiles of `matmul.TM`, K and N into tiles fixed by the weight's shape
 (`matmul.tiles`), and each output tile accumulates its K steps in order, one MXU product
 a step (an MXU computes a row from that row and the weights alone). There is no
 M-dependent split of K. Attention walks the fixed-shape cache in chunks of
-`decode_attention.C` keys with the same operations for every query row.
+`decode_attention.C` keys with the same operations for every query row, up to the
+longest row's length in a tile of query rows, and masks each row's keys past its own.
 
 Where no TPU is the default backend, the same kernels (grid, blocks, K order) run in
 Pallas's TPU interpret mode (`interpret()`: slow; for tests and CI), each MXU product
