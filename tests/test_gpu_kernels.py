@@ -196,15 +196,18 @@ def test_attention_rows_are_invariant_in_t_and_b_and_agree(dtype, atol):
   b, t, h, s, d = 3, 16, 2, 70, 24
   q, k, v, _ = _attention_inputs(b, t, h, s, d, dtype)
   lengths = _ragged_lengths(b, t, s)
+  # row 0 alone (T=1 at 0) walks one chunk of 64 keys; beside row 1, two
+  assert np.asarray(shapes.tile_chunks(lengths[:, :1], 64, 64, s)).tolist() == [[1]] * b
+  assert np.asarray(shapes.tile_chunks(lengths, 64, 64, s)).tolist() == [[2]] * b
   full = np.asarray(gpu.attention(q, k, v, lengths=lengths))
+  dense = shapes.dense_bias(None, lengths, b, t, s)
+  np.testing.assert_array_equal(np.asarray(gpu.attention(q, k, v, dense)), full)
   for width, start in ((1, 0), (1, t - 1), (5, 3)):
     rows = slice(start, start + width)
     part = np.asarray(gpu.attention(q[:, rows], k, v, lengths=lengths[:, rows]))
     np.testing.assert_array_equal(part, full[:, rows], err_msg=f"T={width}")
   alone = np.asarray(gpu.attention(q[2:3, 3:4], k[2:3], v[2:3], lengths=lengths[2:3, 3:4]))
   np.testing.assert_array_equal(alone, full[2:3, 3:4])
-  dense = shapes.dense_bias(None, lengths, b, t, s)
-  np.testing.assert_array_equal(np.asarray(gpu.attention(q, k, v, dense)), full)
   # bfloat16: probabilities enter p @ v in bfloat16 (XLA's path rounds them too)
   np.testing.assert_allclose(full, np.asarray(_xla_attention(q, k, v, dense)), atol=atol)
 
@@ -229,27 +232,23 @@ def test_attention_keys_per_chunk_come_from_the_tile_table():
   assert "mosaic_gpu" in text
 
 
-def test_attention_takes_a_broadcast_bias_and_checks_shapes():
+def test_attention_takes_a_broadcast_bias_lengths_and_checks_shapes():
+  """A [1, H, T, S] bias with ragged per-row lengths (1 and S included) is bitwise the
+  kernel with no lengths and their dense bias (`shapes.dense_bias`), and agrees with
+  XLA's; grouped K/V and no bias: bitwise repeated K/V and an explicit zero bias."""
   q, k, v, bias = _attention_inputs(2, 3, 2, 9, 8, jnp.float32)
   rel = jnp.asarray(np.random.default_rng(1).standard_normal((1, 2, 3, 9)), jnp.float32)
-  got = np.asarray(gpu.attention(q, k, v, rel + bias))           # [B, H, T, S] from both
-  np.testing.assert_array_equal(np.asarray(gpu.attention(q, k, v, jnp.broadcast_to(
-      rel + bias, (2, 2, 3, 9)))), got)
-  np.testing.assert_allclose(got, np.asarray(_xla_attention(q, k, v, rel + bias)), atol=1e-4)
-  # grouped K/V (one K/V head for both query heads) read in place, bitwise as repeated
-  np.testing.assert_array_equal(
-      np.asarray(gpu.attention(q, k[:, :1], v[:, :1], bias)),
-      np.asarray(gpu.attention(q, *(jnp.repeat(a[:, :1], 2, axis=1) for a in (k, v)), bias)))
-  # no bias: no bias operand, bitwise an explicit zero bias; lengths with a bias: bitwise
-  # their dense bias, and the lengths' XLA attention (lengths 1 and S included)
-  # (full [B, H, T, S] biases throughout: one compilation)
-  np.testing.assert_array_equal(np.asarray(gpu.attention(q, k, v)),
-                                np.asarray(gpu.attention(q, k, v, jnp.zeros((2, 2, 3, 9)))))
   lengths = _ragged_lengths(2, 3, 9, seed=1)
-  dense = shapes.dense_bias(rel + bias, lengths, 2, 3, 9)
-  got = np.asarray(gpu.attention(q, k, v, rel + bias, lengths))
-  np.testing.assert_array_equal(got, np.asarray(gpu.attention(q, k, v, dense)))
+  dense = shapes.dense_bias(rel, lengths, 2, 3, 9)                # [B, H, T, S]
+  got = np.asarray(gpu.attention(q, k, v, rel, lengths))
+  np.testing.assert_array_equal(np.asarray(gpu.attention(q, k, v, dense)), got)
   np.testing.assert_allclose(got, np.asarray(_xla_attention(q, k, v, dense)), atol=1e-4)
+  # grouped K/V (one K/V head for both query heads) read in place, bitwise as repeated;
+  # no bias (no bias operand) bitwise an explicit zero bias [1, 1, 1, S]
+  np.testing.assert_array_equal(
+      np.asarray(gpu.attention(q, k[:, :1], v[:, :1])),
+      np.asarray(gpu.attention(q, *(jnp.repeat(a[:, :1], 2, axis=1) for a in (k, v)),
+                               jnp.zeros((1, 1, 1, 9)))))
   with pytest.raises(ValueError, match=r"not \[B, Hkv, S, D\]"):
     gpu.attention(q, k[:, :, :, :4], v, bias)
   with pytest.raises(ValueError, match="bias"):
