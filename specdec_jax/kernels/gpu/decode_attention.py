@@ -213,7 +213,7 @@ def attention(q: Array, k: Array, v: Array, bias: Array | None = None,
   kt = jnp.pad(jnp.swapaxes(k, 2, 3), ((0, 0), (0, 0), (0, dp - d), (0, sp - s)))
   vv = jnp.pad(v, ((0, 0), (0, 0), (0, sp - s), (0, dp - d)))
   flat = lambda a: split(a.reshape((-1,) + a.shape[2:]).astype(jnp.float32), parts)
-  if bias is not None:      # the padding's bias is never read: those keys are masked
+  if bias is not None:      # its padding's keys are masked in the kernel, whatever it holds
     bias = jnp.broadcast_to(bias.astype(jnp.float32), bias.shape[:2] + (t, s))
     bias = jnp.pad(bias, ((0, 0), (0, 0), (0, tp - t), (0, sp - s)))
   lens = row_lengths(lengths, b, t, s)
