@@ -20,7 +20,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import specdec_jax as sd
-from specdec_jax.kernels import backends, gpu
+from specdec_jax.kernels import backends, gpu, shapes
 from specdec_jax.kernels.gpu import matmul, tiles
 
 K, N = 70, 130                    # odd: both edges padded at packing
@@ -177,22 +177,39 @@ def _xla_attention(q, k, v, bias):
                     precision=jax.lax.Precision.HIGHEST)
 
 
+def _ragged_lengths(b, t, s, seed=0):
+  """[B, T] int32 per-row key counts in 1..S: row 0 of each batch row reads 1 key, row 1
+  all S (one tile mixes the shortest and the longest), the rest at random."""
+  lengths = np.random.default_rng(seed).integers(1, s + 1, (b, t))
+  lengths[:, 0], lengths[:, 1] = 1, s
+  return jnp.asarray(lengths, jnp.int32)
+
+
 @pytest.mark.parametrize("dtype,atol", [(jnp.bfloat16, 2e-2),
                                         pytest.param(jnp.float32, 1e-4, marks=pytest.mark.slow)])
 def test_attention_rows_are_invariant_in_t_and_b_and_agree(dtype, atol):
-  """Query rows of a 16-token call are bitwise those of 1- and 5-token calls on them, at
-  the start and the end (and a batch row's are those it gets alone); S = 70 spans two
-  64-key chunks, and the rows' lengths mask keys of both."""
+  """Query rows of a 16-token call with ragged per-row lengths are bitwise those of 1-
+  and 5-token calls on them, at the start and the end (and a batch row's are those it
+  gets alone); S = 70 spans two 64-key chunks, and the rows' lengths end in both. Row 0
+  reads 1 key: alone its tile walks one chunk, beside row 1 (all S keys) two, and its
+  result is the same. The lengths are bitwise their dense bias (`shapes.dense_bias`)."""
   b, t, h, s, d = 3, 16, 2, 70, 24
-  q, k, v, bias = _attention_inputs(b, t, h, s, d, dtype)
-  full = np.asarray(gpu.attention(q, k, v, bias))
+  q, k, v, _ = _attention_inputs(b, t, h, s, d, dtype)
+  lengths = _ragged_lengths(b, t, s)
+  # row 0 alone (T=1 at 0) walks one chunk of 64 keys; beside row 1, two
+  assert np.asarray(shapes.tile_chunks(lengths[:, :1], 64, 64, s)).tolist() == [[1]] * b
+  assert np.asarray(shapes.tile_chunks(lengths, 64, 64, s)).tolist() == [[2]] * b
+  full = np.asarray(gpu.attention(q, k, v, lengths=lengths))
+  dense = shapes.dense_bias(None, lengths, b, t, s)
+  np.testing.assert_array_equal(np.asarray(gpu.attention(q, k, v, dense)), full)
   for width, start in ((1, 0), (1, t - 1), (5, 3)):
-    part = np.asarray(gpu.attention(q[:, start:start + width], k, v, bias))
-    np.testing.assert_array_equal(part, full[:, start:start + width], err_msg=f"T={width}")
-  alone = np.asarray(gpu.attention(q[2:3, 3:4], k[2:3], v[2:3], bias[2:3]))
+    rows = slice(start, start + width)
+    part = np.asarray(gpu.attention(q[:, rows], k, v, lengths=lengths[:, rows]))
+    np.testing.assert_array_equal(part, full[:, rows], err_msg=f"T={width}")
+  alone = np.asarray(gpu.attention(q[2:3, 3:4], k[2:3], v[2:3], lengths=lengths[2:3, 3:4]))
   np.testing.assert_array_equal(alone, full[2:3, 3:4])
   # bfloat16: probabilities enter p @ v in bfloat16 (XLA's path rounds them too)
-  np.testing.assert_allclose(full, np.asarray(_xla_attention(q, k, v, bias)), atol=atol)
+  np.testing.assert_allclose(full, np.asarray(_xla_attention(q, k, v, dense)), atol=atol)
 
 
 @pytest.mark.slow
@@ -215,21 +232,29 @@ def test_attention_keys_per_chunk_come_from_the_tile_table():
   assert "mosaic_gpu" in text
 
 
-def test_attention_takes_a_broadcast_bias_and_checks_shapes():
+def test_attention_takes_a_broadcast_bias_lengths_and_checks_shapes():
+  """A [1, H, T, S] bias with ragged per-row lengths (1 and S included) is bitwise the
+  kernel with no lengths and their dense bias (`shapes.dense_bias`), and agrees with
+  XLA's; grouped K/V and no bias: bitwise repeated K/V and an explicit zero bias."""
   q, k, v, bias = _attention_inputs(2, 3, 2, 9, 8, jnp.float32)
   rel = jnp.asarray(np.random.default_rng(1).standard_normal((1, 2, 3, 9)), jnp.float32)
-  got = np.asarray(gpu.attention(q, k, v, rel + bias))           # [B, H, T, S] from both
-  np.testing.assert_array_equal(np.asarray(gpu.attention(q, k, v, jnp.broadcast_to(
-      rel + bias, (2, 2, 3, 9)))), got)
-  np.testing.assert_allclose(got, np.asarray(_xla_attention(q, k, v, rel + bias)), atol=1e-4)
-  # grouped K/V (one K/V head for both query heads) read in place, bitwise as repeated
+  lengths = _ragged_lengths(2, 3, 9, seed=1)
+  dense = shapes.dense_bias(rel, lengths, 2, 3, 9)                # [B, H, T, S]
+  got = np.asarray(gpu.attention(q, k, v, rel, lengths))
+  np.testing.assert_array_equal(np.asarray(gpu.attention(q, k, v, dense)), got)
+  np.testing.assert_allclose(got, np.asarray(_xla_attention(q, k, v, dense)), atol=1e-4)
+  # grouped K/V (one K/V head for both query heads) read in place, bitwise as repeated;
+  # no bias (no bias operand) bitwise an explicit zero bias [1, 1, 1, S]
   np.testing.assert_array_equal(
-      np.asarray(gpu.attention(q, k[:, :1], v[:, :1], bias)),
-      np.asarray(gpu.attention(q, *(jnp.repeat(a[:, :1], 2, axis=1) for a in (k, v)), bias)))
+      np.asarray(gpu.attention(q, k[:, :1], v[:, :1])),
+      np.asarray(gpu.attention(q, *(jnp.repeat(a[:, :1], 2, axis=1) for a in (k, v)),
+                               jnp.zeros((1, 1, 1, 9)))))
   with pytest.raises(ValueError, match=r"not \[B, Hkv, S, D\]"):
     gpu.attention(q, k[:, :, :, :4], v, bias)
   with pytest.raises(ValueError, match="bias"):
     gpu.attention(q, k, v, bias[..., :8])
+  with pytest.raises(ValueError, match="lengths"):
+    gpu.attention(q, k, v, lengths=lengths[:, :2])
 
 
 # ----------------------------------------------------------------------------- CUDA lowering
@@ -253,6 +278,12 @@ def test_kernels_lower_for_cuda(products, dtype):
   q, k, v, bias = _attention_inputs(2, 3, 2, 70, 24, dtype)
   assert "mosaic_gpu" in _lowers(
       lambda *a: gpu.attention(*a, interpret=False), q, k, v, bias)
+  # per-row lengths (a dynamic chunk count, an in-kernel mask), with and without a bias
+  lengths = _ragged_lengths(2, 3, 70)
+  assert "mosaic_gpu" in _lowers(
+      lambda *a: gpu.attention(*a, lengths=lengths, interpret=False), q, k, v)
+  assert "mosaic_gpu" in _lowers(
+      lambda *a: gpu.attention(*a, lengths=lengths, interpret=False), q, k, v, bias)
 
 
 #: Weight shapes of the T5-XXL target's and the T5-small drafter's decode products, and

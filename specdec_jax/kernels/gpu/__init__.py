@@ -4,7 +4,8 @@
     wp = gpu.pack(w, dtype)                # once per model: w [K, N] -> [P, Kp, Np] bfloat16
     y = gpu.dot(x, wp, n=w.shape[1])       # x [..., K] -> [..., N] float32
     s = gpu.sum_squares(x, ones)           # x [..., K] -> [..., 1]; ones = gpu.pack(ones [K, 1])
-    o = gpu.attention(q, k, v, bias)       # q [B, T, H, D], k/v [B, H, S, D] -> [B, T, H, D]
+    o = gpu.attention(q, k, v, bias=None, lengths=None)   # q [B, T, H, D], grouped k/v
+                                           # [B, Hkv, S, D], lengths [B, T] -> [B, T, H, D]
 
 Every output row is computed by the same instructions in the same order whatever the
 number of rows M (batch x call width), the row's position and the call width: rows are
