@@ -190,16 +190,16 @@ def products(backend_name: str, mesh) -> dict:
   b, t, h, hkv, s, d = 2, 3, 4, 2, 20, 16
   q = jnp.asarray(rng.standard_normal((b, t, h, d)), dtype)
   kv = [jnp.asarray(rng.standard_normal((b, hkv, s, d)), dtype) for _ in range(2)]
-  lengths = np.array([[[[14]]], [[[7]]]])
-  bias = jnp.asarray(np.where(np.arange(s)[None, None, None] < lengths, 0.0, -1e10)
-                     + rng.standard_normal((1, h, t, s)), jnp.float32)
+  lengths = jnp.asarray([[14, 13, 20], [7, 1, 9]], jnp.int32)          # per row: [B, T]
+  bias = jnp.asarray(rng.standard_normal((1, h, t, s)), jnp.float32)   # relative-position-like
   attend = backend.kernel("attention")
   layout = dispatch.Layout(mesh, "data", None, "model")
-  got = np.asarray(dispatch._attention_on_mesh(attend, q, *kv, bias, layout))
   repeated = [jnp.repeat(a, h // hkv, axis=1) for a in kv]
-  out["attention"] = {"equal": bool(np.array_equal(got, np.asarray(attend(q, *kv, bias)))),
-                      "equal_repeated": bool(np.array_equal(got, np.asarray(
-                          attend(q, *repeated, bias))))}
+  for name, extra in (("attention", bias), ("attention_no_bias", None)):
+    got = np.asarray(dispatch._attention_on_mesh(attend, q, *kv, extra, lengths, layout))
+    out[name] = {"equal": bool(np.array_equal(got, np.asarray(attend(q, *kv, extra, lengths)))),
+                 "equal_repeated": bool(np.array_equal(got, np.asarray(
+                     attend(q, *repeated, extra, lengths))))}
   return out
 
 

@@ -97,11 +97,13 @@ def test_lowered_for_an_accelerator_on_the_mesh_nothing_is_cpu_only(report, back
 
 @pytest.mark.parametrize("backend", ["cpu", "tpu"])
 def test_products_on_the_mesh_are_the_kernels_blocks(report, backend):
-  """A column-split dot and the attention split by grouped heads are bitwise the kernel on
-  one device; a row-split dot is bitwise its blocks' partial sums added in shard order;
-  a row computed alone is bitwise the row in the batch."""
+  """A column-split dot and the attention split by grouped heads (per-row lengths, with a
+  bias and without) are bitwise the kernel on one device; a row-split dot is bitwise its
+  blocks' partial sums added in shard order; a row computed alone is bitwise the row in
+  the batch."""
   entry = _cpu(report, "products/cpu") if backend == "cpu" else report[f"products/{backend}"]
   for split in ("dot_n", "dot_k"):
     assert entry[split]["equal"] and entry[split]["row_alone"], (split, entry)
     assert entry[split]["close"] < 0.1, entry                  # bfloat16 products
-  assert entry["attention"]["equal"] and entry["attention"]["equal_repeated"]
+  for name in ("attention", "attention_no_bias"):
+    assert entry[name]["equal"] and entry[name]["equal_repeated"], (name, entry[name])
