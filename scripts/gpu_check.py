@@ -56,6 +56,7 @@ import specdec_jax as sd
 from specdec_jax.cli.options import int_list
 from specdec_jax.costs import StepTimer, started_cache
 from specdec_jax.kernels import gpu, verified
+from specdec_jax.kernels import shapes as kernel_shapes
 from specdec_jax.kernels.gpu import tiles
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -152,17 +153,15 @@ def _sweep_chunks(args, table: dict) -> dict:
   rng = np.random.default_rng(1)
   q = jnp.asarray(rng.standard_normal((b, 1, h, d)), jnp.bfloat16)
   k, v = (jnp.asarray(rng.standard_normal((b, h, s, d)), jnp.bfloat16) for _ in range(2))
-  lengths = rng.integers(1, s + 1, b)
-  bias = jnp.asarray(np.where(np.arange(s)[None, None, None] < lengths[:, None, None, None],
-                              0.0, -1e10), jnp.float32)
+  lengths = jnp.asarray(rng.integers(1, s + 1, (b, 1)), jnp.int32)   # a decode step's
   key = f"{-(-d // 64) * 64}:bfloat16"
   timed = []
   for c in tiles.CHUNKS:
     with tiles.using(tiles.with_entries(table, attention={key: {"chunk": c}})):
-      run = jax.jit(lambda q, k, v, bias: gpu.attention(q, k, v, bias))
-      seconds, full = _timed(lambda run=run: run(q, k, v, bias), args.repeats)
+      run = jax.jit(lambda q, k, v, n: gpu.attention(q, k, v, None, n))
+      seconds, full = _timed(lambda run=run: run(q, k, v, lengths), args.repeats)
       full = np.asarray(full)
-      invariant = all(np.array_equal(np.asarray(run(q[r], k[r], v[r], bias[r])), full[r])
+      invariant = all(np.array_equal(np.asarray(run(q[r], k[r], v[r], lengths[r])), full[r])
                       for r in (np.array([b - 1]), np.array([2, 0, 1])))
     timed.append({"chunk": c, "us": 1e6 * seconds, "invariant": invariant})
   fine = [t for t in timed if t["invariant"]]
@@ -217,15 +216,19 @@ def invariance(args) -> dict:
   widths = (1, 2, 5, 16)
   q = jnp.asarray(rng.standard_normal((b, 16, h, d)), jnp.bfloat16)
   kv = jnp.asarray(rng.standard_normal((2, b, h, s, d)), jnp.bfloat16)
-  lengths = jnp.asarray(rng.integers(1, s + 1, b))
-  bias = jnp.where(jnp.arange(s)[None, None, None] < lengths[:, None, None, None], 0.0, -1e10)
-  attend = jax.jit(lambda a: gpu.attention(a, kv[0], kv[1], bias))
-  full = np.asarray(attend(q))
-  attention = {str(t): bool(np.array_equal(np.asarray(attend(q[:, 16 - t:])), full[:, 16 - t:]))
-               for t in widths}
+  # a causal decode's per-row lengths (one key more per query row); one row of length 1
+  last = np.maximum(rng.integers(1, s + 1, b), 16)
+  lengths = jnp.asarray((last[:, None] - np.arange(16)[::-1]).clip(1), jnp.int32)   # [B, 16]
+  lengths = lengths.at[0, 0].set(1)
+  attend = jax.jit(lambda a, n: gpu.attention(a, kv[0], kv[1], None, n))
+  full = np.asarray(attend(q, lengths))
+  attention = {str(t): bool(np.array_equal(np.asarray(attend(q[:, 16 - t:], lengths[:, 16 - t:])),
+                                           full[:, 16 - t:])) for t in widths}
+  masked = gpu.attention(q, kv[0], kv[1], kernel_shapes.dense_bias(None, lengths, b, 16, s))
   return {"shape_dot": [k, n], "ms": list(ms), "dot": _rows_equal(dot, x, ms),
           "sum_squares": _rows_equal(norm, x, ms), "xla_dot": _rows_equal(xla, x, ms),
-          "attention_shape": [b, h, s, d], "attention_widths": attention}
+          "attention_shape": [b, h, s, d], "attention_widths": attention,
+          "attention_lengths": {"as_mask": bool(np.array_equal(np.asarray(masked), full))}}
 
 
 def _models(args):
@@ -394,7 +397,10 @@ def markdown(result: dict) -> str:
       lines.append(f"| {name} | " + " | ".join("yes" if inv[name][str(m)] else "**no**"
                                               for m in inv["ms"]) + " |")
     lines += ["", "Attention, query rows of a 16-token call vs T-token calls: " + ", ".join(
-        f"T={t}: {'yes' if ok else 'no'}" for t, ok in inv["attention_widths"].items()), ""]
+        f"T={t}: {'yes' if ok else 'no'}" for t, ok in inv["attention_widths"].items()),
+              "", "Attention with per-row lengths bitwise the call with the keys past them "
+              "masked in a bias: " + ("yes" if all(inv.get("attention_lengths", {}).values())
+                                      else "**no**"), ""]
   dec = result.get("decoding")
   if isinstance(dec, dict) and "ms_per_token" in dec:
     batches = list(dec["ms_per_token"])
@@ -456,7 +462,7 @@ def verdict(result: dict) -> tuple[str, list[str]]:
   if "error" in inv or not inv:
     why.append("invariance not checked")
   else:
-    for kind in ("dot", "sum_squares", "attention_widths"):
+    for kind in ("dot", "sum_squares", "attention_widths", "attention_lengths"):
       if not all(inv.get(kind, {}).values()):
         why.append(f"{kind} rows differ with M")
   dec = result.get("decoding", {})

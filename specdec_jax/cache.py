@@ -112,12 +112,6 @@ def query_positions(length: jax.Array, k: int) -> jax.Array:
   return length[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]
 
 
-def causal_mask(q_pos: jax.Array, num_keys: int) -> jax.Array:
-  """[B, q] query positions -> [B, 1, q, C] bool: key position <= query position."""
-  k_pos = jnp.arange(num_keys, dtype=jnp.int32)
-  return (k_pos[None, None, :] <= q_pos[:, :, None])[:, None]
-
-
 def tree_mask(length: jax.Array, slots: jax.Array, visible: jax.Array,
               num_keys: int) -> jax.Array:
   """Mask of a call whose new tokens form a tree (several drafts behind one shared token).

@@ -35,6 +35,7 @@ def test_invariance_section_on_tiny_shapes(tmp_path):
   assert all(inv["attention_widths"].values()) and set(inv["attention_widths"]) == {
       "1", "2", "5", "16"}
   assert set(inv["xla_dot"]) == {"1", "2", "5", "16"}     # reported, whatever it is here
+  assert inv["attention_lengths"] == {"as_mask": True}
   assert "| dot | yes | yes | yes | yes |" in md
 
 

@@ -178,10 +178,11 @@ def _xla_attention(q, k, v, bias):
 
 
 def _ragged_lengths(b, t, s, seed=0):
-  """[B, T] int32 per-row key counts in 1..S: row 0 of each batch row reads 1 key, row 1
-  all S (one tile mixes the shortest and the longest), the rest at random."""
+  """[B, T] int32 per-row key counts: row 0 of each batch row reads 1 key (given as 0,
+  clipped to 1), row 1 all S (given as S + 5, clipped to S): one tile mixes the shortest
+  and the longest; the rest at random in 1..S."""
   lengths = np.random.default_rng(seed).integers(1, s + 1, (b, t))
-  lengths[:, 0], lengths[:, 1] = 1, s
+  lengths[:, 0], lengths[:, 1] = 0, s + 5
   return jnp.asarray(lengths, jnp.int32)
 
 
@@ -208,6 +209,10 @@ def test_attention_rows_are_invariant_in_t_and_b_and_agree(dtype, atol):
     np.testing.assert_array_equal(part, full[:, rows], err_msg=f"T={width}")
   alone = np.asarray(gpu.attention(q[2:3, 3:4], k[2:3], v[2:3], lengths=lengths[2:3, 3:4]))
   np.testing.assert_array_equal(alone, full[2:3, 3:4])
+  # row 0 alone walks one chunk: the keys past it may hold NaN, never read
+  poisoned = [a[2:3].at[:, :, 64:].set(jnp.nan) for a in (k, v)]
+  np.testing.assert_array_equal(
+      np.asarray(gpu.attention(q[2:3, :1], *poisoned, lengths=lengths[2:3, :1])), full[2:3, :1])
   # bfloat16: probabilities enter p @ v in bfloat16 (XLA's path rounds them too)
   np.testing.assert_allclose(full, np.asarray(_xla_attention(q, k, v, dense)), atol=atol)
 

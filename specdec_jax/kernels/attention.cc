@@ -24,7 +24,7 @@
 // values are finite: a masked key's weight is exactly 0 and adds exact zeros. Hence a length
 // is bitwise the same row with the keys past it masked in the bias (their weights are exact
 // zeros, their lanes' partial sums unchanged), whatever S. (A row whose keys are all masked
-// gets near-uniform weights over its n keys, as XLA's softmax does.)
+// gets near-uniform weights over its n keys, as XLA's softmax does when n = S.)
 //   logit[s] = hsum8(acc), acc = fma(q[d0..d0+7], k[s, d0..d0+7], acc) for d0 = 0, 8, ...
 //              (a partial last group is zero-padded), then + bias[s];
 //   e[s]     = exp8(logit[s] - max_s logit) (a fixed polynomial; arguments below

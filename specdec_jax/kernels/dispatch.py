@@ -53,7 +53,8 @@ class Product(NamedTuple):
   key: its path in `COLLECTION`: the calling module's path + a name ("kernel", "qkv",
     "kv", "wi", "logits", "sum_squares", "attention").
   kind: "dot": x [..., K] @ w [K, N]; "sum_squares": sum(x^2) over K as x^2 @ ones
-    [K, 1]; "attention": softmax(q k + bias) v (no weights).
+    [K, 1]; "attention": softmax(q k + bias) v over each row's keys s < its length
+    (`kernels.shapes`; no weights).
   sources: param paths of w: [K, N_i] kernels joined along N; with `transposed`, one
     [N, K] matrix (a tied embedding); for "sum_squares", the norm's scale [K].
   dtype: the dtype the layer computes the product in.
@@ -362,10 +363,13 @@ def _attention_on_mesh(attend: Callable[..., Array], q: Array, k: Array, v: Arra
   on = lambda axis, size: axis if size > 1 else None
   q_spec = P(batch, None, heads, None)
   kv_spec = P(batch, heads, None, None)
-  lengths_spec = P(batch, None)
-  if bias is None:
-    return _shard_map(lambda q, k, v, n: attend(q, k, v, None, n), layout.mesh,
-                      (q_spec, kv_spec, kv_spec, lengths_spec), q_spec)(q, k, v, lengths)
-  bias_spec = P(on(batch, bias.shape[0]), on(heads, bias.shape[1]), None, None)
-  return _shard_map(attend, layout.mesh, (q_spec, kv_spec, kv_spec, bias_spec, lengths_spec),
-                    q_spec)(q, k, v, bias, lengths)
+  specs = [q_spec, kv_spec, kv_spec, P(batch, None)]     # and the lengths
+  operands = [q, k, v, lengths]
+  if bias is not None:
+    specs.append(P(on(batch, bias.shape[0]), on(heads, bias.shape[1]), None, None))
+    operands.append(bias)
+
+  def local(q, k, v, lengths, bias=None):
+    return attend(q, k, v, bias, lengths)
+
+  return _shard_map(local, layout.mesh, tuple(specs), q_spec)(*operands)

@@ -48,6 +48,12 @@ def check_attention(q: Array, k: Array, v: Array, bias: Array | None = None,
   return b, t, h, d, s, hkv
 
 
+def additive(mask: Array, bias: Array | None = None) -> Array:
+  """bool mask (True: attend) -> float32 0 / MASKED (+ `bias`), broadcast together."""
+  out = jnp.where(mask, 0.0, MASKED).astype(jnp.float32)
+  return out if bias is None else out + bias.astype(jnp.float32)
+
+
 def row_lengths(lengths: Array | None, b: int, t: int, s: int) -> Array:
   """[B, T] int32 keys each row reads: `lengths` clipped to 1..S (None: S)."""
   if lengths is None:
@@ -63,8 +69,7 @@ def dense_bias(bias: Array | None, lengths: Array | None, b: int, t: int,
   if lengths is None:
     return jnp.zeros((1, 1, 1, s), jnp.float32) if bias is None else bias.astype(jnp.float32)
   keep = jnp.arange(s, dtype=jnp.int32) < row_lengths(lengths, b, t, s)[:, :, None]
-  mask = jnp.where(keep, 0.0, MASKED).astype(jnp.float32)[:, None]
-  return mask if bias is None else mask + bias.astype(jnp.float32)
+  return additive(keep[:, None], bias)
 
 
 def tile_chunks(lengths: Array, rows: int, chunk: int, s: int) -> Array:

@@ -29,8 +29,7 @@ from flax import struct
 
 from specdec_jax.config import mlp_kernel_names
 from specdec_jax.kernels import dispatch
-from specdec_jax.kernels.shapes import MASKED as _MASKED  # T5X's bias for masked logits
-from specdec_jax.kernels.shapes import dense_bias
+from specdec_jax.kernels.shapes import additive, dense_bias
 
 Array = jax.Array
 
@@ -292,8 +291,7 @@ class RelativePositionBias(nn.Module):
 
 def attention_bias(mask: Array, bias: Array | None = None) -> Array:
   """bool mask [B, 1|H, q, k] (+ float bias [B|1, H, q, k]) -> additive float32 bias."""
-  out = jnp.where(mask, 0.0, _MASKED).astype(jnp.float32)
-  return out if bias is None else out + bias
+  return additive(mask, bias)
 
 
 @struct.dataclass

@@ -21,8 +21,10 @@ row's own length (a [TM] int32 per tile, read into the rows' WGMMA layout: no [T
 mask is made) with _MASKED, whose exp() is an exact 0; the padding of S is masked the
 same way. The result is BITWISE the same kernel's with lengths=None and the lengths in
 the bias (`shapes.dense_bias`), and a row's result does not depend on how many chunks
-its tile walks: a row's length is >= 1, so its first chunk holds an unmasked key and m
-is a real logit from chunk 0 on. A chunk of keys all masked for that row then has
+its tile walks: a row's length is >= 1, so its first key is not masked by its length
+and m is finite from chunk 0 on (at least about -2e10 where a bias masks the whole first
+chunk, as an encoder row with many leading pads: far above _MASKED), and chunk 0 is
+computed alike in both. A chunk of keys all masked for that row then has
 s.max() below m (so m_new = m and alpha = exp(0) = 1 exactly), probabilities exp(masked
 - m) = +0 exactly, p @ v = +0 and a zero row sum: o * 1 + 0 = o and l * 1 + 0 = l,
 bitwise; so walking it or not changes nothing. In a chunk the row walks, a masked key's

@@ -21,8 +21,9 @@ c * C + j at or past a row's own length (each row's length comes in as a [TQ, 1]
 block, never a [T, S] tensor) gets the logit -1e30: its weight exp(-1e30 - m) is an
 exact zero; the keys padding S up to chunks are past every length. Why this is bitwise
 the same kernel with lengths=None and the mask in the bias (`shapes.dense_bias`, -1e10):
-a row's first key is unmasked (lengths >= 1), so after chunk 0 its running max m is an
-ordinary logit, far above either masked value; a chunk with masked keys then leaves m
+a row's first key is not masked by its length (lengths >= 1), so after chunk 0 its
+running max m is finite (at least about -2e10 where a bias masks the whole first chunk),
+far above -1e30, and chunk 0 is computed alike in both; a chunk with masked keys then leaves m
 where the unmasked keys put it (the same ones in both), every masked weight is an exact
 0, and a chunk wholly past the row's length (walked by the reference, or by a tile with
 a longer row; skipped by a tile without one) changes nothing: alpha = exp(m - m) = 1,
@@ -38,8 +39,9 @@ the row sums, by in-order loops (`matmul.product`: the interpreter's are the hos
 D is padded to a multiple of 128 (zeros: exact zero terms).
 
 K and V stay in HBM (`pl.ANY`): the loop copies chunk c + 1 into the other half of a
-two-chunk VMEM buffer while it computes chunk c, so a tile reads from HBM only the
-chunks it walks, and VMEM holds 2 x 2 x C x Dp of them whatever S is.
+two-chunk VMEM buffer while it computes chunk c, so a tile reads from HBM only the K/V
+chunks it walks, and VMEM holds 2 x 2 x C x Dp of them whatever S is. A bias, when there
+is one (T5's relative position bias), is still a block of all its chunks: read whole.
 """
 
 from __future__ import annotations
