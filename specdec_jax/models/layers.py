@@ -289,11 +289,6 @@ class RelativePositionBias(nn.Module):
     return self.from_buckets(jnp.take(table, jnp.clip(distance, 0, size - 1), axis=0))
 
 
-def attention_bias(mask: Array, bias: Array | None = None) -> Array:
-  """bool mask [B, 1|H, q, k] (+ float bias [B|1, H, q, k]) -> additive float32 bias."""
-  return additive(mask, bias)
-
-
 @struct.dataclass
 class Keys:
   """The keys each query row attends to (the attention seam, `kernels.shapes`).
@@ -328,7 +323,7 @@ def padded_keys(mask: Array, num_queries: int, bias: Array | None = None,
   else:
     lengths = jnp.where(queries, extent, s).astype(jnp.int32)
     full = full & queries[:, None, :, None]
-  return Keys(lengths, attention_bias(full, bias))
+  return Keys(lengths, additive(full, bias))
 
 
 def tree_keys(length: Array, num_new: int, mask: Array, bias: Array | None = None) -> Keys:
@@ -337,7 +332,7 @@ def tree_keys(length: Array, num_new: int, mask: Array, bias: Array | None = Non
   hides the branches it may not see."""
   lengths = jnp.broadcast_to((length.astype(jnp.int32) + num_new)[:, None],
                              (length.shape[0], num_new))
-  return Keys(lengths, attention_bias(mask, bias))
+  return Keys(lengths, additive(mask, bias))
 
 
 class MultiHeadAttention(nn.Module):

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from specdec_jax import cache as cache_lib
-from specdec_jax.kernels.shapes import dense_bias
-from specdec_jax.models.layers import attention_bias, causal_keys, padded_keys, tree_keys
+from specdec_jax.kernels.shapes import additive, dense_bias
+from specdec_jax.models.layers import causal_keys, padded_keys, tree_keys
 
 pytestmark = pytest.mark.unit
 
@@ -39,7 +39,7 @@ def test_causal_lengths_are_the_causal_mask():
   causal = (jnp.arange(10)[None, None, :] <= q_pos[:, :, None])[:, None]
   keys = causal_keys(q_pos, relpos)
   np.testing.assert_array_equal(np.asarray(_as_mask(keys, 3, 3, 10)),
-                                np.asarray(attention_bias(causal, relpos)))
+                                np.asarray(additive(causal, relpos)))
   np.testing.assert_array_equal(np.asarray(keys.lengths), np.asarray(q_pos) + 1)
 
 
@@ -55,7 +55,7 @@ def test_encoder_padding_as_lengths_is_t5x_mask(tokens):
   mask = tokens > 0
   relpos = jnp.asarray(np.random.default_rng(2).standard_normal((1, H, s, s)), jnp.float32)
   keys = padded_keys(mask, s, relpos, queries=mask)
-  old = attention_bias(mask[:, None, None, :] & mask[:, None, :, None], relpos)
+  old = additive(mask[:, None, None, :] & mask[:, None, :, None], relpos)
   logits = _logits(b, s, s)
   np.testing.assert_array_equal(_softmax(logits, _as_mask(keys, b, s, s)), _softmax(logits, old))
   np.testing.assert_array_equal(np.asarray(keys.lengths[:, 0]), [4, s, 4, s])  # masked query: S
@@ -68,7 +68,7 @@ def test_encoder_padding_as_lengths_is_t5x_mask(tokens):
 def test_cross_attention_padding_as_lengths(tokens):
   b, s = tokens.shape
   keys = padded_keys(tokens > 0, 3)
-  old = attention_bias((tokens > 0)[:, None, None, :])
+  old = additive((tokens > 0)[:, None, None, :])
   logits = _logits(b, 3, s, seed=3)
   np.testing.assert_array_equal(_softmax(logits, _as_mask(keys, b, 3, s)), _softmax(logits, old))
 
@@ -87,4 +87,4 @@ def test_a_tree_after_any_prefix_as_lengths(prefix):
   keys = tree_keys(length, k, tree, relpos)
   logits = _logits(2, k, capacity, seed=5)
   np.testing.assert_array_equal(_softmax(logits, _as_mask(keys, 2, k, capacity)),
-                                _softmax(logits, attention_bias(tree, relpos)))
+                                _softmax(logits, additive(tree, relpos)))
