@@ -72,12 +72,26 @@ def dense_bias(bias: Array | None, lengths: Array | None, b: int, t: int,
   return additive(keep[:, None], bias)
 
 
+def _padded_rows(lengths: Array, rows: int) -> Array:
+  """[B, T] row lengths -> [B, Tp], Tp = T rounded up to `rows`: the rows padding the
+  last tile read one key."""
+  t = lengths.shape[1]
+  return jnp.pad(lengths, ((0, 0), (0, -(-t // rows) * rows - t)), constant_values=1)
+
+
 def tile_chunks(lengths: Array, rows: int, chunk: int, s: int) -> Array:
   """[B, T] row lengths (`row_lengths`) -> [B, ceil(T / rows)] int32: the key chunks of
   `chunk` keys a tile of `rows` query rows walks (its longest row's, at least 1). Rows
   padding the last tile read one chunk."""
-  b, t = lengths.shape
-  tiles = -(-t // rows)
-  padded = jnp.pad(lengths, ((0, 0), (0, tiles * rows - t)), constant_values=1)
-  longest = padded.reshape(b, tiles, rows).max(axis=2)
+  padded = _padded_rows(lengths, rows)
+  longest = padded.reshape(padded.shape[0], -1, rows).max(axis=2)
   return jnp.clip(-(-longest // chunk), 1, -(-s // chunk)).astype(jnp.int32)
+
+
+def tiled_lengths(lengths: Array | None, b: int, t: int, s: int, rows: int,
+                  chunk: int) -> tuple[Array, Array]:
+  """A Pallas kernel's lengths, its query rows in tiles of `rows`, its keys in chunks of
+  `chunk`: (each row's keys [B, Tp] int32, `row_lengths` with the rows padding T read
+  one key; the chunks each tile walks [B, Tp / rows], `tile_chunks`)."""
+  lens = row_lengths(lengths, b, t, s)
+  return _padded_rows(lens, rows), tile_chunks(lens, rows, chunk, s)

@@ -52,7 +52,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from specdec_jax.kernels.gpu import mode, tiles
 from specdec_jax.kernels.gpu.matmul import _PAIRS, TM, _acc, _ceil, _mma, _transforms, split
-from specdec_jax.kernels.shapes import check_attention, row_lengths, tile_chunks
+from specdec_jax.kernels.shapes import check_attention, tiled_lengths
 
 Array = jax.Array
 
@@ -218,8 +218,6 @@ def attention(q: Array, k: Array, v: Array, bias: Array | None = None,
   if bias is not None:      # its padding's keys are masked in the kernel, whatever it holds
     bias = jnp.broadcast_to(bias.astype(jnp.float32), bias.shape[:2] + (t, s))
     bias = jnp.pad(bias, ((0, 0), (0, 0), (0, tp - t), (0, sp - s)))
-  lens = row_lengths(lengths, b, t, s)
-  walks = tile_chunks(lens, TM, c, s)
-  lens = jnp.pad(lens, ((0, 0), (0, tp - t)), constant_values=1)
+  lens, walks = tiled_lengths(lengths, b, t, s, TM, c)
   out = _kernel_call(flat(qh), flat(kt), flat(vv), bias, lens, walks, h, mode.params(interpret))
   return jnp.swapaxes(out.reshape(b, h, tp, dp)[:, :, :t, :d], 1, 2)

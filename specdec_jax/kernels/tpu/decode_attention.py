@@ -52,7 +52,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from specdec_jax.kernels.shapes import check_attention, row_lengths, tile_chunks
+from specdec_jax.kernels.shapes import check_attention, tiled_lengths
 from specdec_jax.kernels.tpu import mode
 from specdec_jax.kernels.tpu.matmul import LANE, _ceil, product
 
@@ -168,12 +168,11 @@ def attention(q: Array, k: Array, v: Array, bias: Array | None = None,
   chunked = lambda a: jnp.pad(a.astype(dtype), ((0, 0), (0, 0), (0, sp - s), (0, dp - d))
                              ).reshape(b, hkv, sp // C, C, dp)
   kp, vp = chunked(k), chunked(v)
-  rows = row_lengths(lengths, b, t, s)
-  walk = tile_chunks(rows, TQ, C, s).reshape(-1)
-  rows = jnp.pad(rows, ((0, 0), (0, tp - t)), constant_values=1)[:, :, None]
+  rows, walk = tiled_lengths(lengths, b, t, s, TQ, C)
   if bias is not None:      # the keys padding S are past every row's length: masked there
     bias = jnp.broadcast_to(bias.astype(jnp.float32), bias.shape[:2] + (t, s))
     bias = jnp.pad(bias, ((0, 0), (0, 0), (0, tp - t), (0, sp - s)))
     bias = jnp.swapaxes(bias.reshape(bias.shape[:3] + (sp // C, C)), 2, 3)
-  out = _kernel_call(walk, rows, qh, kp, vp, bias, mode.params(interpret))
+  out = _kernel_call(walk.reshape(-1), rows[:, :, None], qh, kp, vp, bias,
+                     mode.params(interpret))
   return jnp.swapaxes(out[:, :, :t, :d], 1, 2)
