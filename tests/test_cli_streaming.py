@@ -5,6 +5,7 @@ rows were kept and how to go on."""
 import os
 import signal
 import subprocess
+import threading
 
 import numpy as np
 import pytest
@@ -40,8 +41,26 @@ def _stop_after(cmd, env, cwd, lines: int, sig) -> tuple[list[str], str, int]:
                           stderr=subprocess.PIPE, text=True)
   seen = [proc.stdout.readline() for _ in range(lines)]
   proc.send_signal(sig)
-  rest, err = proc.communicate(timeout=120)
+  rest, err = _rest(proc)
   return [s.rstrip("\n") for s in seen] + rest.splitlines(), err, proc.returncode
+
+
+def _rest(proc, timeout: float = 120) -> tuple[str, str]:
+  """What is left of proc's stdout and stderr, to their ends. Not `communicate()`: it
+  reads the pipes' file descriptors, past the lines a `readline()` has already buffered
+  (on a loaded machine several rows arrive in one read, and those were lost)."""
+  got: dict[str, str] = {}
+  readers = [threading.Thread(target=lambda n=n, f=f: got.update({n: f.read()}), daemon=True)
+             for n, f in (("out", proc.stdout), ("err", proc.stderr))]
+  for reader in readers:
+    reader.start()
+  try:
+    proc.wait(timeout)
+  finally:
+    proc.kill()
+  for reader in readers:
+    reader.join(timeout)
+  return got["out"], got["err"]
 
 
 @pytest.mark.slow      # 15 s; the fast tier keeps tests/unit/test_progress.py's
@@ -79,7 +98,7 @@ def test_sigterm_ends_an_output_file_run_with_what_it_kept(tmp_path):
     assert line, "no progress line"
   assert line.startswith("specdec decode: ") and "/3000 rows" in line and "tokens/s" in line
   proc.send_signal(signal.SIGTERM)
-  _, err = proc.communicate(timeout=120)
+  _, err = _rest(proc)
   assert proc.returncode == 143, err[-2000:]
   last = err.strip().splitlines()[-1]
   assert last.startswith("specdec decode: terminated: ") and "Traceback" not in err
