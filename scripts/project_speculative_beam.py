@@ -21,6 +21,17 @@ measured here, on this machine, and the others are inputs recorded on a device:
   gamma + 1 tokens then costs v = t(B M (gamma + 1)) / t(B K) of `sd.Beam`'s step (B K
   rows of 1 token).
 
+s depends on the drafter: how often its tree holds the target's next K beams, which asks
+more than its greedy agreement (alpha: how often its argmax is the target's, `sd.Speculative`
+at gamma 1) but rises with it. `--drafter NAME` measures another drafter (any `sd.load`
+name or path); `--noised-target 0.15,0.3` adds, as proxies of a chosen agreement, the
+demo target itself with Gaussian noise on every weight (sigma x the leaf's std; `noised`):
+each row records the drafter's alpha, so the projection can be read at a pair's published
+agreement (T5-small drafting T5-XXL on WMT En-De: alpha 0.75 at t = 0, Leviathan et al.
+2023, Table 2). A noised copy of the target ranks the target's alternatives more like the
+target than an independently trained drafter of the same alpha does (measured: it takes
+more steps per call at a lower alpha), so its rows are an optimistic proxy, not a pair.
+
 With `--costs BENCH_JSON` (a `specdec bench --preset xxl-small --beam 4:0.6 --gammas 2,3,4`
 run on a device, whose speculative beam entries carry `beam_costs`: c and v measured at
 the beams' and chains' rows), each row takes c and v measured there (same batch, gamma
@@ -43,6 +54,8 @@ import os
 import pathlib
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 import specdec_jax as sd
@@ -94,6 +107,27 @@ def steps_per_call(target, drafter, enc, batch: int, gamma: int, chains: int | N
           "drafted_nodes_per_round": stats["drafted_nodes_per_round"], "beams_equal": same}
 
 
+def noised(model, sigma: float, seed: int = 7):
+  """`model` with N(0, (sigma x std(leaf))^2) added to every weight (in float32, cast back):
+  a drafter that agrees with it often but not always, its agreement set by sigma."""
+  leaves, tree = jax.tree_util.tree_flatten(model.params)
+  keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+  out = []
+  for x, key in zip(leaves, keys, strict=True):
+    x32 = x.astype(jnp.float32)
+    out.append((x32 + sigma * jnp.std(x32) * jax.random.normal(key, x.shape)).astype(x.dtype))
+  return model.replace(params=jax.tree_util.tree_unflatten(tree, out))
+
+
+def greedy_agreement(target, drafter, enc, max_new_tokens: int) -> float:
+  """alpha at t = 0: the share of the target's greedy tokens that the drafter, fed the
+  target's prefix, predicts (`sd.Speculative` at gamma 1, one sentence at a time: every
+  drafted token is conditioned on the target's own prefix)."""
+  outs = [sd.decode(target, sd.Speculative(drafter, gamma=1), enc[i:i + 1],
+                    max_new_tokens=max_new_tokens) for i in range(len(enc))]
+  return float(merge_outputs(outs)["acceptance_rate"])
+
+
 def perfect(row: dict) -> dict:
   """The bound of the same round shape: every round takes all gamma + 1 steps (a drafter
   whose chains always hold the target's beams; the target drafting itself comes close
@@ -119,8 +153,9 @@ def markdown(res: dict) -> str:
       "projected speedup = s / (γc + v) (`theory.beam_walltime_improvement`), with",
       "",
       f"- s, beam steps per target call: MEASURED here ({res['machine']['device_kind']}, "
-      f"{res['machine']['cpu_count']} CPUs) on the bundled demo pair in bfloat16 "
-      f"(demo-de-en/target verifying, demo-de-en/drafter drafting), "
+      f"{res['machine']['cpu_count']} CPUs) with the bundled demo target in bfloat16 "
+      f"(demo-de-en/target verifying; the drafter of each row, its greedy agreement "
+      f"alpha measured on the same sentences), "
       f"{res['sentences']} held-out sentences, beam {K} / alpha {ALPHA}, the tree's first "
       f"level {res.get('width', 2 * K)} wide, "
       f"{res['max_new_tokens']} new tokens at most; every beam equal to `sd.Beam`'s: "
@@ -136,20 +171,23 @@ def markdown(res: dict) -> str:
       *([] if all(r.get("costs_from", "recorded H200") == "recorded H200" for r in res["rows"])
         else [f"- c and v of the rows marked *: measured by `specdec bench` "
               f"({res.get('costs')}), at the beams' and chains' rows."]),
-      "", "| batch | γ | chains M | s (steps/call) | drafted nodes/round | v | "
-      "projected speedup | with verify free (v = 1) | bound: every round γ + 1 steps |",
-      "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+      "", "| drafter | alpha | batch | γ | chains M | s (steps/call) | drafted nodes/round | "
+      "v | projected speedup | with verify free (v = 1) | bound: every round γ + 1 steps |",
+      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
   for r in res["rows"]:
     mark = "" if r.get("costs_from", "recorded H200") == "recorded H200" else "*"
-    lines.append(f"| {r['batch']}{mark} | {r['gamma']} | {r['chains']} | "
+    lines.append(f"| {r.get('drafter', 'demo-de-en/drafter')} | "
+                 f"{r.get('greedy_agreement', float('nan')):.2f} | "
+                 f"{r['batch']}{mark} | {r['gamma']} | {r['chains']} | "
                  f"{r['steps_per_target_call']:.2f} | {r['drafted_nodes_per_round']:.0f} | "
                  f"{r['verify_cost']:.2f} | **{r['projected_speedup']:.2f}x** | "
                  f"{r['speedup_verify_free']:.2f}x | {r['speedup_perfect_drafter']:.2f}x |")
   lines += ["", "Left out of the model: the rounds' own work (the drafter's top-k over the "
             "tree, the replay, the cache gathers), per-row cache reads that grow with M at "
             "larger batches, and the agreement of a real T5-XXL / T5-small pair (the demo "
-            "pair's s is used). On a device, `specdec bench --preset xxl-small --beam 4:0.6` "
-            "measures the speedup itself (random weights: s near 1)."]
+            "target's s with each drafter is used; a noised target is an optimistic proxy "
+            "of a drafter of its alpha). On a device, `specdec bench --preset xxl-small "
+            "--beam 4:0.6` measures the speedup itself (random weights: s near 1)."]
   return "\n".join(lines) + "\n"
 
 
@@ -163,33 +201,28 @@ def main() -> int:
   parser.add_argument("--batch-sizes", default="1,8")
   parser.add_argument("--costs", metavar="BENCH_JSON",
                       help="a device's bench.json with speculative beam entries (beam_costs)")
+  parser.add_argument("--drafter", default="demo-de-en/drafter",
+                      help="the drafter (an sd.load name or path; loaded in bfloat16)")
+  parser.add_argument("--noised-target", metavar="SIGMAS", default="",
+                      help="also proxies: the target with this much noise on its weights, "
+                      "e.g. 0.15,0.3 (see the docstring)")
   parser.add_argument("--out", default="results/speculative_beam")
   args = parser.parse_args()
   measured = {} if args.costs is None else bench_costs(args.costs)
   target = sd.load("demo-de-en/target", dtype="bfloat16")
-  drafter = sd.load("demo-de-en/drafter", dtype="bfloat16")
   tok = sd.load_tokenizer("demo-de-en")
   lines = PAIRS.read_text().splitlines()[:args.sentences]
   enc = np.asarray(tok.encode([json.loads(line)["de"] for line in lines]))   # one width
   n0 = fit_n0(H200["padded_call_ratio"], H200["padded_tokens"])
+  drafters = [(args.drafter, sd.load(args.drafter, dtype="bfloat16"))] + [
+      (f"target noised {sigma}", noised(target, float(sigma)))
+      for sigma in args.noised_target.split(",") if sigma]
   rows = []
-  for batch in (int(b) for b in args.batch_sizes.split(",")):
-    for gamma in (int(g) for g in args.gammas.split(",")):
-      for chains in (int(m) for m in args.chains.split(",")):
-        r = steps_per_call(target, drafter, enc, batch, gamma, chains, args.max_new_tokens,
-                           args.width)
-        c, v, source = H200["c"], verify_cost(n0, batch, chains, gamma), "recorded H200"
-        if (batch, gamma, chains) in measured:
-          c, v, source = *measured[batch, gamma, chains], args.costs
-        s = r["steps_per_target_call"]
-        rows.append({"batch": batch, "gamma": gamma, "chains": chains, **r,
-                     "verify_cost": v, "c": c, "costs_from": source,
-                     "projected_speedup": float(theory.beam_walltime_improvement(
-                         s, gamma, c, v)),
-                     "speedup_verify_free": float(theory.beam_walltime_improvement(
-                         s, gamma, c, 1.0))})
-        rows[-1].update(perfect(rows[-1]))
-        print(rows[-1], file=sys.stderr)
+  for name, drafter in drafters:
+    alpha = greedy_agreement(target, drafter, enc, args.max_new_tokens)
+    print(f"{name}: greedy agreement {alpha:.3f}", file=sys.stderr)
+    rows += project(target, drafter, enc, args, n0, measured,
+                    {"drafter": name, "greedy_agreement": alpha})
   fit = {b: (1 + b * H200["padded_tokens"] / n0) / (1 + b / n0)
          for b in H200["padded_call_ratio"]}
   res = {"created": utc_now(), "kind": "projection (cost model), not a measurement",
@@ -204,6 +237,29 @@ def main() -> int:
   atomic_write(os.path.join(args.out, "projection.md"), markdown(res))
   print(markdown(res))
   return 0
+
+
+def project(target, drafter, enc, args, n0: float, measured: dict, label: dict) -> list[dict]:
+  """One drafter's rows: s measured at every batch size, gamma and M, and its projection."""
+  rows = []
+  for batch in (int(b) for b in args.batch_sizes.split(",")):
+    for gamma in (int(g) for g in args.gammas.split(",")):
+      for chains in (int(m) for m in args.chains.split(",")):
+        r = steps_per_call(target, drafter, enc, batch, gamma, chains, args.max_new_tokens,
+                           args.width)
+        c, v, source = H200["c"], verify_cost(n0, batch, chains, gamma), "recorded H200"
+        if (batch, gamma, chains) in measured:
+          c, v, source = *measured[batch, gamma, chains], args.costs
+        s = r["steps_per_target_call"]
+        rows.append({**label, "batch": batch, "gamma": gamma, "chains": chains, **r,
+                     "verify_cost": v, "c": c, "costs_from": source,
+                     "projected_speedup": float(theory.beam_walltime_improvement(
+                         s, gamma, c, v)),
+                     "speedup_verify_free": float(theory.beam_walltime_improvement(
+                         s, gamma, c, 1.0))})
+        rows[-1].update(perfect(rows[-1]))
+        print(rows[-1], file=sys.stderr)
+  return rows
 
 
 if __name__ == "__main__":
