@@ -383,9 +383,16 @@ def _init_leaf(init, key: Array, shape: tuple[int, ...], dtype, sharding=None) -
 
 def logical_axes(config: Config) -> Any:
   """Pytree of logical axis-name tuples, matching the params tree (T5X names)."""
+  return unflatten_dict(dict(_logical_axes(config)))
+
+
+@functools.lru_cache(maxsize=16)
+def _logical_axes(config: Config) -> tuple[tuple[tuple[str, ...], Any], ...]:
+  """`logical_axes` flat, as (path, axes) pairs (immutable): tracing the module's init
+  takes a fifth of a second, and a load onto a mesh asks twice (`sd.sharding`)."""
   module = module_for(config)
   abstract = jax.eval_shape(module.init, jax.random.PRNGKey(0), *_dummy_tokens(config))
-  return nn.get_partition_spec(abstract["params"])
+  return tuple(flatten_dict(nn.get_partition_spec(abstract["params"])).items())
 
 
 def check_tokens(tokens, config: Config, name: str) -> None:
