@@ -360,8 +360,11 @@ def test_every_method_on_gpu_kernels_is_bitwise_the_baseline_at_natural_widths(m
   """A tiny bfloat16 target packed for the gpu backend (interpret mode here): greedy
   output of speculative decoding, BiLD at fallback threshold 1 and blockwise drafts is
   bitwise the autoregressive baseline's, with every target call at its natural width
-  (no padding to EXACT_WIDTH: the backend makes every product width-invariant)."""
-  model = sd.init_model(sd.get_config("t5_1_1_tiny"), 1, "bfloat16")
+  (no padding to EXACT_WIDTH: the backend makes every product width-invariant). One
+  layer each side: every kind of product is there, and the interpreter's time (compile
+  and run) goes with the number of kernel calls."""
+  config = sd.get_config("t5_1_1_tiny", num_encoder_layers=1, num_decoder_layers=1)
+  model = sd.init_model(config, 1, "bfloat16")
   target = sd.pack(model, kernels="gpu")
   drafter = perturbed(model, 0.05, seed=0)            # unpacked: XLA's ops
   heads = sd.init_heads(model, 2, rng=1, init_scale=1.0)
