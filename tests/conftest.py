@@ -101,13 +101,15 @@ _use_fast_compiles()
 _use_compilation_cache()
 
 
-#: The test files that take about a minute or more from an empty cache (an 8-device
+#: The test files that take half a minute or more from an empty cache (an 8-device
 #: subprocess, Pallas's interpreter, a large model), longest first: `-n 2 --dist loadfile`
-#: hands them out first (`pytest_collection_modifyitems`).
-HEAVY_FILES = ("test_gpu_kernels.py", "test_sharding.py", "test_kernels_mesh.py",
-               "test_exact.py", "test_lower.py", "test_tpu_kernels.py", "test_gpu_check.py",
-               "test_soak.py", "test_cli_mesh.py", "test_dtype.py", "test_gpu_lowering.py",
-               "test_multihost_mesh.py")
+#: hands them out first (`pytest_collection_modifyitems`). From `--durations` of cold runs;
+#: the order need not be exact, a file missing here only loses its place.
+HEAVY_FILES = ("test_sharding.py", "test_lower.py", "test_gpu_kernels.py", "test_exact.py",
+               "test_kernels_mesh.py", "test_tpu_kernels.py", "test_gpu_check.py",
+               "test_soak.py", "test_dtype.py", "test_cli_mesh.py", "test_packaging.py",
+               "test_cli_distributed.py", "test_multihost_mesh.py", "test_demo_large.py",
+               "test_gpu_lowering.py")
 
 
 def pytest_configure(config):
