@@ -121,6 +121,7 @@ def pytest_configure(config):
     config.option.loadscopereorder = False
 
 
+@pytest.hookimpl(trylast=True)       # after `-m`/`-k` deselection: the tests that run
 def pytest_collection_modifyitems(items):
   """Longest files first, the rest by test count (most first): the greedy order that
   keeps two workers' ends close. A file's tests keep their order (a stable sort)."""
