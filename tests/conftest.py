@@ -33,6 +33,7 @@ counters, theory, settings and the engine on table models (`specdec_jax.testing`
 subprocess), and the fast tier keeps a cheaper test of the same feature.
 """
 
+import collections
 import gc
 import json
 import os
@@ -98,6 +99,36 @@ def _use_fast_compiles() -> None:
 # XLA_FLAGS when its CPU client starts (the first computation).
 _use_fast_compiles()
 _use_compilation_cache()
+
+
+#: The test files that take half a minute or more from an empty cache (an 8-device
+#: subprocess, Pallas's interpreter, a large model), longest first: `-n 2 --dist loadfile`
+#: hands them out first (`pytest_collection_modifyitems`). From `--durations` of cold runs;
+#: the order need not be exact, a file missing here only loses its place.
+HEAVY_FILES = ("test_sharding.py", "test_lower.py", "test_gpu_kernels.py", "test_exact.py",
+               "test_kernels_mesh.py", "test_tpu_kernels.py", "test_gpu_check.py",
+               "test_soak.py", "test_dtype.py", "test_cli_mesh.py", "test_packaging.py",
+               "test_cli_distributed.py", "test_multihost_mesh.py", "test_demo_large.py",
+               "test_gpu_lowering.py")
+
+
+def pytest_configure(config):
+  """Files go to the xdist workers in collection order (`pytest_collection_modifyitems`),
+  not xdist's default order by test count (most first), which hands out the costly files
+  with few tests (test_soak.py's one test: a minute) last: one worker then runs them while
+  the other has finished."""
+  if getattr(config.option, "loadscopereorder", False):
+    config.option.loadscopereorder = False
+
+
+@pytest.hookimpl(trylast=True)       # after `-m`/`-k` deselection: the tests that run
+def pytest_collection_modifyitems(items):
+  """Longest files first, the rest by test count (most first): the greedy order that
+  keeps two workers' ends close. A file's tests keep their order (a stable sort)."""
+  rank = {name: i for i, name in enumerate(HEAVY_FILES)}
+  count = collections.Counter(str(item.path) for item in items)
+  items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), -count[str(item.path)],
+                               str(item.path)))
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -5,6 +5,7 @@ conftest.py keeps pytest's own set-up (the compilation cache, session fixtures).
 """
 
 import json
+import os
 import pathlib
 import sys
 
@@ -31,6 +32,20 @@ DEMO_SENTENCES = [p["de"] for p in DEMO_PAIRS[:8]]
 WITH_DEFAULT_SIGINT = [sys.executable, "-c",
                        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
                        "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"]
+
+
+#: XLA_FLAGS the suite adds for compile speed (conftest.py): a child that measures time or
+#: memory where compiles are few runs without them (`users_xla_env`).
+SUITE_XLA_FLAGS = ("--xla_backend_optimization_level", "--xla_cpu_use_fusion_emitters")
+
+
+def users_xla_env() -> dict[str, str]:
+  """This process's environment with XLA_FLAGS less the suite's compile-speed flags: a
+  child then compiles at XLA's own level, as users run (code compiled at level 0 runs up
+  to 3x slower: fine for a compile-bound test, not for one that runs a few programs long)."""
+  flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+           if not f.startswith(SUITE_XLA_FLAGS)]
+  return dict(os.environ, XLA_FLAGS=" ".join(flags))
 
 
 def peaked(model: sd.Model, scale: float = 6.0, eos_boost: float = 2.0) -> sd.Model:

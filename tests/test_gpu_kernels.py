@@ -6,9 +6,9 @@ M, the row's position and the call width, and agrees with XLA's ops to rounding 
 WGMMA runs as an in-order product here: the interpreter's own is the host BLAS's matmul,
 whose rows can depend on their position in the tile, as OpenBLAS's Haswell sgemm's do). The
 same kernels compiled for a GPU (interpret=False) go through Mosaic GPU's lowering here
-too (`lower_for_cuda`), which rejects constructs it cannot compile (negative control:
-a plain jnp.dot in a kernel). Shapes are small: the interpreter runs every copy, barrier
-and SMEM access as a host callback.
+too (`lower_for_cuda`), which rejects constructs it cannot compile (every tiling the
+device check sweeps, and the negative control: tests/test_gpu_lowering.py). Shapes are
+small: the interpreter runs every copy, barrier and SMEM access as a host callback.
 """
 
 import jax
@@ -16,8 +16,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import perturbed, ragged_tokens
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import specdec_jax as sd
 from specdec_jax.kernels import backends, gpu, shapes
@@ -291,54 +289,6 @@ def test_kernels_lower_for_cuda(products, dtype):
       lambda *a: gpu.attention(*a, lengths=lengths, interpret=False), q, k, v, bias)
 
 
-#: Weight shapes of the T5-XXL target's and the T5-small drafter's decode products, and
-#: their norms' sums of squares ([K, 1], float32).
-DECODE_SHAPES = ((4096, 4096), (4096, 10240), (10240, 4096), (4096, 32128), (512, 384),
-                 (384, 512), (512, 1024), (1024, 512), (512, 32128))
-
-
-def _candidates_lower(shapes, dtypes, most=None):
-  for k, n in shapes:
-    for dtype in dtypes:
-      parts = 1 if dtype == jnp.bfloat16 else 2
-      x = jax.ShapeDtypeStruct((8, k), dtype)
-      for t in tiles.candidates(k, n, dtype)[:most]:
-        wp = jax.ShapeDtypeStruct((parts,) + t.padded(k, n), jnp.bfloat16)
-        text = _lowers(lambda a, b, t=t, n=n: matmul.dot(a, b, n, interpret=False, tiles=t),
-                       x, wp)
-        assert text.count("mosaic_gpu") >= 1, (k, n, dtype, t)
-
-
-def test_candidate_tilings_lower_for_cuda():
-  """The first configurations the device check sweeps for a T5-XXL MLP product (bfloat16:
-  K split, 3 stages; tn 256) and a T5-small one (float32) go through Mosaic GPU's
-  lowering: the pipelined kernel. Every candidate of every decode shape: the slow test."""
-  _candidates_lower([(4096, 10240)], [jnp.bfloat16], most=5)
-  _candidates_lower([(512, 384)], [jnp.float32], most=2)
-
-
-@pytest.mark.slow
-def test_every_candidate_of_every_decode_shape_lowers_for_cuda():
-  """Each configuration the device check sweeps, for every T5-XXL / T5-small decode
-  product and norm, in both dtypes, lowers for CUDA through Mosaic GPU."""
-  _candidates_lower(DECODE_SHAPES, [jnp.bfloat16, jnp.float32])
-  _candidates_lower([(4096, 1), (512, 1)], [jnp.float32])
-
-
-def test_cuda_lowering_rejects_what_mosaic_gpu_cannot_compile():
-  """Negative control: a kernel computing a plain jnp.dot on whole refs fails to lower."""
-  def kernel(x_ref, w_ref, o_ref):
-    o_ref[...] = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
-
-  def f(x, w):
-    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((64, 64), jnp.float32),
-                          compiler_params=plgpu.CompilerParams())(x, w)
-
-  x = jnp.ones((64, 64), jnp.bfloat16)
-  with pytest.raises(NotImplementedError, match="dot_general"):
-    _lowers(f, x, x)
-
-
 # ----------------------------------------------------------------------------- the model
 
 
@@ -360,8 +310,11 @@ def test_every_method_on_gpu_kernels_is_bitwise_the_baseline_at_natural_widths(m
   """A tiny bfloat16 target packed for the gpu backend (interpret mode here): greedy
   output of speculative decoding, BiLD at fallback threshold 1 and blockwise drafts is
   bitwise the autoregressive baseline's, with every target call at its natural width
-  (no padding to EXACT_WIDTH: the backend makes every product width-invariant)."""
-  model = sd.init_model(sd.get_config("t5_1_1_tiny"), 1, "bfloat16")
+  (no padding to EXACT_WIDTH: the backend makes every product width-invariant). One
+  layer each side: every kind of product is there, and the interpreter's time (compile
+  and run) goes with the number of kernel calls."""
+  config = sd.get_config("t5_1_1_tiny", num_encoder_layers=1, num_decoder_layers=1)
+  model = sd.init_model(config, 1, "bfloat16")
   target = sd.pack(model, kernels="gpu")
   drafter = perturbed(model, 0.05, seed=0)            # unpacked: XLA's ops
   heads = sd.init_heads(model, 2, rng=1, init_scale=1.0)
