@@ -28,8 +28,23 @@ Stages (each writes under --workdir and reads what the earlier ones wrote):
            and 16 chains and gamma 2 with M = 16 (beams checked equal to `sd.Beam`'s), and
            each drafter's own greedy output on 3 sentences: WORKDIR/measure.json.
 
-Produced (2026-11-28, 2 shared CPU cores, jax 0.10.2): see the report at the end of this
-docstring, filled in from WORKDIR/measure.json.
+The recorded run (2026-11-28, 2 CPU cores shared with other jobs, jax 0.10.2), the defaults:
+
+    P="PYTHONPATH=$PWD:$PWD/packages/specdec-jax-lab /work/main/.venv/bin/python"
+    $P scripts/distill_beam_drafter.py data teacher      # 103,601 inputs; greedy for 24,000
+                                                         # (295 s), 4 beams for 8,000 (161 s):
+                                                         # 51,628 distinct pairs
+    $P scripts/distill_beam_drafter.py train save measure --steps 4000   # 1447 s
+    $P scripts/distill_beam_drafter.py train save measure                # on to 8000 steps
+
+(the second leg resumes the first's checkpoint; one run of 8000 steps trains the same).
+8 held-out sentences, bfloat16, beam 4 / alpha 0.6, 32 new tokens, batch 1, width 16;
+alpha: greedy acceptance of sd.Speculative(gamma=1); s: beam steps per target call
+(every beam equal to sd.Beam's in every row):
+
+    drafter                      alpha   s g1 M12   s g1 M16   s g2 M16
+    demo-de-en/drafter (BiLD)    0.667   1.506      1.600      1.620
+    distilled, 4000 steps        0.667   1.662      1.730      1.778
 """
 
 from __future__ import annotations
@@ -117,8 +132,10 @@ def build_teacher(workdir: pathlib.Path, examples: int, beam_examples: int,
   log(f"teacher: {len(pairs)} distinct (input, sequence) pairs")
 
 
-def train_drafter(workdir: pathlib.Path, steps: int, learning_rate: float) -> None:
-  """Soft-target distillation of the bundled drafter on teacher.npz (resumable)."""
+def train_drafter(workdir: pathlib.Path, steps: int, learning_rate: float,
+                  decay_start: int | None = None) -> None:
+  """Soft-target distillation of the bundled drafter on teacher.npz. Resumable: a rerun
+  with more `steps` and the same `decay_start` continues from the last checkpoint."""
   from specdec_jax.io.checkpoints import save_checkpoint
   from specdec_jax_lab import training
   with np.load(workdir / "teacher.npz") as d:
@@ -127,7 +144,8 @@ def train_drafter(workdir: pathlib.Path, steps: int, learning_rate: float) -> No
   drafter = sd.load("demo-de-en/drafter", dtype="float32")
   cfg = training.TrainConfig(steps=steps, batch_size=64, optimizer="adafactor",
                              learning_rate=learning_rate, warmup_steps=100,
-                             decay_start=steps // 3, length_bucket=4, checkpoint_every=250,
+                             decay_start=steps // 3 if decay_start is None else decay_start,
+                             length_bucket=4, checkpoint_every=250,
                              seed=3, distill_temperature=1.0)
   start = time.time()
   model, history = training.train(drafter, inputs, targets, cfg, workdir / "train",
@@ -192,13 +210,15 @@ def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("stages", nargs="+", choices=STAGES)
   parser.add_argument("--workdir", default="/work/tmp/distill")
-  parser.add_argument("--examples", type=int, default=30000,
+  parser.add_argument("--examples", type=int, default=24000,
                       help="train inputs the target decodes greedily")
-  parser.add_argument("--beam-examples", type=int, default=0,
+  parser.add_argument("--beam-examples", type=int, default=8000,
                       help="of those, how many also give the target's K beams")
   parser.add_argument("--batch-size", type=int, default=512, help="teacher decode batch")
-  parser.add_argument("--steps", type=int, default=6000)
+  parser.add_argument("--steps", type=int, default=8000)
   parser.add_argument("--learning-rate", type=float, default=5e-3)
+  parser.add_argument("--decay-start", type=int, default=1333,
+                      help="inverse-sqrt decay from this step (the recorded run: 1333)")
   parser.add_argument("--sentences", type=int, default=8)
   parser.add_argument("--max-new-tokens", type=int, default=32)
   parser.add_argument("--width", type=int, default=16)
@@ -211,7 +231,7 @@ def main() -> int:
     elif stage == "teacher":
       build_teacher(workdir, args.examples, args.beam_examples, args.batch_size)
     elif stage == "train":
-      train_drafter(workdir, args.steps, args.learning_rate)
+      train_drafter(workdir, args.steps, args.learning_rate, args.decay_start)
     elif stage == "save":
       save_drafter(workdir)
     else:
