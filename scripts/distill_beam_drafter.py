@@ -1,7 +1,7 @@
 """Distil the bundled demo drafter on the target's softmax, for exact speculative beam search.
 
     PYTHONPATH=$PWD:$PWD/packages/specdec-jax-lab python scripts/distill_beam_drafter.py \
-        --workdir /work/tmp/distill STAGE [STAGE ...]
+        --workdir runs/beam-drafter STAGE [STAGE ...]
 
 Stages (each writes under --workdir and reads what the earlier ones wrote):
 
@@ -30,7 +30,7 @@ Stages (each writes under --workdir and reads what the earlier ones wrote):
 
 The recorded run (2026-11-28, 2 CPU cores shared with other jobs, jax 0.10.2), the defaults:
 
-    P="PYTHONPATH=$PWD:$PWD/packages/specdec-jax-lab /work/main/.venv/bin/python"
+    P="PYTHONPATH=$PWD:$PWD/packages/specdec-jax-lab python"
     $P scripts/distill_beam_drafter.py data teacher      # 103,601 inputs; greedy for 24,000
                                                          # (295 s), 4 beams for 8,000 (161 s):
                                                          # 51,628 distinct pairs
@@ -220,7 +220,7 @@ def measure(workdir: pathlib.Path, sentences: int, max_new_tokens: int, width: i
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("stages", nargs="+", choices=STAGES)
-  parser.add_argument("--workdir", default="/work/tmp/distill")
+  parser.add_argument("--workdir", default="runs/beam-drafter")
   parser.add_argument("--examples", type=int, default=24000,
                       help="train inputs the target decodes greedily")
   parser.add_argument("--beam-examples", type=int, default=8000,
