@@ -69,12 +69,11 @@ import time
 import numpy as np
 
 import specdec_jax as sd
-from specdec_jax.rounds.stats import merge_outputs
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PAIRS = REPO / "tests" / "data" / "demo_test_pairs.jsonl"
 RECIPE = REPO / "configs" / "demo" / "train.json"
-MAX_LEN = 20          # configs/demo/train.json "data": "max_len"
+MAX_LEN = json.loads(RECIPE.read_text())["data"]["max_len"]   # the inputs' and outputs' tokens
 K, ALPHA = 4, 0.6
 STAGES = ("data", "teacher", "train", "save", "measure")
 
@@ -94,14 +93,14 @@ def build_data(workdir: pathlib.Path, seed: int = 0) -> None:
   held_out |= {json.loads(line)["de"] for line in PAIRS.read_text().splitlines()}
   train = [p for p in splits["train"] if p.de not in held_out]
   tok = sd.load_tokenizer("demo-de-en")
-  inputs, _, kept = prepare.encode_split(tok, train, settings["max_len"])
+  inputs, _, kept = prepare.encode_split(tok, train, MAX_LEN)
   # One input per German text (the dictionary repeats a text with other translations).
   _, first = np.unique(inputs, axis=0, return_index=True)
   inputs = inputs[np.sort(first)]
   inputs = inputs[np.random.default_rng(seed).permutation(len(inputs))]
   np.savez(workdir / "data.npz", inputs=inputs)
   log(f"data: {len(splits['train'])} train pairs, {len(train)} after held-out German, "
-      f"{len(kept)} within {settings['max_len']} tokens, {len(inputs)} distinct inputs")
+      f"{len(kept)} within {MAX_LEN} tokens, {len(inputs)} distinct inputs")
 
 
 def _batched(fn, inputs: np.ndarray, batch_size: int) -> np.ndarray:
@@ -176,16 +175,9 @@ def save_drafter(workdir: pathlib.Path) -> None:
   log(f"save: {workdir / 'drafter'} ({model.num_params()} params)")
 
 
-def greedy_alpha(target, drafter, enc: np.ndarray, max_new_tokens: int) -> float:
-  """sd.Speculative(drafter, gamma=1)'s acceptance rate merged over rows of batch 1."""
-  outs = [sd.decode(target, sd.Speculative(drafter, gamma=1), enc[i:i + 1],
-                    max_new_tokens=max_new_tokens) for i in range(len(enc))]
-  return float(merge_outputs(outs)["acceptance_rate"])
-
-
 def measure(workdir: pathlib.Path, sentences: int, max_new_tokens: int, width: int) -> None:
   sys.path.insert(0, str(REPO / "scripts"))
-  from project_speculative_beam import steps_per_call
+  from project_speculative_beam import greedy_agreement, steps_per_call
   target = sd.load("demo-de-en/target", dtype="bfloat16")
   tok = sd.load_tokenizer("demo-de-en")
   lines = [json.loads(line) for line in PAIRS.read_text().splitlines()[:sentences]]
@@ -196,7 +188,7 @@ def measure(workdir: pathlib.Path, sentences: int, max_new_tokens: int, width: i
     drafter = sd.load(path, dtype="bfloat16")
     start = time.time()
     row: dict = {"drafter": path, "num_params": drafter.num_params(),
-                 "alpha": greedy_alpha(target, drafter, enc, max_new_tokens)}
+                 "alpha": greedy_agreement(target, drafter, enc, max_new_tokens)}
     for gamma, chains in shapes:
       r = steps_per_call(target, drafter, enc, 1, gamma, chains, max_new_tokens, width)
       row[f"gamma{gamma}_M{chains}"] = r
