@@ -44,7 +44,7 @@ import jax
 import numpy as np
 import pytest
 from flax import traverse_util
-from helpers import FIXTURE_DIR, REPO_DIR
+from helpers import EMITTERS_FLAG, FIXTURE_DIR, LEGACY_EMITTERS, OPT_LEVEL_FLAG, REPO_DIR
 
 import specdec_jax as sd
 
@@ -65,9 +65,6 @@ def _use_compilation_cache() -> None:
       os.environ[name.upper()] = str(value)
 
 
-LEGACY_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
-
-
 def _xla_knows(flag: str) -> bool:
   """Whether this jaxlib's XLA accepts `flag` (it aborts the process on an unknown one):
   asked once, in a child, and remembered in the environment for the xdist workers."""
@@ -85,12 +82,12 @@ def _use_fast_compiles() -> None:
   module docstring)."""
   flags = os.environ.get("XLA_FLAGS", "")
   level = os.environ.get("SPECDEC_TEST_XLA_OPT", "0")
-  if level == "default" or "xla_backend_optimization_level" in flags:
+  if level == "default" or OPT_LEVEL_FLAG in flags:
     return
   if not level.isdigit():
     raise pytest.UsageError(f"SPECDEC_TEST_XLA_OPT={level!r}: 'default' or a level (0-3)")
-  flags = f"{flags} --xla_backend_optimization_level={level}"
-  if "xla_cpu_use_fusion_emitters" not in flags and _xla_knows(LEGACY_EMITTERS):
+  flags = f"{flags} {OPT_LEVEL_FLAG}={level}"
+  if EMITTERS_FLAG not in flags and _xla_knows(LEGACY_EMITTERS):
     flags = f"{flags} {LEGACY_EMITTERS}"
   os.environ["XLA_FLAGS"] = flags.strip()
 

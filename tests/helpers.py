@@ -34,9 +34,13 @@ WITH_DEFAULT_SIGINT = [sys.executable, "-c",
                        "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"]
 
 
-#: XLA_FLAGS the suite adds for compile speed (conftest.py): a child that measures time or
-#: memory where compiles are few runs without them (`users_xla_env`).
-SUITE_XLA_FLAGS = ("--xla_backend_optimization_level", "--xla_cpu_use_fusion_emitters")
+#: The XLA_FLAGS conftest.py adds for compile speed: back-end optimization level
+#: (`--xla_backend_optimization_level=N`) and XLA:CPU's older loop emitters. A child that
+#: measures time or memory where compiles are few runs without them (`users_xla_env`).
+OPT_LEVEL_FLAG = "--xla_backend_optimization_level"
+EMITTERS_FLAG = "--xla_cpu_use_fusion_emitters"
+LEGACY_EMITTERS = f"{EMITTERS_FLAG}=false"
+SUITE_XLA_FLAGS = (OPT_LEVEL_FLAG, EMITTERS_FLAG)
 
 
 def users_xla_env() -> dict[str, str]:
