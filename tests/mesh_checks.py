@@ -35,8 +35,9 @@ from specdec_jax.rounds import engine
 FIXTURE = pathlib.Path(__file__).resolve().parent / "fixtures" / "t5x_tiny_v1_1"
 LOAD_MESHES = ((8, 1), (2, 4), (1, 8))
 
-# Mesh "DxM/RULES" -> the methods run on it: each method on some model-parallel mesh, all
-# of them on 2x4 (every placement is a program of its own to compile: CI time).
+# Mesh "DxM/RULES" -> the methods run on it: all of them on 2x4 (data and model
+# parallel), greedy and sampling on the others (every placement is a program of its own to
+# compile: CI time; a drafting method on 1x8 would only repeat its 2x4 run's proof).
 GREEDY = ("generate", "speculative")
 SAMPLE = ("sample", "sample_again")
 SINGLE = GREEDY + SAMPLE + ("speculative_sample", "bild", "blockwise", "beam",
@@ -48,7 +49,7 @@ MESHES = {
     "8x1/RULES_1D": GREEDY + SAMPLE,
     "2x4/RULES_1D": SINGLE + MESH_ONLY,
     "2x4/RULES_2D": GREEDY,
-    "1x8/RULES_1D": GREEDY + SAMPLE + ("bild", "blockwise"),
+    "1x8/RULES_1D": GREEDY + SAMPLE,
 }
 B, L, T, GAMMA = 8, 7, 10, 3
 LOGITS_SCALE = 6.0     # sharpens the random target: top-2 margins far above float noise
@@ -227,7 +228,8 @@ def load_checks(tmp: pathlib.Path) -> dict:
   for data, width in LOAD_MESHES:
     mesh = sd.make_mesh(data=data, model=width)
     for (name, dtype), want in single.items():
-      if dtype == "bfloat16" and (data, width) != (2, 4):
+      # bfloat16, and `config:` (its init compiled for each mesh): on 2x4 only
+      if (dtype == "bfloat16" or name == "config") and (data, width) != (2, 4):
         continue
       reads.clear()
       orbax_reads.clear()

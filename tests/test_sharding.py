@@ -259,7 +259,7 @@ def test_drafter_replicated_inputs_by_batch(report, mesh):
     ("8x1/RULES_1D", ("generate", "speculative", "sample", "sample_again")),
     ("2x4/RULES_1D", METHODS + MESH_ONLY),
     ("2x4/RULES_2D", ("generate", "speculative")),
-    ("1x8/RULES_1D", ("generate", "speculative", "sample", "sample_again", "bild", "blockwise")),
+    ("1x8/RULES_1D", ("generate", "speculative", "sample", "sample_again")),
 ])
 def test_mesh_equals_single_device(report, mesh, methods):
   """Greedy (generate, speculative with a model, n-gram or prompt-lookup drafter and with
@@ -305,8 +305,9 @@ def test_mesh_errors(report):
 
 FIXTURE = HERE / "fixtures" / "t5x_tiny_v1_1"
 SOURCES = ("legacy", "orbax", "own", "hf", "hf_trap", "config")
-LOADS = ([f"{m}/{src}/float32" for m in ("8x1", "2x4", "1x8") for src in SOURCES]
-         + [f"2x4/{src}/bfloat16" for src in SOURCES])
+# `config:` (a random init compiled into the mesh's shards: a program per mesh) on 2x4 only
+LOADS = ([f"{m}/{src}/float32" for m in ("8x1", "2x4", "1x8") for src in SOURCES
+          if src != "config" or m == "2x4"] + [f"2x4/{src}/bfloat16" for src in SOURCES])
 
 
 @pytest.mark.slow
