@@ -266,8 +266,8 @@ def test_mesh_equals_single_device(report, mesh, methods):
   adaptive gamma, BiLD at threshold 1, blockwise), beam search (its best beam),
   speculative beam search with the target as drafter (every beam, bitwise) and
   sampling with a fixed rng: the tokens of the single-device run (its `generate`'s for the
-  n-gram, prompt-lookup and adaptive runs), and greedy methods equal `generate` on the
-  mesh."""
+  n-gram, prompt-lookup, adaptive, BiLD and blockwise runs), and greedy methods equal
+  `generate` on the mesh."""
   entry = report["meshes"][mesh]
   assert sorted(entry["equal_single"]) == sorted(methods)
   assert all(entry["equal_single"].values()), entry["equal_single"]
