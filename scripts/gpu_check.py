@@ -33,7 +33,9 @@ Writes OUT/gpu_check.json and OUT/gpu_check.md (one table per section):
    mode).
 --tiny (a CPU run, the kernels in interpret mode, slow) keeps the drafter on XLA's ops
 and checks speculative gamma 4 only: fewer interpreted programs to compile; it sweeps
-one tiny shape's 2 candidates and takes the census on XLA's ops (2 sentences).
+one tiny shape's 2 candidates, takes the census on XLA's ops (2 sentences) and times
+each program's compiling call alone (--repeats 0: interpret mode measures nothing, and
+an interpreted call takes seconds).
 Random bfloat16 weights at T5-XXL / T5-small shapes, depth cut by --layers (T5-XXL's
 24 layers take longer to initialise and compile than the 5 minutes allow).
 """
@@ -94,7 +96,7 @@ def _rows_equal(run, x, ms) -> dict[str, bool]:
 
 def _dot_timed(run, args: tuple, repeats: int) -> float:
   """Median microseconds of `run(*args)` (jitted) over `repeats` calls after a compiling
-  one (the weights an argument, not a constant folded into the program)."""
+  one (the weights an argument, not a constant folded into the program; `_timed`)."""
   seconds, _ = _timed(lambda: run(*args), repeats)
   return 1e6 * seconds
 
@@ -251,9 +253,11 @@ def _prompts(args, batch: int, vocab: int) -> np.ndarray:
 
 
 def _timed(run, repeats: int):
-  """(median seconds, last output) of `run` after one compiling call."""
+  """(median seconds, last output) of `run` over `repeats` calls after one compiling call;
+  repeats 0: the compiling call's own seconds."""
+  t = time.perf_counter()
   out = jax.block_until_ready(run())
-  times = []
+  times = [time.perf_counter() - t] if repeats < 1 else []
   for _ in range(repeats):
     t = time.perf_counter()
     out = jax.block_until_ready(run())
@@ -349,8 +353,9 @@ def steps(args, target, drafter) -> dict:
   for backend in ("xla", "gpu"):
     t = sd.pack(target, kernels=backend)
     d = sd.pack(drafter, kernels="xla" if args.tiny else backend)   # --tiny: as `decoding`
-    ts = StepTimer(t, started_cache(t, enc, capacity), 1, args.steps).time(args.repeats)
-    ds = StepTimer(d, started_cache(d, enc, capacity), 1, args.steps).time(args.repeats)
+    repeats = max(args.repeats, 1)      # a timed loop after the compiling one
+    ts = StepTimer(t, started_cache(t, enc, capacity), 1, args.steps).time(repeats)
+    ds = StepTimer(d, started_cache(d, enc, capacity), 1, args.steps).time(repeats)
     out[backend] = {"target_step_ms": 1e3 * ts, "drafter_step_ms": 1e3 * ds, "c": ds / ts}
   nbytes = _decoder_bytes(target)
   kind = jax.devices()[0].device_kind
@@ -541,7 +546,9 @@ def main(argv=None) -> int:
   p.add_argument("--batches", type=int_list, default=None, metavar="1,8,32")
   p.add_argument("--new-tokens", type=int, default=32)
   p.add_argument("--prompt-len", type=int, default=32)
-  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--repeats", type=int, default=3,
+                 help="timed calls after each compiling one (0: time the compiling call; "
+                 "--tiny: 0; the steps section times at least 1)")
   p.add_argument("--steps", type=int, default=16, help="decode steps per timed step loop")
   p.add_argument("--tiny", action="store_true",
                  help="tiny shapes and models (a CPU run of the whole check, interpret mode)")
@@ -566,7 +573,7 @@ def main(argv=None) -> int:
   if args.batches is None:
     args.batches = [2] if args.tiny else [1, 8, 32]
   if args.tiny:
-    args.new_tokens, args.prompt_len, args.repeats, args.steps = 3, 6, 1, 2
+    args.new_tokens, args.prompt_len, args.repeats, args.steps = 3, 6, 0, 2
     args.sweep_max, args.sweep_rows = 2, 2
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)

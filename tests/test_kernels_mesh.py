@@ -7,7 +7,8 @@ every product on that backend's kernels, one block per device (`dispatch.Layout`
 "model" axis splits heads and the MLP as `sharding.RULES_1D` does, batch rows go over
 "data", and a row-parallel product adds its devices' partial sums in shard order.
 
-Against the same backend on one device: the tokens of every method, bitwise (the logits
+Against the same backend on one device: the tokens of every method, bitwise (a greedy
+method's against that device's autoregressive baseline, which they are there; the logits
 of a row-parallel product round differently: K is added in two orders); on the mesh,
 greedy speculative decoding, BiLD at fallback threshold 1 and blockwise drafts are
 bitwise the autoregressive baseline with every target call at its natural width.

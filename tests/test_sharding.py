@@ -259,15 +259,15 @@ def test_drafter_replicated_inputs_by_batch(report, mesh):
     ("8x1/RULES_1D", ("generate", "speculative", "sample", "sample_again")),
     ("2x4/RULES_1D", METHODS + MESH_ONLY),
     ("2x4/RULES_2D", ("generate", "speculative")),
-    ("1x8/RULES_1D", ("generate", "speculative", "sample", "sample_again", "bild", "blockwise")),
+    ("1x8/RULES_1D", ("generate", "speculative", "sample", "sample_again")),
 ])
 def test_mesh_equals_single_device(report, mesh, methods):
   """Greedy (generate, speculative with a model, n-gram or prompt-lookup drafter and with
   adaptive gamma, BiLD at threshold 1, blockwise), beam search (its best beam),
   speculative beam search with the target as drafter (every beam, bitwise) and
   sampling with a fixed rng: the tokens of the single-device run (its `generate`'s for the
-  n-gram, prompt-lookup and adaptive runs), and greedy methods equal `generate` on the
-  mesh."""
+  n-gram, prompt-lookup, adaptive, BiLD and blockwise runs), and greedy methods equal
+  `generate` on the mesh."""
   entry = report["meshes"][mesh]
   assert sorted(entry["equal_single"]) == sorted(methods)
   assert all(entry["equal_single"].values()), entry["equal_single"]
@@ -305,8 +305,9 @@ def test_mesh_errors(report):
 
 FIXTURE = HERE / "fixtures" / "t5x_tiny_v1_1"
 SOURCES = ("legacy", "orbax", "own", "hf", "hf_trap", "config")
-LOADS = ([f"{m}/{src}/float32" for m in ("8x1", "2x4", "1x8") for src in SOURCES]
-         + [f"2x4/{src}/bfloat16" for src in SOURCES])
+# `config:` (a random init compiled into the mesh's shards: a program per mesh) on 2x4 only
+LOADS = ([f"{m}/{src}/float32" for m in ("8x1", "2x4", "1x8") for src in SOURCES
+          if src != "config" or m == "2x4"] + [f"2x4/{src}/bfloat16" for src in SOURCES])
 
 
 @pytest.mark.slow
