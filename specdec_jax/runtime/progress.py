@@ -25,6 +25,9 @@ class Terminated(KeyboardInterrupt):
   """SIGTERM, raised in the main thread (`on_sigterm`)."""
 
 
+_TERMINATED: list[int] = []    # SIGTERMs `on_sigterm`'s handler raised, even where swallowed
+
+
 class Interrupted(KeyboardInterrupt):
   """An interrupt (Ctrl-C or SIGTERM) that says what was kept and how to go on."""
 
@@ -38,6 +41,7 @@ def interrupts_kept(kept: Callable[[], str | None]) -> Iterator[None]:
   """An interrupt (Ctrl-C, or SIGTERM as `Terminated`) in the block raised as `Interrupted`
   saying `kept()`: what was kept and how to go on, read when it comes; `kept()` None
   (nothing kept to speak of) lets the interrupt through as it is."""
+  before = len(_TERMINATED)
   try:
     yield
   except KeyboardInterrupt as e:
@@ -45,6 +49,15 @@ def interrupts_kept(kept: Callable[[], str | None]) -> Iterator[None]:
     if detail is None:
       raise
     raise Interrupted(detail, terminated=isinstance(e, Terminated)) from None
+  except Exception as e:
+    # SIGTERM's handler may run inside a Python callback of jax's C++ code (a jit cache
+    # comparing static arguments), which turns `Terminated` into its own ValueError.
+    if len(_TERMINATED) == before:
+      raise
+    detail = kept()
+    if detail is None:
+      raise Terminated() from e
+    raise Interrupted(detail, terminated=True) from None
 
 
 def unblock_interrupts() -> None:
@@ -62,6 +75,7 @@ def on_sigterm() -> None:
     return
 
   def terminate(signum, frame):
+    _TERMINATED.append(signum)
     raise Terminated()
   signal.signal(signal.SIGTERM, terminate)
 

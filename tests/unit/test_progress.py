@@ -14,6 +14,7 @@ from specdec_jax.runtime.progress import (
   Terminated,
   deferred_signals,
   interrupts_kept,
+  on_sigterm,
 )
 
 pytestmark = pytest.mark.unit
@@ -98,6 +99,34 @@ def test_an_interrupt_says_what_was_kept_when_it_came(interrupt, terminated):
   assert type(plain.value) is interrupt
   with interrupts_kept(lambda: "never read"):         # a quiet block: nothing raised
     pass
+
+
+def test_a_sigterm_that_a_callers_error_swallowed_still_ends_the_run_as_terminated():
+  """SIGTERM's handler can run inside a Python callback of jax's C++ code (a jit cache
+  comparing static arguments), which raises its own ValueError instead of `Terminated`
+  (seen in CI: exit 1 in place of 143). Another error, with no SIGTERM, stays itself."""
+  old = signal.getsignal(signal.SIGTERM)
+  on_sigterm()
+  try:
+    def swallowing_callback():                  # jax: "static arguments should be ..."
+      try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(10**6):                  # the handler runs between bytecodes
+          pass
+      except Terminated as e:
+        raise ValueError("static arguments should be comparable") from e
+    with pytest.raises(Interrupted) as raised:
+      with interrupts_kept(lambda: "2 of 5 rows kept"):
+        swallowing_callback()
+    assert (raised.value.detail, raised.value.terminated) == ("2 of 5 rows kept", True)
+    with pytest.raises(Terminated):
+      with interrupts_kept(lambda: None):
+        swallowing_callback()
+    with pytest.raises(ValueError):             # no SIGTERM in this block: its own error
+      with interrupts_kept(lambda: "never read"):
+        raise ValueError("a real error")
+  finally:
+    signal.signal(signal.SIGTERM, old)
 
 
 def test_a_blocked_interrupt_inherited_from_the_parent_is_unblocked():
