@@ -12,6 +12,7 @@ can be checked in milliseconds, against a reference written in a few lines of nu
     proposal(tokens, count, q)          a hand-built `Proposal` for calling a rule directly
     logits_from_probs(p)                hand-built logits whose softmax is p
     reference_greedy(model, enc, T)     the table model's greedy output, by a host loop
+    examples(target, drafter, heads)    one configured value of every method (`METHODS`)
 
 Example: speculative greedy equals the target's greedy output, here on a table::
 
@@ -40,7 +41,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from specdec_jax.drafters.heads import init_heads
 from specdec_jax.drafters.ngram import NGramDrafter
+from specdec_jax.methods.beam import Beam
+from specdec_jax.methods.decode import METHODS
+from specdec_jax.methods.speculative_beam import SpeculativeBeam
+from specdec_jax.methods.values import Autoregressive, BiLD, Blockwise, Method, Speculative
 from specdec_jax.rounds.phases import Proposal, RoundContext, RoundOutcome
 
 Array = jax.Array
@@ -238,3 +244,38 @@ def reference_greedy(model: TableModel, inputs, max_new_tokens: int,
       if last == eos:
         break
   return tokens, lengths
+
+
+#: How `examples` configures each method type: small settings under which the method's
+#: greedy output is its `baseline()`'s bitwise (BiLD at fallback_threshold 1.0: the large
+#: model decides every token; the beam methods at 2 beams).
+_EXAMPLES = {
+    Autoregressive: lambda drafter, heads: Autoregressive(),
+    Speculative: lambda drafter, heads: Speculative(drafter, gamma=2),
+    BiLD: lambda drafter, heads: BiLD(drafter, fallback_threshold=1.0),
+    Blockwise: lambda drafter, heads: Blockwise(heads, top_k=1),
+    Beam: lambda drafter, heads: Beam(num_beams=2),
+    SpeculativeBeam: lambda drafter, heads: SpeculativeBeam(drafter, num_beams=2, gamma=2),
+}
+
+
+def examples(target, drafter, heads=None) -> dict[str, Method]:
+  """One configured value of every method type in `sd.methods.METHODS`, keyed by its
+  `name`: what a test of "every method" parametrizes over, so a new method joins the
+  lowering, mesh, kernel and exactness checks by its one entry here.
+
+  Each is configured so that its greedy output is its `baseline()`'s bitwise on `target`.
+
+  Args:
+    target: the verifier (prediction heads are made for it when `heads` is None).
+    drafter: the drafter (and BiLD's small model): a model of the target's kind and
+      vocabulary, or a token-level drafter.
+    heads: `sd.init_heads(target, 3, rng=0)` when None.
+  Raises:
+    KeyError: a method type of `METHODS` with no entry here (a test of the registry says
+      which).
+  """
+  if heads is None:
+    heads = init_heads(target, 3, rng=0)
+  values = [_EXAMPLES[m](drafter, heads) for m in METHODS]
+  return {v.name: v for v in values}

@@ -322,6 +322,10 @@ class Beam(Method):
   min_log_prob: float = setting(NEG_INF)
   exact: bool | None = setting(None)
 
+  def baseline(self) -> Method:
+    """Plain beam search of the same beams and penalty (itself, but never exact mode)."""
+    return Beam(num_beams=self.num_beams, alpha=self.alpha, min_log_prob=self.min_log_prob)
+
   def __post_init__(self):
     requests.check_positive_int(self.num_beams, "num_beams", MAX_BEAMS,
                               "beams per row: the model runs over batch x num_beams rows")

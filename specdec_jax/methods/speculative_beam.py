@@ -182,6 +182,11 @@ class SpeculativeBeam(Method):
   min_log_prob: float = setting(beam.NEG_INF)
   exact: bool | None = setting(None)
 
+  def baseline(self) -> Method:
+    """`sd.Beam` of the same beams and penalty: its beams and scores are this one's."""
+    return beam.Beam(num_beams=self.num_beams, alpha=self.alpha,
+                     min_log_prob=self.min_log_prob)
+
   def __post_init__(self):
     requests.check_positive_int(self.num_beams, "num_beams", beam.MAX_BEAMS,
                               "beams per row: the model runs over batch x num_beams rows")

@@ -147,6 +147,14 @@ class Method:
         parts.append(f"{f.metadata.get('short') or f.name}={show}")
     return " ".join(parts)
 
+  def baseline(self) -> Method:
+    """The method whose output this one's is measured against: the target's greedy or
+    sampled decoding (`Autoregressive`) by default; beam search (`sd.Beam` of the same
+    beams and penalty) for a beam method. An exact method's greedy output is its
+    baseline's bitwise; `--compare`, the lab's tables and the tests' exactness checks
+    read it here."""
+    return Autoregressive()
+
   def proposer(self, target: Model, sampling: sampling_lib.SamplingSettings) -> Proposer:
     raise NotImplementedError
 
