@@ -33,7 +33,9 @@ K, N, M = 130, 70, 16        # off the tiles of every backend: both edges padded
 ATTENTION = (2, 5, 2, 70, 24)  # B, T, H, S, D: S spans two 64-key chunks
 DTYPES = (jnp.bfloat16, jnp.float32)
 DOT_TOLERANCE = 1e-4         # |error| / (sum |x| max |w|): bf16 exact, f32 hi/lo ~2^-16
-ATTENTION_TOLERANCE = {jnp.dtype(jnp.bfloat16): 2e-2, jnp.dtype(jnp.float32): 1e-4}
+#: float32 attention: its products' dropped lo.lo terms (2^-16 relative each) reach the
+#: logits summed over D, then the softmax: 1.24e-4 measured on an H200 (interpret mode: 0)
+ATTENTION_TOLERANCE = {jnp.dtype(jnp.bfloat16): 2e-2, jnp.dtype(jnp.float32): 1e-3}
 
 _RESULTS: dict[tuple[str, str], str] = {}    # (backend, device kind) -> "" or what failed
 
