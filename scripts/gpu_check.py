@@ -322,7 +322,9 @@ def steps_command_buffers(args, out: pathlib.Path) -> dict:
   import os
   import subprocess
   sub = out / "command_buffers"
-  env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {COMMAND_BUFFER_FLAGS}"}
+  # the parent holds its preallocated 75% of the device: the child allocates as it goes
+  env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {COMMAND_BUFFER_FLAGS}",
+         "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
   argv = [sys.executable, __file__, "--out", str(sub), "--sections", "steps",
           "--layers", str(args.layers), "--repeats", str(args.repeats),
           "--steps", str(args.steps), "--new-tokens", str(args.new_tokens)]
