@@ -12,13 +12,6 @@ SpecdecErrors: they propagate as ordinary exceptions with their traceback.
 
 from __future__ import annotations
 
-import functools
-import inspect
-import warnings
-from typing import Any, Callable, TypeVar
-
-F = TypeVar("F", bound=Callable[..., Any])
-
 
 class SpecdecError(Exception):
   """Bad input, a bad file or bad settings; the message names the problem."""
@@ -68,36 +61,3 @@ class CLIError(ToolError):
 
 class BenchError(ToolError):
   """Invalid timing or benchmark settings."""
-
-
-# Keywords renamed in issue 36 (one name for the model input, T5X's `inputs`): the old
-# names still work, with a DeprecationWarning, until a later release removes them.
-OLD_NAMES = {"encoder_tokens": "inputs", "drafter_encoder_tokens": "drafter_inputs",
-             "small_encoder_tokens": "small_inputs"}
-
-
-def accepts_old_names(fn: F) -> F:
-  """Let `fn` (a function, or a class: its `__init__`) take each keyword of `OLD_NAMES`
-  whose new name it has, warning (DeprecationWarning) that the new one replaces it.
-
-  Passing both names, by keyword or the new one by position, is an `InputError`.
-  """
-  if isinstance(fn, type):
-    fn.__init__ = accepts_old_names(fn.__init__)  # type: ignore[misc]
-    return fn
-  params = list(inspect.signature(fn).parameters)
-  owner = fn.__qualname__.removesuffix(".__init__")
-  renames = {old: (new, params.index(new)) for old, new in OLD_NAMES.items() if new in params}
-
-  @functools.wraps(fn)
-  def call(*args, **kwargs):
-    for old, (new, position) in renames.items():
-      if old in kwargs:
-        if new in kwargs or len(args) > position:
-          raise InputError(f"{owner}: got both {new} and {old} (its old name); pass {new} only")
-        warnings.warn(f"{owner}: {old}= is deprecated, pass {new}=", DeprecationWarning,
-                      stacklevel=2)
-        kwargs[new] = kwargs.pop(old)
-    return fn(*args, **kwargs)
-
-  return call  # type: ignore[return-value]

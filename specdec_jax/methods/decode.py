@@ -8,7 +8,7 @@ import dataclasses
 import jax
 
 from specdec_jax import sampling as sampling_lib
-from specdec_jax.errors import InputError, SamplingError, accepts_old_names
+from specdec_jax.errors import InputError, SamplingError
 from specdec_jax.kernels import backends
 from specdec_jax.kernels.dispatch import DecodeWeights
 from specdec_jax.methods.beam import Beam
@@ -23,7 +23,6 @@ from specdec_jax.rounds.buffer import DecodeOutput
 METHODS = (Autoregressive, Speculative, BiLD, Blockwise, Beam, SpeculativeBeam)
 
 
-@accepts_old_names
 def decode(target: Model, method: Method, inputs, max_new_tokens: int = 64,
            sampling: sampling_lib.SamplingSettings | None = None, rng=None,
            eos_id: int | None = None, prompt_lengths=None) -> DecodeOutput:
@@ -66,7 +65,6 @@ def decode(target: Model, method: Method, inputs, max_new_tokens: int = 64,
   return dataclasses.replace(out, info=info, statistics=method.statistics)
 
 
-@accepts_old_names
 def lower(target: Model, method: Method, inputs, *, max_new_tokens: int,
           platforms=("tpu",), sampling: sampling_lib.SamplingSettings | None = None,
           eos_id: int | None = None, prompt_lengths=None) -> jax.stages.Lowered:

@@ -7,7 +7,6 @@ from typing import Any
 
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.drafters.heads import Heads
-from specdec_jax.errors import accepts_old_names
 from specdec_jax.methods import values
 from specdec_jax.methods.adaptive import AdaptiveGamma
 from specdec_jax.methods.decode import decode
@@ -16,7 +15,6 @@ from specdec_jax.rounds.buffer import DecodeOutput
 from specdec_jax.rounds.phases import AcceptRule
 
 
-@accepts_old_names
 def generate(model: Model, inputs, max_new_tokens: int = 64,
              sampling: sampling_lib.SamplingSettings | None = None, rng=None,
              eos_id: int | None = None, exact: bool | None = None,
@@ -36,7 +34,6 @@ def generate(model: Model, inputs, max_new_tokens: int = 64,
                 max_new_tokens, sampling, rng, eos_id, prompt_lengths)
 
 
-@accepts_old_names
 def speculative_generate(target: Model, drafter, inputs, gamma: int = 5,
                          max_new_tokens: int = 64,
                          sampling: sampling_lib.SamplingSettings | None = None, rng=None,
@@ -70,7 +67,6 @@ def speculative_generate(target: Model, drafter, inputs, gamma: int = 5,
                 prompt_lengths)
 
 
-@accepts_old_names
 def bild_generate(large: Model, small: Any, inputs, fallback_threshold: float = 0.5,
                   rollback_threshold: float = 5.0, max_small_steps: int = 10,
                   max_new_tokens: int = 64, sampling: sampling_lib.SamplingSettings | None = None,
@@ -105,7 +101,6 @@ def bild_generate(large: Model, small: Any, inputs, fallback_threshold: float = 
                 prompt_lengths)
 
 
-@accepts_old_names
 def blockwise_generate(model: Model, heads: Heads, inputs, max_new_tokens: int = 64,
                        top_k: int = 1, rescoring: str | None = None, num_drafts: int = 1,
                        rescoring_weight: float = 1.0, rescorer: Any = None,

@@ -44,7 +44,7 @@ from specdec_jax.drafters import as_drafter, protocol
 from specdec_jax.drafters.head_drafter import RESCORING, HeadDrafter
 from specdec_jax.drafters.heads import Heads
 from specdec_jax.drafters.loop import NoProposals
-from specdec_jax.errors import InputError, accepts_old_names
+from specdec_jax.errors import InputError
 from specdec_jax.methods import autoregressive, bild, blockwise, speculative
 from specdec_jax.methods.adaptive import AdaptiveGamma
 from specdec_jax.models.model import Model
@@ -235,7 +235,6 @@ class Autoregressive(Method):
     return autoregressive.round_config(max_new_tokens, sampling, eos_id, self.exact)
 
 
-@accepts_old_names
 @struct.dataclass
 class Speculative(Method):
   """Speculative decoding (Leviathan et al.): a drafter proposes, the target verifies.
@@ -333,7 +332,6 @@ def _drafter_inputs(proposer, own_tokens, inputs, max_new_tokens):
   return tokens
 
 
-@accepts_old_names
 @struct.dataclass
 class BiLD(Method):
   """BiLD, the Big Little Decoder (Kim et al. 2023); the target is the large model. Lossy

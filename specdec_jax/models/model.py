@@ -41,7 +41,7 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 from specdec_jax import cache as cache_lib
 from specdec_jax.config import T5Config
 from specdec_jax.config.lm import LMConfig
-from specdec_jax.errors import ConfigError, InputError, accepts_old_names
+from specdec_jax.errors import ConfigError, InputError
 from specdec_jax.kernels import dispatch
 from specdec_jax.models import layers, lm
 from specdec_jax.models.t5 import Transformer
@@ -158,7 +158,6 @@ class Model:
     check_tokens(decoder_input_tokens, self.config, "decoder_input_tokens")
     return (jnp.asarray(inputs, jnp.int32), jnp.asarray(decoder_input_tokens, jnp.int32))
 
-  @accepts_old_names
   def forward(self, inputs: Array, decoder_input_tokens: Array | None = None) -> Array:
     """Full non-cached pass: [B, Le], [B, Ld] int32 -> logits float32 [B, Ld, V].
 
@@ -166,14 +165,12 @@ class Model:
     """
     return _forward(self, self._tokens(inputs, decoder_input_tokens))
 
-  @accepts_old_names
   def encode(self, inputs: Array) -> Array:
     """[B, Le] int32 -> encoder output [B, Le, E]."""
     if self.is_decoder_only:
       raise InputError("a decoder-only model has no encoder: use start(prompt, capacity)")
     return _encode(self, inputs)
 
-  @accepts_old_names
   def start(self, inputs: Array, capacity: int,
             lengths: Array | np.ndarray | None = None) -> cache_lib.DecoderCache:
     """The cache a request decodes from, of `capacity` self-attention positions.
@@ -262,7 +259,6 @@ class Model:
     """
     return _decode(self, tokens, cache, None, positions, visible)
 
-  @accepts_old_names
   def exit_logits(self, inputs: Array, decoder_input_tokens: Array | None = None,
                   exits: tuple[int, ...] = (), deterministic: bool = True, rngs=None):
     """Teacher-forced logits read after each of `exits` decoder layers: a tuple of [B, Ld, V].
@@ -276,7 +272,6 @@ class Model:
     """The output layer alone: final-norm decoder states [..., E] -> logits float32 [..., V]."""
     return _apply(self, hidden, method="output_logits")
 
-  @accepts_old_names
   def hidden_states(self, inputs: Array, decoder_input_tokens: Array | None = None,
                     deterministic: bool = True, rngs=None) -> Array:
     """Teacher-forced final-norm decoder states [B, Ld, E] (prediction heads read them).

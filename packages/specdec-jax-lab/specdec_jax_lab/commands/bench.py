@@ -1,4 +1,4 @@
-"""`specdec bench`: baseline vs speculative decoding timed side by side (see `tools.bench`)."""
+"""`specdec bench`: baseline vs speculative decoding side by side (`specdec_jax_lab.bench`)."""
 
 from __future__ import annotations
 
