@@ -1,4 +1,5 @@
-"""Exact speculative beam search (`sd.SpeculativeBeam`): `sd.Beam`'s output with any drafter.
+"""Exact speculative beam search (`experimental.SpeculativeBeam`): `sd.Beam`'s output with any
+drafter.
 
 Fast tier, on a table model whose logits depend on the whole prefix (a wrong cache row or
 length changes them): a numpy beam search written from T5X's rules over every prefix's
@@ -22,7 +23,8 @@ from helpers import FIXTURE_DIR, REPO_DIR, perturbed, ragged_tokens, tiny_target
 import specdec_jax as sd
 from specdec_jax import testing
 from specdec_jax.cache import CrossKV, DecoderCache
-from specdec_jax.methods import beam, speculative_beam
+from specdec_jax.experimental import SpeculativeBeam, speculative_beam
+from specdec_jax.methods import beam
 
 EOS = 1
 V = 5            # pad 0, EOS 1, three words
@@ -315,7 +317,7 @@ def test_negative_control_a_replay_without_the_scored_check_fails():
     ({"num_beams": 4, "width": 2}, "width must be >= num_beams")])
 def test_bad_settings(kwargs, match):
   with pytest.raises(sd.InputError, match=match):
-    sd.SpeculativeBeam(None, **kwargs)
+    SpeculativeBeam(None, **kwargs)
 
 
 @pytest.mark.slow
@@ -323,16 +325,16 @@ def test_refusals():
   model = sd.load("config:t5_1_1_tiny")
   enc = np.array([[5, 6, 1]])
   with pytest.raises(sd.SamplingError, match="is deterministic"):
-    sd.decode(model, sd.SpeculativeBeam(model), enc, max_new_tokens=3,
+    sd.decode(model, SpeculativeBeam(model), enc, max_new_tokens=3,
               sampling=sd.Sampling(temperature=0.7), rng=0)
   with pytest.raises(sd.InputError, match="needs a drafter"):
-    sd.decode(model, sd.SpeculativeBeam(None), enc, max_new_tokens=3)
+    sd.decode(model, SpeculativeBeam(None), enc, max_new_tokens=3)
   with pytest.raises(sd.InputError, match="early exit"):
-    sd.decode(model, sd.SpeculativeBeam(sd.early_exit(model, 1)), enc, max_new_tokens=3)
-  assert sd.SpeculativeBeam(model, gamma=2) == sd.SpeculativeBeam(None, gamma=2)
+    sd.decode(model, SpeculativeBeam(sd.early_exit(model, 1)), enc, max_new_tokens=3)
+  assert SpeculativeBeam(model, gamma=2) == SpeculativeBeam(None, gamma=2)
   unpacked = sd.init_model(sd.get_config("t5_1_1_tiny"), 1)
   with pytest.raises(sd.InputError, match="one chain per beam"):
-    sd.decode(unpacked, sd.SpeculativeBeam(unpacked, num_beams=2, chains=4, exact=True), enc,
+    sd.decode(unpacked, SpeculativeBeam(unpacked, num_beams=2, chains=4, exact=True), enc,
               max_new_tokens=3)
 
 
@@ -367,7 +369,7 @@ def test_tiny_t5_any_drafter_is_beam_bitwise(dtype):
   drafters = {"random": sd.init_model(sd.get_config("t5_1_1_tiny"), 7).with_dtype(dtype),
               "near": perturbed(target, 0.25, 3), "self": target}
   for name, drafter in drafters.items():
-    out = sd.decode(target, sd.SpeculativeBeam(drafter, num_beams=4, gamma=3, exact=True), enc,
+    out = sd.decode(target, SpeculativeBeam(drafter, num_beams=4, gamma=3, exact=True), enc,
                     max_new_tokens=steps)
     _assert_same(out, ref, name)
     assert out.stats["steps"] == int(ref.counters.rounds)
@@ -384,7 +386,7 @@ def test_odd_vocabulary_near_ties_and_odd_beam_counts():
     ref = sd.decode(target, sd.Beam(num_beams=k, alpha=0.6, exact=True), enc,
                     max_new_tokens=steps)
     for name, drafter in [("self", target), ("other", _odd_vocabulary_model(seed=4))]:
-      out = sd.decode(target, sd.SpeculativeBeam(drafter, num_beams=k, gamma=gamma, exact=True),
+      out = sd.decode(target, SpeculativeBeam(drafter, num_beams=k, gamma=gamma, exact=True),
                       enc, max_new_tokens=steps)
       _assert_same(out, ref, f"K={k} {name}")
 
@@ -397,7 +399,7 @@ def test_packed_target_needs_no_padding():
   assert target.width_invariant_decode
   enc, steps = ragged_tokens(3, 10, 512, seed=3), 10
   ref = sd.decode(target, sd.Beam(num_beams=4), enc, max_new_tokens=steps)
-  out = sd.decode(target, sd.SpeculativeBeam(target, num_beams=4, gamma=3), enc,
+  out = sd.decode(target, SpeculativeBeam(target, num_beams=4, gamma=3), enc,
                   max_new_tokens=steps)
   _assert_same(out, ref, "packed")
   assert out.stats["steps_per_target_call"] > 1.0
@@ -412,7 +414,7 @@ def test_reproduces_t5x(t5x_model, t5x_reference):
   for name in ("beam4", "beam2"):
     alpha, beams, width = reference[name + "_settings"]
     for drafter in (t5x_model, sd.init_model(t5x_model.config, 3)):
-      out = sd.decode(t5x_model, sd.SpeculativeBeam(drafter, num_beams=int(beams),
+      out = sd.decode(t5x_model, SpeculativeBeam(drafter, num_beams=int(beams),
                                                     alpha=float(alpha), exact=True),
                       enc, max_new_tokens=int(width))
       np.testing.assert_array_equal(out.beams, reference[name + "_tokens"], err_msg=name)
@@ -427,7 +429,7 @@ def test_decoder_only_ragged_prompts():
   target, drafter = pair()
   ref = sd.decode(target, sd.Beam(num_beams=3, exact=True), prompts(), max_new_tokens=T)
   for name, d in [("near", drafter), ("self", target)]:
-    out = sd.decode(target, sd.SpeculativeBeam(d, num_beams=3, gamma=3, exact=True), prompts(),
+    out = sd.decode(target, SpeculativeBeam(d, num_beams=3, gamma=3, exact=True), prompts(),
                     max_new_tokens=T)
     _assert_same(out, ref, name)
 
@@ -447,8 +449,8 @@ def test_token_level_drafters():
 
 @pytest.mark.slow
 def test_cli_method_beam_with_a_drafter_is_speculative_beam_search(capsys):
-  """`specdec decode --method beam --drafter X` runs sd.SpeculativeBeam (its value says so:
-  `with_drafter_for`), and prints the same beams' best tokens as `--method beam`."""
+  """`specdec decode --method beam --drafter X` runs experimental.SpeculativeBeam (its value
+  says so: `with_drafter_for`), and prints the same beams' best tokens as `--method beam`."""
   import json
 
   from specdec_jax.cli import main
@@ -473,7 +475,7 @@ def test_a_tree_wider_than_the_call_is_drafted_and_replayed():
   target = sd.load("config:t5_1_1_tiny")
   enc = np.array([[5, 6, 7, 1], [9, 8, 1, 0]], np.int32)
   ref = sd.decode(target, sd.Beam(num_beams=4), enc, max_new_tokens=5)
-  out = sd.decode(target, sd.SpeculativeBeam(target, num_beams=4, gamma=2), enc,
+  out = sd.decode(target, SpeculativeBeam(target, num_beams=4, gamma=2), enc,
                   max_new_tokens=5)
   np.testing.assert_array_equal(np.asarray(out.beams), np.asarray(ref.beams))
   assert out.stats["drafted"] == (8 + 4 * 1) * out.stats["target_calls"]

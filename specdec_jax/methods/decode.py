@@ -12,15 +12,14 @@ from specdec_jax.errors import InputError, SamplingError, accepts_old_names
 from specdec_jax.kernels import backends
 from specdec_jax.kernels.dispatch import DecodeWeights
 from specdec_jax.methods.beam import Beam
-from specdec_jax.methods.speculative_beam import SpeculativeBeam
 from specdec_jax.methods.values import Autoregressive, BiLD, Blockwise, Method, Speculative
 from specdec_jax.models.model import Model
 from specdec_jax.rounds import requests
 from specdec_jax.rounds.buffer import DecodeOutput
 
-#: The package's method types (`decode` runs any `Method`; its error for another value names
-#: these).
-METHODS = (Autoregressive, Speculative, BiLD, Blockwise, Beam, SpeculativeBeam)
+#: The package's stable method types (`decode` runs any `Method`; its error for another value
+#: names these). `specdec_jax.experimental.METHODS`: the experimental ones.
+METHODS = (Autoregressive, Speculative, BiLD, Blockwise, Beam)
 
 
 @accepts_old_names
@@ -37,8 +36,8 @@ def decode(target: Model, method: Method, inputs, max_new_tokens: int = 64,
   Args:
     target: the model whose output (or distribution) the method reproduces.
     method: `sd.Autoregressive()`, `sd.Speculative(drafter, ...)`, `sd.BiLD(small, ...)`,
-      `sd.Blockwise(heads, ...)`, `sd.Beam(num_beams, alpha)` (its own loop: `beam`) or
-      `sd.SpeculativeBeam(drafter, num_beams, alpha, gamma)` (`speculative_beam`).
+      `sd.Blockwise(heads, ...)`, `sd.Beam(num_beams, alpha)` (its own loop: `beam`), or
+      an experimental method (`specdec_jax.experimental`).
     max_new_tokens: T, tokens per row at most.
     sampling: `sd.Greedy()` (default) or `sd.Sampling(temperature, top_k, top_p)`, applied
       alike to the target's and the proposer's distributions.

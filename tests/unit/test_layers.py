@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("rounds",),                # the round engine, acceptance rules, buffer, statistics
     ("drafters",),              # proposers that plug into the engine
     ("methods",),               # method values, their wirings, decode, the functional API
+    ("experimental",),          # research methods on the methods' values (SpeculativeBeam)
     ("costs", "plan", "runs"),  # step costs; memory plans; runs of a method over a corpus
     ("testing",),               # scripted proposers and table models for tests
     ("",),                      # specdec_jax/__init__.py: the public `sd` namespace
