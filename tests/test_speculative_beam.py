@@ -11,14 +11,13 @@ the T5X fixture, a decoder-only LM, the packed (width-invariant) path.
 """
 
 import dataclasses
-import importlib.util
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import struct
-from helpers import FIXTURE_DIR, REPO_DIR, perturbed, ragged_tokens, tiny_target
+from helpers import FIXTURE_DIR, perturbed, ragged_tokens, tiny_target
 
 import specdec_jax as sd
 from specdec_jax import testing
@@ -510,21 +509,3 @@ def test_cli_json_statistics_merge_the_batches(capsys):
   assert stats["acceptance_by_depth"] == [n / stats["target_calls"]
                                           for n in stats["per_position_accepted"]]
   assert len(stats["acceptance_by_depth"]) == 2
-
-
-@pytest.mark.slow
-def test_projection_script_drafters_agree_as_their_noise_says():
-  """scripts/project_speculative_beam.py reads its projection at a drafter's greedy
-  agreement: the target agrees with itself on every token, its noised copies less, and
-  zero noise is the target."""
-  path = REPO_DIR / "scripts" / "project_speculative_beam.py"
-  spec = importlib.util.spec_from_file_location("project_speculative_beam", path)
-  script = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(script)
-  target = tiny_target(6.0, 3.0)
-  enc = ragged_tokens(3, 6, target.config.vocab_size, seed=4)
-  same = jax.tree_util.tree_leaves(script.noised(target, 0.0).params)
-  assert all(bool((a == b).all()) for a, b in zip(same, jax.tree_util.tree_leaves(
-      target.params), strict=True))
-  assert script.greedy_agreement(target, target, enc, 8) == 1.0
-  assert script.greedy_agreement(target, script.noised(target, 2.0), enc, 8) < 0.9
