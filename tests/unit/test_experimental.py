@@ -4,12 +4,15 @@ name is written once (its value's `name`)."""
 
 import ast
 import pathlib
+import re
 
+import jax.numpy as jnp
 import pytest
 
 import specdec_jax as sd
 from specdec_jax import experimental, testing
 from specdec_jax.cli import method_args
+from specdec_jax.rounds.stats import DecodeStats
 
 pytestmark = pytest.mark.unit
 
@@ -92,3 +95,23 @@ def test_the_spelling_check_sees_one(tmp_path):
   (tmp_path / "m.py").write_text('__all__ = ["speculative_beam"]\n'
                                  'INFO = (("method", "speculative_beam"),)\n')
   assert second_spellings([tmp_path], {"speculative-beam"}) == ["m.py:2 'speculative_beam'"]
+
+
+def table_names(page: pathlib.Path) -> list[str]:
+  """The first-column names (`name`) of the table under the page's "## Statistics"."""
+  body = page.read_text(encoding="utf-8").split("## Statistics\n", 1)[1].split("\n## ", 1)[0]
+  return re.findall(r"^\| `([a-z_]+)` \|", body, flags=re.M)
+
+
+def test_the_docs_statistics_table_lists_what_out_stats_reports():
+  """docs/methods/speculative-beam.md lists each name of `out.stats` once: the value's
+  `statistics` and what its output derives from them (steps, ...), no other."""
+  beam = experimental.SpeculativeBeam
+  out = experimental.SpeculativeBeamOutput(
+      tokens=jnp.zeros((2, 3), jnp.int32), lengths=jnp.ones((2,), jnp.int32),
+      counters=DecodeStats.zeros(2, 2), info=(("method", beam.name),),
+      statistics=beam.statistics, steps=jnp.array(1))
+  names = table_names(ROOT.parent / "docs" / "methods" / "speculative-beam.md")
+  assert len(names) == len(set(names))
+  assert set(names) == set(out.stats) - {"method"}
+  assert set(beam.statistics) < set(names)
