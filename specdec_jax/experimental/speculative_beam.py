@@ -229,9 +229,8 @@ class SpeculativeBeam(Method):
     if self.drafter is None:
       raise InputError("experimental.SpeculativeBeam needs a drafter: a Model with the "
                        "target's vocabulary or a drafter of specdec_jax.drafters")
-    search = self.search(max_new_tokens, sampling, eos_id)
-    return program(target, self.drafter, inputs, prompt_lengths=prompt_lengths,
-                   **{f.name: getattr(search, f.name) for f in dataclasses.fields(search)})
+    return _program(target, self.drafter, inputs, prompt_lengths,
+                    self.search(max_new_tokens, sampling, eos_id))
 
   def run(self, target, inputs, max_new_tokens, sampling, rng, eos_id,
           prompt_lengths):
@@ -346,11 +345,16 @@ def program(target: Model, drafter: Any, inputs: Array, *,
   it takes gamma + 1 steps every round, reading each new beam's logits from its parent's
   chain whether or not the beam is the chain's node.
   """
+  return _program(target, drafter, inputs, prompt_lengths, Search(**settings))
+
+
+def _program(target: Model, drafter: Any, inputs: Array, prompt_lengths: Array | None,
+             search: Search) -> engine.Program:
   drafter = as_drafter(drafter, target)
   if getattr(drafter, "shares_target_cache", False):
     raise InputError("SpeculativeBeam drafts in a cache of its own: an early exit of "
                      "the target (sd.early_exit) is not supported; pass a model")
-  search = Search(**settings).resolve(target, inputs.shape[1])
+  search = search.resolve(target, inputs.shape[1])
   return engine.Program(_run, (target, drafter, inputs, prompt_lengths), {"search": search})
 
 
