@@ -319,6 +319,14 @@ def test_bad_settings(kwargs, match):
     SpeculativeBeam(None, **kwargs)
 
 
+def test_a_sampled_request_names_the_type_where_users_find_it():
+  """`experimental.SpeculativeBeam`, not an `sd.SpeculativeBeam` that does not exist."""
+  target = sd.init_model(sd.get_config("t5_1_1_tiny"), 0)
+  with pytest.raises(sd.SamplingError, match=r"^experimental\.SpeculativeBeam is determ"):
+    sd.decode(target, SpeculativeBeam(target), np.array([[5, 6, 1]]), max_new_tokens=3,
+              sampling=sd.Sampling(temperature=0.7), rng=0)
+
+
 @pytest.mark.slow
 def test_refusals():
   model = sd.load("config:t5_1_1_tiny")

@@ -127,10 +127,18 @@ def _request(target, method, inputs, max_new_tokens, sampling, rng, eos_id,
     inputs = requests.check_request(inputs, target.config, max_new_tokens)
   sampling = sampling_lib.as_sampling(sampling)
   if method.greedy_only and not sampling.is_greedy:
-    raise SamplingError(f"sd.{type(method).__name__} is deterministic: drop sampling (it takes "
+    raise SamplingError(f"{_spelled(type(method))} is deterministic: drop sampling (it takes "
                         f"no temperature, top-k or top-p), got {sampling!r}")
   return (target, inputs, max_new_tokens, sampling, rng,
           requests.resolve_eos(eos_id, target.config), prompt_lengths)
+
+
+def _spelled(method_type: type) -> str:
+  """How a user writes the method type: sd.Beam, experimental.SpeculativeBeam (a module
+  name: this layer imports no experimental module)."""
+  home = "experimental" if method_type.__module__.startswith("specdec_jax.experimental") \
+      else "sd"
+  return f"{home}.{method_type.__name__}"
 
 
 def _check_kernels(target: Model, method: Method, platforms: tuple[str, ...]) -> None:
