@@ -10,7 +10,7 @@
     python scripts/compare_t5x.py --t5x-src /path/to/t5x --model config:t5_1_1_small \
         --beam 4:0.6 --out results/t5x_compare_beam          # T5X's beam_search vs sd.Beam
     python scripts/compare_t5x.py --t5x-src /path/to/t5x --model config:t5_1_1_small \
-        --beam 4:0.6 --drafter config:t5_1_1_tiny --gamma 3   # vs sd.SpeculativeBeam
+        --beam 4:0.6 --drafter config:t5_1_1_tiny --gamma 3   # vs experimental.SpeculativeBeam
 
 --dtype bfloat16 runs both sides in bfloat16 (params and activations; `sd.load`'s
 dtype) and reports token agreement instead of requiring identical tokens.
@@ -46,9 +46,9 @@ def main(argv=None) -> int:
                  help="compare beam search (t5x.decoding.beam_search vs sd.Beam) with K beams "
                  "and brevity penalty ALPHA instead of greedy decoding")
   p.add_argument("--drafter", metavar="PATH_OR_NAME",
-                 help="with --beam: ours is exact speculative beam search (sd.SpeculativeBeam) "
-                 "with this drafter (checkpoint path or config:NAME); every beam still "
-                 "compared with T5X's")
+                 help="with --beam: ours is exact speculative beam search "
+                 "(experimental.SpeculativeBeam) with this drafter (checkpoint path or "
+                 "config:NAME); every beam still compared with T5X's")
   p.add_argument("--gamma", type=int, default=3,
                  help="with --drafter: drafted tokens per beam and round (default 3)")
   p.add_argument("--out", default="results/t5x_compare")

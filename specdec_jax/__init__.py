@@ -8,9 +8,9 @@ JAX/Flax.
     out.tokens, out.lengths, out.stats
 
 Methods are values (`sd.Autoregressive`, `sd.Speculative`, `sd.BiLD`, `sd.Blockwise`,
-`sd.Beam`, `sd.SpeculativeBeam`) run by `sd.decode`; `sd.generate`,
-`sd.speculative_generate`, ... are the same calls by keyword. `dir(sd)` lists the public
-names (`__all__`); the public modules are listed in docs/api/index.md.
+`sd.Beam`; experimental ones in `specdec_jax.experimental`) run by `sd.decode`;
+`sd.generate`, `sd.speculative_generate`, ... are the same calls by keyword. `dir(sd)`
+lists the public names (`__all__`); the public modules are listed in docs/api/index.md.
 """
 
 import os as _os
@@ -41,7 +41,6 @@ from specdec_jax.methods import (
   BiLD,
   Blockwise,
   Speculative,
-  SpeculativeBeam,
   bild_generate,
   blockwise_generate,
   decode,
@@ -71,7 +70,7 @@ __all__ = [
     "CheckpointError", "ConfigError", "DecodeOutput", "DecodeStats", "DecoderCache", "Greedy",
     "Heads", "InputError", "LMConfig",
     "Model", "ModelDrafter", "NGramDrafter", "PromptLookupDrafter", "Sampling", "SamplingError",
-    "SpecdecError", "Speculative", "SpeculativeBeam", "T5Config", "TokenizerError",
+    "SpecdecError", "Speculative", "T5Config", "TokenizerError",
     "available_configs",
     "bild_generate", "blockwise_generate", "decode", "early_exit", "generate", "get_config",
     "init_heads", "init_model", "load", "load_heads", "load_tokenizer", "logical_axes", "lower",

@@ -13,6 +13,8 @@ can be checked in milliseconds, against a reference written in a few lines of nu
     logits_from_probs(p)                hand-built logits whose softmax is p
     reference_greedy(model, enc, T)     the table model's greedy output, by a host loop
     examples(target, drafter, heads)    one configured value of every method (`METHODS`)
+    METHODS                             every method type: the stable ones, then the
+                                        experimental ones
 
 Example: speculative greedy equals the target's greedy output, here on a table::
 
@@ -41,15 +43,18 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from specdec_jax import experimental, methods
 from specdec_jax.drafters.heads import init_heads
 from specdec_jax.drafters.ngram import NGramDrafter
+from specdec_jax.experimental import SpeculativeBeam
 from specdec_jax.methods.beam import Beam
-from specdec_jax.methods.decode import METHODS
-from specdec_jax.methods.speculative_beam import SpeculativeBeam
 from specdec_jax.methods.values import Autoregressive, BiLD, Blockwise, Method, Speculative
 from specdec_jax.rounds.phases import Proposal, RoundContext, RoundOutcome
 
 Array = jax.Array
+#: Every method type: `sd.methods.METHODS` (the stable ones), then
+#: `specdec_jax.experimental.METHODS`. A test of "every method" covers these.
+METHODS = methods.METHODS + experimental.METHODS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,9 +265,9 @@ _EXAMPLES = {
 
 
 def examples(target, drafter, heads=None) -> dict[str, Method]:
-  """One configured value of every method type in `sd.methods.METHODS`, keyed by its
-  `name`: what a test of "every method" parametrizes over, so a new method joins the
-  lowering, mesh, kernel and exactness checks by its one entry here.
+  """One configured value of every method type in `METHODS` (stable and experimental),
+  keyed by its `name`: what a test of "every method" parametrizes over, so a new method
+  joins the lowering, mesh, kernel and exactness checks by its one entry here.
 
   Each is configured so that its greedy output is its `baseline()`'s bitwise on `target`.
 

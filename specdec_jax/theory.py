@@ -282,7 +282,7 @@ def beam_walltime_improvement(steps_per_call, gamma, c, verify_cost=1.0):
     """Walltime improvement of exact speculative beam search over beam search (ours).
 
     **Not in the paper.**  Beam search (``sd.Beam``) makes one target call over its K
-    beams per step; speculative beam search (``sd.SpeculativeBeam``) makes per round γ
+    beams per step; speculative beam search (``experimental.SpeculativeBeam``) makes per round γ
     drafter calls over the K beams (its own beam search, c each: drafter step / target
     step at the same K rows) and ONE target call over its M drafted chains of γ + 1
     tokens (``verify_cost`` times beam search's step), and commits ``steps_per_call``

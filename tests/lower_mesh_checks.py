@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 import specdec_jax as sd
+from specdec_jax import experimental
 
 PLATFORMS = (("tpu",), ("cuda",))
 B, T = 4, 3
@@ -37,7 +38,7 @@ def methods(target: sd.Model, drafter, heads) -> dict:
           "BiLD": sd.BiLD(sd.early_exit(target, 1)),
           "Blockwise": sd.Blockwise(heads),
           "Beam": sd.Beam(num_beams=2),
-          "SpeculativeBeam": sd.SpeculativeBeam(drafter, num_beams=2, gamma=2)}
+          "SpeculativeBeam": experimental.SpeculativeBeam(drafter, num_beams=2, gamma=2)}
 
 
 def tokens(vocab: int, length: int) -> np.ndarray:

@@ -28,6 +28,7 @@ import numpy as np
 from flax.traverse_util import flatten_dict
 
 import specdec_jax as sd
+from specdec_jax import experimental
 from specdec_jax.io import checkpoints
 from specdec_jax.io.checkpoints import leaves
 from specdec_jax.rounds import engine
@@ -94,7 +95,7 @@ def runs(target, drafter, heads, enc, methods=SINGLE, ngram=None):
       "beam": lambda: sd.decode(target, sd.Beam(num_beams=3), enc, max_new_tokens=T),
       # the target drafting itself (several steps a call): EVERY beam compared, [B, K*T]
       "speculative_beam": lambda: all_beams(sd.decode(
-          target, sd.SpeculativeBeam(target, num_beams=3, gamma=GAMMA), enc,
+          target, experimental.SpeculativeBeam(target, num_beams=3, gamma=GAMMA), enc,
           max_new_tokens=T)),
       "ngram": lambda: sd.speculative_generate(target, ngram, enc, gamma=GAMMA,
                                                max_new_tokens=T),

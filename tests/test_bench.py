@@ -177,7 +177,7 @@ def test_bild_and_blockwise_entries_beside_the_baseline(tmp_path):
 
 @pytest.mark.slow
 def test_beam_with_a_drafter_times_speculative_beam_beside_it(tmp_path):
-  """--beam K:ALPHA with a drafter: sd.SpeculativeBeam at each --gammas entry, its speedup
+  """--beam K:ALPHA with a drafter: experimental.SpeculativeBeam at each --gammas entry, its speedup
   over the sd.Beam entry (not only the greedy baseline), its beam steps per target call
   and the speedup its step costs predict; both generate the same tokens (the same beams)."""
   out = tmp_path / "out"

@@ -9,8 +9,8 @@ import pytest
 from helpers import REPO_DIR, model_fixtures, ragged_tokens
 
 import specdec_jax as sd
-from specdec_jax.methods import METHODS
 from specdec_jax.rounds import stats as stats_lib
+from specdec_jax.testing import METHODS
 
 MAX_NEW = 8
 SAMPLE = sd.Sampling(temperature=0.8)

@@ -1,4 +1,5 @@
-"""Exact speculative beam search (`sd.SpeculativeBeam`): `sd.Beam`'s output with any drafter.
+"""Exact speculative beam search (`experimental.SpeculativeBeam`): `sd.Beam`'s output with any
+drafter.
 
 Fast tier, on a table model whose logits depend on the whole prefix (a wrong cache row or
 length changes them): a numpy beam search written from T5X's rules over every prefix's
@@ -10,19 +11,19 @@ the T5X fixture, a decoder-only LM, the packed (width-invariant) path.
 """
 
 import dataclasses
-import importlib.util
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import struct
-from helpers import FIXTURE_DIR, REPO_DIR, perturbed, ragged_tokens, tiny_target
+from helpers import FIXTURE_DIR, perturbed, ragged_tokens, tiny_target
 
 import specdec_jax as sd
 from specdec_jax import testing
 from specdec_jax.cache import CrossKV, DecoderCache
-from specdec_jax.methods import beam, speculative_beam
+from specdec_jax.experimental import SpeculativeBeam, speculative_beam
+from specdec_jax.methods import beam
 
 EOS = 1
 V = 5            # pad 0, EOS 1, three words
@@ -315,7 +316,15 @@ def test_negative_control_a_replay_without_the_scored_check_fails():
     ({"num_beams": 4, "width": 2}, "width must be >= num_beams")])
 def test_bad_settings(kwargs, match):
   with pytest.raises(sd.InputError, match=match):
-    sd.SpeculativeBeam(None, **kwargs)
+    SpeculativeBeam(None, **kwargs)
+
+
+def test_a_sampled_request_names_the_type_where_users_find_it():
+  """`experimental.SpeculativeBeam`, not an `sd.SpeculativeBeam` that does not exist."""
+  target = sd.init_model(sd.get_config("t5_1_1_tiny"), 0)
+  with pytest.raises(sd.SamplingError, match=r"^experimental\.SpeculativeBeam is determ"):
+    sd.decode(target, SpeculativeBeam(target), np.array([[5, 6, 1]]), max_new_tokens=3,
+              sampling=sd.Sampling(temperature=0.7), rng=0)
 
 
 @pytest.mark.slow
@@ -323,16 +332,16 @@ def test_refusals():
   model = sd.load("config:t5_1_1_tiny")
   enc = np.array([[5, 6, 1]])
   with pytest.raises(sd.SamplingError, match="is deterministic"):
-    sd.decode(model, sd.SpeculativeBeam(model), enc, max_new_tokens=3,
+    sd.decode(model, SpeculativeBeam(model), enc, max_new_tokens=3,
               sampling=sd.Sampling(temperature=0.7), rng=0)
   with pytest.raises(sd.InputError, match="needs a drafter"):
-    sd.decode(model, sd.SpeculativeBeam(None), enc, max_new_tokens=3)
+    sd.decode(model, SpeculativeBeam(None), enc, max_new_tokens=3)
   with pytest.raises(sd.InputError, match="early exit"):
-    sd.decode(model, sd.SpeculativeBeam(sd.early_exit(model, 1)), enc, max_new_tokens=3)
-  assert sd.SpeculativeBeam(model, gamma=2) == sd.SpeculativeBeam(None, gamma=2)
+    sd.decode(model, SpeculativeBeam(sd.early_exit(model, 1)), enc, max_new_tokens=3)
+  assert SpeculativeBeam(model, gamma=2) == SpeculativeBeam(None, gamma=2)
   unpacked = sd.init_model(sd.get_config("t5_1_1_tiny"), 1)
   with pytest.raises(sd.InputError, match="one chain per beam"):
-    sd.decode(unpacked, sd.SpeculativeBeam(unpacked, num_beams=2, chains=4, exact=True), enc,
+    sd.decode(unpacked, SpeculativeBeam(unpacked, num_beams=2, chains=4, exact=True), enc,
               max_new_tokens=3)
 
 
@@ -367,7 +376,7 @@ def test_tiny_t5_any_drafter_is_beam_bitwise(dtype):
   drafters = {"random": sd.init_model(sd.get_config("t5_1_1_tiny"), 7).with_dtype(dtype),
               "near": perturbed(target, 0.25, 3), "self": target}
   for name, drafter in drafters.items():
-    out = sd.decode(target, sd.SpeculativeBeam(drafter, num_beams=4, gamma=3, exact=True), enc,
+    out = sd.decode(target, SpeculativeBeam(drafter, num_beams=4, gamma=3, exact=True), enc,
                     max_new_tokens=steps)
     _assert_same(out, ref, name)
     assert out.stats["steps"] == int(ref.counters.rounds)
@@ -384,7 +393,7 @@ def test_odd_vocabulary_near_ties_and_odd_beam_counts():
     ref = sd.decode(target, sd.Beam(num_beams=k, alpha=0.6, exact=True), enc,
                     max_new_tokens=steps)
     for name, drafter in [("self", target), ("other", _odd_vocabulary_model(seed=4))]:
-      out = sd.decode(target, sd.SpeculativeBeam(drafter, num_beams=k, gamma=gamma, exact=True),
+      out = sd.decode(target, SpeculativeBeam(drafter, num_beams=k, gamma=gamma, exact=True),
                       enc, max_new_tokens=steps)
       _assert_same(out, ref, f"K={k} {name}")
 
@@ -397,7 +406,7 @@ def test_packed_target_needs_no_padding():
   assert target.width_invariant_decode
   enc, steps = ragged_tokens(3, 10, 512, seed=3), 10
   ref = sd.decode(target, sd.Beam(num_beams=4), enc, max_new_tokens=steps)
-  out = sd.decode(target, sd.SpeculativeBeam(target, num_beams=4, gamma=3), enc,
+  out = sd.decode(target, SpeculativeBeam(target, num_beams=4, gamma=3), enc,
                   max_new_tokens=steps)
   _assert_same(out, ref, "packed")
   assert out.stats["steps_per_target_call"] > 1.0
@@ -412,7 +421,7 @@ def test_reproduces_t5x(t5x_model, t5x_reference):
   for name in ("beam4", "beam2"):
     alpha, beams, width = reference[name + "_settings"]
     for drafter in (t5x_model, sd.init_model(t5x_model.config, 3)):
-      out = sd.decode(t5x_model, sd.SpeculativeBeam(drafter, num_beams=int(beams),
+      out = sd.decode(t5x_model, SpeculativeBeam(drafter, num_beams=int(beams),
                                                     alpha=float(alpha), exact=True),
                       enc, max_new_tokens=int(width))
       np.testing.assert_array_equal(out.beams, reference[name + "_tokens"], err_msg=name)
@@ -427,7 +436,7 @@ def test_decoder_only_ragged_prompts():
   target, drafter = pair()
   ref = sd.decode(target, sd.Beam(num_beams=3, exact=True), prompts(), max_new_tokens=T)
   for name, d in [("near", drafter), ("self", target)]:
-    out = sd.decode(target, sd.SpeculativeBeam(d, num_beams=3, gamma=3, exact=True), prompts(),
+    out = sd.decode(target, SpeculativeBeam(d, num_beams=3, gamma=3, exact=True), prompts(),
                     max_new_tokens=T)
     _assert_same(out, ref, name)
 
@@ -447,8 +456,8 @@ def test_token_level_drafters():
 
 @pytest.mark.slow
 def test_cli_method_beam_with_a_drafter_is_speculative_beam_search(capsys):
-  """`specdec decode --method beam --drafter X` runs sd.SpeculativeBeam (its value says so:
-  `with_drafter_for`), and prints the same beams' best tokens as `--method beam`."""
+  """`specdec decode --method beam --drafter X` runs experimental.SpeculativeBeam (its value
+  says so: `with_drafter_for`), and prints the same beams' best tokens as `--method beam`."""
   import json
 
   from specdec_jax.cli import main
@@ -473,7 +482,7 @@ def test_a_tree_wider_than_the_call_is_drafted_and_replayed():
   target = sd.load("config:t5_1_1_tiny")
   enc = np.array([[5, 6, 7, 1], [9, 8, 1, 0]], np.int32)
   ref = sd.decode(target, sd.Beam(num_beams=4), enc, max_new_tokens=5)
-  out = sd.decode(target, sd.SpeculativeBeam(target, num_beams=4, gamma=2), enc,
+  out = sd.decode(target, SpeculativeBeam(target, num_beams=4, gamma=2), enc,
                   max_new_tokens=5)
   np.testing.assert_array_equal(np.asarray(out.beams), np.asarray(ref.beams))
   assert out.stats["drafted"] == (8 + 4 * 1) * out.stats["target_calls"]
@@ -508,21 +517,3 @@ def test_cli_json_statistics_merge_the_batches(capsys):
   assert stats["acceptance_by_depth"] == [n / stats["target_calls"]
                                           for n in stats["per_position_accepted"]]
   assert len(stats["acceptance_by_depth"]) == 2
-
-
-@pytest.mark.slow
-def test_projection_script_drafters_agree_as_their_noise_says():
-  """scripts/project_speculative_beam.py reads its projection at a drafter's greedy
-  agreement: the target agrees with itself on every token, its noised copies less, and
-  zero noise is the target."""
-  path = REPO_DIR / "scripts" / "project_speculative_beam.py"
-  spec = importlib.util.spec_from_file_location("project_speculative_beam", path)
-  script = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(script)
-  target = tiny_target(6.0, 3.0)
-  enc = ragged_tokens(3, 6, target.config.vocab_size, seed=4)
-  same = jax.tree_util.tree_leaves(script.noised(target, 0.0).params)
-  assert all(bool((a == b).all()) for a, b in zip(same, jax.tree_util.tree_leaves(
-      target.params), strict=True))
-  assert script.greedy_agreement(target, target, enc, 8) == 1.0
-  assert script.greedy_agreement(target, script.noised(target, 2.0), enc, 8) < 0.9

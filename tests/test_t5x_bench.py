@@ -180,7 +180,7 @@ def _load_script():
 
 
 def test_compare_script_drafter_needs_beam_and_reaches_the_comparison(monkeypatch, tmp_path):
-  """--drafter compares T5X's beam search with sd.SpeculativeBeam: refused without --beam
+  """--drafter compares T5X's beam search with experimental.SpeculativeBeam: refused without --beam
   (usage, exit 2); with it, the drafter and --gamma reach `run_t5x_compare`."""
   from specdec_jax.cli import models
   script = _load_script()
@@ -205,7 +205,7 @@ def test_compare_script_drafter_needs_beam_and_reaches_the_comparison(monkeypatc
 def test_speculative_beam_side_is_compared_beam_for_beam(monkeypatch):
   """`run_t5x_compare(beam=, drafter=)` on a tiny model, T5X's side stood in by `sd.Beam`
   (the real T5X needs a checkout; `sd.Beam` is bitwise T5X's, tests/test_beam.py): every
-  beam of ours (sd.SpeculativeBeam, the target drafting itself) equals it, and the rows
+  beam of ours (experimental.SpeculativeBeam, the target drafting itself) equals it, and the rows
   record the beam steps per target call."""
   import specdec_jax as sd
   model = sd.load("config:t5_1_1_tiny")

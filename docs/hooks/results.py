@@ -1,7 +1,7 @@
-"""mkdocs hook: inline tables from results/ into the pages, never typed by hand.
+"""mkdocs hook: inline tables from the lab's results/ into the pages, never typed by hand.
 
 A line `<!-- results: demo/quality.md -->` in a page is replaced by that file under
-results/ (its first `# ` title dropped). Images the file links to are published with the
+packages/specdec-jax-lab/results/ (its first `# ` title dropped). Images the file links to are published with the
 site and their links rewritten relative to the page. A missing file fails the build: the
 tables are rebuilt by `python -m specdec_jax_lab.results`.
 """
@@ -16,7 +16,7 @@ from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "results"
+RESULTS = ROOT / "packages" / "specdec-jax-lab" / "results"     # the lab's tables
 MARKER = re.compile(r"^<!-- results: (?P<path>[\w./-]+\.md) -->$", re.MULTILINE)
 IMAGE = re.compile(r"!\[(?P<alt>[^\]]*)\]\((?P<src>[^)\s]+)\)")
 

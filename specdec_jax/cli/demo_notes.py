@@ -9,7 +9,8 @@ translation for the library's quality.
 
 from __future__ import annotations
 
-#: Bundled group -> what it is (figures: results/*/quality.md and results/lm-demo/alpha.md).
+#: Bundled group -> what it is (figures: packages/specdec-jax-lab/results/*/quality.md and
+#: results/lm-demo/alpha.md there).
 DEMOS = {
     "demo-de-en": ("De→En demo pair: a 13.5M-parameter target trained on a laptop-scale "
                    "dictionary corpus, test BLEU 8.3", "translation quality"),

@@ -18,10 +18,11 @@ The flags stop here: `method_from_args` checks them and returns a `MethodChoice`
 method value with its settings, its models still None, the sampling, and the names of the
 models to load); `build_method` turns that into the tools method once the target is loaded.
 
-Everything here is derived from the method values (`sd.methods.METHODS`), each the
-method's one home: `--method` takes their `name`s; each gets a flag group titled by its
-`summary`, with one flag per setting, named after the field (`--fallback-threshold`) or
-its `setting(flag=)` (`--lattice-k`), typed and defaulted by it, its help its
+Everything here is derived from the method values (`sd.methods.METHODS`, then
+`specdec_jax.experimental.METHODS`), each the method's one home: `--method` takes their
+`name`s; each gets a flag group titled by its `summary`, with one flag per setting, named
+after the field (`--fallback-threshold`) or its `setting(flag=)` (`--lattice-k`), typed
+and defaulted by it, its help its
 `setting(cli_help=)` or the class's "Attributes:" docs, its value checked by the class
 itself before any model is loaded; its models' flags are their `carried(flag=)`
 (`--heads`, `--rescorer`; `--drafter` is common); `drafter_role` says what `--drafter`
@@ -41,6 +42,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 import specdec_jax as sd
+from specdec_jax import experimental
 from specdec_jax import methods as core
 from specdec_jax.cli.mesh_args import place_method
 from specdec_jax.cli.options import MODES, make_sampling
@@ -49,7 +51,7 @@ from specdec_jax.errors import CLIError, FileAccessError, InputError
 from specdec_jax.runs import Run
 
 #: --method: each method value by its name, in `--help` order.
-CORE = {m.name: m for m in core.METHODS}
+CORE = {m.name: m for m in core.METHODS + experimental.METHODS}
 METHOD_NAMES = tuple(CORE)
 EARLY_EXIT = "early-exit:"
 DRAFTER = "--drafter"

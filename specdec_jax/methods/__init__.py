@@ -7,14 +7,13 @@
                     proposer
     adaptive        per-row adaptive gamma (a proposer wrapper)
     beam            T5X's beam search (Beam): a loop of its own, not a round wiring
-    speculative_beam  exact speculative beam search (SpeculativeBeam): Beam's output
-                    with a drafter
     decode          `decode(target, method, inputs, ...)`, one jitted round loop;
                     `lower(...)`: the same program lowered for TPU, CUDA, ...
     functional      `generate`, `speculative_generate`, ...: `decode` by keyword
     t5x_compat      drop-ins for T5X's decoding functions
 
 Below: `rounds/` (the engine) and `drafters/` (proposers); nothing there imports this.
+Above: `specdec_jax.experimental` (exact speculative beam search, on `beam`).
 """
 
 from specdec_jax.methods import t5x_compat
@@ -28,7 +27,6 @@ from specdec_jax.methods.functional import (
   generate,
   speculative_generate,
 )
-from specdec_jax.methods.speculative_beam import SpeculativeBeam
 from specdec_jax.methods.values import (
   Autoregressive,
   BiLD,
@@ -44,6 +42,6 @@ from specdec_jax.methods.values import (
 
 __all__ = ["METHODS", "AdaptiveGamma", "Autoregressive", "Beam", "BeamOutput", "BiLD",
            "Blockwise", "Method",
-           "Speculative", "SpeculativeBeam", "bild_generate", "blockwise_generate", "carried",
+           "Speculative", "bild_generate", "blockwise_generate", "carried",
            "decode", "early_exit", "field_docs", "generate", "lower", "model_fields", "setting",
            "settings_fields", "speculative_generate", "t5x_compat"]

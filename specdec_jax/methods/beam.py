@@ -353,7 +353,7 @@ class Beam(Method):
 def search_config(method: Any, max_new_tokens: int, sampling: sampling_lib.SamplingSettings,
                   eos_id: int) -> SearchConfig:
   """T5X's search settings of one request for a beam method value (`sd.Beam`,
-  `sd.SpeculativeBeam`: its num_beams, alpha and min_log_prob); sampling is refused."""
+  `experimental.SpeculativeBeam`: its num_beams, alpha and min_log_prob); sampling is refused."""
   if not sampling.is_greedy:
     raise SamplingError(f"beam search is deterministic: drop sampling "
                         f"(sd.{type(method).__name__} takes no temperature, top-k or top-p), "

@@ -12,15 +12,14 @@ from specdec_jax.errors import InputError, SamplingError
 from specdec_jax.kernels import backends
 from specdec_jax.kernels.dispatch import DecodeWeights
 from specdec_jax.methods.beam import Beam
-from specdec_jax.methods.speculative_beam import SpeculativeBeam
 from specdec_jax.methods.values import Autoregressive, BiLD, Blockwise, Method, Speculative
 from specdec_jax.models.model import Model
 from specdec_jax.rounds import requests
 from specdec_jax.rounds.buffer import DecodeOutput
 
-#: The package's method types (`decode` runs any `Method`; its error for another value names
-#: these).
-METHODS = (Autoregressive, Speculative, BiLD, Blockwise, Beam, SpeculativeBeam)
+#: The package's stable method types (`decode` runs any `Method`; its error for another value
+#: names these). `specdec_jax.experimental.METHODS`: the experimental ones.
+METHODS = (Autoregressive, Speculative, BiLD, Blockwise, Beam)
 
 
 def decode(target: Model, method: Method, inputs, max_new_tokens: int = 64,
@@ -36,8 +35,8 @@ def decode(target: Model, method: Method, inputs, max_new_tokens: int = 64,
   Args:
     target: the model whose output (or distribution) the method reproduces.
     method: `sd.Autoregressive()`, `sd.Speculative(drafter, ...)`, `sd.BiLD(small, ...)`,
-      `sd.Blockwise(heads, ...)`, `sd.Beam(num_beams, alpha)` (its own loop: `beam`) or
-      `sd.SpeculativeBeam(drafter, num_beams, alpha, gamma)` (`speculative_beam`).
+      `sd.Blockwise(heads, ...)`, `sd.Beam(num_beams, alpha)` (its own loop: `beam`), or
+      an experimental method (`specdec_jax.experimental`).
     max_new_tokens: T, tokens per row at most.
     sampling: `sd.Greedy()` (default) or `sd.Sampling(temperature, top_k, top_p)`, applied
       alike to the target's and the proposer's distributions.
@@ -126,10 +125,18 @@ def _request(target, method, inputs, max_new_tokens, sampling, rng, eos_id,
     inputs = requests.check_request(inputs, target.config, max_new_tokens)
   sampling = sampling_lib.as_sampling(sampling)
   if method.greedy_only and not sampling.is_greedy:
-    raise SamplingError(f"sd.{type(method).__name__} is deterministic: drop sampling (it takes "
+    raise SamplingError(f"{_spelled(type(method))} is deterministic: drop sampling (it takes "
                         f"no temperature, top-k or top-p), got {sampling!r}")
   return (target, inputs, max_new_tokens, sampling, rng,
           requests.resolve_eos(eos_id, target.config), prompt_lengths)
+
+
+def _spelled(method_type: type) -> str:
+  """How a user writes the method type: sd.Beam, experimental.SpeculativeBeam (a module
+  name: this layer imports no experimental module)."""
+  home = "experimental" if method_type.__module__.startswith("specdec_jax.experimental") \
+      else "sd"
+  return f"{home}.{method_type.__name__}"
 
 
 def _check_kernels(target: Model, method: Method, platforms: tuple[str, ...]) -> None:

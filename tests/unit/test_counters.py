@@ -104,7 +104,7 @@ def test_speculative_beam_batches_merge_as_ratios_of_totals():
   """A corpus of speculative beam search batches (the CLI's --json): steps per target call
   is total steps / total rounds (not the mean of 4/1 and 4/4), drafted nodes per round and
   acceptance by depth are over every real row's rounds."""
-  from specdec_jax.methods.speculative_beam import SpeculativeBeam, SpeculativeBeamOutput
+  from specdec_jax.experimental import SpeculativeBeam, SpeculativeBeamOutput
 
   def out(steps, rounds, rows, depth):
     c = counters(target_calls=[rounds] * rows, drafted=[7 * rounds] * rows,

@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("rounds",),                # the round engine, acceptance rules, buffer, statistics
     ("drafters",),              # proposers that plug into the engine
     ("methods",),               # method values, their wirings, decode, the functional API
+    ("experimental",),          # research methods on the methods' values (SpeculativeBeam)
     ("costs", "plan", "runs"),  # step costs; memory plans; runs of a method over a corpus
     ("testing",),               # scripted proposers and table models for tests
     ("",),                      # specdec_jax/__init__.py: the public `sd` namespace
@@ -204,12 +205,33 @@ def private_imports(root: pathlib.Path, public: set[str]) -> list[str]:
           for target in sorted(targets) if not is_public(target, public)]
 
 
-def test_the_lab_uses_only_the_public_api():
-  """The lab (packages/specdec-jax-lab) imports specdec_jax through `sd` and the public
-  modules of docs/api/index.md only: what it needs is what any user gets."""
+def private_attributes(root: pathlib.Path) -> list[str]:
+  """`x._name` where x is a name a file bound to a specdec_jax module or value by import
+  (`from specdec_jax.experimental import speculative_beam as sb`: `sb._draft`)."""
+  found = []
+  for path in sorted(root.rglob("*.py")):
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    ours = lambda name: name == "specdec_jax" or name.startswith("specdec_jax.")
+    bound = {a.asname or a.name.partition(".")[0] for node in ast.walk(tree)
+             if isinstance(node, ast.ImportFrom) and ours(node.module or "")
+             or isinstance(node, ast.Import) and any(ours(a.name) for a in node.names)
+             for a in node.names}
+    found += [f"{path.relative_to(root)}:{node.lineno} {node.value.id}.{node.attr}"
+              for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+              and isinstance(node.value, ast.Name) and node.value.id in bound
+              and node.attr.startswith("_") and not node.attr.startswith("__")]
+  return found
+
+
+@pytest.mark.parametrize("root", [LAB, LAB.parent / "scripts"], ids=["package", "scripts"])
+def test_the_lab_uses_only_the_public_api(root):
+  """The lab (packages/specdec-jax-lab: its package and its research scripts) imports
+  specdec_jax through `sd` and the public modules of docs/api/index.md only, and reads no
+  private name of them: what it needs is what any user gets."""
   public = public_modules()
   assert "specdec_jax" in public and "specdec_jax.errors" in public
-  assert private_imports(LAB, public) == []
+  assert private_imports(root, public) == []
+  assert private_attributes(root) == []
 
 
 def test_the_public_modules_exist():
@@ -227,6 +249,9 @@ def test_the_lab_check_sees_a_private_import(tmp_path):
   assert private_imports(tmp_path, public) == ["x.py imports specdec_jax.rounds.requests"]
   (tmp_path / "x.py").write_text("from specdec_jax.cli import prompts\n")
   assert private_imports(tmp_path, public) == []
+  (tmp_path / "x.py").write_text("from specdec_jax.experimental import speculative_beam as sb\n"
+                                 "import numpy as np\nf = sb._draft\ng = np._NoValue\n")
+  assert private_attributes(tmp_path) == ["x.py:3 sb._draft"]
 
 
 def test_every_lab_module_imports():

@@ -9,14 +9,14 @@ import pytest
 from flax import struct
 
 import specdec_jax as sd
-from specdec_jax import methods
+from specdec_jax import methods, testing
 from specdec_jax.cli import method_args
 from specdec_jax.rounds import engine
 
 pytestmark = pytest.mark.unit
 
 # The method values, and the settings values they hold or that go with them.
-DOCUMENTED = methods.METHODS + (sd.AdaptiveGamma, sd.Sampling, engine.RoundConfig)
+DOCUMENTED = testing.METHODS + (sd.AdaptiveGamma, sd.Sampling, engine.RoundConfig)
 
 
 def undocumented(cls) -> list[str]:

@@ -7,7 +7,7 @@
     specdec results --only theory         # python -m specdec_jax_lab.results
 
 Modules: `bench` (timing methods side by side), `sweep` (BiLD and blockwise grids),
-`results` (the tables under results/ and README's headline), `hf_compare` and
+`results` (the tables under the lab's results/ and README's headline), `hf_compare` and
 `t5x_bench` (against Hugging Face and T5X), `evaluation` (BLEU, quality), `training`,
 `data`, `demo` and `lm_demo` (the demo pairs' pipelines), `projection` (accelerator
 projections), `commands` (the `specdec` subcommands this distribution adds, through the

@@ -526,8 +526,8 @@ def write_results(workdir: str | pathlib.Path, out_dir: str | pathlib.Path,
          "output, up to its EOS (as Leviathan measure it), tokens per target call the "
          "engine's." if decoded else "")
       + "\n\n" + alpha_markdown(rows, meta)
-      + "\nRegenerate: `python -m specdec_jax_lab.lm_demo --workdir runs/lm-demo "
-        f"--results results/lm-demo{' --decoded' if decoded else ''}`\n")
+      + "\nRegenerate: `python -m specdec_jax_lab.lm_demo --workdir runs/lm-demo --results "
+        f"packages/specdec-jax-lab/results/lm-demo{' --decoded' if decoded else ''}`\n")
   (out_dir / "alpha.md").write_text(text)
   return out_dir / "alpha.md"
 

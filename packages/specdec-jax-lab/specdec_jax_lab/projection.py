@@ -1,6 +1,6 @@
 """Scale projection: measured step costs of large shapes + a measured alpha -> speedup per gamma.
 
-    python -m specdec_jax_lab.projection --out results/projection
+    python -m specdec_jax_lab.projection --out packages/specdec-jax-lab/results/projection
 
 A PROJECTION, not a measurement of speculative decoding at scale. Two things are measured
 and combined through `sd.theory`:
@@ -346,7 +346,7 @@ def _pair(text: str) -> tuple[str, str, str]:
 def main(argv: Sequence[str] | None = None) -> int:
   p = argparse.ArgumentParser(prog="python -m specdec_jax_lab.projection",
                               description=__doc__.split("\n")[0])
-  p.add_argument("--out", default="results/projection")
+  p.add_argument("--out", default="packages/specdec-jax-lab/results/projection")
   p.add_argument("--pair", type=_pair, action="append",
                  help="LABEL,TARGET,DRAFTER (repeatable; default: demo, t5_1_1 base and "
                       "large with t5_1_1_small)")

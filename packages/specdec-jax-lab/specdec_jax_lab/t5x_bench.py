@@ -31,9 +31,9 @@ Beam search (`beam=(K, alpha)`): T5X's side is ``t5x.decoding.beam_search`` as
 rows by ``flat_batch_beam_expand``, the empty cache of B rows expanded by the search
 itself), ours `sd.Beam`; every beam's tokens are compared (EOS off: no beam finishes,
 both return their live beams after `steps`). With a drafter, ours is exact speculative
-beam search (`sd.SpeculativeBeam(drafter, gamma=...)`, the same beams as `sd.Beam` on a
-width-invariant target such as the packed one `sd.load` gives on CPU) and each row also
-records its beam steps per target call.
+beam search (`experimental.SpeculativeBeam(drafter, gamma=...)`, the same beams as
+`sd.Beam` on a width-invariant target such as the packed one `sd.load` gives on CPU) and
+each row also records its beam steps per target call.
 
 Timing: both functions are compiled first (excluded), then `repeats` rounds
 alternate the two (`timing.time_rounds`); we report medians and the ratio
@@ -54,6 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import specdec_jax as sd
+from specdec_jax import experimental
 from specdec_jax.batching import cycled_rows, random_prompts
 from specdec_jax.cli.models import DTYPES
 from specdec_jax.config import T5Config
@@ -272,7 +273,7 @@ def run_t5x_compare(model: Model, t5x: types.SimpleNamespace,
   """Greedy ms/token of T5X (`t5x` from `load_t5x`) and `sd.generate` per batch size;
   with `beam` = (K, alpha), T5X's `beam_search` and `sd.Beam` instead (every beam's
   tokens compared, flattened to [B, K * steps]); with a `drafter` too,
-  `sd.SpeculativeBeam(drafter, gamma=gamma)` instead of `sd.Beam`.
+  `experimental.SpeculativeBeam(drafter, gamma=gamma)` instead of `sd.Beam`.
 
   Same weights, same prompts, one process, both in `dtype` (float32 or bfloat16;
   None: `model.config.dtype`). float32 fails if the greedy tokens differ; bfloat16
@@ -305,7 +306,8 @@ def run_t5x_compare(model: Model, t5x: types.SimpleNamespace,
     else:
       t5x_fn = t5x_beam_fn(t5x, module, b, steps, *beam)
       method = Run(sd.Beam(num_beams=beam[0], alpha=beam[1]) if drafter is None else
-                   sd.SpeculativeBeam(drafter, num_beams=beam[0], alpha=beam[1], gamma=gamma))
+                   experimental.SpeculativeBeam(drafter, num_beams=beam[0], alpha=beam[1],
+                                                gamma=gamma))
 
       def ours(enc=enc, method=method, b=b):
         last[b] = method.decode(model, enc, max_new_tokens=steps, eos_id=-1)
@@ -353,9 +355,9 @@ def summary(results: dict[str, Any]) -> str:
           f"activations, prompts of {results['prompt_len']} tokens, {results['steps']} new "
           f"tokens per row (EOS off), median of {results['repeats']} alternating rounds; "
           f"{tokens}." + ("" if spec is None else
-                          f" Ours: exact speculative beam search (sd.SpeculativeBeam), gamma "
-                          f"{spec['gamma']}, a drafter of {spec['drafter_params'] / 1e6:.1f}M "
-                          "params."))
+                          " Ours: exact speculative beam search "
+                          f"(experimental.SpeculativeBeam), gamma {spec['gamma']}, a "
+                          f"drafter of {spec['drafter_params'] / 1e6:.1f}M params."))
 
 
 def markdown(results: dict[str, Any]) -> str:

@@ -12,7 +12,7 @@ pairs naming any setting of the method value (`sd.BiLD`, `sd.Blockwise`, `sd.Bea
 typed by its default, checked by building it). The entry's label is the value's own
 `describe()`: its name and the settings that differ from their defaults, in their short
 names where they have one ("bild fb=0.5 rb=3", "blockwise k=2 p=2"). With a drafter, each
---beam spec is also timed as `sd.SpeculativeBeam` (the same settings, the drafter drafting
+--beam spec is also timed as `experimental.SpeculativeBeam` (the same settings, the drafter drafting
 gamma tokens per beam for each --gammas entry), its speedup taken over the `sd.Beam`
 entry ("speculative-beam K=4 alpha=0.6 gamma=3" against "beam K=4 alpha=0.6").
 """
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
+from specdec_jax import experimental
 from specdec_jax import methods as core
 from specdec_jax.errors import BenchError, InputError
 from specdec_jax.runs import Run
@@ -106,7 +107,7 @@ def extra_methods(specs: Mapping[type, Sequence[str]],
 
 def speculative_beam_specs(beam_texts: Sequence[str], gammas: Sequence[int]
                            ) -> tuple[list[str], dict[str, str]]:
-  """For each --beam spec and gamma, the spec of `sd.SpeculativeBeam` with the same
+  """For each --beam spec and gamma, the spec of `experimental.SpeculativeBeam` with the same
   settings (every `sd.Beam` setting is one of its own) drafting gamma tokens per beam; and
   {its entry's label: the label of the `sd.Beam` entry it is compared with}."""
   specs, references = [], {}
@@ -115,5 +116,5 @@ def speculative_beam_specs(beam_texts: Sequence[str], gammas: Sequence[int]
     for gamma in gammas:
       settings = {**given, "gamma": int(gamma)}
       specs.append(",".join(f"{k}={v}" for k, v in settings.items()))
-      references[label(core.SpeculativeBeam, settings)] = label(core.Beam, given)
+      references[label(experimental.SpeculativeBeam, settings)] = label(core.Beam, given)
   return specs, references

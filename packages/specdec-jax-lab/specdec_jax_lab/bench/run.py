@@ -16,6 +16,7 @@ import numpy as np
 
 import specdec_jax as sd
 from specdec_jax import costs as costs_lib
+from specdec_jax import experimental
 from specdec_jax.batching import cycled_rows, random_prompts
 from specdec_jax.cli.models import resolve_drafter
 from specdec_jax.cli.options import MODES, make_sampling
@@ -102,7 +103,7 @@ def measure_costs(target, drafter, batch: int, gammas: Iterable[int], timing: Co
 
 def measure_beam_costs(target, drafter, inputs, method, timing: CostTiming,
                        place_inputs=None) -> dict[str, Any]:
-  """The cost model's inputs of speculative beam search `method` (`sd.SpeculativeBeam`)
+  """The cost model's inputs of speculative beam search `method` (`experimental.SpeculativeBeam`)
   at the batch of `inputs` [B, L] (`theory.beam_walltime_improvement`):
   c = one drafter step / one target step over the B*K beams' rows (`sd.Beam`'s step),
   verify_cost = one target call over the B*M chains' rows of gamma + 1 tokens / that
@@ -316,7 +317,7 @@ class _Run:
         entry.update(reference=ref_label, reference_ms_per_token=ref["ms_per_token"],
                      reference_speedup=ref["ms_per_token"] / entry["ms_per_token"])
       method = self.method(entry.get("label"), sampling).method if entry.get("label") else None
-      if isinstance(method, sd.SpeculativeBeam) and "steps_per_target_call" in entry:
+      if isinstance(method, experimental.SpeculativeBeam) and "steps_per_target_call" in entry:
         entry.update(self.beam_prediction(batch, method, entry["steps_per_target_call"]))
     return new
 

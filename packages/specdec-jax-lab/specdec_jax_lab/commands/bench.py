@@ -10,6 +10,7 @@ import sys
 from typing import Any, Mapping
 
 import specdec_jax as sd
+from specdec_jax import experimental
 from specdec_jax.cli.mesh_args import add_mesh_flag, check_batch, load_target, mesh_from_flag
 from specdec_jax.cli.models import DRAFTER_KINDS, DTYPES, load_model, note
 from specdec_jax.cli.options import (
@@ -66,7 +67,7 @@ class BenchRun:
     resume: keep the entries of an existing bench.json made with the same settings.
     bild, heads_lattice, beam: --bild, --heads-lattice and --beam specs
       (`bench.method_specs.extra_methods`; with a drafter --beam times
-      `sd.SpeculativeBeam` too, `speculative_beam_specs`).
+      `experimental.SpeculativeBeam` too, `speculative_beam_specs`).
     heads: prediction heads to time blockwise decoding with.
     preset: the --preset name, for the report.
     command: the command line, for the report.
@@ -180,10 +181,10 @@ def _extras(run: BenchRun, target, drafter, mesh) -> tuple[dict[str, Any], dict[
       run.beam, run.measured.gammas if drafter is not None else ())
   # with heads: blockwise decoding plain ("": the defaults) and per --heads-lattice spec
   specs = {sd.BiLD: list(run.bild), sd.Blockwise: [""] + list(run.heads_lattice) if heads else [],
-           sd.Beam: list(run.beam), sd.SpeculativeBeam: beams}
+           sd.Beam: list(run.beam), experimental.SpeculativeBeam: beams}
   extras = extra_methods(specs, models={sd.BiLD: (drafter, run.drafter),
                                         sd.Blockwise: (heads, run.heads),
-                                        sd.SpeculativeBeam: (drafter, run.drafter)})
+                                        experimental.SpeculativeBeam: (drafter, run.drafter)})
   return extras, references
 
 
@@ -286,7 +287,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                  help="also time T5X's beam search with K beams and brevity penalty ALPHA "
                  "(repeatable; greedy modes only), e.g. --beam 4:0.6, or any sd.Beam "
                  "settings as field=value pairs: num_beams=4,alpha=0.6; with a drafter, "
-                 "also exact speculative beam search (sd.SpeculativeBeam) at each of "
+                 "also exact speculative beam search (experimental.SpeculativeBeam) at each of "
                  "--gammas, its speedup over sd.Beam reported")
   p.add_argument("--compile-workers", type=int, metavar="N",
                  help="concurrent warm-up (compile) calls before timing; default: up to 4 on "

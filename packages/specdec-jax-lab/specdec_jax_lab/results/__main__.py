@@ -1,4 +1,5 @@
-"""Rebuild every table under results/ (the ones README and the docs embed).
+"""Rebuild every table under the lab's results/ (packages/specdec-jax-lab/results: the ones
+README and the docs embed), from the repository root.
 
     python -m specdec_jax_lab.results                          # all tables
     python -m specdec_jax_lab.results --only theory,kernels    # those that need no training
@@ -35,6 +36,8 @@ from specdec_jax.cli.options import int_list
 from specdec_jax.errors import SpecdecError
 
 TABLES = ("theory", "kernels", "demo")
+#: The lab's committed tables, from the repository root (docs/hooks/results.py reads them).
+RESULTS_DIR = "packages/specdec-jax-lab/results"
 
 
 def _names(choices):
@@ -55,7 +58,7 @@ def parser() -> argparse.ArgumentParser:
                               epilog=__doc__.split("\n\n", 1)[1])
   p.add_argument("--only", type=_names(TABLES), default=list(TABLES),
                  metavar=",".join(TABLES), help="rebuild only these tables")
-  p.add_argument("--results-dir", default="results", help="where the tables go")
+  p.add_argument("--results-dir", default=RESULTS_DIR, help="where the tables go")
   p.add_argument("--readme", default="README.md", help="the README whose headline it rebuilds")
   p.add_argument("--no-readme", action="store_true", help="leave the README alone")
   g = p.add_argument_group("kernels")

@@ -1,7 +1,8 @@
 """The CPU-kernel tables: what a k-token decode call costs, and what exact greedy decoding costs.
 
     python -m specdec_jax_lab.results --only kernels
-    # -> results/cpu_kernels/kernels.json, verify_cost.md, exactness_cost.md
+    # -> packages/specdec-jax-lab/results/cpu_kernels/: kernels.json, verify_cost.md,
+    #    exactness_cost.md
 
 Each half of the table runs in its own process, one with the CPU decode kernels
 (`SPECDEC_CPU_KERNELS=1`) and one without (`SPECDEC_CPU_KERNELS=0`: XLA's own products, the

@@ -1,8 +1,9 @@
-"""Time `sd.Beam` against `sd.SpeculativeBeam` draft shapes on the demo pair (CPU, one
-process), and the parts of a round.
+"""Time `sd.Beam` against `experimental.SpeculativeBeam` draft shapes on the demo pair (CPU,
+one process), and the parts of a round.
 
-    PYTHONPATH=. python scripts/bench_speculative_beam.py [--sentences 8] [--repeats 3] \
-        [--gamma 1,2,3] [--chains 4,8,12] [--width 8] [--out results/speculative_beam]
+    python packages/specdec-jax-lab/scripts/bench_speculative_beam.py [--sentences 8] \
+        [--repeats 3] [--gamma 1,2,3] [--chains 4,8,12] [--width 8] \
+        [--out packages/specdec-jax-lab/results/speculative_beam]
 
 The demo target verifies, the demo drafter drafts (bf16, the packed kernels `sd.load`
 picks); held-out German sentences (tests/data/demo_test_pairs.jsonl) at batch 1 (one at
@@ -10,9 +11,10 @@ a time) and batch 8; beam 4, alpha 0.6; every (gamma, width, chains) of the list
 ms per best-beam token, the speedup, the beam steps per target call, whether every beam
 equals `sd.Beam`'s (it must), and the parts of a round timed alone (jitted apart, at the
 middle of the run): the verify call at its width (B*M rows of gamma + 1 tokens, the
-caches gathered to the chains) over one `sd.Beam` step, and the drafter's tree
-(`speculative_beam._draft`) as a share of a round. With --out, writes them to
-OUT/cpu_speed.json and OUT/cpu_speed.md with the command.
+caches gathered to the chains: the `verify` phase) over one `sd.Beam` step (its run's
+time over its steps; the committed cpu_speed.md timed the step alone, by a private
+function), and the drafter's tree (the `draft` phase) as a share of a round. With --out,
+writes them to OUT/cpu_speed.json and OUT/cpu_speed.md with the command.
 """
 
 from __future__ import annotations
@@ -30,13 +32,12 @@ import jax.numpy as jnp
 import numpy as np
 
 import specdec_jax as sd
+from specdec_jax import experimental
 from specdec_jax.drafters import as_drafter
-from specdec_jax.methods import beam as beam_lib
-from specdec_jax.methods import speculative_beam as sb
-from specdec_jax.rounds import engine
+from specdec_jax.experimental import speculative_beam as sb
 from specdec_jax.runtime.report import atomic_write, machine_info, utc_now, write_json
 
-PAIRS = pathlib.Path(__file__).resolve().parent.parent / "tests" / "data" / \
+PAIRS = pathlib.Path(__file__).resolve().parents[3] / "tests" / "data" / \
     "demo_test_pairs.jsonl"
 K, ALPHA = 4, 0.6
 
@@ -59,45 +60,26 @@ def ints(text: str) -> list[int]:
   return [int(x) for x in text.split(",") if x]
 
 
-def parts(target, drafter, enc, gamma: int, width: int, chains: int, t: int,
-          repeats: int) -> dict[str, float]:
-  """ms of one `sd.Beam` step, of the verify call (with its cache gathers) and of the
-  drafted tree, each jitted alone, for enc [B, Le] at step t."""
-  batch, steps = enc.shape[0], 2 * t
+def parts(target, drafter, enc, method, t: int, repeats: int) -> dict[str, float]:
+  """ms of the verify call (with its cache gathers) and of the drafted tree, each jitted
+  alone (`experimental.speculative_beam`'s `verify` and `draft` phases), for enc [B, Le]
+  at step t of random beams."""
+  batch = enc.shape[0]
   drafter = as_drafter(drafter, target)
-  repeat = lambda tree: jax.tree_util.tree_map(lambda x: jnp.repeat(x, K, axis=0), tree)
+  search = method.search(2 * t).resolve(target, enc.shape[1])
+  init = jax.jit(sb.init, static_argnums=4)
+  state, context = init(target, drafter, enc, None, search)
   lengths = jnp.full((batch * K,), t, jnp.int32)
-  cache = repeat(target.start(enc, engine.RoundConfig(steps, 0).capacity)).with_length(lengths)
-  dstate = repeat(drafter.init(enc, engine.RoundConfig(steps, gamma).capacity))
-  dstate = dstate.with_length(lengths)
-  seqs = jax.random.randint(jax.random.key(0), (batch * K, steps + 1), 2,
+  seqs = jax.random.randint(jax.random.key(0), (batch, K, 2 * t + 1), 2,
                             target.config.vocab_size)
-  config = beam_lib.SearchConfig(num_beams=K, alpha=ALPHA, eos_id=1, max_decode_len=steps + 1)
-  state = beam_lib.init_state(seqs.reshape(batch, K, -1), cache, K).replace(
-      cur_index=jnp.array(t, jnp.int32))
-  root = jnp.tile(jnp.arange(chains, dtype=jnp.int32) % K, (batch, 1))
-  tokens = seqs[jnp.arange(batch * chains) % (batch * K), :gamma + 1]
-
-  @jax.jit
-  def beam_step(st):
-    token = jax.lax.dynamic_slice_in_dim(st.live_seqs, st.cur_index, 1, axis=2)
-    logits, c = target.decode(token.reshape(batch * K, 1), st.cache)
-    return beam_lib.step(st, logits[:, 0], c, config, beam_lib.gather_cache)
-
-  @jax.jit
-  def verify(c, root, tokens):
-    return target.decode(tokens, jax.tree_util.tree_map(lambda x: sb._blocks(x, root), c))
-
-  @jax.jit
-  def draft(d, seqs):
-    return sb._draft(drafter, d, seqs, lengths, jnp.zeros((batch, K), jnp.float32),
-                     jnp.zeros((batch, K), bool),
-                     jnp.zeros((batch, K, target.config.vocab_size), jnp.float32),
-                     gamma, width, chains, 1)
-
-  return {"beam_step_ms": 1e3 * timed(lambda: beam_step(state), repeats)[1],
-          "verify_ms": 1e3 * timed(lambda: verify(cache, root, tokens), repeats)[1],
-          "draft_ms": 1e3 * timed(lambda: draft(dstate, seqs), repeats)[1]}
+  beams = state.beam.replace(live_seqs=seqs, cur_index=jnp.full((batch,), t, jnp.int32),
+                             cache=state.beam.cache.with_length(lengths))
+  state = state.replace(beam=beams, drafter=state.drafter.with_length(lengths))
+  draft = jax.jit(lambda s: sb.draft(drafter, s, search))
+  verify = jax.jit(lambda s, tree: sb.verify(target, s, tree, context, search))
+  tree = draft(state)
+  return {"verify_ms": 1e3 * timed(lambda: verify(state, tree), repeats)[1],
+          "draft_ms": 1e3 * timed(lambda: draft(state), repeats)[1]}
 
 
 def main() -> None:
@@ -130,10 +112,11 @@ def main() -> None:
       refs.append(ref)
       tokens += int(np.asarray(ref.lengths).sum())
       t_beam += a
+    beam_steps = sum(int(ref.stats["rounds"]) for ref in refs)     # one call a step
     print(f"{name}: sd.Beam {1e3 * t_beam / tokens:.2f} ms/token", flush=True)
     for gamma, width, chains in shapes:
-      spec = sd.SpeculativeBeam(drafter, num_beams=K, alpha=ALPHA, gamma=gamma, width=width,
-                                chains=chains)
+      spec = experimental.SpeculativeBeam(drafter, num_beams=K, alpha=ALPHA, gamma=gamma,
+                                          width=width, chains=chains)
       t_spec, steps, calls, same = 0.0, 0, 0, True
       for chunk, ref in zip(chunks, refs, strict=True):
         out, b = timed(lambda p=chunk, m=spec: sd.decode(target, m, p, args.max_new_tokens),
@@ -141,8 +124,9 @@ def main() -> None:
         same &= bool(np.array_equal(out.beams, ref.beams))
         t_spec += b
         steps, calls = steps + out.stats["steps"], calls + out.stats["rounds"]
-      part = parts(target, drafter, chunks[0], gamma, width, chains,
-                   args.max_new_tokens // 2, max(args.repeats, 3))
+      part = parts(target, drafter, chunks[0], spec, args.max_new_tokens // 2,
+                   max(args.repeats, 3))
+      part["beam_step_ms"] = 1e3 * t_beam / beam_steps
       round_ms = 1e3 * t_spec / calls
       rows.append({"batch": name, "gamma": gamma, "width": width, "chains": chains,
                    "tokens": tokens, "beam_ms_per_token": 1e3 * t_beam / tokens,
@@ -166,7 +150,8 @@ def main() -> None:
 def write(args, target, rows) -> None:
   """OUT/cpu_speed.json and OUT/cpu_speed.md: the rows, the settings and the command."""
   load = os.getloadavg() if hasattr(os, "getloadavg") else None
-  res = {"created": utc_now(), "command": "PYTHONPATH=. python scripts/bench_speculative_beam.py "
+  res = {"created": utc_now(),
+         "command": "python packages/specdec-jax-lab/scripts/bench_speculative_beam.py "
          + " ".join(sys.argv[1:]), "machine": machine_info(), "load_average": load,
          "target_width_invariant": bool(target.width_invariant_decode),
          "settings": {"pair": "demo-de-en (bfloat16)", "num_beams": K, "alpha": ALPHA,

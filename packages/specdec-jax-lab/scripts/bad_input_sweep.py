@@ -1,6 +1,7 @@
 """Sweep of bad inputs (issue 31): each must end in a clear error, never a raw exception.
 
-    python scripts/bad_input_sweep.py --out results/bad-inputs [--surface python|cli] [-k NAME]
+    python packages/specdec-jax-lab/scripts/bad_input_sweep.py \
+        --out packages/specdec-jax-lab/results/bad-inputs [--surface python|cli] [-k NAME]
 
 A table of small cases, each a name, a surface and a call:
 
@@ -43,7 +44,7 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")      # a Hub id fails at once, no network wait
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[3]      # the repository (configs/, tests/data)
 PAIRS = ROOT / "tests" / "data" / "demo_test_pairs.jsonl"
 T5 = "config:t5_1_1_tiny"
 T5_DRAFTER = "config:t5_1_1_tiny_drafter"
@@ -900,7 +901,8 @@ def markdown(results: list[Result], seconds: float) -> str:
   surfaces = ("python", "cli")
   outcomes = ("clean", "handled", "unclean")
   lines = ["# Bad-input sweep", "",
-           "`python scripts/bad_input_sweep.py --out results/bad-inputs` (issue 31): each case "
+           "`python packages/specdec-jax-lab/scripts/bad_input_sweep.py --out "
+           "packages/specdec-jax-lab/results/bad-inputs` (issue 31): each case "
            "is a bad input; clean = a `SpecdecError` with a message (python) or exit 1/2 with "
            "one `specdec <cmd>: error: ...` line and no traceback (cli); handled = a documented "
            "non-error outcome; unclean = anything else.", "",

@@ -1,12 +1,13 @@
 """Project exact speculative beam search's speedup over `sd.Beam` for T5-XXL / T5-small shapes.
 
-    PYTHONPATH=. python scripts/project_speculative_beam.py --out results/speculative_beam
+    python packages/specdec-jax-lab/scripts/project_speculative_beam.py \
+        --out packages/specdec-jax-lab/results/speculative_beam
 
 A PROJECTION from the cost model, not a measurement on an accelerator. One quantity is
 measured here, on this machine, and the others are inputs recorded on a device:
 
 - s, beam steps per target call (`out.stats["steps_per_target_call"]`, merged over the
-  sentences: total steps / total rounds), of `sd.SpeculativeBeam` on the bundled demo pair
+  sentences: total steps / total rounds), of `experimental.SpeculativeBeam` on the bundled demo pair
   (`demo-de-en/target` verifying, `demo-de-en/drafter` drafting, bfloat16; trained
   weights), held-out sentences of tests/data/demo_test_pairs.jsonl, beam 4 / alpha 0.6, at
   batch 1 and 8, for each gamma and chain count M. s depends on how often the drafter's
@@ -59,11 +60,12 @@ import jax.numpy as jnp
 import numpy as np
 
 import specdec_jax as sd
-from specdec_jax import theory
+from specdec_jax import experimental, theory
 from specdec_jax.rounds.stats import merge_outputs
 from specdec_jax.runtime.report import atomic_write, machine_info, utc_now, write_json
 
-PAIRS = pathlib.Path(__file__).resolve().parent.parent / "tests" / "data" / \
+LAB = pathlib.Path(__file__).resolve().parents[1]
+PAIRS = LAB.parents[1] / "tests" / "data" / \
     "demo_test_pairs.jsonl"
 K, ALPHA = 4, 0.6
 #: Recorded on one NVIDIA H200 (jax 0.11.2, XLA's ops, T5-XXL / T5-small shapes, bfloat16,
@@ -91,8 +93,8 @@ def verify_cost(n0: float, batch: int, chains: int, gamma: int) -> float:
 def steps_per_call(target, drafter, enc, batch: int, gamma: int, chains: int | None,
                    max_new_tokens: int, width: int | None = None) -> dict:
   """s merged over the sentences (batches of `batch`), and the beams checked."""
-  method = sd.SpeculativeBeam(drafter, num_beams=K, alpha=ALPHA, gamma=gamma, chains=chains,
-                              width=width)
+  method = experimental.SpeculativeBeam(drafter, num_beams=K, alpha=ALPHA, gamma=gamma,
+                                        chains=chains, width=width)
   outs, same = [], True
   for i in range(0, len(enc), batch):
     part = enc[i:i + batch]
@@ -206,7 +208,7 @@ def main() -> int:
   parser.add_argument("--noised-target", metavar="SIGMAS", default="",
                       help="also proxies: the target with this much noise on its weights, "
                       "e.g. 0.15,0.3 (see the docstring)")
-  parser.add_argument("--out", default="results/speculative_beam")
+  parser.add_argument("--out", default=str(LAB / "results" / "speculative_beam"))
   args = parser.parse_args()
   measured = {} if args.costs is None else bench_costs(args.costs)
   target = sd.load("demo-de-en/target", dtype="bfloat16")
@@ -226,7 +228,7 @@ def main() -> int:
   fit = {b: (1 + b * H200["padded_tokens"] / n0) / (1 + b / n0)
          for b in H200["padded_call_ratio"]}
   res = {"created": utc_now(), "kind": "projection (cost model), not a measurement",
-         "command": "PYTHONPATH=. python scripts/project_speculative_beam.py "
+         "command": "python packages/specdec-jax-lab/scripts/project_speculative_beam.py "
                     + " ".join(sys.argv[1:]),
          "machine": machine_info(), "inputs": H200, "n0": n0, "fit_check": fit,
          "costs": args.costs, "num_beams": K, "alpha": ALPHA, "sentences": len(lines),

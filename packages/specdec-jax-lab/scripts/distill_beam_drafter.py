@@ -1,6 +1,6 @@
 """Distil the bundled demo drafter on the target's softmax, for exact speculative beam search.
 
-    PYTHONPATH=$PWD:$PWD/packages/specdec-jax-lab python scripts/distill_beam_drafter.py \
+    python packages/specdec-jax-lab/scripts/distill_beam_drafter.py \
         --workdir runs/beam-drafter STAGE [STAGE ...]
 
 Stages (each writes under --workdir and reads what the earlier ones wrote):
@@ -23,20 +23,21 @@ Stages (each writes under --workdir and reads what the earlier ones wrote):
   measure  on the 8 first pairs of tests/data/demo_test_pairs.jsonl, bundled target in
            bfloat16, for `demo-de-en/drafter` and WORKDIR/drafter (both bfloat16): greedy
            agreement alpha (`sd.Speculative(drafter, gamma=1)`'s acceptance_rate, batch 1,
-           32 new tokens) and s, beam steps per target call, of `sd.SpeculativeBeam` (beam 4 /
-           alpha 0.6, 32 new tokens, batch 1, first level width 16) at gamma 1 with M = 12
-           and 16 chains and gamma 2 with M = 16 (beams checked equal to `sd.Beam`'s), and
-           each drafter's own greedy output on 3 sentences: WORKDIR/measure.json.
+           32 new tokens) and s, beam steps per target call, of
+           `experimental.SpeculativeBeam` (beam 4 / alpha 0.6, 32 new tokens, batch 1, first
+           level width 16) at gamma 1 with M = 12 and 16 chains and gamma 2 with M = 16
+           (beams checked equal to `sd.Beam`'s), and each drafter's own greedy output on 3
+           sentences: WORKDIR/measure.json.
 
 The recorded run (2026-11-28, 2 CPU cores shared with other jobs, jax 0.10.2), the defaults:
 
-    P="PYTHONPATH=$PWD:$PWD/packages/specdec-jax-lab python"
-    $P scripts/distill_beam_drafter.py data teacher      # 103,601 inputs; greedy for 24,000
+    P="python packages/specdec-jax-lab"
+    $P/scripts/distill_beam_drafter.py data teacher      # 103,601 inputs; greedy for 24,000
                                                          # (295 s), 4 beams for 8,000 (161 s):
                                                          # 51,628 distinct pairs
-    $P scripts/distill_beam_drafter.py train save measure --steps 4000   # 1447 s
-    $P scripts/distill_beam_drafter.py train save measure                # on to 8000: 1556 s
-    $P scripts/distill_beam_drafter.py measure --sentences 64
+    $P/scripts/distill_beam_drafter.py train save measure --steps 4000   # 1447 s
+    $P/scripts/distill_beam_drafter.py train save measure                # on to 8000: 1556 s
+    $P/scripts/distill_beam_drafter.py measure --sentences 64
 
 (the second leg resumes the first's checkpoint; one run of 8000 steps trains the same).
 Loss (soft cross-entropy, the target's entropy included; mean of the last 10 logged
@@ -63,9 +64,9 @@ More capacity (2026-11-28): a new drafter of 3.2M parameters, random weights, th
       "mlp_dim": 512, "num_encoder_layers": 2, "num_decoder_layers": 2,
       "mlp_activations": ["gelu", "linear"], "logits_via_embedding": false,
       "dropout_rate": 0.0}' > big.json
-    $P scripts/distill_beam_drafter.py train save measure --drafter-config big.json \
+    $P/scripts/distill_beam_drafter.py train save measure --drafter-config big.json \
         --steps 6000 --learning-rate 0.01 --decay-start 1000       # 3971 s, loss 3.17
-    $P scripts/distill_beam_drafter.py measure --sentences 64
+    $P/scripts/distill_beam_drafter.py measure --sentences 64
 
     3.2M from scratch           8          0.574   1.662      1.730      1.803
     3.2M from scratch           64         0.698   1.634      1.678      1.765
@@ -85,7 +86,8 @@ import numpy as np
 
 import specdec_jax as sd
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+SCRIPTS = pathlib.Path(__file__).resolve().parent
+REPO = SCRIPTS.parents[2]                 # the repository (configs/, tests/data)
 PAIRS = REPO / "tests" / "data" / "demo_test_pairs.jsonl"
 RECIPE = REPO / "configs" / "demo" / "train.json"
 MAX_LEN = json.loads(RECIPE.read_text())["data"]["max_len"]   # the inputs' and outputs' tokens
@@ -197,7 +199,7 @@ def save_drafter(workdir: pathlib.Path) -> None:
 
 
 def measure(workdir: pathlib.Path, sentences: int, max_new_tokens: int, width: int) -> None:
-  sys.path.insert(0, str(REPO / "scripts"))
+  sys.path.insert(0, str(SCRIPTS))
   from project_speculative_beam import greedy_agreement, steps_per_call
   target = sd.load("demo-de-en/target", dtype="bfloat16")
   tok = sd.load_tokenizer("demo-de-en")
