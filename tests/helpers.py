@@ -17,11 +17,10 @@ import specdec_jax as sd
 
 FIXTURE_DIR = pathlib.Path(__file__).parent / "fixtures" / "t5x_tiny_v1_1"
 REPO_DIR = pathlib.Path(__file__).resolve().parent.parent
-#: Held-out pairs ({"de": ..., "en": ...}) of the demo's test split (never trained on), and
-#: the German sides of the first 8 (sentences).
-DEMO_PAIRS = [json.loads(line) for line in
-              (pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl")
-              .read_text().splitlines()]
+#: Held-out pairs ({"de": ..., "en": ...}) of the demo's test split (never trained on): the
+#: JSONL file, its pairs, and the German sides of the first 8 (sentences).
+DEMO_PAIRS_FILE = pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl"
+DEMO_PAIRS = [json.loads(line) for line in DEMO_PAIRS_FILE.read_text().splitlines()]
 DEMO_SENTENCES = [p["de"] for p in DEMO_PAIRS[:8]]
 
 #: Prefix of a command that a test interrupts: `[*WITH_DEFAULT_SIGINT, "-m", ...]` runs
