@@ -3,9 +3,7 @@ the same run's measured quantities, and no verify cost below 1.0 shown as a meas
 (in `specdec decode --compare`; the lab's results tables: its tests/test_results.py).
 Model-free: seconds."""
 
-import time
-
-from specdec_jax import costs
+from specdec_jax import costs, timing
 from specdec_jax.cli.decode_report import compare_block
 
 
@@ -46,25 +44,41 @@ def test_a_verify_cost_below_one_is_shown_as_noise():
   assert costs.predictions(0.6, 2, 0.05, 0.9, 1.2)["verify_cost"] == 0.9   # stored as measured
 
 
-class _FakeTimer:
-  """A step timer whose loop sleeps `seconds` (steps per loop: `steps`)."""
+class _Clock:
+  """`timing`'s clock: `perf_counter()` reads the seconds the fake timers have run."""
 
-  def __init__(self, seconds, steps=1):
-    self.seconds, self.steps, self.compiled = seconds, steps, False
+  def __init__(self):
+    self.now = 0.0
+
+  def perf_counter(self) -> float:
+    return self.now
+
+
+class _FakeTimer:
+  """A step timer whose n-th loop takes `seconds[n]` on `clock` (steps per loop: `steps`)."""
+
+  def __init__(self, clock, seconds, steps=1):
+    self.clock, self.seconds, self.steps, self.compiled = clock, list(seconds), steps, False
 
   def compile(self):
     self.compiled = True
     return self
 
   def _run(self):
-    time.sleep(self.seconds)
+    self.clock.now += self.seconds.pop(0)
 
 
-def test_relative_costs_are_medians_of_per_round_ratios():
-  timers = {("target", 1): _FakeTimer(0.02), ("target", 3): _FakeTimer(0.04),
-            ("drafter", "d"): _FakeTimer(0.02, steps=4)}
+def test_relative_costs_are_medians_of_per_round_ratios(monkeypatch):
+  """Round 2 runs everything 9x slower (a drift: each ratio keeps), round 1 slows the
+  3-wide call alone (a spike: one ratio of three). The median of the per-round ratios is
+  2 exactly; the ratio of the medians would be 18, their mean 22/3. On a fake clock: the
+  figures are exact whatever the machine's load."""
+  clock = _Clock()
+  monkeypatch.setattr(timing, "time", clock)
+  timers = {("target", 1): _FakeTimer(clock, [1.0, 1.0, 9.0]),
+            ("target", 3): _FakeTimer(clock, [2.0, 18.0, 18.0]),
+            ("drafter", "d"): _FakeTimer(clock, [0.5, 0.5, 4.5], steps=4)}
   ratio = costs.relative_costs(timers, repeats=3)
   assert all(t.compiled for t in timers.values())
-  assert ratio[("target", 1)] == 1.0
-  assert 1.4 < ratio[("target", 3)] < 2.6          # 2x, give or take the machine's noise
-  assert 0.15 < ratio[("drafter", "d")] < 0.4       # per step: a quarter of a loop
+  assert all(t.seconds == [] for t in timers.values())    # each timed once a round
+  assert ratio == {("target", 1): 1.0, ("target", 3): 2.0, ("drafter", "d"): 0.125}
