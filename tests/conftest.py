@@ -1,6 +1,6 @@
 """The library's test set-up: its settings (suite_settings.py: the persistent compilation
 cache and XLA's compile-speed flags, shared with the lab's tests), the order the xdist
-workers take files in, and the session fixtures of the T5X-written tiny model.
+workers take files in, and the session fixtures of the T5X-written tiny model (helpers.py).
 
 Tiers: `pytest tests/unit` (marker `unit`) is the model-free tier: acceptance rules, buffer,
 counters, theory, settings and the engine on table models (`specdec_jax.testing`), in seconds;
@@ -11,16 +11,11 @@ subprocess), and the fast tier keeps a cheaper test of the same feature.
 """
 
 import collections
-import json
 
-import numpy as np
 import pytest
 import suite_settings
-from flax import traverse_util
-from helpers import FIXTURE_DIR
+from helpers import t5x_model, t5x_reference  # noqa: F401 (session fixtures)
 from suite_settings import release_compiled_programs  # noqa: F401 (autouse, per module)
-
-import specdec_jax as sd
 
 suite_settings.configure()    # before any test compiles
 
@@ -52,18 +47,3 @@ def pytest_collection_modifyitems(items):
   count = collections.Counter(str(item.path) for item in items)
   items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), -count[str(item.path)],
                                str(item.path)))
-
-
-@pytest.fixture(scope="session")
-def t5x_reference():
-  """reference.npz written by the real T5X code (see fixtures/t5x_tiny_v1_1/README.md)."""
-  return dict(np.load(FIXTURE_DIR / "reference.npz"))
-
-
-@pytest.fixture(scope="session")
-def t5x_model(t5x_reference):
-  """The fixture's params wrapped as our Model (independent of the checkpoint loaders)."""
-  params = traverse_util.unflatten_dict(
-      {tuple(k.split("/")): v for k, v in t5x_reference.items() if "/" in k})
-  config = sd.T5Config.from_dict(json.loads((FIXTURE_DIR / "config.json").read_text()))
-  return sd.Model(config=config, params=params)
