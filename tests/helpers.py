@@ -1,7 +1,8 @@
 """Helpers the test modules share: paths, the demo's held-out pairs, random inputs, and
 the builders of the decoding tests' models and fixtures (`model_fixtures`,
-`workload_fixtures`). Test modules import them from here (`from helpers import ...`);
-conftest.py keeps pytest's own set-up (the compilation cache, session fixtures).
+`workload_fixtures`), the T5X-written tiny model's session fixtures. Test modules import
+them from here (`from helpers import ...`), the library's and the lab's tests alike; the
+session fixtures are registered by importing them into a conftest.py.
 """
 
 import json
@@ -12,16 +13,16 @@ import sys
 import jax
 import numpy as np
 import pytest
+from flax import traverse_util
 
 import specdec_jax as sd
 
 FIXTURE_DIR = pathlib.Path(__file__).parent / "fixtures" / "t5x_tiny_v1_1"
 REPO_DIR = pathlib.Path(__file__).resolve().parent.parent
-#: Held-out pairs ({"de": ..., "en": ...}) of the demo's test split (never trained on), and
-#: the German sides of the first 8 (sentences).
-DEMO_PAIRS = [json.loads(line) for line in
-              (pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl")
-              .read_text().splitlines()]
+#: Held-out pairs ({"de": ..., "en": ...}) of the demo's test split (never trained on): the
+#: JSONL file, its pairs, and the German sides of the first 8 (sentences).
+DEMO_PAIRS_FILE = pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl"
+DEMO_PAIRS = [json.loads(line) for line in DEMO_PAIRS_FILE.read_text().splitlines()]
 DEMO_SENTENCES = [p["de"] for p in DEMO_PAIRS[:8]]
 
 #: Prefix of a command that a test interrupts: `[*WITH_DEFAULT_SIGINT, "-m", ...]` runs
@@ -133,3 +134,22 @@ def workload_fixtures(max_new: int, target: str = "target", enc: str = "inputs",
     return out
 
   return model_fixtures(6.0, 3.0, target) + (enc_fixture, baseline_fixture)
+
+
+# ----------------------------------------------------------------------------- session fixtures
+# The T5X-written tiny model: conftest.py imports these (and the lab's conftest.py).
+
+
+@pytest.fixture(scope="session")
+def t5x_reference():
+  """reference.npz written by the real T5X code (see fixtures/t5x_tiny_v1_1/README.md)."""
+  return dict(np.load(FIXTURE_DIR / "reference.npz"))
+
+
+@pytest.fixture(scope="session")
+def t5x_model(t5x_reference):
+  """The fixture's params wrapped as our Model (independent of the checkpoint loaders)."""
+  params = traverse_util.unflatten_dict(
+      {tuple(k.split("/")): v for k, v in t5x_reference.items() if "/" in k})
+  config = sd.T5Config.from_dict(json.loads((FIXTURE_DIR / "config.json").read_text()))
+  return sd.Model(config=config, params=params)

@@ -9,10 +9,11 @@ keeping another model's tokenizer, an unknown `eval --split`, a T5 prompt withou
 Raw before: a non-UTF-8 .jsonl, a tokenizer or a string as `sd.decode`'s target, a string
 as `sd.shard`'s mesh, a lone surrogate in a text to encode, "pass --force" said to a
 `--force` call, a bad `bench --out` found after the work, the offline Hub's traceback.
+The cases of the lab's commands (eval, bench, sweep-bild) are the lab's tests
+(packages/specdec-jax-lab/tests/test_lab_bad_inputs.py).
 """
 
 import json
-import pathlib
 import shutil
 import traceback
 
@@ -23,12 +24,7 @@ import specdec_jax as sd
 from specdec_jax import cli, package_data
 from specdec_jax.io.tokenizer import TOKENIZER_FILES, check_tokenizer
 from specdec_jax.rounds import engine
-from specdec_jax_lab import evaluation
-from specdec_jax_lab.commands import bench as bench_cli
-from specdec_jax_lab.commands import evaluate as evaluate_cli
-from specdec_jax_lab.data import prepare
 
-PAIRS = pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl"
 LONG_TEXT = " ".join(["the cat sat on the mat"] * 27)    # 160 tokens and BOS
 
 
@@ -125,13 +121,11 @@ def test_cli_budget_is_fitted_to_the_lm_positions(capsys, lm_tok):
 
 
 def test_lm_tokenizer_on_the_t5_pair_is_refused(capsys, lm_tok):
-  """The LM's tokenizer on the De->En T5 model: was garbage output (decode) and BLEU 1.68
-  (eval), exit 0. Sizes differ (4096 vs 8000); with equal sizes, its special ids differ."""
+  """The LM's tokenizer on the De->En T5 model: was garbage output (decode), exit 0 (and
+  BLEU 1.68 in `eval`: the lab's tests/test_lab_bad_inputs.py). Sizes differ (4096 vs
+  8000); with equal sizes, its special ids differ."""
   line = failed(capsys, "decode", "--model", "demo-de-en/target", "--tokenizer", "demo-en-lm",
                 "Guten Morgen.")
-  assert "has 4096 ids but the model's vocabulary is 8000" in line
-  line = failed(capsys, "eval", "--model", "demo-de-en/target", "--data", PAIRS,
-                "--tokenizer", "demo-en-lm", "--limit", "2")
   assert "has 4096 ids but the model's vocabulary is 8000" in line
   same_size = sd.get_config("t5_1_1_tiny", vocab_size=lm_tok.vocab_size)
   with pytest.raises(sd.TokenizerError, match="eos_id 2, the T5 model 1"):
@@ -204,48 +198,6 @@ def test_save_over_another_model_drops_its_tokenizer(t5, tmp_path):
   sd.save(d, sd.init_model(sd.get_config("llama_tiny"), 0))
   assert not (d / "spiece.model").exists()
   assert sd.load(str(d)).is_decoder_only
-
-
-def test_output_dir_is_checked_before_the_work(capsys, tmp_path, monkeypatch):
-  """A bad `bench --out` (and `sweep-bild --out`) fails before any model is loaded (it was
-  found after 55 s of benchmarking)."""
-  def loaded(*args, **kwargs):
-    raise AssertionError("a model was loaded before --out was checked")
-  monkeypatch.setattr(bench_cli, "load_target", loaded)
-  (tmp_path / "file").write_text("x")
-  line = failed(capsys, "bench", "--target", "config:t5_1_1_tiny", "--baseline-only",
-                "--out", tmp_path / "file" / "bench")
-  assert "--out" in line and "is a file, not a directory" in line
-  line = failed(capsys, "sweep-bild", "--data", PAIRS, "--small", f"a={tmp_path}",
-                "--out", tmp_path / "file")
-  assert "--out" in line and "is a file" in line
-
-
-# ----------------------------------------------------------------------------- eval data
-
-
-def test_unknown_split_is_an_error(capsys, monkeypatch):
-  """`eval --split bogus` was ignored for a .jsonl file; now refused before any model."""
-  def loaded(*args, **kwargs):
-    raise AssertionError("the model was loaded before --split was checked")
-  monkeypatch.setattr(evaluate_cli, "load_target", loaded)
-  line = failed(capsys, "eval", "--model", "demo-de-en/target", "--data", PAIRS,
-                "--split", "bogus")
-  assert "no split 'bogus'" in line and "train, validation, test" in line
-  line = failed(capsys, "eval", "--model", "demo-de-en/target", "--data", PAIRS,
-                "--split", "validation")
-  assert "a .jsonl file of pairs is one split" in line
-  with pytest.raises(sd.SpecdecError, match="no split 'bogus'"):
-    evaluation.split_inputs(str(PAIRS), "bogus", None)
-
-
-def test_non_utf8_jsonl_is_a_data_error(capsys, tmp_path):
-  bad = tmp_path / "pairs.jsonl"
-  bad.write_bytes(b'{"de": "Stra\xdfe", "en": "street"}\n')      # Latin-1, not UTF-8
-  with pytest.raises(sd.SpecdecError, match=r"is not UTF-8 text"):
-    prepare.read_pairs_jsonl(bad)
-  line = failed(capsys, "eval", "--model", "demo-de-en/target", "--data", bad)
-  assert "is not UTF-8 text" in line and str(bad) in line
 
 
 # ----------------------------------------------------------------------------- Python API

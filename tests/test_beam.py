@@ -345,31 +345,24 @@ def test_beam_with_sampling_is_refused(t5x_model):
 
 # ----------------------------------------------------------------------------- tools
 
-def test_cli_flags_and_bench_syntax_come_from_the_fields(capsys):
-  """--num-beams / --alpha / --min-log-prob are sd.Beam's fields; the bench's --beam K:ALPHA;
-  bad values and sampling are refused before any model is loaded."""
+def test_cli_flags_come_from_the_fields(capsys):
+  """--num-beams / --alpha / --min-log-prob are sd.Beam's fields (the bench's --beam K:ALPHA:
+  the lab's tests/test_bench_method_specs.py); bad values and sampling are refused before
+  any model is loaded."""
   import argparse
 
   from specdec_jax import cli
   from specdec_jax.cli import method_args
-  from specdec_jax_lab.bench import method_specs as bench_methods
   parser = argparse.ArgumentParser()
   method_args.add_method_flags(parser)
   args = parser.parse_args(["--method", "beam", "--num-beams", "3", "--alpha", "0"])
   assert method_args.settings_from_args(args, beam.Beam) == {"num_beams": 3, "alpha": 0.0}
-  extras = bench_methods.extra_methods({sd.Beam: ["4:0.6", "num_beams=2"]})
-  assert list(extras) == ["beam K=4 alpha=0.6", "beam K=2"]
-  assert extras["beam K=4 alpha=0.6"](sd.Greedy()).method == sd.Beam(num_beams=4, alpha=0.6)
-  with pytest.raises(Exception, match="alpha .* must be >= 0"):
-    bench_methods.parse_settings("4:-1", beam.Beam, "--beam")
   for argv, message in [(["--num-beams", "0"], "--num-beams must be an integer >= 1"),
                         (["--temperature", "0.7"], "--method beam is deterministic"),
                         (["--gamma", "3"], "--gamma only applies to --method speculative")]:
     code = cli.main(["decode", "--model", "config:t5_1_1_tiny", "--method", "beam", *argv,
                      "5 6 1"])
     assert code != 0 and message in capsys.readouterr().err, argv
-  assert cli.main(["bench", "--beam", "4:0.6", "--modes", "greedy,sample"]) != 0
-  assert "--beam times beam search" in capsys.readouterr().err
 
 
 def test_bfloat16_one_program_per_shape(t5x_model, t5x_reference, beam_reference):

@@ -2,18 +2,15 @@
 before anything is traced (the engine is never reached)."""
 
 import json
-import pathlib
 
 import jax
 import numpy as np
 import pytest
 
 import specdec_jax as sd
-from specdec_jax import cli
 from specdec_jax.io import checkpoints as ckpt
 from specdec_jax.rounds import engine, requests
 
-PAIRS = pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl"
 ENC = np.array([[5, 17, 42, 1], [7, 8, 1, 0]], np.int32)
 
 
@@ -144,10 +141,3 @@ def test_save_over_our_own_dir_still_overwrites(model, tmp_path):
   assert json.loads((tmp_path / "own" / "specdec_config.json").read_text())["dtype"] == "bfloat16"
 
 
-def test_sweep_bild_without_small_exits_nonzero(capsys, tmp_path):
-  code = cli.main(["sweep-bild", "--data", str(PAIRS), "--limit", "2", "--out",
-                   str(tmp_path / "sweep")])
-  err = capsys.readouterr().err
-  assert code == 1
-  assert "needs a small model to sweep: --small NAME=PATH" in err
-  assert not (tmp_path / "sweep").exists()

@@ -147,9 +147,10 @@ def test_oracle_runs_after_the_loop(target, heads, enc):
 # ----------------------------------------------------------------------------- derived options
 
 
-def test_tools_cli_and_bench_derive_from_the_core_fields():
-  """A setting added to a method value is a run setting, a CLI flag and a bench option with
-  no other change: the value is the method's one home."""
+def test_tools_and_cli_derive_from_the_core_fields():
+  """A setting added to a method value is a run setting and a CLI flag with no other change
+  (and a bench option: the lab's tests/test_bench_method_specs.py): the value is the
+  method's one home."""
   import argparse
 
   from flax import struct
@@ -157,7 +158,6 @@ def test_tools_cli_and_bench_derive_from_the_core_fields():
   from specdec_jax import methods as core
   from specdec_jax import runs as tools
   from specdec_jax.cli import method_args
-  from specdec_jax_lab.bench import method_specs as bench_methods
 
   @struct.dataclass
   class Patient(core.BiLD):
@@ -183,9 +183,8 @@ def test_tools_cli_and_bench_derive_from_the_core_fields():
   with pytest.raises(sd.InputError, match="batch_policy"):   # the value's own checks
     Patient(None, batch_policy="later")
 
-  assert bench_methods.parse_settings("patience=4,rollback_threshold=inf", Patient,
-                                      "--bild") == {"patience": 4, "rollback_threshold": np.inf}
-  # the real flags and the bench syntax of sd.BiLD / sd.Blockwise
+  # the real flags of sd.BiLD / sd.Blockwise (their bench syntax: the lab's
+  # tests/test_bench_method_specs.py)
   parser = argparse.ArgumentParser()
   method_args.add_method_flags(parser)
   args = parser.parse_args(["--lattice-k", "3", "--num-drafts", "2", "--oracle",
@@ -193,16 +192,3 @@ def test_tools_cli_and_bench_derive_from_the_core_fields():
   assert method_args.settings_from_args(args, core.Blockwise) == {
       "top_k": 3, "num_drafts": 2, "oracle": True}
   assert method_args.settings_from_args(args, core.BiLD) == {"max_small_steps": 4}
-  extras = bench_methods.extra_methods(
-      {core.BiLD: ["0.5:3", "max_small_steps=4,batch_policy=sync"], core.Blockwise: ["", "2:2"]},
-      models={core.Blockwise: (object(), "h")})
-  assert list(extras) == ["bild fb=0.5 rb=3", "bild max_small_steps=4 batch_policy=sync",
-                          "blockwise", "blockwise k=2 p=2"]
-  made = extras["bild max_small_steps=4 batch_policy=sync"](sd.Greedy())
-  assert made.method == sd.BiLD(None, max_small_steps=4, batch_policy="sync")
-  for spec, message in [("0.5", "expected FALLBACK_THRESHOLD:ROLLBACK_THRESHOLD"),
-                        ("gamma=3", "unknown setting 'gamma'"),
-                        ("max_small_steps=two", "is not a int"),
-                        ("fallback_threshold=2", r"fallback_threshold must be in \[0, 1\]")]:
-    with pytest.raises(Exception, match=message):
-      bench_methods.parse_settings(spec, core.BiLD, "--bild")

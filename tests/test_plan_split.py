@@ -35,26 +35,13 @@ def test_plan_prints_not_split_where_nothing_is(capsys):
 
 
 def test_every_flag_of_every_command_has_help_text():
-  """`specdec <command> --help` explains each option (the lab's commands and `python -m
-  specdec_jax_lab.results` included)."""
+  """`specdec <command> --help` explains each option (the commands of installed extensions
+  included; `python -m specdec_jax_lab.results`'s: the lab's tests/test_lab_commands.py)."""
   from specdec_jax.cli import build_parser
-  from specdec_jax_lab.results.__main__ import parser as results_parser
-  commands = build_parser()._subparsers._group_actions[0].choices
-  parsers = {name: p for name, p in commands.items() if name != "results"}
-  parsers["results"] = results_parser()
+  parsers = build_parser()._subparsers._group_actions[0].choices
   bare = [(name, a.option_strings) for name, p in parsers.items() for a in p._actions
           if a.option_strings and not a.help]
   assert bare == []
-  assert {"bench", "train", "eval", "sweep-bild", "decode", "plan"} <= set(parsers)
+  assert {"decode", "convert", "plan"} <= set(parsers)
 
 
-def test_specdec_results_passes_its_flags_on(capsys):
-  """`specdec results --only theory --help` reaches the results' own parser (its flags are
-  not specdec's)."""
-  import pytest
-
-  from specdec_jax.cli import main
-  with pytest.raises(SystemExit) as e:
-    main(["results", "--only", "theory", "--help"])
-  shown = capsys.readouterr()
-  assert e.value.code == 0 and "--only theory,kernels,demo" in shown.out + shown.err

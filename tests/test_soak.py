@@ -122,6 +122,7 @@ def soak(out_dir: pathlib.Path) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.soak      # minutes of decoding; its memory bound is the allocator's over 4 runs
 def test_soak_2000_sentences(tmp_path):
   run = subprocess.run([sys.executable, __file__, str(tmp_path)], capture_output=True,
                        text=True, env=users_xla_env())

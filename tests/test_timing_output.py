@@ -1,16 +1,10 @@
 """Timing output a reader can trust: one labelled figure per quantity, the "why" line from
 the same run's measured quantities, and no verify cost below 1.0 shown as a measurement
-(in `specdec decode --compare` and in the results tables). Model-free: seconds."""
+(in `specdec decode --compare`; the lab's results tables: its tests/test_results.py).
+Model-free: seconds."""
 
-import json
-import time
-
-import pytest
-
-from specdec_jax import costs, theory
+from specdec_jax import costs, timing
 from specdec_jax.cli.decode_report import compare_block
-from specdec_jax_lab.results import headline
-from specdec_jax_lab.results.report import markdown_table
 
 
 def _compare(verify_cost):
@@ -50,58 +44,41 @@ def test_a_verify_cost_below_one_is_shown_as_noise():
   assert costs.predictions(0.6, 2, 0.05, 0.9, 1.2)["verify_cost"] == 0.9   # stored as measured
 
 
-def _results(verify_cost):
-  row = {"key": "B1/aligned/g2", "method": "speculative", "batch_size": 1, "drafter": "aligned",
-         "mode": "greedy", "gamma": 2, "alpha": 0.59, "acceptance_rate": 0.43,
-         "block_efficiency": 1.69, "ms_per_token": 2.761, "speedup": 1.24, "c": 0.045,
-         "verify_cost": verify_cost, "bleu": 9.5, "chrf": 27.9}
-  row.update(costs.predictions(0.59, 2, 0.045, verify_cost, 1.24))
-  # as an older run stored it: from the raw measurement
-  row["predicted_speedup"] = float(theory.walltime_improvement_measured(0.59, 2, 0.045,
-                                                                        verify_cost))
-  base = {"key": "B1/target/greedy", "method": "baseline", "batch_size": 1, "drafter": None,
-          "mode": "greedy", "gamma": None, "ms_per_token": 3.256, "speedup": 1.0,
-          "bleu": 9.5, "chrf": 27.9}
-  return {"created": "2026-11-25T18:49:08+00:00", "command": "python -m ...",
-          "config": {"pairs": 100, "max_new_tokens": 20},
-          "machine": {"backend": "cpu", "cpu_count": 2, "jax_version": "0.10.2"},
-          "rows": [base, row]}
+class _Clock:
+  """`timing`'s clock: `perf_counter()` reads the seconds the fake timers have run."""
 
+  def __init__(self):
+    self.now = 0.0
 
-@pytest.mark.parametrize("verify_cost", [0.9, 1.21])
-def test_results_tables_show_noise_as_noise(tmp_path, verify_cost):
-  res = _results(verify_cost)
-  (tmp_path / "demo").mkdir()
-  (tmp_path / "demo" / "results.json").write_text(json.dumps(res))
-  speed = "\n".join(headline.speed_table(str(tmp_path), "demo"))
-  table = markdown_table(res)
-  predicted = costs.predictions(0.59, 2, 0.045, verify_cost, 1.24)["predicted_speedup"]
-  for text in (speed, table):
-    assert f"| {costs.verify_cost_text(verify_cost)} |" in text
-    assert f"{predicted:.2f}x" in text                  # floored, whatever was stored
-    assert ("timing noise" in text) == (verify_cost < 1.0)
-    assert "0.90" not in text
+  def perf_counter(self) -> float:
+    return self.now
 
 
 class _FakeTimer:
-  """A step timer whose loop sleeps `seconds` (steps per loop: `steps`)."""
+  """A step timer whose n-th loop takes `seconds[n]` on `clock` (steps per loop: `steps`)."""
 
-  def __init__(self, seconds, steps=1):
-    self.seconds, self.steps, self.compiled = seconds, steps, False
+  def __init__(self, clock, seconds, steps=1):
+    self.clock, self.seconds, self.steps, self.compiled = clock, list(seconds), steps, False
 
   def compile(self):
     self.compiled = True
     return self
 
   def _run(self):
-    time.sleep(self.seconds)
+    self.clock.now += self.seconds.pop(0)
 
 
-def test_relative_costs_are_medians_of_per_round_ratios():
-  timers = {("target", 1): _FakeTimer(0.02), ("target", 3): _FakeTimer(0.04),
-            ("drafter", "d"): _FakeTimer(0.02, steps=4)}
+def test_relative_costs_are_medians_of_per_round_ratios(monkeypatch):
+  """Round 2 runs everything 9x slower (a drift: each ratio keeps), round 1 slows the
+  3-wide call alone (a spike: one ratio of three). The median of the per-round ratios is
+  2 exactly; the ratio of the medians would be 18, their mean 22/3. On a fake clock: the
+  figures are exact whatever the machine's load."""
+  clock = _Clock()
+  monkeypatch.setattr(timing, "time", clock)
+  timers = {("target", 1): _FakeTimer(clock, [1.0, 1.0, 9.0]),
+            ("target", 3): _FakeTimer(clock, [2.0, 18.0, 18.0]),
+            ("drafter", "d"): _FakeTimer(clock, [0.5, 0.5, 4.5], steps=4)}
   ratio = costs.relative_costs(timers, repeats=3)
   assert all(t.compiled for t in timers.values())
-  assert ratio[("target", 1)] == 1.0
-  assert 1.4 < ratio[("target", 3)] < 2.6          # 2x, give or take the machine's noise
-  assert 0.15 < ratio[("drafter", "d")] < 0.4       # per step: a quarter of a loop
+  assert all(t.seconds == [] for t in timers.values())    # each timed once a round
+  assert ratio == {("target", 1): 1.0, ("target", 3): 2.0, ("drafter", "d"): 0.125}

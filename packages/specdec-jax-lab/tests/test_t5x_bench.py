@@ -1,7 +1,6 @@
 """The T5X side-by-side benchmark's checks (the timing itself needs a T5X checkout and
 runs in scripts/compare_t5x.py)."""
 
-import pathlib
 import subprocess
 import sys
 import types
@@ -9,10 +8,11 @@ import types
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import REPO_DIR
 
 from specdec_jax_lab import t5x_bench
 
-SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "compare_t5x.py"
+SCRIPT = REPO_DIR / "scripts" / "compare_t5x.py"
 
 
 def test_missing_t5x_checkout_is_a_clear_error(tmp_path):

@@ -3,10 +3,10 @@ pure helpers of specdec_jax_lab.evaluation."""
 
 import json
 import math
-import pathlib
 
 import numpy as np
 import pytest
+from helpers import DEMO_PAIRS_FILE
 from test_prepare import write_dictionary
 
 import specdec_jax as sd
@@ -429,7 +429,7 @@ def test_eval_settings_are_checked_where_they_are_made():
 
 # ----------------------------------------------------------------------------- from a fresh clone
 
-SHIPPED_PAIRS = pathlib.Path(__file__).parent / "data" / "demo_test_pairs.jsonl"
+SHIPPED_PAIRS = DEMO_PAIRS_FILE
 
 
 @pytest.mark.slow

@@ -1,0 +1,104 @@
+"""The test settings every suite of this repository runs under: the library's (tests/) and
+the lab's (packages/specdec-jax-lab/tests). Each conftest.py calls `configure()` at import
+and imports `release_compiled_programs`, so both compile alike and share one cache.
+
+Almost all of the suite's time is XLA compiles, so the tests keep a persistent compilation
+cache: every program compiled once is loaded from disk by later runs (and by later modules of
+the same run, after `release_compiled_programs` has dropped it from memory). Where it lives:
+
+  JAX_COMPILATION_CACHE_DIR   when set, JAX's own setting is kept as it is;
+  SPECDEC_TEST_CACHE          else this directory ("off": no persistent cache, e.g. to
+                              measure compile times);
+  <repo>/.jax_cache/          else (ignored by git; delete it to start cold).
+
+Every program is cached (minimum compile time 0 s, minimum entry size 0 bytes) unless
+JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS / JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES say
+otherwise. Entries are keyed by the program, the backend, jaxlib and the XLA flags, so a
+stale entry is never loaded; the directory only grows (a full run writes a few hundred MB).
+
+Compile time: XLA's LLVM back end runs at optimization level 0 in the tests
+(`--xla_backend_optimization_level=0` added to XLA_FLAGS, also for the subprocesses),
+which cuts compile-bound test time by about 40%, and its CPU back end emits fused loops with
+its older emitters (`--xla_cpu_use_fusion_emitters=false`, where this jaxlib has the flag),
+which cuts another third. The HLO is the same, but the machine code is not quite: at XLA's
+own level LLVM contracts a*b+c into fused multiply-adds, so a value can differ in its last
+bit from what users compute. The tests compare programs
+compiled alike, and CI runs the exactness tests again at XLA's own level, kernels on and
+off (`.ci/run`). SPECDEC_TEST_XLA_OPT=default keeps XLA's level (or =N sets level N); an
+XLA_FLAGS that already names a level is kept.
+"""
+
+import gc
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+from helpers import EMITTERS_FLAG, LEGACY_EMITTERS, OPT_LEVEL_FLAG, REPO_DIR
+
+
+def configure() -> None:
+  """XLA's compile-speed flags and the persistent compilation cache. Called from a
+  conftest.py, before any test compiles: conftest.py is imported before the test modules,
+  and XLA reads XLA_FLAGS when its CPU client starts (the first computation)."""
+  use_fast_compiles()
+  use_compilation_cache()
+
+
+def use_compilation_cache() -> None:
+  """Point JAX's persistent compilation cache at a directory (see above)."""
+  if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    where = os.environ.get("SPECDEC_TEST_CACHE", str(REPO_DIR / ".jax_cache"))
+    if where.lower() in ("off", "0", "none", ""):
+      return
+    jax.config.update("jax_compilation_cache_dir", where)
+    # Also in the environment: the CLI and wheel tests run `specdec` in subprocesses.
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = where
+  for name, value in (("jax_persistent_cache_min_compile_time_secs", 0.0),
+                      ("jax_persistent_cache_min_entry_size_bytes", 0)):
+    if name.upper() not in os.environ:
+      jax.config.update(name, value)
+      os.environ[name.upper()] = str(value)
+
+
+def _xla_knows(flag: str) -> bool:
+  """Whether this jaxlib's XLA accepts `flag` (it aborts the process on an unknown one):
+  asked once, in a child, and remembered in the environment for the xdist workers."""
+  key = "SPECDEC_TEST_XLA_KNOWS_" + flag.strip("-").split("=")[0].upper()
+  if key not in os.environ:
+    probe = subprocess.run(
+        [sys.executable, "-c", "import jax.numpy as jnp; jnp.zeros(1).block_until_ready()"],
+        env=dict(os.environ, XLA_FLAGS=flag, JAX_PLATFORMS="cpu"), capture_output=True)
+    os.environ[key] = "1" if probe.returncode == 0 else "0"
+  return os.environ[key] == "1"
+
+
+def use_fast_compiles() -> None:
+  """XLA's back-end optimization level 0 and its older loop emitters in the tests (see the
+  module docstring)."""
+  flags = os.environ.get("XLA_FLAGS", "")
+  level = os.environ.get("SPECDEC_TEST_XLA_OPT", "0")
+  if level == "default" or OPT_LEVEL_FLAG in flags:
+    return
+  if not level.isdigit():
+    raise pytest.UsageError(f"SPECDEC_TEST_XLA_OPT={level!r}: 'default' or a level (0-3)")
+  flags = f"{flags} {OPT_LEVEL_FLAG}={level}"
+  if EMITTERS_FLAG not in flags and _xla_knows(LEGACY_EMITTERS):
+    flags = f"{flags} {LEGACY_EMITTERS}"
+  os.environ["XLA_FLAGS"] = flags.strip()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def release_compiled_programs():
+  """Drop JAX's compiled programs after each test module.
+
+  Every XLA:CPU executable keeps its JIT-compiled code in a few hundred memory
+  mappings until it is freed. The suite compiles well over a thousand programs in
+  one process, which would pass the kernel's vm.max_map_count (65,530 by default);
+  LLVM then fails to map the next program and the process aborts or segfaults inside
+  a compile (seen in CI at about 60% of the suite). Modules share no compiled state.
+  """
+  yield
+  jax.clear_caches()
+  gc.collect()
