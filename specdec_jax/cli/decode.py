@@ -604,7 +604,9 @@ def add(subparsers) -> None:
   p.add_argument("--tokenizer", metavar="PATH_OR_NAME",
                  help="SentencePiece model file/dir, Hugging Face tokenizer.json (or its dir) "
                  "or bundled name; prompts become text")
-  p.add_argument("--input-file", metavar="FILE", help='one prompt per line ("-" = stdin)')
+  p.add_argument("--input-file", metavar="FILE",
+                 help='one prompt per line ("-" = stdin); an empty line is an empty input, '
+                 "answered by its own output line")
   add_method_flags(p)
   p.add_argument("--max-new-tokens", type=int, default=64,
                  help="new tokens per prompt at most; a decoder-only model's budget is "

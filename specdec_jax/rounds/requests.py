@@ -32,9 +32,10 @@ Array = jax.Array
 def check_request(inputs, config: T5Config, max_new_tokens: int) -> Array:
   """Validate a decode request and return the encoder tokens as int32 [B, Le].
 
-  `inputs` may be an array or a rectangular nested list of ids. Every row must
-  hold at least one token that is neither padding (0) nor EOS: an empty input gives the
-  decoder nothing to condition on, so it is refused, naming the row.
+  `inputs` may be an array or a rectangular nested list of ids. Every row must hold at
+  least one token that is not padding (0): the encoder would attend over nothing, so a row
+  of padding alone is refused, naming the row. The empty input is EOS alone (`[1, 0, ...]`,
+  what the tokenizer encodes an empty text to), and decodes like any other.
 
   Length: T5's relative position buckets have no trained limit (distances past
   `relative_attention_max_distance` share the last bucket), so only `max_encoder_length`,
@@ -109,16 +110,17 @@ def as_token_array(tokens, name: str):
 
 
 def check_nonempty_rows(tokens: np.ndarray, config: T5Config, name: str) -> None:
-  """Refuse rows [B, L] holding nothing but padding (0) and EOS: an empty sentence."""
-  content = (tokens != config.pad_id) & (tokens != config.eos_id)
-  empty = np.flatnonzero(~np.any(content, axis=1))
+  """Refuse rows [B, L] holding nothing but padding: the encoder has no position to attend
+  to (the empty sentence is EOS alone, a row like any other)."""
+  empty = np.flatnonzero(~np.any(tokens != config.pad_id, axis=1))
   if empty.size:
     rows = ", ".join(map(str, empty[:8].tolist())) + (", ..." if empty.size > 8 else "")
     raise InputError(
         f"{name} row{'s' if empty.size > 1 else ''} {rows} "
-        f"{'hold' if empty.size > 1 else 'holds'} no token besides padding ({config.pad_id}) "
-        f"and EOS ({config.eos_id}): an empty input gives the decoder nothing to condition on; "
-        "drop the row (a short last batch can repeat a real row: tools.batching.padded_batches)")
+        f"{'hold' if empty.size > 1 else 'holds'} nothing but padding ({config.pad_id}): the "
+        f"encoder has no token to attend to; an empty input is EOS alone "
+        f"([{config.eos_id}], as the tokenizer encodes an empty text), or drop the row (a "
+        "short last batch can repeat a real row: tools.batching.padded_batches)")
 
 
 def device_memory_bytes() -> int | None:
