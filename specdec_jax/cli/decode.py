@@ -457,16 +457,37 @@ def _decode_to_file(choice: MethodChoice, s: _Setup) -> _Decoded:
   return _Decoded(corpus, gather_max(wall) if split_rows else wall, batch, resumed=start)
 
 
+def _baseline(method, exact: bool) -> Run:
+  """The run `method` (a `Run`) is measured against, at `exact`: its value's `baseline()`
+  (the target alone; `sd.Beam` of the same beams for a beam method), with its sampling."""
+  base = method.method.baseline()
+  return Run(dataclasses.replace(base, exact=exact), method.sampling)
+
+
+def _same_output(a: Corpus, b: Corpus) -> dict[str, bool]:
+  """{"same_tokens"} of two decodes of the same rows, and for beam outputs {"same_beams"}:
+  every beam and its score equal."""
+  same = {"same_tokens": bool(np.array_equal(a.tokens(), b.tokens()))}
+  if all(getattr(o, "beams", None) is not None for o in (*a.outputs, *b.outputs)):
+    real = lambda c, name: np.concatenate([np.asarray(getattr(o, name))[:n] for o, n in
+                                           zip(c.outputs, c.real_rows, strict=True)])
+    same["same_beams"] = all(np.array_equal(real(a, k), real(b, k)) for k in ("beams", "scores"))
+  return same
+
+
 def _compare(s: _Setup, repeats: int = 3) -> dict[str, Any]:
-  """The method vs the target alone on the same inputs: all compiled first, then timed in
-  `repeats` alternating rounds; speedup of the medians over the FASTEST plain baseline
-  (`sd.Autoregressive(exact=False)`: natural call width). An exact method's padding cost shows in
-  its own figure (`exact_cost`: the exact baseline over the plain one), not in the speedup."""
+  """The method vs its baseline (`Method.baseline()`: the target alone, greedy or with the
+  same sampling; `sd.Beam` of the same beams for a beam method) on the same inputs: all
+  compiled first, then timed in `repeats` alternating rounds; speedup of the medians over
+  the FASTEST plain baseline (exact=False: natural call width). An exact method's padding
+  cost shows in its own figure (`exact_cost`: the exact baseline over the plain one), not
+  in the speedup."""
   run, method, mesh = s.run, s.method, s.mesh
   rng = jax.random.PRNGKey(run.seed)
   batch = run.batch_size or mesh_batch(len(s.prompts.tokens), mesh)
   batches, lengths = _batches(s.prompts, batch)
-  alone = lambda exact: place_method(Run(sd.Autoregressive(exact=exact), method.sampling), mesh)
+  base = method.method.baseline()
+  alone = lambda exact: place_method(_baseline(method, exact), mesh)
   methods = {"method": method, "baseline": alone(False)}
   if is_exact(method):
     methods["exact baseline"] = alone(True)
@@ -474,18 +495,21 @@ def _compare(s: _Setup, repeats: int = 3) -> dict[str, Any]:
                                    max_new_tokens=run.max_new_tokens, rng=rng,
                                    prompt_lengths=lengths)
            for name, m in methods.items()}
-  with compiling("the target alone for --compare", run.compile_cache_dir):
+  with compiling(f"the baseline ({base.name}) for --compare", run.compile_cache_dir):
     for call in calls.values():
       call()
   timed = time_rounds(calls, repeats)
   ms = {name: ms_per_token(t) for name, t in timed.items()}
   exact_ms = ms.get("exact baseline")
-  out: dict[str, Any] = {"ms_per_token": ms["method"], "baseline_ms_per_token": ms["baseline"],
-         "speedup": ms["baseline"] / ms["method"], "rounds": repeats,
-         "exact_baseline_ms_per_token": exact_ms,
-         "exact_cost": None if exact_ms is None else exact_ms / ms["baseline"],
-         "same_tokens": bool(np.array_equal(timed["method"]["output"].tokens(),
-                                            timed["baseline"]["output"].tokens()))}
+  out: dict[str, Any] = {
+      "baseline": "target alone" if isinstance(base, sd.Autoregressive)
+      else f"sd.{type(base).__name__}", "baseline_run": _baseline(method, False).describe(),
+      "sampled": not method.sampling.is_greedy,
+      "ms_per_token": ms["method"], "baseline_ms_per_token": ms["baseline"],
+      "speedup": ms["baseline"] / ms["method"], "rounds": repeats,
+      "exact_baseline_ms_per_token": exact_ms,
+      "exact_cost": None if exact_ms is None else exact_ms / ms["baseline"],
+      **_same_output(timed["method"]["output"], timed["baseline"]["output"])}
   value = method.method
   if (isinstance(value, sd.Speculative) and mesh is None   # the theory of its 'why' line
       and not getattr(value.drafter, "shares_target_cache", False)):   # not an early exit
@@ -576,7 +600,7 @@ def decode(choice: MethodChoice, run: DecodeRun) -> int:
             "nothing to decode", file=sys.stderr)
     return 0
   timing = _timing(s, d)
-  if s.run.compare and not isinstance(s.method.method, sd.Autoregressive):
+  if s.run.compare and type(s.method.method.baseline()) is not type(s.method.method):
     timing["compare"] = _compare(s)
   if jax.process_index() == 0:   # process 0 prints every process's rows
     _print_outputs(choice, s, d, timing)
