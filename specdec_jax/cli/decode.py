@@ -14,6 +14,7 @@ import functools
 import json
 import sys
 import time
+import warnings
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -47,13 +48,13 @@ from specdec_jax.cli.prompts import (
   isatty,
   lm_batches,
   lm_token_budget,
-  missing_eos,
   read_prompt_lines,
 )
 from specdec_jax.compilation import announce_kernel_build, compiling, use_persistent_cache
 from specdec_jax.costs import CostTiming, explain_run
 from specdec_jax.errors import CLIError
 from specdec_jax.models.model import family
+from specdec_jax.rounds.requests import rows_without_eos
 from specdec_jax.runs import Corpus, Run, decode_corpus
 from specdec_jax.runtime import liveness, output_file
 from specdec_jax.runtime.distributed import (
@@ -190,7 +191,7 @@ def _fit_budget(run: DecodeRun, prompts: Prompts, target: sd.Model, tokenizer) -
            f"{int(np.max(prompts.lengths))} tokens")
       return dataclasses.replace(run, max_new_tokens=budget)
   elif tokenizer is None:
-    rows = missing_eos(prompts.tokens, target.config.eos_id, target.config.pad_id)
+    rows = rows_without_eos(prompts.tokens, target.config.eos_id, target.config.pad_id)
     if rows:
       shown = ", ".join(str(i + 1) for i in rows[:8]) + (", ..." if len(rows) > 8 else "")
       note(f"prompt{'s' if len(rows) > 1 else ''} {shown} {'do' if len(rows) > 1 else 'does'} "
@@ -586,7 +587,9 @@ def _print_reports(choice: MethodChoice, s: _Setup, stats: dict[str, Any],
 
 
 def run(args) -> int:
-  return decode(*from_args(args))
+  with warnings.catch_warnings():   # a T5 input without EOS: noted per prompt, below
+    warnings.simplefilter("ignore", sd.InputWarning)
+    return decode(*from_args(args))
 
 
 def decode(choice: MethodChoice, run: DecodeRun) -> int:

@@ -189,16 +189,6 @@ def lm_token_budget(lengths: np.ndarray, config, max_new_tokens: int) -> int:
   return min(int(max_new_tokens), limit - int(lengths.max(initial=0)))
 
 
-def missing_eos(tokens: np.ndarray, eos_id: int, pad_id: int = 0) -> list[int]:
-  """Indices of the rows of T5 encoder inputs [N, L] whose last non-pad token is not EOS."""
-  rows = []
-  for i, row in enumerate(np.asarray(tokens)):
-    real = row[row != pad_id]
-    if real.size and real[-1] != eos_id:
-      rows.append(i)
-  return rows
-
-
 def lm_batches(tokens: np.ndarray, lengths: np.ndarray,
                batch_size: int) -> tuple[list[Batch], list[np.ndarray]]:
   """Prompts [N, P] and lengths [N] in `padded_batches` of `batch_size` rows, each batch
