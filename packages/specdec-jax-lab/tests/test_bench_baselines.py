@@ -40,7 +40,8 @@ def test_a_beam_methods_speedup_is_over_sd_beam(tmp_path, capsys):
   row = next(line for line in table.out.splitlines() if "gamma=2)" in line)
   assert f"| {spec['speedup']:.2f}x |" in row
   # --no-progress: a line per group, the last one saying it is done
-  assert "bench: B=2 greedy timed (1 of 1 groups" in table.err
+  assert "then timing 1 (batch, mode) group of 1 rounds" in table.err
+  assert "bench: B=2 greedy timed (1 of 1, " in table.err
 
 
 @pytest.mark.slow

@@ -504,8 +504,8 @@ def _execute(run: _Run, plan, results, kept_costs, repeats, workers, progress, o
   say = (lambda text: None) if progress else (lambda text: print(text, file=sys.stderr,
                                                                  flush=True))
   say(f"bench: compiling {len(cost_batches) * (2 + len(run.gammas))} step-cost loops and "
-      f"{sum(map(len, groups.values()))} decode calls, then timing {len(plan)} groups "
-      f"(batch, mode) of {repeats} rounds")
+      f"{sum(map(len, groups.values()))} decode calls, then timing {len(plan)} (batch, mode) "
+      f"group{'s' if len(plan) != 1 else ''} of {repeats} rounds")
   t0 = time.perf_counter()
   try:
     timers, first_call_s = run.warm_up(groups, cost_batches, workers, tick)
@@ -535,5 +535,5 @@ def _group_line(done: int, total: int, batch: int, mode: str, seconds: float) ->
   """A timed group's progress line, with the time the rest will take at this pace (groups
   differ in batch size, so a rough estimate)."""
   left = seconds / done * (total - done)
-  return (f"bench: B={batch} {mode} timed ({done} of {total} groups, {seconds:.0f} s"
+  return (f"bench: B={batch} {mode} timed ({done} of {total}, {seconds:.0f} s"
           + (f"; about {left:.0f} s left)" if done < total else ")"))
