@@ -77,7 +77,7 @@ def one_process(tmp_path_factory):
   model = tmp / "target"
   sd.save(model, target.replace(params=params))
   prompts = tmp / "prompts.txt"
-  prompts.write_text("\n".join(PROMPTS) + "\n")
+  prompts.write_text("\n".join([PROMPTS[0], "", *PROMPTS[1:]]) + "\n")   # an empty input too
   argv = ["decode", "--model", str(model), "--drafter", DRAFTER, "--gamma", "3",
           "--max-new-tokens", "8", "--input-file", str(prompts), "--json"]
   printed = io.StringIO()
@@ -105,7 +105,7 @@ def test_two_processes_decode_a_file_as_one(one_process, mesh, spans):
   assert two["timing"]["processes"] == 2
   assert two["timing"]["mesh_spans_processes"] is spans
   assert two["outputs"] == one["outputs"] and two["lengths"] == one["lengths"]
-  assert two["timing"]["prompts"] == len(PROMPTS) == len(two["outputs"])
+  assert two["timing"]["prompts"] == len(PROMPTS) + 1 == len(two["outputs"])
   # statistics merged over both processes' real rows, as one process counts them
   for key in ("tokens", "target_calls", "drafted", "accepted"):
     assert two["stats"][key] == one["stats"][key], key
