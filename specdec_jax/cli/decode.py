@@ -55,7 +55,7 @@ from specdec_jax.costs import CostTiming, explain_run
 from specdec_jax.errors import CLIError
 from specdec_jax.models.model import family
 from specdec_jax.rounds.requests import rows_without_eos
-from specdec_jax.runs import Corpus, Run, decode_corpus
+from specdec_jax.runs import Corpus, Run, decode_corpus, same_output
 from specdec_jax.runtime import liveness, output_file
 from specdec_jax.runtime.distributed import (
   Processes,
@@ -465,17 +465,6 @@ def _baseline(method, exact: bool) -> Run:
   return Run(dataclasses.replace(base, exact=exact), method.sampling)
 
 
-def _same_output(a: Corpus, b: Corpus) -> dict[str, bool]:
-  """{"same_tokens"} of two decodes of the same rows, and for beam outputs {"same_beams"}:
-  every beam and its score equal."""
-  same = {"same_tokens": bool(np.array_equal(a.tokens(), b.tokens()))}
-  if all(getattr(o, "beams", None) is not None for o in (*a.outputs, *b.outputs)):
-    real = lambda c, name: np.concatenate([np.asarray(getattr(o, name))[:n] for o, n in
-                                           zip(c.outputs, c.real_rows, strict=True)])
-    same["same_beams"] = all(np.array_equal(real(a, k), real(b, k)) for k in ("beams", "scores"))
-  return same
-
-
 def _compare(s: _Setup, repeats: int = 3) -> dict[str, Any]:
   """The method vs its baseline (`Method.baseline()`: the target alone, greedy or with the
   same sampling; `sd.Beam` of the same beams for a beam method) on the same inputs: all
@@ -510,7 +499,7 @@ def _compare(s: _Setup, repeats: int = 3) -> dict[str, Any]:
       "speedup": ms["baseline"] / ms["method"], "rounds": repeats,
       "exact_baseline_ms_per_token": exact_ms,
       "exact_cost": None if exact_ms is None else exact_ms / ms["baseline"],
-      **_same_output(timed["method"]["output"], timed["baseline"]["output"])}
+      **same_output(timed["method"]["output"], timed["baseline"]["output"])}
   value = method.method
   if (isinstance(value, sd.Speculative) and mesh is None   # the theory of its 'why' line
       and not getattr(value.drafter, "shares_target_cache", False)):   # not an early exit

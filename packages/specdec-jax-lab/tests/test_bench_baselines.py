@@ -33,7 +33,7 @@ def test_a_beam_methods_speedup_is_over_sd_beam(tmp_path, capsys):
   beam = entries[(2, "beam", "beam K=2 alpha=0.6")]
   spec = entries[(2, "speculative-beam", "speculative-beam K=2 alpha=0.6 gamma=2")]
   assert beam["speedup"] == 1.0                         # its own baseline
-  assert spec["baseline"] == beam["label"]
+  assert spec["baseline"] == beam["label"] and spec["same_beams"] is True
   assert spec["speedup"] == pytest.approx(beam["ms_per_token"] / spec["ms_per_token"])
   assert spec["block_efficiency"] is None and beam["block_efficiency"] is None
   table = capsys.readouterr()

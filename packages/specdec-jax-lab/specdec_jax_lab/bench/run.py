@@ -23,7 +23,7 @@ from specdec_jax.cli.options import MODES, make_sampling
 from specdec_jax.costs import CostTiming
 from specdec_jax.errors import BenchError
 from specdec_jax.rounds.engine import EXACT_WIDTH
-from specdec_jax.runs import Run, decode_corpus, stats_row
+from specdec_jax.runs import Run, decode_corpus, same_output, stats_row
 from specdec_jax.runtime.report import machine_info, utc_now
 from specdec_jax.timing import default_compile_workers, run_parallel, time_rounds, timed_call
 
@@ -64,6 +64,8 @@ DEFINITIONS = {
                              "per target call, total steps / total rounds",
     "drafted_nodes_per_round": "speculative beam search: drafted tree nodes per row and "
                                "round",
+    "same_tokens": "greedy: the entry's tokens equal its baseline's (decoded in the same group)",
+    "same_beams": "a beam method: every beam and score equal sd.Beam's with its settings",
     "first_call_s": "duration of the warm-up call (mostly compilation; concurrent with other "
                     "warm-ups when compile_workers > 1)",
 }
@@ -331,6 +333,7 @@ class _Run:
       if "speedup" not in entry:      # over its own baseline, not always the target alone
         entry.update(self.speedup(g, sampling, entry, [*results["results"], *new], base,
                                   (batch, mode)))
+        entry.update(self.agreement(g, sampling, timed))
       if isinstance(g, int):
         entry.update(costs_lib.predictions(entry["alpha"], g, costs["c"],
                                            _verify_cost(costs, g), entry["speedup"]))
@@ -361,6 +364,18 @@ class _Run:
       return {"speedup": None, "baseline": "not timed"}
     return {"speedup": ref["ms_per_token"] / entry["ms_per_token"],
             "baseline_ms_per_token": ref["ms_per_token"], "baseline": label or "target alone"}
+
+  def agreement(self, item, sampling, timed) -> dict[str, Any]:
+    """Greedy: {same_tokens, and for beams same_beams} of `item`'s output and its
+    baseline's, where both were decoded in this group (`runs.same_output`)."""
+    try:
+      label = self.baseline_label(item, sampling)
+    except KeyError:
+      return {}
+    base = timed.get(_name(label))
+    if not sampling.is_greedy or base is None:
+      return {}
+    return same_output(timed[_name(item)]["output"], base["output"])
 
   def beam_prediction(self, batch: int, method, steps_per_call: float) -> dict[str, Any]:
     """Speculative beam search's step costs at this batch (`measure_beam_costs`) and the
