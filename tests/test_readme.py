@@ -20,14 +20,6 @@ def test_readme_has_an_example_per_method():
     assert name in code, name
 
 
-def test_readme_says_which_gamma_to_start_with_and_how_to_load_t5x():
-  text = " ".join(README.read_text().split())
-  assert "start with γ = 2 on a CPU" in text and "the default is 5" in text
-  for line in ('target = sd.load("path/to/checkpoint_', 'tok = sd.load_tokenizer("path/to/',
-               "enc = tok.encode("):
-    assert line in text, line
-
-
 @pytest.mark.slow
 def test_readme_python_examples_run(capsys):
   pytest.importorskip("tokenizers")
