@@ -74,3 +74,16 @@ def test_an_empty_decoder_only_prompt_is_named(tmp_path):
                          "--input-file", path)
   assert code == 1 and out == ""
   assert "error: prompt 2 is empty: a decoder-only model needs" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_an_empty_line_is_a_bos_prompt_where_the_tokenizer_prepends_one(tmp_path):
+  """demo-en-lm's tokenizer encodes an empty text as BOS alone: a prompt to continue."""
+  path = tmp_path / "prompts.txt"
+  path.write_text("I have no\n\nCan you help\n")
+  flags = ["--model", "demo-en-lm/target", "--tokenizer", "demo-en-lm", "--max-new-tokens", "3",
+           "--json"]
+  code, out, err = _main("decode", *flags, "--input-file", path)
+  assert code == 0, err
+  payload = json.loads(out)
+  assert len(payload["outputs"]) == 3 and payload["prompt_lengths"][1] == 1
