@@ -28,6 +28,7 @@ from specdec_jax.errors import (
   CheckpointError,
   ConfigError,
   InputError,
+  InputWarning,
   SamplingError,
   SpecdecError,
   TokenizerError,
@@ -77,6 +78,7 @@ __all__ = [
     "pack",
     "save", "save_heads", "speculative_generate", "t5x_compat", "theory",
 ]
+__all__ += ["InputWarning"]
 __all__ += ["make_mesh", "shard", "sharding"]
 # Compiling once from a script: prompt widths in buckets, the persistent compilation cache.
 __all__ += ["pad_to_bucket", "use_compilation_cache"]

@@ -17,6 +17,11 @@ class SpecdecError(Exception):
   """Bad input, a bad file or bad settings; the message names the problem."""
 
 
+class InputWarning(UserWarning):
+  """An input that decodes, but likely not as meant (a T5 input without EOS); warned once
+  per process. Silence it with `warnings.filterwarnings("ignore", category=sd.InputWarning)`."""
+
+
 class ConfigError(SpecdecError, ValueError):
   """A model config is unknown or malformed."""
 

@@ -173,6 +173,17 @@ def decode_corpus(method: Run, target, batches: Sequence[Batch], *,
   return Corpus(tuple(outputs), tuple(int(b.real) for b in batches))
 
 
+def same_output(a: Corpus, b: Corpus) -> dict[str, bool]:
+  """Whether two decodes of the same rows agree: {"same_tokens"}, and for beam outputs
+  (`sd.BeamOutput`) {"same_beams"}: every beam and its score equal, bitwise."""
+  same = {"same_tokens": bool(np.array_equal(a.tokens(), b.tokens()))}
+  if all(getattr(o, "beams", None) is not None for o in (*a.outputs, *b.outputs)):
+    real = lambda c, name: np.concatenate([np.asarray(getattr(o, name))[:n] for o, n in
+                                           zip(c.outputs, c.real_rows, strict=True)])
+    same["same_beams"] = all(np.array_equal(real(a, k), real(b, k)) for k in ("beams", "scores"))
+  return same
+
+
 # ----------------------------------------------------------------------------- report views
 
 

@@ -404,7 +404,7 @@ def test_prompts_from_input_file_and_stdin(capsys, tmp_path, monkeypatch):
   code, expected, err = run(capsys, "decode", "--model", TARGET, *COMMON, *PROMPTS)
   assert code == 0, err
   path = tmp_path / "prompts.txt"
-  path.write_text(f"{PROMPTS[0]}\n\n{PROMPTS[1]}\n")   # blank lines are skipped
+  path.write_text(f"{PROMPTS[0]}\n{PROMPTS[1]}\n")   # blank lines: test_input_rows.py
   code, out, err = run(capsys, "decode", "--model", TARGET, *COMMON, "--input-file", path)
   assert code == 0, err
   assert out == expected

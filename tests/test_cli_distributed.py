@@ -55,6 +55,17 @@ def test_partial_process_flags_are_an_error(capsys, monkeypatch):
   assert code == 1 and "--process-id 2 must be in [0, --num-processes 2)" in err
 
 
+@pytest.mark.parametrize("address", ["notahost", ":1234", "host:0", "host:port"])
+def test_a_coordinator_that_is_not_host_port_is_named_on_process_0_too(capsys, address):
+  """Process 0 does not wait for a coordinator: jaxlib read the port itself and failed
+  with "list index out of range" (issue 46)."""
+  code = cli.main(["decode", "--model", "config:t5_1_1_tiny", "--coordinator", address,
+                   "--num-processes", "2", "--process-id", "0", "5 1"])
+  _, err = capsys.readouterr()
+  assert code == 1 and f"--coordinator {address!r} is not HOST:PORT (e.g. 10.0.0.1:1234" in err
+  assert "index" not in err and "Traceback" not in err
+
+
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
   """(argv, the JSON of one process decoding the file) on a sharpened tiny target."""
@@ -66,7 +77,7 @@ def one_process(tmp_path_factory):
   model = tmp / "target"
   sd.save(model, target.replace(params=params))
   prompts = tmp / "prompts.txt"
-  prompts.write_text("\n".join(PROMPTS) + "\n")
+  prompts.write_text("\n".join([PROMPTS[0], "", *PROMPTS[1:]]) + "\n")   # an empty input too
   argv = ["decode", "--model", str(model), "--drafter", DRAFTER, "--gamma", "3",
           "--max-new-tokens", "8", "--input-file", str(prompts), "--json"]
   printed = io.StringIO()
@@ -94,7 +105,7 @@ def test_two_processes_decode_a_file_as_one(one_process, mesh, spans):
   assert two["timing"]["processes"] == 2
   assert two["timing"]["mesh_spans_processes"] is spans
   assert two["outputs"] == one["outputs"] and two["lengths"] == one["lengths"]
-  assert two["timing"]["prompts"] == len(PROMPTS) == len(two["outputs"])
+  assert two["timing"]["prompts"] == len(PROMPTS) + 1 == len(two["outputs"])
   # statistics merged over both processes' real rows, as one process counts them
   for key in ("tokens", "target_calls", "drafted", "accepted"):
     assert two["stats"][key] == one["stats"][key], key

@@ -54,7 +54,8 @@ def test_help_names_every_model_kind():
   assert parser.description in " ".join(parser.format_help().split()).replace("- ", "-")
   text = parser.description
   assert "T5 encoder-decoders and decoder-only LMs" in text
-  assert "demo-de-en" in text and "demo-en-lm" in text
+  for group in package_data.SEPARATE:       # every bundled pair, demo-de-en-large too
+    assert re.search(rf"(?<![\w-]){group}(?![\w-])", text), group
 
 
 def test_documented_names_exist():

@@ -68,13 +68,19 @@ def test_typed_and_raw_keys_are_accepted():
 
 
 @pytest.mark.parametrize("rows, which", [
-    ([[5, 17, 42, 1], [0, 0, 0, 0]], r"row 1 holds no token"),      # all padding
-    ([[1, 0, 0], [5, 6, 1]], r"row 0 holds no token"),              # empty sentence: only EOS
-    ([[0, 0], [1, 0]], r"rows 0, 1 hold no token"),
+    ([[5, 17, 42, 1], [0, 0, 0, 0]], r"row 1 holds nothing but padding"),
+    ([[0, 0], [0, 0]], r"rows 0, 1 hold nothing but padding"),
 ])
-def test_empty_rows_are_refused_naming_the_row(model, no_trace, rows, which):
+def test_rows_of_padding_alone_are_refused_naming_the_row(model, no_trace, rows, which):
   with pytest.raises(sd.InputError, match=which):
     sd.generate(model, np.array(rows, np.int32), 4)
+
+
+def test_the_empty_sentence_decodes_as_its_own_row(model):
+  """EOS alone (the tokenizer's empty text) decodes, as it does alone in its batch."""
+  both = sd.generate(model, np.array([[1, 0, 0], [5, 6, 1]], np.int32), 4)
+  alone = sd.generate(model, np.array([[1, 0, 0]], np.int32), 4)
+  assert np.asarray(both.tokens)[0].tolist() == np.asarray(alone.tokens)[0].tolist()
 
 
 def test_eos_outside_the_vocabulary(model, no_trace):

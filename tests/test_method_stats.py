@@ -44,8 +44,11 @@ def test_method_stats_are_the_common_ones_plus_their_own():
   for method in METHODS:
     own = set(method.statistics)
     assert own <= every and len(own) == len(method.statistics), method
-    if method is not sd.Beam:
+    if method.name not in ("beam", "speculative-beam"):
       assert set(stats_lib.COMMON_STATS) <= own, method
+    else:   # a beam method: a step is one call over K beams, no tokens per call
+      assert set(stats_lib.OWN_LOOP_STATS) <= own, method
+      assert not {"tokens_per_target_call", "log_prob"} & own, method
   assert set(STATS["beam"]) == {"rows", "tokens", "rounds", "target_calls"}
   assert "rollback_rate" not in STATS["speculative"]
   assert "alpha" not in STATS["bild"]

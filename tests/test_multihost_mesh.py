@@ -46,4 +46,4 @@ def test_model_split_across_processes_decodes_as_one_device(reports, mesh):
 def test_an_empty_row_held_by_one_process_fails_on_both(reports):
   for report in reports:
     assert report["empty_row_error"] is not None
-    assert "inputs row 3 holds no token besides padding" in report["empty_row_error"]
+    assert "inputs row 3 holds nothing but padding" in report["empty_row_error"]

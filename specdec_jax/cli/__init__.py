@@ -103,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
       "drafts, the autoregressive baseline, T5X's beam search) for T5 encoder-decoders and "
       "decoder-only LMs "
       "(GPT-2, Llama-style): T5X and Hugging Face checkpoints, ours, or the bundled pairs "
-      "demo-de-en (T5, De->En) and demo-en-lm (a Llama-style English LM).")
+      "demo-de-en (T5, De->En), demo-de-en-large (a larger T5 De->En pair, README's) and "
+      "demo-en-lm (a Llama-style English LM).")
   parser.add_argument("--version", action="version", version=f"specdec {version()}")
   subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
   for command in (*COMMANDS, *plugins()):

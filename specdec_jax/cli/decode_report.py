@@ -55,11 +55,18 @@ def stats_block(stats: dict[str, Any], timing: dict[str, Any], method) -> str:
 
 def compare_block(compare: dict[str, Any], kind: str) -> str:
   """The --compare lines: each figure once, labelled with what it measures."""
-  lines = [f"speed                target alone {compare['baseline_ms_per_token']:.2f} ms/token, "
+  base = compare.get("baseline", "target alone")
+  yes = lambda same: "yes" if same else "NO"
+  if "same_beams" in compare:       # a beam method: sd.Beam's beams and scores
+    same = f"same beams and scores: {yes(compare['same_beams'])}"
+  elif compare.get("sampled"):      # sampled with other keys' draws: tokens differ by design
+    same = "sampled with the same settings: tokens not compared"
+  else:
+    same = f"same tokens: {yes(compare['same_tokens'])}"
+  lines = [f"speed                {base} {compare['baseline_ms_per_token']:.2f} ms/token, "
            f"{kind} {compare['ms_per_token']:.2f} ms/token, speedup {compare['speedup']:.2f}x",
            f"                     (per generated token, median of {compare['rounds']} "
-           "alternating rounds after compilation, target alone at exact=False; same tokens: "
-           f"{'yes' if compare['same_tokens'] else 'no'})"]
+           f"alternating rounds after compilation, {base} at exact=False; {same})"]
   if "costs" in compare:
     k = compare["costs"]
     lines += [f"why                  {k['tokens_per_target_call']:.2f} tokens per target call, "
@@ -72,7 +79,7 @@ def compare_block(compare: dict[str, Any], kind: str) -> str:
     if k["verify_cost_noise"]:
       lines.append(f"                     {VERIFY_NOISE_NOTE} (measured {k['verify_cost']:.2f})")
   if compare["exact_cost"] is not None:
-    lines.append(f"exact mode's cost    {compare['exact_cost']:.2f}x: the target alone in exact "
+    lines.append(f"exact mode's cost    {compare['exact_cost']:.2f}x: {base} in exact "
                  f"mode {compare['exact_baseline_ms_per_token']:.2f} ms/token over "
                  f"{compare['baseline_ms_per_token']:.2f} at its natural width")
     lines.append("                     (natural width: each call as wide as its tokens; exact "

@@ -8,7 +8,9 @@
 
 Without a tokenizer a prompt is space- or comma-separated token ids, used verbatim
 (no EOS is appended); with one it is text (the tokenizer appends EOS for a T5 encoder,
-never for a decoder-only model's prompt).
+never for a decoder-only model's prompt). An empty line is an empty input, never skipped
+(output line i answers input line i): EOS alone for a T5 encoder; a decoder-only model
+needs a token to continue, so an empty prompt that encodes to none is an error naming it.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ def read_prompt_lines(prompts: Sequence[str], input_file: str | None, stdin=None
   """Prompts from arguments, `--input-file FILE` ("-" = stdin), or stdin.
 
   Stdin is read when the only argument is "-", or when there are no prompt arguments
-  and stdin is not a terminal. File and stdin input is one prompt per line; blank
-  lines are skipped (so output line i answers the i-th non-blank input line).
+  and stdin is not a terminal. File and stdin input is one prompt per line, blank lines
+  included (an empty input each: output line i answers input line i).
   """
   stdin = sys.stdin if stdin is None else stdin
   prompts = list(prompts)
@@ -46,10 +48,10 @@ def read_prompt_lines(prompts: Sequence[str], input_file: str | None, stdin=None
     if not prompts:
       raise PromptError("no prompts: give them as arguments, with --input-file, or on stdin")
     return prompts
-  lines = [line for line in text.splitlines() if line.strip()]
+  lines = text.splitlines()
   if not lines:
     where = "stdin" if input_file in (None, "-") else repr(input_file)
-    raise PromptError(f"no prompts: {where} holds no non-blank lines")
+    raise PromptError(f"no prompts: {where} is empty")
   return lines
 
 
@@ -82,21 +84,28 @@ def isatty(stream, unknown: bool = True) -> bool:
     return unknown
 
 
-def parse_token_ids(prompts: Sequence[str], vocab_size: int) -> np.ndarray:
+def parse_token_ids(prompts: Sequence[str], vocab_size: int,
+                    empty: Sequence[int] | None = None) -> np.ndarray:
   """Space- or comma-separated token ids per prompt -> int32 [B, L], right-padded with 0.
 
-  Ids are used verbatim: no EOS is appended (end a prompt with 1 for T5's EOS).
+  Ids are used verbatim: no EOS is appended (end a prompt with 1 for T5's EOS). `empty`:
+  the ids an empty prompt stands for (T5's `[eos_id]`); None: an empty prompt is an error.
   """
-  return pad_rows(_id_rows(prompts, vocab_size))
+  return pad_rows(_id_rows(prompts, vocab_size, empty))
 
 
-def _id_rows(prompts: Sequence[str], vocab_size: int) -> list[list[int]]:
-  """Each prompt's token ids, checked to lie in [0, vocab_size)."""
+def _id_rows(prompts: Sequence[str], vocab_size: int, empty: Sequence[int] | None = None,
+             need: str = "") -> list[list[int]]:
+  """Each prompt's token ids, checked to lie in [0, vocab_size); an empty prompt is
+  `empty` (None: a PromptError naming it, `need` saying why)."""
   rows = []
   for i, prompt in enumerate(prompts, 1):
     parts = prompt.replace(",", " ").split()
+    if not parts and empty is not None:
+      rows.append(list(empty))
+      continue
     if not parts:
-      raise PromptError(f"prompt {i} is empty")
+      raise PromptError(f"prompt {i} is empty{need}")
     row = []
     for part in parts:
       try:
@@ -118,10 +127,12 @@ def encode_prompts(prompts: Sequence[str], tokenizer, vocab_size: int,
   """Text prompts -> int32 [B, L] (EOS-terminated, 0-padded) with `tokenizer`, or token ids.
 
   With `length`, every row is padded or cut to it. With the T5 model's `config`, the
-  tokenizer is checked against it (`check_tokenizer`: sizes and special ids).
+  tokenizer is checked against it (`check_tokenizer`: sizes and special ids), and an empty
+  id prompt is EOS alone, as the tokenizer encodes an empty text.
   """
   if tokenizer is None:
-    return pad_rows(parse_token_ids(prompts, vocab_size), length)
+    empty = None if config is None else [config.eos_id]
+    return pad_rows(parse_token_ids(prompts, vocab_size, empty), length)
   if tokenizer.vocab_size > vocab_size:
     raise PromptError(f"tokenizer {tokenizer.path!r} has {tokenizer.vocab_size} pieces but the "
                       f"model vocabulary has only {vocab_size}: they do not belong together")
@@ -143,15 +154,16 @@ def encode_lm_prompts(prompts: Sequence[str], tokenizer, config,
   kept) or padded to it. The lengths are the prompts' own: pass them on as `prompt_lengths`,
   since a prompt may end in the pad id (GPT-2 pads with its EOS).
   """
+  need = (": a decoder-only model needs at least one token to continue (an empty line is "
+          "an empty prompt: give it text, or remove the line)")
   if tokenizer is None:
-    rows = _id_rows(prompts, config.vocab_size)
+    rows = _id_rows(prompts, config.vocab_size, need=need)
   else:
     check_tokenizer(tokenizer, config)
     rows = [tokenizer.encode_one(text, add_eos=False) for text in prompts]
     for i, (text, row) in enumerate(zip(prompts, rows, strict=True), 1):
       if not row:
-        raise PromptError(f"prompt {i} ({text!r}) encodes to no tokens: a decoder-only model "
-                          "needs at least one token to continue")
+        raise PromptError(f"prompt {i} ({text!r}) encodes to no tokens{need}")
   if length is not None:
     rows = [r[:length] for r in rows]
   lengths = np.asarray([len(r) for r in rows], np.int32)
@@ -177,16 +189,6 @@ def lm_token_budget(lengths: np.ndarray, config, max_new_tokens: int) -> int:
   return min(int(max_new_tokens), limit - int(lengths.max(initial=0)))
 
 
-def missing_eos(tokens: np.ndarray, eos_id: int, pad_id: int = 0) -> list[int]:
-  """Indices of the rows of T5 encoder inputs [N, L] whose last non-pad token is not EOS."""
-  rows = []
-  for i, row in enumerate(np.asarray(tokens)):
-    real = row[row != pad_id]
-    if real.size and real[-1] != eos_id:
-      rows.append(i)
-  return rows
-
-
 def lm_batches(tokens: np.ndarray, lengths: np.ndarray,
                batch_size: int) -> tuple[list[Batch], list[np.ndarray]]:
   """Prompts [N, P] and lengths [N] in `padded_batches` of `batch_size` rows, each batch
@@ -201,11 +203,14 @@ def lm_batches(tokens: np.ndarray, lengths: np.ndarray,
 
 def file_prompts(path: str, length: int, tokenizer, vocab_size: int,
                  config=None) -> np.ndarray:
-  """Lines of `path` -> [N, length] (text via `tokenizer`, else token ids), padded or cut.
+  """Non-blank lines of `path` -> [N, length] (text via `tokenizer`, else token ids),
+  padded or cut: a benchmark's prompts, whose outputs answer no line.
 
   With a decoder-only model's `config`, the lines are its prompts (`encode_lm_prompts`: no
   EOS, right-padded with its pad id; a prompt ending in the pad id loses that token)."""
-  lines = read_prompt_lines([], path)
+  lines = [line for line in read_prompt_lines([], path) if line.strip()]
+  if not lines:
+    raise PromptError(f"no prompts: {path!r} holds no non-blank lines")
   if config is not None and getattr(config, "is_decoder_only", False):
     return encode_lm_prompts(lines, tokenizer, config, length)[0]
   return encode_prompts(lines, tokenizer, vocab_size, length, config)

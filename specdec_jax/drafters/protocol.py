@@ -133,10 +133,31 @@ def check_members(value: Any, members: tuple[str, ...], what: str, help_text: st
   if not isinstance(vocab, (int, np.integer)) or isinstance(vocab, bool) or vocab < 1:
     raise InputError(f"{name}.vocab_size must be an integer >= 1 (the vocabulary it proposes "
                      f"from), got {vocab!r}")
+  if _traced_vocab_size(value):
+    raise InputError(f"{name}.vocab_size is a pytree leaf, so jax.jit traces it and it has no "
+                     "value where shapes are built: declare it static, `vocab_size: int = "
+                     "struct.field(pytree_node=False)`")
   for member in members[1:]:
     args = _CALLS[member]
     kwargs = {"lengths": None} if member == "init" and decoder_only else {}
     _check_call(value, member, args, kwargs, what)
+
+
+class _Leaf:
+  """A stand-in for a pytree leaf (`_traced_vocab_size`)."""
+
+
+def _traced_vocab_size(value: Any) -> bool:
+  """Whether `value.vocab_size` is one of its pytree leaves: under jax.jit it would be a
+  tracer, and a vocabulary size must be a Python int where shapes are built."""
+  leaves, treedef = jax.tree_util.tree_flatten(value)
+  if not leaves:
+    return False
+  try:
+    rebuilt = jax.tree_util.tree_unflatten(treedef, [_Leaf() for _ in leaves])
+    return isinstance(rebuilt.vocab_size, _Leaf)
+  except Exception:   # a property that computes it from leaves, or a strict constructor
+    return False
 
 
 def _check_call(value: Any, member: str, args: tuple[str, ...], kwargs: dict,

@@ -77,7 +77,7 @@ from specdec_jax.methods.values import (
 )
 from specdec_jax.models.model import Model
 from specdec_jax.rounds import engine, requests
-from specdec_jax.rounds.stats import COMMON_STATS, DecodeStats, summarize
+from specdec_jax.rounds.stats import OWN_LOOP_STATS, DecodeStats, summarize
 
 Array = jax.Array
 
@@ -170,7 +170,9 @@ class SpeculativeBeam(Method):
   drafter_role: ClassVar[str | None] = "drafter"
   greedy_only: ClassVar[bool] = True
   with_drafter_for: ClassVar[str | None] = "beam"
-  statistics: ClassVar[tuple[str, ...]] = (*COMMON_STATS, "drafter_calls", "drafted",
+  # beam search's own (a step is one call over K beams: no tokens per call, no
+  # log-prob of one emitted sequence), then the drafter's
+  statistics: ClassVar[tuple[str, ...]] = (*OWN_LOOP_STATS, "drafter_calls", "drafted",
                                            "accepted", "acceptance_rate",
                                            "per_position_accepted")
   shorthand: ClassVar[tuple[str, ...]] = ("num_beams", "gamma")

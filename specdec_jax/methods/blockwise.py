@@ -138,8 +138,12 @@ def check_settings(model: Model, heads: Heads, top_k: int, num_drafts: int,
   if top_k > model.config.vocab_size:
     raise InputError(f"top_k={top_k} exceeds the vocabulary size {model.config.vocab_size}")
   if num_drafts > top_k ** heads.num_drafts:
+    enough = next(k for k in range(top_k + 1, num_drafts + 1)
+                  if k ** heads.num_drafts >= num_drafts)
     raise InputError(f"num_drafts={num_drafts} exceeds the {top_k}^{heads.num_drafts} paths "
-                     f"of the top-{top_k} lattice")
+                     f"of the top-{top_k} lattice ({heads.num_drafts} drafted tokens, "
+                     f"top_k={top_k} candidates each): raise top_k (top_k={enough} gives "
+                     f"{enough ** heads.num_drafts} paths) or lower num_drafts")
   check_rescoring(rescoring, rescorer, num_drafts)
   if not sampling.is_greedy and (num_drafts > 1 or rescoring is not None or top_k > 1):
     raise InputError("sampling with head drafts draws from the heads' distributions: "

@@ -77,7 +77,7 @@ def lower(target: Model, method: Method, inputs, *, max_new_tokens: int,
     target: as `decode`; so are method, inputs, max_new_tokens, sampling, eos_id
       and prompt_lengths (no rng: the key is an argument of the program, any gives it).
     platforms: the lowering platforms, e.g. ("tpu",), ("cuda",), ("cpu",), or several
-      (one program that runs on each; XLA's ops only).
+      (one program that runs on each; XLA's ops only); "gpu" means "cuda" (NVIDIA).
   Returns:
     `jax.stages.Lowered` (`.as_text()`, `.compile()` on a machine of that platform).
   Raises:
@@ -96,15 +96,35 @@ def lower(target: Model, method: Method, inputs, *, max_new_tokens: int,
       >>> "stablehlo.while" in lowered.as_text()
       True
   """
-  if isinstance(platforms, str) or not platforms or not all(
-      isinstance(p, str) for p in platforms):
-    raise InputError(f"platforms must be a non-empty tuple of platform names such as "
-                     f"('tpu',) or ('cuda',), got {platforms!r}")
-  platforms = tuple(platforms)
+  platforms = lowering_platforms(platforms)
   request = _request(target, method, inputs, max_new_tokens, sampling, 0, eos_id,
                      prompt_lengths)       # the key is an argument: any gives this program
   _check_kernels(target, method, platforms)
   return method.program(*request).lower(platforms)
+
+
+#: JAX's lowering platforms, and the names users type for them.
+PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+PLATFORM_ALIASES = {"gpu": "cuda", "nvidia": "cuda", "amd": "rocm"}
+
+
+def lowering_platforms(platforms) -> tuple[str, ...]:
+  """`platforms` as JAX's lowering names ("gpu" -> "cuda", any case); InputError naming
+  the known ones for another name or a bare string."""
+  if isinstance(platforms, str) or not platforms or not all(
+      isinstance(p, str) for p in platforms):
+    raise InputError(f"platforms must be a non-empty tuple of platform names such as "
+                     f"('tpu',) or ('cuda',), got {platforms!r}")
+  out = []
+  for name in platforms:
+    key = name.strip().lower()
+    key = PLATFORM_ALIASES.get(key, key)
+    if key not in PLATFORMS:
+      raise InputError(f"unknown platform {name!r}: lower for one of {', '.join(PLATFORMS)} "
+                       "(\"gpu\" means cuda, NVIDIA's; rocm is AMD's); no such device is "
+                       "needed here")
+    out.append(key)
+  return tuple(dict.fromkeys(out))
 
 
 def _request(target, method, inputs, max_new_tokens, sampling, rng, eos_id,

@@ -15,6 +15,9 @@ request fails with an `InputError` that names the argument, never inside a jit t
 from __future__ import annotations
 
 import os
+import sys
+import types
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +26,7 @@ import numpy as np
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.config import T5Config
 from specdec_jax.config.lm import LMConfig
-from specdec_jax.errors import InputError
+from specdec_jax.errors import InputError, InputWarning
 from specdec_jax.models.model import Model, check_tokens, host_array
 
 Array = jax.Array
@@ -32,9 +35,10 @@ Array = jax.Array
 def check_request(inputs, config: T5Config, max_new_tokens: int) -> Array:
   """Validate a decode request and return the encoder tokens as int32 [B, Le].
 
-  `inputs` may be an array or a rectangular nested list of ids. Every row must
-  hold at least one token that is neither padding (0) nor EOS: an empty input gives the
-  decoder nothing to condition on, so it is refused, naming the row.
+  `inputs` may be an array or a rectangular nested list of ids. Every row must hold at
+  least one token that is not padding (0): the encoder would attend over nothing, so a row
+  of padding alone is refused, naming the row. The empty input is EOS alone (`[1, 0, ...]`,
+  what the tokenizer encodes an empty text to), and decodes like any other.
 
   Length: T5's relative position buckets have no trained limit (distances past
   `relative_attention_max_distance` share the last bucket), so only `max_encoder_length`,
@@ -52,9 +56,73 @@ def check_request(inputs, config: T5Config, max_new_tokens: int) -> Array:
                      f"model allows (max_encoder_length={limit})")
   if not isinstance(inputs, jax.core.Tracer):
     check_nonempty_rows(host_array(inputs), config, "inputs")
+    warn_missing_eos(host_array(inputs), config)
   check_buffer_fits(config, inputs.shape[0], max_new_tokens)
   check_max_new_tokens(max_new_tokens)     # after: the memory check says more when both fail
   return jnp.asarray(inputs, jnp.int32)
+
+
+def rows_without_eos(tokens: np.ndarray, eos_id: int, pad_id: int = 0) -> list[int]:
+  """Indices of the rows of T5 encoder inputs [N, L] whose last non-pad token is not EOS."""
+  tokens = np.asarray(tokens)
+  real = tokens != pad_id
+  last = np.where(real.any(axis=1), tokens.shape[1] - 1 - np.argmax(real[:, ::-1], axis=1), 0)
+  ends = tokens[np.arange(len(tokens)), last]
+  return np.flatnonzero(real.any(axis=1) & (ends != eos_id)).tolist()
+
+
+_WARNED: set[str] = set()      # the InputWarnings given in this process: each once
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def warn_once(key: str, message: str) -> None:
+  """An `InputWarning` with `message`, the first time `key` is warned in this process,
+  pointing at the caller's line (the first frame outside specdec_jax)."""
+  if key in _WARNED:
+    return
+  _WARNED.add(key)
+  frame: types.FrameType | None = sys._getframe(0)
+  level = 1
+  while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+    frame, level = frame.f_back, level + 1
+  warnings.warn(message, InputWarning, stacklevel=level)
+
+
+def warn_missing_eos(tokens: np.ndarray, config: T5Config) -> None:
+  """Warn (once) when a T5 input row does not end in EOS: it decodes as given, but T5 reads
+  EOS-terminated inputs (the tokenizer appends EOS, as T5X's seqio does), so its output
+  differs from the same input ending in EOS. `specdec decode` notes it per prompt instead."""
+  rows = rows_without_eos(tokens, config.eos_id, config.pad_id)
+  if rows:
+    shown = ", ".join(map(str, rows[:8])) + (", ..." if len(rows) > 8 else "")
+    warn_once("missing_eos", f"inputs row{'s' if len(rows) > 1 else ''} {shown} "
+              f"{'do' if len(rows) > 1 else 'does'} not end in EOS ({config.eos_id}): T5 reads "
+              f"EOS-terminated inputs (tokenizer.encode appends it), so the output differs "
+              f"from the same input ending in {config.eos_id}; append it (this warning is "
+              "shown once)")
+
+
+def check_left_padding(tokens: np.ndarray, pad_id: int) -> None:
+  """Refuse decoder-only prompts [B, P] that look left-padded, given without lengths:
+  every row ends in the last column and rows start with different numbers of pad ids
+  (Hugging Face's padding_side="left"). Decoded as given, the pads would be read as the
+  prompt's first tokens and the output would differ with no word."""
+  tokens = np.asarray(tokens)
+  if tokens.shape[0] < 2 or np.any(tokens[:, -1] == pad_id):
+    return
+  leading = np.argmax(tokens != pad_id, axis=1)
+  if leading.min() == leading.max():
+    return
+  rows = np.flatnonzero(leading > 0)[:8].tolist()
+  raise InputError(
+      f"prompt rows {rows} look left-padded (they start with the pad id {pad_id} and every "
+      "row ends in the last column): decoder-only prompts here are right-padded with "
+      "per-row lengths. Right-pad them and pass prompt_lengths (tokenizer.encode_prompts "
+      "returns both; with Hugging Face, padding_side=\"right\" and "
+      "attention_mask.sum(-1)), or, if the leading pad ids are content, pass prompt_lengths "
+      "to say so")
 
 
 def check_prompt(prompt, config, max_new_tokens: int, lengths=None) -> tuple[Array, Array]:
@@ -79,6 +147,8 @@ def check_prompt(prompt, config, max_new_tokens: int, lengths=None) -> tuple[Arr
     raise InputError(f"a prompt buffer of {prompt.shape[1]} tokens and max_new_tokens="
                      f"{max_new_tokens} exceed the model's {limit} {scheme} positions "
                      "(max_positions): shorten the prompt or lower max_new_tokens")
+  if lengths is None:
+    check_left_padding(host_array(prompt), config.pad_id)
   lengths = lm.check_prompt(prompt, lengths, prompt.shape[1], config)
   check_buffer_fits(config, prompt.shape[0], max_new_tokens + prompt.shape[1])
   check_max_new_tokens(max_new_tokens)
@@ -109,16 +179,17 @@ def as_token_array(tokens, name: str):
 
 
 def check_nonempty_rows(tokens: np.ndarray, config: T5Config, name: str) -> None:
-  """Refuse rows [B, L] holding nothing but padding (0) and EOS: an empty sentence."""
-  content = (tokens != config.pad_id) & (tokens != config.eos_id)
-  empty = np.flatnonzero(~np.any(content, axis=1))
+  """Refuse rows [B, L] holding nothing but padding: the encoder has no position to attend
+  to (the empty sentence is EOS alone, a row like any other)."""
+  empty = np.flatnonzero(~np.any(tokens != config.pad_id, axis=1))
   if empty.size:
     rows = ", ".join(map(str, empty[:8].tolist())) + (", ..." if empty.size > 8 else "")
     raise InputError(
         f"{name} row{'s' if empty.size > 1 else ''} {rows} "
-        f"{'hold' if empty.size > 1 else 'holds'} no token besides padding ({config.pad_id}) "
-        f"and EOS ({config.eos_id}): an empty input gives the decoder nothing to condition on; "
-        "drop the row (a short last batch can repeat a real row: tools.batching.padded_batches)")
+        f"{'hold' if empty.size > 1 else 'holds'} nothing but padding ({config.pad_id}): the "
+        f"encoder has no token to attend to; an empty input is EOS alone "
+        f"([{config.eos_id}], as the tokenizer encodes an empty text), or drop the row (a "
+        "short last batch can repeat a real row: tools.batching.padded_batches)")
 
 
 def device_memory_bytes() -> int | None:

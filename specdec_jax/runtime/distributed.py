@@ -146,6 +146,8 @@ def initialize(processes: Processes) -> bool:
       raise CLIError(f"--{flag.replace('_', '-')} must be positive, not "
                      f"{getattr(processes, flag)}")
   coordinator, process = processes.coordinator, processes.process_id
+  if coordinator:      # jaxlib reads the port from it with no check of its own
+    host_and_port(coordinator)
   if coordinator and process != 0:    # jaxlib aborts (C++) when it finds no one: ask first
     wait_for_coordinator(coordinator, processes.coordinator_timeout, process)
   try:
@@ -173,19 +175,26 @@ def initialize(processes: Processes) -> bool:
   return True
 
 
+def host_and_port(address: str) -> tuple[str, int]:
+  """(host, port) of a coordinator's HOST:PORT ([::1]:PORT for IPv6); a CLIError for
+  anything else."""
+  host, sep, port = address.rpartition(":")
+  if not sep or not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+    raise CLIError(f"--coordinator {address!r} is not HOST:PORT (e.g. 10.0.0.1:1234: process "
+                   "0's host and a free port on it)")
+  return host.strip("[]"), int(port)
+
+
 def wait_for_coordinator(address: str, timeout: float, process: int | None = None,
                          poll: float = 0.5) -> None:
   """Return once a TCP connection to `address` (HOST:PORT) opens; a CoordinatorError when
   none did within `timeout` seconds. jax.distributed's own connect ends the process from
   C++ (SIGABRT, a stack trace) when its time runs out, so this check speaks first."""
-  host, sep, port = address.rpartition(":")
-  if not sep or not port.isdigit():
-    raise CLIError(f"--coordinator {address!r} is not HOST:PORT")
-  host = host.strip("[]")      # an IPv6 literal [::1]
+  host, port = host_and_port(address)
   deadline = time.monotonic() + timeout
   while True:
     try:
-      with socket.create_connection((host, int(port)), timeout=max(0.1, min(poll * 4, timeout))):
+      with socket.create_connection((host, port), timeout=max(0.1, min(poll * 4, timeout))):
         return
     except OSError as e:
       if time.monotonic() + poll > deadline:

@@ -88,6 +88,7 @@ def test_pipeline_writes_json_md_png_and_greedy_bleu_matches(workdir, tmp_path):
   # c is a measured cost ratio: positive, never compared with a speed (a busy machine).
   assert all(rows[key]["c"] > 0 for key in ("B4/drafter/g2", "B4/ngram/g2"))
   assert "mismatching_rows" not in rows["B4/target/sample"]
+  assert rows["B4/target/sample"]["speedup"] == 1.0    # its own baseline, not greedy's
 
   saved = json.loads((out / "results.json").read_text())
   assert len(saved["rows"]) == 5 and "4" in saved["costs"]

@@ -15,7 +15,9 @@ Definitions (also written into bench.json under "definitions"):
   the tokens it generated summed over rows (EOS included). At batch 8 this is the
   amortised cost of one row-token, not the latency of a step.
 * tokens/s: the inverse, generated row-tokens per second.
-* speedup: baseline ms/token / speculative ms/token (same batch size and mode).
+* speedup: the method's baseline's ms/token / its ms/token (same batch size and mode);
+  the baseline is `Method.baseline()`: the target alone for speculative decoding, BiLD and
+  blockwise decoding, `sd.Beam` with the same beams for speculative beam search.
 * alpha: stats["alpha"] = sum(beta) / scored draft positions, beta = sum_x min(p, q).
 * acceptance rate: accepted drafts / drafted tokens.
 * block efficiency: generated tokens per target (verifier) call, calls counted per row
@@ -30,8 +32,10 @@ Definitions (also written into bench.json under "definitions"):
 
 Prompts are uniform random token ids in [3, vocab) of length `prompt_len` whose last
 token is EOS (1), the same rows for every batch size (batch B takes the first B rows);
-or lines of `--prompts-file` (text with `--tokenizer`, else token ids), padded or cut
-to `prompt_len`, cycled when the file has fewer lines than the batch. Random-weight
+or the non-blank lines of `--prompts-file` (text with `--tokenizer`, else token ids),
+padded or cut to `prompt_len`, every line decoded at every batch size (a call decodes
+them all in batches of B rows, the last padded; ms/token counts the real rows' tokens).
+Random-weight
 models ("config:NAME") give alpha ~ 0: the numbers then measure the machinery's cost.
 
     results = run_bench(target, drafter, BenchSettings(batch_sizes=(1,), gammas=(1, 3),

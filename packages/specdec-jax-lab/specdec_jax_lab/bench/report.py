@@ -65,7 +65,8 @@ def markdown_report(results: dict[str, Any]) -> str:
       f"{m['device_kind']}, {m['cpu_count']} CPUs, {m['platform']}", "",
       markdown_table(results), "",
       "ms/token = median wall time of a batched decode call / tokens generated summed over rows; "
-      "speedup = baseline ms/token / speculative ms/token; tokens/call = tokens per target call, "
+      "speedup = the method's baseline's ms/token / its ms/token (the target alone; "
+      "speculative beam search: sd.Beam with its beams); tokens/call = tokens per target call, "
       "calls counted per row (baseline: 1); c = drafter step / target step time; verify cost = "
       "(γ+1)-token target call / 1-token call; predicted = E/(γc + verify cost), "
       "E = (1-α^(γ+1))/(1-α).",

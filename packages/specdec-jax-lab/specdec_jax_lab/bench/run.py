@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
+import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
@@ -17,13 +18,13 @@ import numpy as np
 import specdec_jax as sd
 from specdec_jax import costs as costs_lib
 from specdec_jax import experimental
-from specdec_jax.batching import cycled_rows, random_prompts
+from specdec_jax.batching import Batch, cycled_rows, padded_batches, random_prompts
 from specdec_jax.cli.models import resolve_drafter
 from specdec_jax.cli.options import MODES, make_sampling
 from specdec_jax.costs import CostTiming
 from specdec_jax.errors import BenchError
 from specdec_jax.rounds.engine import EXACT_WIDTH
-from specdec_jax.runs import Run, stats_row
+from specdec_jax.runs import Run, decode_corpus, same_output, stats_row
 from specdec_jax.runtime.report import machine_info, utc_now
 from specdec_jax.timing import default_compile_workers, run_parallel, time_rounds, timed_call
 
@@ -33,7 +34,9 @@ DEFINITIONS = {
     "ms_per_token": "median wall time of one batched decode call / generated tokens summed over "
                     "rows (EOS included)",
     "tokens_per_s": "generated row-tokens per second (1000 / ms_per_token)",
-    "speedup": "baseline ms_per_token / speculative ms_per_token, same batch size and mode",
+    "speedup": "the method's baseline's ms_per_token / its ms_per_token, same batch size and "
+               "mode; the baseline is Method.baseline(): the target alone (greedy or sampling "
+               "alike), sd.Beam with the same beams for a beam method",
     "alpha": "stats['alpha'] = sum(beta_sum) / sum(beta_count): mean over scored draft "
              "positions of sum_x min(p, q)",
     "acceptance_rate": "accepted drafts / drafted tokens",
@@ -62,6 +65,8 @@ DEFINITIONS = {
                              "per target call, total steps / total rounds",
     "drafted_nodes_per_round": "speculative beam search: drafted tree nodes per row and "
                                "round",
+    "same_tokens": "greedy: the entry's tokens equal its baseline's (decoded in the same group)",
+    "same_beams": "a beam method: every beam and score equal sd.Beam's with its settings",
     "first_call_s": "duration of the warm-up call (mostly compilation; concurrent with other "
                     "warm-ups when compile_workers > 1)",
 }
@@ -218,7 +223,7 @@ def _entry(batch: int, mode: str, method: Run, timed: dict[str, Any],
            "first_call_s": first_call_s, "ms_per_token": 1e3 * wall / max(generated, 1),
            "tokens_per_s": generated / wall if wall > 0 else None}
   entry.update(stats_row(out.stats))
-  if isinstance(method.method, sd.Autoregressive):
+  if type(method.method.baseline()) is type(method.method):   # its own baseline
     entry["speedup"] = 1.0
   return entry
 
@@ -237,10 +242,12 @@ class _Run:
   """One benchmark run: the models, its settings, and the compiled pieces."""
 
   def __init__(self, target, drafter, prompts, gammas: list[int], settings: BenchSettings, *,
-               extras=None, references=None, place_inputs=None):
+               extras=None, references=None, place_inputs=None, every_row=False):
     """`gammas`: the checked, sorted gammas timed (none with `settings.baseline_only`);
-    the rest of the run's settings come from `settings`."""
+    `every_row`: every row of `prompts` is decoded at every batch size (a prompts file),
+    else batch B decodes the first B; the rest of the run's settings come from `settings`."""
     self.target, self.drafter, self.prompts = target, drafter, prompts
+    self.every_row = every_row
     self.place_inputs = place_inputs
     self.exact = settings.exact
     self.extras = dict(extras or {})
@@ -256,6 +263,15 @@ class _Run:
     enc = jnp.asarray(cycled_rows(self.prompts, batch))
     return enc if self.place_inputs is None else self.place_inputs(enc)
 
+  def batches(self, batch: int) -> list[Batch]:
+    """What a call at batch size `batch` decodes: every prompt in batches of `batch` rows
+    (the last padded, its padding not counted), or the first `batch` rows."""
+    if not self.every_row:
+      return [Batch(self.encoder(batch), batch)]
+    place = (lambda x: x) if self.place_inputs is None else self.place_inputs
+    return [Batch(place(jnp.asarray(b.tokens)), b.real)
+            for b in padded_batches(self.prompts, batch)]
+
   def method(self, item, sampling) -> Run:
     """The baseline (None), speculative decoding (a gamma) or an extra (its label)."""
     if item is None:
@@ -268,13 +284,25 @@ class _Run:
   def methods(self, batch: int, mode: str, todo) -> Mapping[str, Callable[[], Any]]:
     """{"baseline" / "gamma=G" / label: a call decoding the group's batch} for the missing
     entries."""
-    sampling, enc, out = make_sampling(mode), self.encoder(batch), {}
+    sampling, batches, out = make_sampling(mode), self.batches(batch), {}
     for g in todo:
-      method = self.method(g, sampling)
       out[_name(g)] = functools.partial(
-          method.decode, self.target, enc, max_new_tokens=self.max_new_tokens, rng=self.rng,
-          eos_id=self.eos_id)
+          decode_corpus, self.method(g, sampling), self.target, batches,
+          max_new_tokens=self.max_new_tokens, rng=self.rng, eos_id=self.eos_id)
     return out
+
+  def baseline_label(self, item, sampling) -> str | None:
+    """The label of the entry `item` (a gamma or an extra's label) is measured against
+    (`Method.baseline()`): None for the target alone, else the extra with the baseline's
+    settings (`sd.Beam` of a beam method's beams); KeyError if none is timed."""
+    base = self.method(item, sampling).method.baseline()
+    if isinstance(base, sd.Autoregressive):
+      return None
+    for label in self.extras:
+      value = self.method(label, sampling).method
+      if type(value) is type(base) and dataclasses.replace(value, exact=None) == base:
+        return label
+    raise KeyError(item)
 
   def warm_up(self, groups, cost_batches, workers, tick):
     """Compile every step-cost loop and method, `workers` at a time; (timers by batch,
@@ -303,11 +331,13 @@ class _Run:
       name = _name(g)
       entry = _entry(batch, mode, self.method(g, sampling), timed[name], first[name],
                      label=g if isinstance(g, str) else None)
-      speedup = base["ms_per_token"] / entry["ms_per_token"]
+      if "speedup" not in entry:      # over its own baseline, not always the target alone
+        entry.update(self.speedup(g, sampling, entry, [*results["results"], *new], base,
+                                  (batch, mode)))
+        entry.update(self.agreement(g, sampling, timed))
       if isinstance(g, int):
         entry.update(costs_lib.predictions(entry["alpha"], g, costs["c"],
-                                           _verify_cost(costs, g), speedup))
-      entry.update(speedup=speedup, baseline_ms_per_token=base["ms_per_token"])
+                                           _verify_cost(costs, g), entry["speedup"]))
       new.append(entry)
     for entry in new:       # an extra timed against another entry of its group
       ref_label = self.references.get(entry.get("label"))
@@ -320,6 +350,33 @@ class _Run:
       if isinstance(method, experimental.SpeculativeBeam) and "steps_per_target_call" in entry:
         entry.update(self.beam_prediction(batch, method, entry["steps_per_target_call"]))
     return new
+
+  def speedup(self, item, sampling, entry, entries, base, group) -> dict[str, Any]:
+    """{speedup, baseline_ms_per_token, baseline} of `entry` over its baseline's entry
+    (`baseline_label`; `base`: the group's target alone); speedup None when that
+    baseline is not timed."""
+    try:
+      label = self.baseline_label(item, sampling)
+    except KeyError:
+      return {"speedup": None, "baseline": "not timed"}
+    ref = base if label is None else next(
+        (e for e in entries if _key(e) == (*group, label)), None)
+    if ref is None:
+      return {"speedup": None, "baseline": "not timed"}
+    return {"speedup": ref["ms_per_token"] / entry["ms_per_token"],
+            "baseline_ms_per_token": ref["ms_per_token"], "baseline": label or "target alone"}
+
+  def agreement(self, item, sampling, timed) -> dict[str, Any]:
+    """Greedy: {same_tokens, and for beams same_beams} of `item`'s output and its
+    baseline's, where both were decoded in this group (`runs.same_output`)."""
+    try:
+      label = self.baseline_label(item, sampling)
+    except KeyError:
+      return {}
+    base = timed.get(_name(label))
+    if not sampling.is_greedy or base is None:
+      return {}
+    return same_output(timed[_name(item)]["output"], base["output"])
 
   def beam_prediction(self, batch: int, method, steps_per_call: float) -> dict[str, Any]:
     """Speculative beam search's step costs at this batch (`measure_beam_costs`) and the
@@ -411,7 +468,8 @@ def run_bench(target, drafter=None, settings: BenchSettings = BenchSettings(), *
   Args:
     target, drafter: `Model`s (drafter may be None with `settings.baseline_only`).
     settings: what is measured and how (`BenchSettings`).
-    prompts: [N, L] encoder tokens; default `random_prompts(max batch, prompt_len, V, seed)`.
+    prompts: [N, L] encoder tokens (a prompts file's), every row decoded at every batch
+      size; default `random_prompts(max batch, prompt_len, V, seed)`, batch B the first B.
     record: the descriptive "config" to store and the bench.json to resume (`BenchRecord`).
     on_update: called with the results so far after each (batch, mode) group.
     extras: {label: sampling -> Run}, more methods timed in every (batch, mode)
@@ -427,6 +485,7 @@ def run_bench(target, drafter=None, settings: BenchSettings = BenchSettings(), *
   gammas = [] if s.baseline_only else sorted({int(g) for g in s.gammas})
   modes = list(s.modes)
   _check_settings(target, drafter, s, batch_sizes, gammas, modes)
+  prompts_given = prompts is not None
   if prompts is None:
     prompts = random_prompts(max(batch_sizes), s.prompt_len, target.config.vocab_size, s.seed)
   prompts = np.asarray(prompts, np.int32)
@@ -440,7 +499,7 @@ def run_bench(target, drafter=None, settings: BenchSettings = BenchSettings(), *
   results, kept_costs = _start_results(config, record.existing)
   plan = _plan(batch_sizes, modes, [*gammas, *extras], {_key(e) for e in results["results"]})
   run = _Run(target, drafter, prompts, gammas, s, extras=extras, references=references,
-             place_inputs=place_inputs)
+             place_inputs=place_inputs, every_row=prompts_given)
   _execute(run, plan, results, kept_costs, s.repeats, workers, s.progress, on_update)
   results["results"].sort(key=_sort_key(results["config"]["modes"], list(extras)))
   results["projections"] = [p for c in results["costs"] for p in costs_lib.projections(c)]
@@ -458,9 +517,17 @@ def _execute(run: _Run, plan, results, kept_costs, repeats, workers, progress, o
   bar = tqdm(total=total, desc="bench: compiling", unit="call", disable=not progress,
              file=sys.stderr, dynamic_ncols=True)
   tick = lambda: bar.update(1)
+  say = (lambda text: None) if progress else (lambda text: print(text, file=sys.stderr,
+                                                                 flush=True))
+  say(f"bench: compiling {len(cost_batches) * (2 + len(run.gammas))} step-cost loops and "
+      f"{sum(map(len, groups.values()))} decode calls, then timing {len(plan)} (batch, mode) "
+      f"group{'s' if len(plan) != 1 else ''} of {repeats} rounds")
+  t0 = time.perf_counter()
   try:
     timers, first_call_s = run.warm_up(groups, cost_batches, workers, tick)
-    for b, mode, todo in plan:
+    say(f"bench: compiled in {time.perf_counter() - t0:.0f} s")
+    t_timing = time.perf_counter()
+    for i, (b, mode, todo) in enumerate(plan):
       if b in timers:
         bar.set_description(f"bench B={b} step costs")
         kept_costs[b] = measure_costs(run.target, run.drafter, b, run.gammas,
@@ -475,5 +542,14 @@ def _execute(run: _Run, plan, results, kept_costs, repeats, workers, progress, o
       results["results"].sort(key=_sort_key(results["config"]["modes"], list(run.extras)))
       if on_update is not None:
         on_update(results)
+      say(_group_line(i + 1, len(plan), b, mode, time.perf_counter() - t_timing))
   finally:
     bar.close()
+
+
+def _group_line(done: int, total: int, batch: int, mode: str, seconds: float) -> str:
+  """A timed group's progress line, with the time the rest will take at this pace (groups
+  differ in batch size, so a rough estimate)."""
+  left = seconds / done * (total - done)
+  return (f"bench: B={batch} {mode} timed ({done} of {total}, {seconds:.0f} s"
+          + (f"; about {left:.0f} s left)" if done < total else ")"))

@@ -260,7 +260,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("--ignore-eos", action="store_true",
                  help="always decode max_new_tokens per row (eos_id=-1)")
   p.add_argument("--prompts-file", metavar="FILE",
-                 help="one prompt per line: text with --tokenizer, else token ids")
+                 help="one prompt per line: text with --tokenizer, else token ids; every "
+                 "non-blank line is decoded at every batch size")
   p.add_argument("--tokenizer", metavar="PATH_OR_NAME",
                  help="tokenizer of --prompts-file's text (default: random token ids)")
   p.add_argument("--out", default="bench_out", metavar="DIR",
