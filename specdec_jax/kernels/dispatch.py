@@ -281,15 +281,21 @@ def mean_square(module, x: Array, scale: str = "scale") -> Array:
 
 
 def attention(module, q: Array, k: Array, v: Array, bias: Array | None, lengths: Array, dtype,
-              xla: Callable[[], Array]) -> Array:
+              xla: Callable[[], Array], window: int | None = None) -> Array:
   """q [B, H, T, Dh], grouped k/v [B, Hkv, S, Dh] (query head h reads K/V head
   h // (H / Hkv)), bias None | [B|1, H|1, T|1, S], lengths [B, T] (row (b, t) reads keys
-  s < lengths[b, t]: `kernels.shapes`) -> [B, T, H, Dh] `dtype`; the attention kernel when
-  packed (every query row computed alike), else `xla()`."""
+  s < lengths[b, t], and s >= lengths[b, t] - `window` with one: `kernels.shapes`) ->
+  [B, T, H, Dh] `dtype`; the attention kernel when packed (every query row computed
+  alike), else `xla()`. No backend's kernel takes a window: a windowed attention on one
+  is refused (`InputError`)."""
   product = Product(tuple(module.scope.path) + ("attention",), "attention", (), jnp.dtype(dtype))
   marker = _packed(module, product)
   if marker is None:
     return xla()
+  if window is not None:
+    raise InputError(f"the {marker.backend} attention kernel takes no sliding window "
+                     f"(window {window} at {'/'.join(product.key)}): pack the model for "
+                     "kernels='xla'")
   attend = backends.get(marker.backend).kernel("attention")
   q = jnp.swapaxes(q, 1, 2)
   if marker.layout is not None:

@@ -85,7 +85,9 @@ def pack_model(model: Model, policy: dispatch.Policy | None = None, *,
   packed; the others listed with the reason in `.xla`.
 
   A Model packed under the same policy already comes back as is; under another, it is
-  repacked from its params. Raises `InputError` for params that are tracers or abstract
+  repacked from its params. A model with sliding-window layers (Gemma 4) runs on XLA's
+  ops: "auto" chooses "xla" for it, a kernel backend named for it is an `InputError`.
+  Raises `InputError` for params that are tracers or abstract
   (pack outside a traced function) and for a backend that cannot run here.
   """
   if not isinstance(model, Model):
@@ -93,7 +95,16 @@ def pack_model(model: Model, policy: dispatch.Policy | None = None, *,
   if not all(_concrete(x) for x in jax.tree_util.tree_leaves(model.params)):
     raise InputError("pack needs concrete params: pack the Model before tracing a function "
                      "of it (a jit argument's params are tracers)")
+  named = policy is not None or kernels != "auto"
   policy = dispatch.policy(kernels, model.params) if policy is None else policy
+  if getattr(model.config, "windowed", False) and policy.kernels:
+    # No backend's attention kernel takes a sliding window (`kernels.shapes`).
+    if named:
+      raise InputError(f"kernels={policy.backend!r}: the {policy.backend} attention kernel "
+                       "takes no sliding window, and this model has sliding-window layers "
+                       "(Gemma 4): use kernels='xla' (or 'auto')")
+    policy = dispatch.Policy("xla", "auto: sliding-window attention (no kernel takes a window)",
+                             policy.xla)
   if model.decode_weights is not None and model.decode_weights.policy == policy:
     return model
   backend = backends.get(policy.backend)
