@@ -5,6 +5,7 @@ keys as values, ragged prompts at batch > 1); every greedy method of the registr
 baseline with a smaller Gemma 4 drafter; the kernels refuse a window; `sd.lower` for TPU
 and CUDA; the loader's refusals."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -93,6 +94,19 @@ def test_logits_and_greedy_tokens_match_transformers(pair):
     n = int(out.lengths[b])
     np.testing.assert_array_equal(np.asarray(out.tokens[b, :n]), expected[:n])
     assert n == len(expected) and len(prompt) + n > WINDOW
+
+
+def test_a_tree_decode_windows_keys_by_position(pair):
+  """A chain of drafts given as a tree (positions and a visibility mask, as blockwise
+  verification calls it) reads what the plain k-token call reads: a sliding layer hides
+  the keys a window before each query's position, not its slot."""
+  _, target, _ = pair
+  _, cache, _ = target.begin(PROMPTS[2:], T)
+  tokens = jnp.asarray([[14, 30, 31, 32]], jnp.int32)
+  plain, _ = target.decode(tokens, cache)
+  tree, _, _ = target.decode_with_hidden(tokens, cache, positions=jnp.arange(4)[None],
+                                         visible=jnp.tril(jnp.ones((4, 4), bool))[None])
+  np.testing.assert_array_equal(np.asarray(tree), np.asarray(plain))
 
 
 @pytest.mark.slow
