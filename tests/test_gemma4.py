@@ -130,13 +130,15 @@ def test_kernel_backends_refuse_a_sliding_window(pair):
   assert sd.pack(target, kernels="auto").decode_weights.policy.backend == "xla"
 
 
-def test_lowers_for_tpu_and_cuda(pair):
-  """On XLA's ops (a windowed model packs for no kernel): no CPU custom call in the text."""
+@pytest.mark.slow
+def test_every_method_lowers_for_tpu_and_cuda(pair):
+  """On XLA's ops (a windowed model packs for no kernel): no custom call in the text."""
   _, target, drafter = pair
-  for platform in ("tpu", "cuda"):
-    text = sd.lower(target, sd.Speculative(drafter, gamma=2), PROMPTS, max_new_tokens=T,
-                    platforms=(platform,)).as_text()
-    assert "stablehlo.while" in text and "custom_call" not in text, platform
+  for name, method in testing.examples(target, drafter).items():
+    for platform in ("tpu", "cuda"):
+      text = sd.lower(target, method, PROMPTS, max_new_tokens=T,
+                      platforms=(platform,)).as_text()
+      assert "stablehlo.while" in text and "custom_call" not in text, (name, platform)
 
 
 @pytest.mark.parametrize("key, value, message", [
