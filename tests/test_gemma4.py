@@ -2,8 +2,8 @@
 `sd.load`; logits and greedy tokens against transformers (a sliding window shorter than
 prompt + output, soft-capped logits, grouped heads, full layers of their own head size with
 keys as values, ragged prompts at batch > 1); every greedy method of the registry equals its
-baseline with a smaller Gemma 4 drafter; the kernels refuse a window; `sd.lower` for TPU
-and CUDA; the loader's refusals."""
+baseline with a smaller Gemma 4 drafter; the kernels refuse a window; the loader's
+refusals. (Every method lowers for TPU and CUDA: tests/test_lower.py's "gemma4" kind.)"""
 
 import jax.numpy as jnp
 import numpy as np
@@ -128,17 +128,6 @@ def test_kernel_backends_refuse_a_sliding_window(pair):
     with pytest.raises(sd.InputError, match="sliding window"):
       sd.pack(target, kernels=kernels)
   assert sd.pack(target, kernels="auto").decode_weights.policy.backend == "xla"
-
-
-@pytest.mark.slow
-def test_every_method_lowers_for_tpu_and_cuda(pair):
-  """On XLA's ops (a windowed model packs for no kernel): no custom call in the text."""
-  _, target, drafter = pair
-  for name, method in testing.examples(target, drafter).items():
-    for platform in ("tpu", "cuda"):
-      text = sd.lower(target, method, PROMPTS, max_new_tokens=T,
-                      platforms=(platform,)).as_text()
-      assert "stablehlo.while" in text and "custom_call" not in text, (name, platform)
 
 
 @pytest.mark.parametrize("key, value, message", [
