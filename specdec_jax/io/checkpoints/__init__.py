@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from specdec_jax.config import T5Config
+from specdec_jax.config import GemmaConfig, T5Config
 from specdec_jax.config.lm import LMConfig
 from specdec_jax.errors import ConfigError
 from specdec_jax.io.checkpoints import (
@@ -178,7 +178,10 @@ def validate_params(params: Mapping[str, Any], config: T5Config, source: str = "
 def export_hf(path: str | os.PathLike, config: T5Config | LMConfig,
               params: Mapping[str, Any]) -> str:
   """Write a transformers dir (config.json + model.safetensors): T5 for a T5Config
-  (`hf.export_hf`), GPT-2 or Llama for an LMConfig (`hf_lm.export_hf`). Returns its path."""
+  (`hf.export_hf`), Gemma 4 for a GemmaConfig (`hf_gemma.export_hf`), GPT-2 or Llama for
+  another LMConfig (`hf_lm.export_hf`). Returns its path."""
+  if isinstance(config, GemmaConfig):
+    return hf_gemma.export_hf(path, config, params)
   if isinstance(config, LMConfig):
     return hf_lm.export_hf(path, config, params)
   return hf.export_hf(path, config, params)

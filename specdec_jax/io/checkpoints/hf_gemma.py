@@ -21,11 +21,12 @@ text). Names (nn.Linear weights [out, in], transposed)::
 Refused (`CheckpointError`, naming the setting): per-layer inputs
 (``hidden_size_per_layer_input``), shared K/V layers (``num_kv_shared_layers``),
 mixture-of-experts blocks, bidirectional attention, attention biases, rope types other than
-"default" and "proportional" (unscaled).
+"default" and "proportional" (unscaled). `export_hf` writes a "gemma4_text" directory back.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -34,7 +35,7 @@ import numpy as np
 
 from specdec_jax.config.gemma import GemmaConfig
 from specdec_jax.errors import ConfigError
-from specdec_jax.io.checkpoints import hf, leaves, resolve
+from specdec_jax.io.checkpoints import files, hf, leaves, resolve, tree
 from specdec_jax.io.checkpoints.errors import CheckpointError
 
 MODEL_TYPES = ("gemma4", "gemma4_text")
@@ -236,3 +237,54 @@ def open_leaves(directory: str) -> tuple[GemmaConfig, dict[str, leaves.Leaf]]:
     state.update(hf.safetensors_leaves(os.path.join(directory, file), tensors))
   return _convert(state, hf_config, source, leaves.transposed,
                   lambda a, b: a.shape == b.shape and leaves.equal(a, b))
+
+
+def config_to_hf_dict(config: GemmaConfig, dtype: str | None = None) -> dict[str, Any]:
+  """A transformers `Gemma4TextConfig` config.json dict ("gemma4_text") for `config`."""
+  def rope(theta: float, fraction: float) -> dict[str, Any]:
+    if fraction == 1.0:
+      return {"rope_type": "default", "rope_theta": theta}
+    return {"rope_type": "proportional", "partial_rotary_factor": fraction, "rope_theta": theta}
+
+  names = {v: k for k, v in _LAYER_TYPES.items()}
+  d: dict[str, Any] = dict(
+      architectures=["Gemma4ForCausalLM"], model_type="gemma4_text",
+      vocab_size=config.vocab_size, hidden_size=config.emb_dim,
+      intermediate_size=config.mlp_dim, num_hidden_layers=config.num_layers,
+      num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads,
+      head_dim=config.head_dim, hidden_activation="gelu_pytorch_tanh",
+      max_position_embeddings=config.max_positions, rms_norm_eps=config.norm_epsilon,
+      pad_token_id=config.pad_id, eos_token_id=config.eos_id, bos_token_id=config.bos_id,
+      tie_word_embeddings=config.tie_embeddings, attention_bias=False,
+      sliding_window=config.sliding_window,
+      layer_types=[names[t] for t in config.layer_types],
+      final_logit_softcapping=config.final_logit_softcap, hidden_size_per_layer_input=0,
+      attention_k_eq_v=config.attention_k_eq_v, num_kv_shared_layers=0,
+      enable_moe_block=False,
+      rope_parameters={
+          "sliding_attention": rope(config.rope_theta, config.rope_fraction),
+          "full_attention": rope(config.global_rope_theta, config.global_rope_fraction)},
+      per_layer_config={str(i): {"head_dim": config.global_head_dim,
+                                 "num_key_value_heads": config.global_num_kv_heads}
+                        for i, t in enumerate(config.layer_types) if t == "full"})
+  if dtype is not None:
+    d["dtype"] = dtype
+  return d
+
+
+def export_hf(path: str | os.PathLike, config: GemmaConfig, params: Mapping[str, Any]) -> str:
+  """Write a transformers "gemma4_text" dir (config.json + model.safetensors); its path.
+  ``Gemma4ForCausalLM.from_pretrained(path)`` gives exactly these weights."""
+  path = os.fspath(path)
+  flat = {k: np.asarray(v) for k, v in tree.flatten(params).items()}
+  tree.validate(flat, config, "params")
+  state = {name: np.ascontiguousarray(flat[key].T if t else flat[key])
+           for name, key, t in name_map(config, "model")}
+  if not config.tie_embeddings:
+    state["lm_head.weight"] = np.ascontiguousarray(flat["decoder/logits_dense/kernel"].T)
+  dtypes = {str(v.dtype) for v in state.values()}
+  os.makedirs(path, exist_ok=True)
+  files.write_safetensors(state, os.path.join(path, hf.WEIGHTS_NAME), metadata={"format": "pt"})
+  with open(os.path.join(path, hf.CONFIG_NAME), "w") as f:
+    json.dump(config_to_hf_dict(config, dtypes.pop() if len(dtypes) == 1 else None), f, indent=2)
+  return path
