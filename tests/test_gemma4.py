@@ -2,8 +2,10 @@
 `sd.load`; logits and greedy tokens against transformers (a sliding window shorter than
 prompt + output, soft-capped logits, grouped heads, full layers of their own head size with
 keys as values, ragged prompts at batch > 1); every greedy method of the registry equals its
-baseline with a smaller Gemma 4 drafter; the kernels refuse a window; the loader's
-refusals. (Every method lowers for TPU and CUDA: tests/test_lower.py's "gemma4" kind.)"""
+baseline with a smaller Gemma 4 drafter (on XLA's ops); the cpu attention kernel takes the
+window (bitwise the masked row) and a decode runs on the cpu kernels alone; the gpu and
+tpu kernels refuse it; the loader's refusals. (Every method lowers for TPU and CUDA:
+tests/test_lower.py's "gemma4" kind.)"""
 
 import jax.numpy as jnp
 import numpy as np
@@ -12,6 +14,7 @@ import pytest
 import specdec_jax as sd
 from specdec_jax import testing
 from specdec_jax.io.checkpoints import hf_gemma
+from specdec_jax.kernels import build, row_attention, shapes
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -111,7 +114,9 @@ def test_a_tree_decode_windows_keys_by_position(pair):
 
 @pytest.mark.slow
 def test_every_greedy_method_equals_its_baseline(pair):
+  """On XLA's ops (the cpu kernels' rows are checked below, each factor once)."""
   _, target, drafter = pair
+  target, drafter = sd.pack(target, kernels="xla"), sd.pack(drafter, kernels="xla")
   base = {}
   for name, method in testing.examples(target, drafter).items():
     ref = method.baseline()
@@ -122,12 +127,44 @@ def test_every_greedy_method_equals_its_baseline(pair):
                                   err_msg=name)
 
 
-def test_kernel_backends_refuse_a_sliding_window(pair):
+needs_cpu_kernels = pytest.mark.skipif(not build.available(),
+                                       reason="the C++ kernels are unavailable here")
+
+
+@needs_cpu_kernels
+def test_the_cpu_attention_kernel_takes_a_window():
+  """A window is bitwise the same row with the keys before it masked in the bias, and a
+  T-row call's rows are bitwise 1-row calls."""
+  rng = np.random.default_rng(0)
+  q = jnp.asarray(rng.normal(size=(2, 5, 4, 16)), jnp.float32)
+  k, v = (jnp.asarray(rng.normal(size=(2, 2, 11, 16)), jnp.float32) for _ in range(2))
+  lengths = jnp.asarray([[3, 5, 7, 9, 11], [1, 2, 6, 8, 10]], jnp.int32)
+  out = row_attention.attention(q, k, v, None, lengths, window=WINDOW)
+  before = jnp.arange(11)[None, None, :] < lengths[:, :, None] - WINDOW
+  masked = row_attention.attention(q, k, v, shapes.additive(~before[:, None]), lengths)
+  np.testing.assert_array_equal(np.asarray(out), np.asarray(masked))
+  assert not np.array_equal(np.asarray(out),
+                            np.asarray(row_attention.attention(q, k, v, None, lengths)))
+  rows = [row_attention.attention(q[:, t:t + 1], k, v, None, lengths[:, t:t + 1], WINDOW)
+          for t in range(5)]
+  np.testing.assert_array_equal(np.asarray(out), np.asarray(jnp.concatenate(rows, axis=1)))
+
+
+@needs_cpu_kernels
+def test_a_decode_runs_every_product_on_the_cpu_kernels(pair):
   _, target, _ = pair
-  for kernels in ("cpu", "gpu", "tpu"):
-    with pytest.raises(sd.InputError, match="sliding window"):
+  packed = sd.pack(target, kernels="cpu")
+  assert packed.decode_weights.xla == () and packed.width_invariant_decode
+  on_kernels = sd.decode(packed, sd.Autoregressive(), PROMPTS, T)
+  on_xla = sd.decode(sd.pack(target, kernels="xla"), sd.Autoregressive(), PROMPTS, T)
+  np.testing.assert_array_equal(np.asarray(on_kernels.tokens), np.asarray(on_xla.tokens))
+
+
+def test_gpu_and_tpu_kernels_refuse_a_sliding_window(pair):
+  _, target, _ = pair
+  for kernels in ("gpu", "tpu"):
+    with pytest.raises(sd.InputError, match="takes no sliding window"):
       sd.pack(target, kernels=kernels)
-  assert sd.pack(target, kernels="auto").decode_weights.policy.backend == "xla"
 
 
 @pytest.mark.parametrize("key, value, message", [

@@ -13,9 +13,10 @@ The result is bitwise the call with no lengths and the mask in the bias
 (`dense_bias`), for any row with an unmasked key: a masked key's weight is an exact zero.
 
 A sliding window (Gemma's sliding layers, `window`) narrows each row to the keys in
-[lengths[b, t] - window, lengths[b, t]). XLA's path (`dense_bias`) implements it; the
-kernels of the cpu, gpu and tpu backends take no window and refuse it
-(`kernels.dispatch.attention`, `models.packing`).
+[lengths[b, t] - window, lengths[b, t]), bitwise the same row with the keys before it
+masked in the bias. XLA's path (`dense_bias`) and the cpu kernel implement it; the gpu
+and tpu kernels take no window and refuse it (`kernels.dispatch.attention`,
+`models.packing`).
 """
 
 from __future__ import annotations

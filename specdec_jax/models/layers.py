@@ -190,7 +190,7 @@ class RMSNorm(nn.Module):
   """T5 layer norm: x * rsqrt(mean(x^2) + eps) * scale, in float32; no bias, no centring.
 
   Gemma's norms over each attention head set `axis` "kv" (the scale [Dh]); its values'
-  norm has no scale (`use_scale` False: mean(x^2) on XLA's ops, no kernel product).
+  norm has no scale (`use_scale` False).
   """
 
   epsilon: float = 1e-6
@@ -202,7 +202,7 @@ class RMSNorm(nn.Module):
   def __call__(self, x: Array) -> Array:
     x = x.astype(jnp.float32)
     if not self.use_scale:
-      y = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + self.epsilon)
+      y = x * jax.lax.rsqrt(dispatch.mean_square(self, x, None) + self.epsilon)
       return y.astype(self.dtype)
     scale = self.param("scale", nn.with_logical_partitioning(NORM_SCALE_INIT, (self.axis,)),
                        (x.shape[-1],), jnp.float32)
