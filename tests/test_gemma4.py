@@ -15,6 +15,7 @@ import specdec_jax as sd
 from specdec_jax import testing
 from specdec_jax.io.checkpoints import hf_gemma
 from specdec_jax.kernels import build, row_attention, shapes
+from specdec_jax.models import layers
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -177,3 +178,19 @@ def test_unimplemented_settings_are_refused(key, value, message):
        key: value}
   with pytest.raises(sd.CheckpointError, match=message):
     hf_gemma.config_from_hf_dict(d)
+
+
+def test_the_gemma_3_norm_scales_by_one_plus_its_weight():
+  """`RMSNorm(scale_offset=1)` is transformers' Gemma 3 / T5Gemma 2 norm (for the
+  families that reuse these layers); Gemma 4's multiplies by the weight itself."""
+  gemma3 = pytest.importorskip("transformers.models.gemma3.modeling_gemma3")
+  x = np.random.default_rng(0).normal(size=(2, 3, 8)).astype(np.float32)
+  weight = np.random.default_rng(1).normal(size=8).astype(np.float32) * 0.3
+  theirs = gemma3.Gemma3RMSNorm(8, eps=1e-6)
+  with torch.no_grad():
+    theirs.weight.copy_(torch.tensor(weight))
+    want = theirs(torch.tensor(x)).numpy()
+  for offset, expected in ((1.0, want), (0.0, want / (1 + weight) * weight)):
+    ours = layers.RMSNorm(1e-6, scale_offset=offset)
+    got = ours.apply({"params": {"scale": jnp.asarray(weight)}}, jnp.asarray(x))
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-6)

@@ -190,13 +190,15 @@ class RMSNorm(nn.Module):
   """T5 layer norm: x * rsqrt(mean(x^2) + eps) * scale, in float32; no bias, no centring.
 
   Gemma's norms over each attention head set `axis` "kv" (the scale [Dh]); its values'
-  norm has no scale (`use_scale` False).
+  norm has no scale (`use_scale` False). Gemma 2 and 3 (and T5Gemma 2) multiply by
+  1 + scale (`scale_offset` 1; their scales are stored around 0); Gemma 4 by the scale.
   """
 
   epsilon: float = 1e-6
   dtype: jnp.dtype = jnp.float32
   use_scale: bool = True
   axis: str = "embed"          # the scale's logical axis
+  scale_offset: float = 0.0
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
@@ -207,6 +209,8 @@ class RMSNorm(nn.Module):
     scale = self.param("scale", nn.with_logical_partitioning(NORM_SCALE_INIT, (self.axis,)),
                        (x.shape[-1],), jnp.float32)
     y = x * jax.lax.rsqrt(dispatch.mean_square(self, x) + self.epsilon)
+    if self.scale_offset:     # in float32, as transformers' Gemma 3 norm
+      return (y * (self.scale_offset + jnp.asarray(scale, jnp.float32))).astype(self.dtype)
     return y.astype(self.dtype) * jnp.asarray(scale, self.dtype)
 
 
