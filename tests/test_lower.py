@@ -67,7 +67,7 @@ def method(name: str, target: sd.Model):
 
 @pytest.mark.parametrize("platforms", PLATFORMS, ids=lambda p: p[0])
 @pytest.mark.parametrize("name", METHODS)
-@pytest.mark.parametrize("kind", ["t5", "lm", "gemma4"])
+@pytest.mark.parametrize("kind", ["t5", "lm", pytest.param("gemma4", marks=pytest.mark.slow)])
 def test_every_method_lowers_for_tpu_and_cuda(models, kind, name, platforms):
   target, enc = models[kind]
   lowered = sd.lower(target, method(name, target), enc, max_new_tokens=T, platforms=platforms)
