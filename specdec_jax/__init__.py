@@ -21,7 +21,7 @@ from specdec_jax import sharding, theory
 from specdec_jax.batching import pad_to_bucket
 from specdec_jax.cache import DecoderCache
 from specdec_jax.compilation import use_persistent_cache as use_compilation_cache
-from specdec_jax.config import LMConfig, T5Config, available_configs, get_config
+from specdec_jax.config import GemmaConfig, LMConfig, T5Config, available_configs, get_config
 from specdec_jax.drafters import Drafter, ModelDrafter, NGramDrafter, PromptLookupDrafter
 from specdec_jax.drafters.heads import Heads, init_heads, load_heads, save_heads
 from specdec_jax.errors import (
@@ -68,8 +68,8 @@ from specdec_jax.sharding import make_mesh, shard
 
 __all__ = [
     "AdaptiveGamma", "Autoregressive", "Beam", "BeamOutput", "BiLD", "Blockwise",
-    "CheckpointError", "ConfigError", "DecodeOutput", "DecodeStats", "DecoderCache", "Greedy",
-    "Heads", "InputError", "LMConfig",
+    "CheckpointError", "ConfigError", "DecodeOutput", "DecodeStats", "DecoderCache",
+    "GemmaConfig", "Greedy", "Heads", "InputError", "LMConfig",
     "Model", "ModelDrafter", "NGramDrafter", "PromptLookupDrafter", "Sampling", "SamplingError",
     "SpecdecError", "Speculative", "T5Config", "TokenizerError",
     "available_configs",

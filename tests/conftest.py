@@ -28,7 +28,7 @@ HEAVY_FILES = ("test_sharding.py", "test_lower.py", "test_gpu_kernels.py", "test
                "test_soak.py", "test_dtype.py", "test_cli_mesh.py", "test_packaging.py",
                "test_cli_distributed.py", "test_multihost_mesh.py", "test_demo_large.py",
                "test_docs_examples.py",
-               "test_gpu_lowering.py")
+               "test_gpu_lowering.py", "test_gemma4.py")
 
 
 def pytest_configure(config):

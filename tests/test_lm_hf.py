@@ -1,6 +1,7 @@
-"""Parity with Hugging Face transformers' PyTorch GPT-2 and Llama on random weights: logits of
-the full pass and of the cached decode, greedy tokens against `generate(do_sample=False)`,
-the round trip back to transformers, sharded files, and the loader's errors."""
+"""Parity with Hugging Face transformers' PyTorch GPT-2, Llama and Gemma 4 on random weights:
+logits of the full pass and of the cached decode, greedy tokens against
+`generate(do_sample=False)`, the round trip back to transformers, sharded files, and the
+loader's errors."""
 
 import json
 import os
@@ -19,6 +20,17 @@ TOL = 2e-5   # float32 logits of order 1-10
 
 
 def _hf_config(kind):
+  if kind == "gemma4":   # sliding window 5 < the prompts, full layers of their own shape
+    return transformers.Gemma4TextConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, global_head_dim=16,
+        num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=5,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        final_logit_softcapping=5.0, hidden_size_per_layer_input=0, max_position_embeddings=64,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
+                         "full_attention": {"rope_type": "proportional", "rope_theta": 1e4,
+                                            "partial_rotary_factor": 0.5}},
+        bos_token_id=1, eos_token_id=2)
   if kind == "gpt2":
     return transformers.GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64,
                                    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
@@ -33,7 +45,8 @@ def _hf_config(kind):
 def _hf_model(kind, seed=0):
   """A random transformers model with weights large enough that logits are far apart."""
   torch.manual_seed(seed)
-  cls = transformers.GPT2LMHeadModel if kind == "gpt2" else transformers.LlamaForCausalLM
+  cls = {"gpt2": transformers.GPT2LMHeadModel,
+         "gemma4": transformers.Gemma4ForCausalLM}.get(kind, transformers.LlamaForCausalLM)
   model = cls(_hf_config(kind)).eval()
   with torch.no_grad():
     for name, p in model.named_parameters():
@@ -48,7 +61,7 @@ def _hf_model(kind, seed=0):
   return model
 
 
-KINDS = ["gpt2", "llama", "llama_tied"]
+KINDS = ["gpt2", "llama", "llama_tied", "gemma4"]
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -73,7 +86,8 @@ def test_config_is_read(pair):
   assert cfg.tie_embeddings == (kind != "llama")
   if kind != "gpt2":
     assert (cfg.num_heads, cfg.num_kv_heads, cfg.rope_theta) == (4, 2, 500.0)
-  assert model.num_params() == sum(p.numel() for p in hf_model.parameters())
+  stored_buffers = [b for n, b in hf_model.named_buffers() if n.endswith("layer_scalar")]
+  assert model.num_params() == sum(p.numel() for p in [*hf_model.parameters(), *stored_buffers])
 
 
 def test_logits_match_transformers(pair):

@@ -42,10 +42,12 @@ def cpu_only(text: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def models():
-  """{"t5": (target, encoder tokens), "lm": (target, prompts)}, on XLA's ops."""
+  """{"t5": (target, encoder tokens), "lm" / "gemma4": (target, prompts)}, on XLA's ops."""
   t5 = sd.load("config:t5_1_1_tiny", kernels="xla")
   lm = sd.load("config:llama_tiny", kernels="xla")
-  return {"t5": (t5, tokens(t5.vocab_size, 6)), "lm": (lm, tokens(lm.vocab_size, 5))}
+  gemma = sd.load("config:gemma4_tiny", kernels="xla")   # sliding windows, on XLA's ops only
+  return {"t5": (t5, tokens(t5.vocab_size, 6)), "lm": (lm, tokens(lm.vocab_size, 5)),
+          "gemma4": (gemma, tokens(gemma.vocab_size, 5))}
 
 
 def on_kernels(models, kind: str, kernels: str) -> sd.Model:
@@ -65,7 +67,7 @@ def method(name: str, target: sd.Model):
 
 @pytest.mark.parametrize("platforms", PLATFORMS, ids=lambda p: p[0])
 @pytest.mark.parametrize("name", METHODS)
-@pytest.mark.parametrize("kind", ["t5", "lm"])
+@pytest.mark.parametrize("kind", ["t5", "lm", pytest.param("gemma4", marks=pytest.mark.slow)])
 def test_every_method_lowers_for_tpu_and_cuda(models, kind, name, platforms):
   target, enc = models[kind]
   lowered = sd.lower(target, method(name, target), enc, max_new_tokens=T, platforms=platforms)

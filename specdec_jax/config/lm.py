@@ -17,7 +17,7 @@ A named config is package data beside the T5 ones (``specdec_jax/configs/models/
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 from specdec_jax.config.base import ModelConfig
 from specdec_jax.errors import ConfigError
@@ -30,7 +30,7 @@ FAMILIES = {
 }
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
-MLPS = ("gelu_tanh", "swiglu")
+MLPS = ("gelu_tanh", "swiglu", "geglu")
 #: The default of the fields __post_init__ fills (from the family, or from other fields):
 #: None, typed as Any so that the fields carry the type they have once the config exists.
 _FILLED: Any = None
@@ -48,7 +48,8 @@ class LMConfig(ModelConfig):
     norm: "layernorm" (scale and bias, centred) or "rmsnorm" (scale only).
     positions: "learned" (a [max_positions, emb] table added to the embedding) or "rope"
       (rotary, Hugging Face's rotate-half layout, base `rope_theta`).
-    mlp: "gelu_tanh" (two matrices, GPT-2) or "swiglu" (gate, up, down; Llama).
+    mlp: "gelu_tanh" (two matrices, GPT-2), "swiglu" (gate, up, down; Llama) or "geglu"
+      (gate, up, down with the tanh gelu on the gate; Gemma).
     attention_bias, mlp_bias: biases on the attention / MLP projections.
     tie_embeddings: output logits through the token embedding (no scaling).
     max_positions: longest sequence (the learned table's size; informational for rope).
@@ -78,11 +79,14 @@ class LMConfig(ModelConfig):
   bos_id: int | None = None
   eos_id: int = 1
 
+  #: The families this class builds (a subclass, e.g. `GemmaConfig`, has its own).
+  FAMILIES: ClassVar[dict[str, dict[str, Any]]] = FAMILIES
+
   def __post_init__(self):
-    if self.family not in FAMILIES:
-      raise ConfigError(f"LMConfig.family must be one of {sorted(FAMILIES)}, got "
-                        f"{self.family!r}")
-    for name, value in FAMILIES[self.family].items():
+    if self.family not in self.FAMILIES:
+      raise ConfigError(f"{type(self).__name__}.family must be one of {sorted(self.FAMILIES)}, "
+                        f"got {self.family!r}")
+    for name, value in self.FAMILIES[self.family].items():
       if getattr(self, name) is None:
         object.__setattr__(self, name, value)
     for name, value in (("num_kv_heads", self.num_heads), ("mlp_dim", 4 * self.emb_dim)):
@@ -149,7 +153,7 @@ class LMConfig(ModelConfig):
     attn = e * q + 2 * e * kv + q * e
     if self.attention_bias:
       attn += q + 2 * kv + e
-    n_in = 2 if self.mlp == "swiglu" else 1
+    n_in = 1 if self.mlp == "gelu_tanh" else 2
     mlp = n_in * e * m + m * e + ((n_in * m + e) if self.mlp_bias else 0)
     norm = 2 * e if self.norm == "layernorm" else e
     layer = attn + mlp + 2 * norm
@@ -160,6 +164,6 @@ class LMConfig(ModelConfig):
   def decode_macs_per_token(self) -> int:
     """Weight multiply-accumulates to decode one token with cached K/V (see T5Config's)."""
     e, m = self.emb_dim, self.mlp_dim
-    n_in = 2 if self.mlp == "swiglu" else 1
+    n_in = 1 if self.mlp == "gelu_tanh" else 2
     layer = 2 * e * self.joined_kv + 2 * e * self.kv_dim + (n_in + 1) * e * m
     return self.num_layers * layer + e * self.vocab_size

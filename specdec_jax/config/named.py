@@ -11,7 +11,7 @@ import pathlib
 import re
 
 from specdec_jax import package_data
-from specdec_jax.config.lm import LMConfig
+from specdec_jax.config.gemma import lm_config_from_dict
 from specdec_jax.config.t5 import T5Config
 from specdec_jax.errors import ConfigError
 
@@ -49,7 +49,7 @@ def get_config(name_or_path: str | pathlib.Path, **overrides):
     raise ConfigError(f"config file {source} must hold a JSON object, got {type(d).__name__}")
   d.update(overrides)
   if "family" in d:   # a decoder-only language model
-    return LMConfig.from_dict(d)
+    return lm_config_from_dict(d)
   return T5Config.from_dict(d)
 
 

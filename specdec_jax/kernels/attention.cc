@@ -3,7 +3,9 @@
 //
 //   out[b, t, h, :] = softmax_{s < n}(q[b, t, h, :] . k[b, g, s, :] + bias[b, h, t, s]) @ v[b, g, :n, :]
 //   with g = h / (H / Hkv): grouped-query attention reads each K/V head for H / Hkv query heads,
-//   and n = lengths[b, t] clipped to 1..S: the keys past a row's length are never read
+//   and n = lengths[b, t] clipped to 1..S: the keys past a row's length are never read; with
+//   the attribute window > 0 (a sliding-window layer) the row reads the keys s in
+//   [max(n - window, 0), n) only (window 0: all n)
 //
 //   q    [B, T, H, D] float32       (the new tokens' queries; T = tokens in the call)
 //   k, v [B, Hkv, S, D] f32|bf16    (the heads-major decoder caches, or the encoder's K/V;
@@ -33,7 +35,9 @@
 //              XLA's path casts the probabilities to the compute dtype);
 //   out[d]   = one float32 accumulator per d, fma(p[s], v[s, d], .) for s = 0, 1, ..., S-1.
 // Row r of a T-row call is therefore bitwise the 1-row call on that row. NaN in q, k or
-// bias gives NaN, as XLA's softmax does.
+// bias gives NaN, as XLA's softmax does. A window is bitwise the same row with the keys
+// before it masked in the bias: their logits are -inf (exp8 gives 0, the lanes' partial
+// sums unchanged) and their terms of the weighted sum (exact zeros) are skipped.
 //
 // Threads: (b, h) pairs are split into chunks over XLA's intra-op pool (pool.h); the T rows
 // of a pair run one after another on one thread, so its K/V stay in cache between them.
@@ -117,6 +121,7 @@ struct Attention {
   const float* bias;                // nullptr: no bias
   int64_t bias_b, bias_h, bias_t;  // bias strides; 0 along a broadcast dimension
   const int32_t* lengths;          // [B, T]
+  int64_t window;                  // keys before length - window are not read; 0: none
   float* out;
   bool bf16;                       // k and v are bfloat16 (else float32)
 };
@@ -126,6 +131,7 @@ struct Attention {
 template <typename KV>
 void row(const Attention& a, int64_t b, int64_t h, int64_t t, float* scratch) {
   const int64_t S = std::clamp<int64_t>(a.lengths[b * a.T + t], 1, a.S);
+  const int64_t lo = a.window > 0 ? std::max<int64_t>(S - a.window, 0) : 0;  // first key read
   const int64_t D = a.D, S8 = (S + 7) / 8 * 8, D8 = D / 8 * 8;
   const float* q = a.q + ((b * a.T + t) * a.H + h) * D;
   const int64_t kv = b * (a.H / a.group) + h / a.group;  // the K/V head of query head h
@@ -138,7 +144,8 @@ void row(const Attention& a, int64_t b, int64_t h, int64_t t, float* scratch) {
   alignas(32) float q_tail[8] = {0};  // the zero-padded last group of d
   for (int64_t d = D8; d < D; ++d) q_tail[d - D8] = q[d];
   float top = -__builtin_inff();
-  for (int64_t s = 0; s < S; ++s) {
+  for (int64_t s = 0; s < lo; ++s) logit[s] = -__builtin_inff();  // before the window
+  for (int64_t s = lo; s < S; ++s) {
     const KV* ks = k + s * D;
     V8 acc = _mm256_setzero_ps();
     for (int64_t d = 0; d < D8; d += 8) acc = _mm256_fmadd_ps(load8(q + d), load8(ks + d), acc);
@@ -172,7 +179,7 @@ void row(const Attention& a, int64_t b, int64_t h, int64_t t, float* scratch) {
   for (; d0 + 8 * G <= D8; d0 += 8 * G) {
     V8 acc[G];
     for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
-    for (int64_t s = 0; s < S; ++s) {
+    for (int64_t s = lo; s < S; ++s) {
       const V8 p = _mm256_set1_ps(prob[s]);
       for (int g = 0; g < G; ++g)
         acc[g] = _mm256_fmadd_ps(p, load8(v + s * D + d0 + 8 * g), acc[g]);
@@ -181,13 +188,13 @@ void row(const Attention& a, int64_t b, int64_t h, int64_t t, float* scratch) {
   }
   for (; d0 < D8; d0 += 8) {
     V8 acc = _mm256_setzero_ps();
-    for (int64_t s = 0; s < S; ++s)
+    for (int64_t s = lo; s < S; ++s)
       acc = _mm256_fmadd_ps(_mm256_set1_ps(prob[s]), load8(v + s * D + d0), acc);
     _mm256_storeu_ps(o + d0, acc);
   }
   for (int64_t d = D8; d < D; ++d) {  // columns past the last group of 8
     float acc = 0.0f;
-    for (int64_t s = 0; s < S; ++s) acc = __builtin_fmaf(prob[s], load1(v + s * D + d), acc);
+    for (int64_t s = lo; s < S; ++s) acc = __builtin_fmaf(prob[s], load1(v + s * D + d), acc);
     o[d] = acc;
   }
 }
@@ -204,8 +211,7 @@ void pairs(const Attention& a, int64_t p0, int64_t p1, float* scratch) {
 ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k,
                          ffi::AnyBuffer v, ffi::Buffer<ffi::F32> bias,
                          ffi::Buffer<ffi::S32> lengths, ffi::ResultBuffer<ffi::F32> out,
-                         int64_t nthreads,
-                         int64_t chunks_per_thread) {
+                         int64_t nthreads, int64_t chunks_per_thread, int64_t window) {
   const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(),
              bd = bias.dimensions(), ld = lengths.dimensions();
   if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4 || bd.size() != 4)
@@ -225,7 +231,7 @@ ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Any
     return ffi::Error::InvalidArgument("decode_attention: bias must be [B|1, H|1, T|1, S]");
   Attention a{B, T, H, S, D, H / Hkv, q.typed_data(), k.untyped_data(), v.untyped_data(),
               has_bias ? bias.typed_data() : nullptr, 0, 0, 0, lengths.typed_data(),
-              out->typed_data(),
+              std::max<int64_t>(window, 0), out->typed_data(),
               k.element_type() == ffi::DataType::BF16};
   a.bias_t = bd[2] == 1 ? 0 : S;
   a.bias_h = bd[1] == 1 ? 0 : bd[2] * S;
@@ -261,4 +267,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecdecDecodeAttention, AttentionImpl,
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("nthreads")
-                                  .Attr<int64_t>("chunks"));
+                                  .Attr<int64_t>("chunks")
+                                  .Attr<int64_t>("window"));

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
 from typing import Any, Callable, NamedTuple
 
@@ -56,8 +57,10 @@ class Product(NamedTuple):
     [K, 1]; "attention": softmax(q k + bias) v over each row's keys s < its length
     (`kernels.shapes`; no weights).
   sources: param paths of w: [K, N_i] kernels joined along N; with `transposed`, one
-    [N, K] matrix (a tied embedding); for "sum_squares", the norm's scale [K].
+    [N, K] matrix (a tied embedding); for "sum_squares", the norm's scale [K] (none for
+    a norm without a scale: Gemma's value norm).
   dtype: the dtype the layer computes the product in.
+  width: K of a "sum_squares" without sources (0 otherwise).
   """
 
   key: tuple[str, ...]
@@ -65,6 +68,7 @@ class Product(NamedTuple):
   sources: tuple[tuple[str, ...], ...] = ()
   dtype: Any = jnp.dtype(jnp.float32)
   transposed: bool = False
+  width: int = 0
 
   @property
   def name(self) -> str:
@@ -264,11 +268,13 @@ def dot(module, name: str, x: Array, sources, n: int, dtype, xla: Callable[[], A
   return kernel(x.astype(dtype), wp.operand, n).astype(dtype)
 
 
-def mean_square(module, x: Array, scale: str = "scale") -> Array:
+def mean_square(module, x: Array, scale: str | None = "scale") -> Array:
   """mean(x^2) over the last axis, float32 [..., K] -> [..., 1]; on the kernels as
-  x^2 @ ones [K, 1] (a fixed accumulation order per row, as the products have)."""
-  product = Product(tuple(module.scope.path) + ("sum_squares",), "sum_squares",
-                    (param_path(module, scale),))
+  x^2 @ ones [K, 1] (a fixed accumulation order per row, as the products have). scale:
+  the norm's scale parameter (its K), or None for a norm without one."""
+  sources = () if scale is None else (param_path(module, scale),)
+  product = Product(tuple(module.scope.path) + ("sum_squares",), "sum_squares", sources,
+                    width=x.shape[-1] if scale is None else 0)
   ones = _packed(module, product)
   if ones is None:
     return jnp.mean(jnp.square(x), axis=-1, keepdims=True)
@@ -281,16 +287,25 @@ def mean_square(module, x: Array, scale: str = "scale") -> Array:
 
 
 def attention(module, q: Array, k: Array, v: Array, bias: Array | None, lengths: Array, dtype,
-              xla: Callable[[], Array]) -> Array:
+              xla: Callable[[], Array], window: int | None = None) -> Array:
   """q [B, H, T, Dh], grouped k/v [B, Hkv, S, Dh] (query head h reads K/V head
   h // (H / Hkv)), bias None | [B|1, H|1, T|1, S], lengths [B, T] (row (b, t) reads keys
-  s < lengths[b, t]: `kernels.shapes`) -> [B, T, H, Dh] `dtype`; the attention kernel when
-  packed (every query row computed alike), else `xla()`."""
+  s < lengths[b, t], and s >= lengths[b, t] - `window` with one: `kernels.shapes`) ->
+  [B, T, H, Dh] `dtype`; the attention kernel when packed (every query row computed
+  alike), else `xla()`. A window on a backend whose kernel takes none (gpu, tpu) is
+  refused (`InputError`)."""
   product = Product(tuple(module.scope.path) + ("attention",), "attention", (), jnp.dtype(dtype))
   marker = _packed(module, product)
   if marker is None:
     return xla()
-  attend = backends.get(marker.backend).kernel("attention")
+  backend = backends.get(marker.backend)
+  attend = backend.kernel("attention")
+  if window is not None:
+    if not backend.windows:
+      raise InputError(f"the {marker.backend} attention kernel takes no sliding window "
+                       f"(window {window} at {'/'.join(product.key)}): pack the model for "
+                       "kernels='xla' or 'cpu'")
+    attend = functools.partial(attend, window=window)
   q = jnp.swapaxes(q, 1, 2)
   if marker.layout is not None:
     return _attention_on_mesh(attend, q, k, v, bias, lengths, marker.layout).astype(dtype)

@@ -11,6 +11,12 @@ position bias, the hidden branches of a drafted tree) and nothing else. Keys pas
 length are never read: a kernel walks a row tile's keys only up to the longest row in it.
 The result is bitwise the call with no lengths and the mask in the bias
 (`dense_bias`), for any row with an unmasked key: a masked key's weight is an exact zero.
+
+A sliding window (Gemma's sliding layers, `window`) narrows each row to the keys in
+[lengths[b, t] - window, lengths[b, t]), bitwise the same row with the keys before it
+masked in the bias. XLA's path (`dense_bias`) and the cpu kernel implement it; the gpu
+and tpu kernels take no window and refuse it (`kernels.dispatch.attention`,
+`models.packing`).
 """
 
 from __future__ import annotations
@@ -62,13 +68,17 @@ def row_lengths(lengths: Array | None, b: int, t: int, s: int) -> Array:
 
 
 def dense_bias(bias: Array | None, lengths: Array | None, b: int, t: int,
-               s: int) -> Array:
+               s: int, window: int | None = None) -> Array:
   """The same attention as one additive bias [B|1, H|1, T, S] float32: `bias` (0 when
-  None) where s < the row's length, MASKED + `bias` past it. XLA's path, and the
-  kernels' reference in the tests."""
-  if lengths is None:
+  None) where s < the row's length (and, with a `window`, s >= length - window), MASKED
+  + `bias` elsewhere. XLA's path, and the kernels' reference in the tests."""
+  if lengths is None and window is None:
     return jnp.zeros((1, 1, 1, s), jnp.float32) if bias is None else bias.astype(jnp.float32)
-  keep = jnp.arange(s, dtype=jnp.int32) < row_lengths(lengths, b, t, s)[:, :, None]
+  length = row_lengths(lengths, b, t, s)[:, :, None]
+  keys = jnp.arange(s, dtype=jnp.int32)
+  keep = keys < length
+  if window is not None:
+    keep = keep & (keys >= length - window)
   return additive(keep[:, None], bias)
 
 

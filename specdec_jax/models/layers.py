@@ -122,7 +122,8 @@ def initializer_for(path: tuple[str, ...], head_dim: int) -> Callable:
   if name == "kernel":
     return kernel_init(head_dim ** -0.5 if path[-2] == "query" else 1.0)
   table = {"embedding": EMBEDDING_INIT, "scale": NORM_SCALE_INIT,
-           "rel_embedding": REL_EMBEDDING_INIT, "bias": BIAS_INIT}
+           "rel_embedding": REL_EMBEDDING_INIT, "bias": BIAS_INIT,
+           "layer_scalar": NORM_SCALE_INIT}
   if name not in table:
     raise KeyError(f"no initializer known for parameter {'/'.join(path)}")
   return table[name]
@@ -186,17 +187,30 @@ def fused_dense(module: nn.Module, name: str, x: Array, denses: list[Dense], dty
 
 
 class RMSNorm(nn.Module):
-  """T5 layer norm: x * rsqrt(mean(x^2) + eps) * scale, in float32; no bias, no centring."""
+  """T5 layer norm: x * rsqrt(mean(x^2) + eps) * scale, in float32; no bias, no centring.
+
+  Gemma's norms over each attention head set `axis` "kv" (the scale [Dh]); its values'
+  norm has no scale (`use_scale` False). Gemma 2 and 3 (and T5Gemma 2) multiply by
+  1 + scale (`scale_offset` 1; their scales are stored around 0); Gemma 4 by the scale.
+  """
 
   epsilon: float = 1e-6
   dtype: jnp.dtype = jnp.float32
+  use_scale: bool = True
+  axis: str = "embed"          # the scale's logical axis
+  scale_offset: float = 0.0
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    scale = self.param("scale", nn.with_logical_partitioning(NORM_SCALE_INIT, ("embed",)),
-                       (x.shape[-1],), jnp.float32)
     x = x.astype(jnp.float32)
+    if not self.use_scale:
+      y = x * jax.lax.rsqrt(dispatch.mean_square(self, x, None) + self.epsilon)
+      return y.astype(self.dtype)
+    scale = self.param("scale", nn.with_logical_partitioning(NORM_SCALE_INIT, (self.axis,)),
+                       (x.shape[-1],), jnp.float32)
     y = x * jax.lax.rsqrt(dispatch.mean_square(self, x) + self.epsilon)
+    if self.scale_offset:     # in float32, as transformers' Gemma 3 norm
+      return (y * (self.scale_offset + jnp.asarray(scale, jnp.float32))).astype(self.dtype)
     return y.astype(self.dtype) * jnp.asarray(scale, self.dtype)
 
 
@@ -297,9 +311,12 @@ class Keys:
     are never read (a causal decode over a fixed-shape cache reads its valid prefix).
   bias None | [B|1, H|1, T|1, S] float32: added to the logits: what a length cannot say
     (T5's relative position bias, padding holes, a draft tree's hidden branches as -1e10).
+  window None | int (static): row (b, t) sees the keys s >= lengths[b, t] - window only
+    (a sliding-window layer).
   """
   lengths: Array
   bias: Array | None = None
+  window: int | None = struct.field(pytree_node=False, default=None)
 
 
 def causal_keys(q_pos: Array, bias: Array | None = None) -> Keys:
@@ -413,11 +430,11 @@ class MultiHeadAttention(nn.Module):
     weighted = self._grouped_weighted_values if grouped else self._weighted_values
     # XLA's ops read every key: the lengths become the mask of the bias.
     xla = lambda: weighted(q, k, v, dense_bias(keys.bias, keys.lengths, q.shape[0], q.shape[2],
-                                               k.shape[2]))
+                                               k.shape[2], keys.window))
     # [B, T, H, Dh]: the transposes around it cancel with `_split`'s. The kernels take the
     # K/V grouped as cached (query head h reads K/V head h // (H / Hkv)): no repeated copy.
     y = dispatch.attention(self, q, k, v, keys.bias, keys.lengths, self.dtype,
-                           lambda: jnp.swapaxes(xla(), 1, 2))
+                           lambda: jnp.swapaxes(xla(), 1, 2), keys.window)
     return self.out(y.reshape(y.shape[:2] + (self.num_heads * self.head_dim,)))
 
   def _grouped_weighted_values(self, q: Array, k: Array, v: Array, bias: Array) -> Array:

@@ -76,23 +76,27 @@ def first_tokens(tokens: Array, lengths: Array) -> Array:
 # ----------------------------------------------------------------------------- rotary positions
 
 
-def rope_inverse_frequencies(head_dim: int, theta: float) -> np.ndarray:
-  """[Dh / 2] float32: theta ** (-2i / Dh), computed as Hugging Face's Llama does."""
-  exponent = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
-  return (np.float32(1.0) / np.power(np.float32(theta), exponent)).astype(np.float32)
+def rope_inverse_frequencies(head_dim: int, theta: float, fraction: float = 1.0) -> np.ndarray:
+  """[Dh / 2] float32: theta ** (-2i / Dh), computed as Hugging Face's Llama does; with
+  `fraction` < 1 only the first int(fraction * Dh // 2) pairs turn, the rest get 0
+  (transformers' "proportional" rope, Gemma 4's full layers)."""
+  turning = int(fraction * head_dim // 2)
+  exponent = np.arange(0, 2 * turning, 2, dtype=np.float32) / np.float32(head_dim)
+  turned = (np.float32(1.0) / np.power(np.float32(theta), exponent)).astype(np.float32)
+  return np.concatenate([turned, np.zeros(head_dim // 2 - turning, np.float32)])
 
 
 def rope_tables(positions: Array, head_dim: int, theta: float,
-                num_positions: int) -> tuple[Array, Array]:
+                num_positions: int, fraction: float = 1.0) -> tuple[Array, Array]:
   """positions [B, T] in [0, num_positions) -> cos, sin [B, 1, T, Dh] float32 (the angles
-  repeated over both halves).
+  repeated over both halves; `fraction`: `rope_inverse_frequencies`).
 
   cos and sin are computed for every slot 0..num_positions-1 (the cache capacity), fenced
   off from XLA's fusions, and gathered: their computation never depends on T, so a k-token
   call rotates each token by the bits a 1-token call does, whatever XLA fuses around them.
   """
   slots = jnp.arange(num_positions, dtype=jnp.float32)[:, None]
-  angles = slots * rope_inverse_frequencies(head_dim, theta)              # [N, Dh/2]
+  angles = slots * rope_inverse_frequencies(head_dim, theta, fraction)    # [N, Dh/2]
   cos, sin = jax.lax.optimization_barrier((jnp.cos(angles), jnp.sin(angles)))
 
   def gather(table):
@@ -118,6 +122,13 @@ def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
 
 
 # ----------------------------------------------------------------------------- layers
+
+
+def mlp_activations(mlp: str) -> tuple[str, ...]:
+  """`MlpBlock`'s activations of an `LMConfig.mlp`: GPT-2's one tanh gelu; the gated
+  (gate, up) pairs of Llama (silu) and Gemma (tanh gelu)."""
+  return {"gelu_tanh": ("gelu",), "swiglu": ("silu", "linear"),
+          "geglu": ("gelu", "linear")}[mlp]
 
 
 def _norm(cfg: LMConfig, name: str | None = None) -> nn.Module:
@@ -161,7 +172,7 @@ class LMLayer(nn.Module):
         use_bias=cfg.attention_bias, query_init_scale=1.0,   # queries scaled in __call__
         partitioner=self.partitioner)
     self.pre_mlp_layer_norm = _norm(cfg)
-    acts = ("gelu",) if cfg.mlp == "gelu_tanh" else ("silu", "linear")   # tanh gelu; gate, up
+    acts = mlp_activations(cfg.mlp)
     self.mlp = MlpBlock(cfg.mlp_dim, acts, gelu_approximate=True, dtype=dt,
                         use_bias=cfg.mlp_bias, partitioner=self.partitioner)
 
@@ -203,6 +214,26 @@ class Decoder(nn.Module):
       return self.token_embedder.attend(x.astype(jnp.float32))
     return self.logits_dense(x)
 
+  def embed(self, tokens: Array, positions: Array) -> Array:
+    """The residual stream's start [B, T, E]: the tokens' embedding (+ learned positions)."""
+    x = self.token_embedder(tokens).astype(self.config.activation_dtype)
+    if self.position_embedder is not None:
+      x = x + self.position_embedder(positions)
+    return x
+
+  def rotary(self, positions: Array, num_slots: int) -> list:
+    """Each layer's rotary tables (cos, sin) at `positions` [B, T] (`rope_tables`), or None."""
+    cfg = self.config
+    rope = (None if self.position_embedder is not None
+            else rope_tables(positions, cfg.head_dim, cfg.rope_theta, num_slots))
+    return [rope] * cfg.num_layers
+
+  def tree_keys(self, start: Array, slots: Array, positions: Array, visible: Array,
+                capacity: int) -> Keys:
+    """The keys of a call whose new tokens at `slots` [B, k] form a tree (`cache.tree_mask`)."""
+    return tree_keys(start, slots.shape[1],
+                     cache_lib.tree_mask(start, slots, visible, capacity))
+
   def run(self, tokens, positions, keys: Keys, dropout, kv_caches=None, write_pos=None,
           exits=None):
     """The stack; returns (final-norm states [B, T, E] at each exit, new K/V per run layer).
@@ -210,19 +241,14 @@ class Decoder(nn.Module):
     exits: 1-based layer counts after which to read the stack (default: all layers only);
     only layers up to the deepest exit run.
     """
-    cfg = self.config
     exits = (len(self.layers),) if exits is None else tuple(exits)
-    x = self.token_embedder(tokens).astype(cfg.activation_dtype)
-    rope = None
-    if self.position_embedder is not None:
-      x = x + self.position_embedder(positions)
-    else:   # keys span the buffer (a cache's capacity, or the full pass's length)
-      num_slots = tokens.shape[1] if kv_caches is None else kv_caches[0][0].shape[2]
-      rope = rope_tables(positions, cfg.head_dim, cfg.rope_theta, num_slots)
-    x = dropout(x)
+    # keys span the buffer (a cache's capacity, or the full pass's length)
+    num_slots = tokens.shape[1] if kv_caches is None else kv_caches[0][0].shape[2]
+    x = dropout(self.embed(tokens, positions))
+    ropes = self.rotary(positions, num_slots)
     hidden, new_caches = [], []
     for i, layer in enumerate(self.layers[:max(exits)]):
-      x, kv = layer(x, keys, rope, dropout, None if kv_caches is None else kv_caches[i],
+      x, kv = layer(x, keys, ropes[i], dropout, None if kv_caches is None else kv_caches[i],
                     write_pos)
       new_caches.append(kv)
       if i + 1 in exits:
@@ -251,8 +277,7 @@ class Decoder(nn.Module):
     else:
       if cache.offset is not None:
         positions = positions + cache.offset[:, None]
-      keys = tree_keys(start, tokens.shape[1],
-                       cache_lib.tree_mask(start, slots, visible, cache.capacity))
+      keys = self.tree_keys(start, slots, positions, visible, cache.capacity)
     exits = None if num_layers is None else (num_layers,)
     (hidden,), new = self.run(tokens, positions, keys, lambda y: y,
                               list(zip(cache.self_key, cache.self_value, strict=True)), slots,

@@ -40,10 +40,11 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 
 from specdec_jax import cache as cache_lib
 from specdec_jax.config import T5Config
+from specdec_jax.config.gemma import GemmaConfig
 from specdec_jax.config.lm import LMConfig
 from specdec_jax.errors import ConfigError, InputError
 from specdec_jax.kernels import dispatch
-from specdec_jax.models import layers, lm
+from specdec_jax.models import gemma, layers, lm
 from specdec_jax.models.t5 import Transformer
 
 Array = jax.Array
@@ -57,6 +58,8 @@ def module_for(config: Config, partitioner: Any = None) -> Transformer | lm.Deco
   partitioner: a `sd.sharding.Partitioner` its layers constrain their activations by
   (None: no constraint, the one-device program).
   """
+  if isinstance(config, GemmaConfig):
+    return gemma.GemmaLM(config, partitioner)
   if isinstance(config, LMConfig):
     return lm.DecoderOnly(config, partitioner)
   return Transformer(config, partitioner)

@@ -85,7 +85,10 @@ def pack_model(model: Model, policy: dispatch.Policy | None = None, *,
   packed; the others listed with the reason in `.xla`.
 
   A Model packed under the same policy already comes back as is; under another, it is
-  repacked from its params. Raises `InputError` for params that are tracers or abstract
+  repacked from its params. A model with sliding-window layers (Gemma 4) packs only for
+  a backend whose attention takes a window (cpu): "auto" chooses "xla" instead of another,
+  and naming another (gpu, tpu) is an `InputError`.
+  Raises `InputError` for params that are tracers or abstract
   (pack outside a traced function) and for a backend that cannot run here.
   """
   if not isinstance(model, Model):
@@ -93,7 +96,17 @@ def pack_model(model: Model, policy: dispatch.Policy | None = None, *,
   if not all(_concrete(x) for x in jax.tree_util.tree_leaves(model.params)):
     raise InputError("pack needs concrete params: pack the Model before tracing a function "
                      "of it (a jit argument's params are tracers)")
+  named = policy is not None or kernels != "auto"
   policy = dispatch.policy(kernels, model.params) if policy is None else policy
+  if (getattr(model.config, "windowed", False) and policy.kernels
+      and not backends.get(policy.backend).windows):
+    # Its attention kernel takes no sliding window (`kernels.shapes`).
+    if named:
+      raise InputError(f"kernels={policy.backend!r}: the {policy.backend} attention kernel "
+                       "takes no sliding window, and this model has sliding-window layers "
+                       "(Gemma 4): use kernels='cpu', 'xla' or 'auto'")
+    policy = dispatch.Policy("xla", f"auto: sliding-window attention (the {policy.backend} "
+                             "kernel takes no window)", policy.xla)
   if model.decode_weights is not None and model.decode_weights.policy == policy:
     return model
   backend = backends.get(policy.backend)
@@ -112,7 +125,8 @@ def pack_model(model: Model, policy: dispatch.Policy | None = None, *,
       if product.kind == "attention":
         operand = jnp.zeros((0,), jnp.int8)     # no weights: a marker
       elif product.kind == "sum_squares":
-        operand = backend.kernel("pack")(jnp.ones((mats[0].shape[0], 1), jnp.float32), jnp.float32)
+        width = mats[0].shape[0] if mats else product.width   # a norm without a scale
+        operand = backend.kernel("pack")(jnp.ones((width, 1), jnp.float32), jnp.float32)
         if layout is not None:   # one block, on every device
           operand = jax.device_put(operand[None, None],
                                    NamedSharding(layout.mesh, PartitionSpec()))

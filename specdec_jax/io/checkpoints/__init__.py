@@ -25,11 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from specdec_jax.config import T5Config
+from specdec_jax.config import GemmaConfig, T5Config
 from specdec_jax.config.lm import LMConfig
 from specdec_jax.errors import ConfigError
 from specdec_jax.io.checkpoints import (
   hf,
+  hf_gemma,
   hf_lm,
   leaves,
   native,
@@ -78,6 +79,14 @@ def _t5x_config(checkpoint_dir: str, flat: Mapping[str, np.ndarray]) -> tuple[T5
   return tree.infer_config(flat, checkpoint_dir), "config inferred from parameter shapes"
 
 
+def _hf_reader(hf_config: dict) -> Any:
+  """The module that reads a Hugging Face dir of this config.json: Gemma 4 (`hf_gemma`),
+  the other decoder-only LMs (`hf_lm`) or T5 (`hf`)."""
+  if hf_gemma.handles(hf_config):
+    return hf_gemma
+  return hf_lm if hf_lm.handles(hf_config) and hf_config else hf
+
+
 def _read(fmt: str, directory: str, need_config: bool) -> tuple[T5Config | None, str, dict]:
   """(stored or inferred config, its origin, flat params) of a located checkpoint."""
   if fmt in (resolve.T5X_LEGACY, resolve.T5X_ORBAX):
@@ -89,7 +98,7 @@ def _read(fmt: str, directory: str, need_config: bool) -> tuple[T5Config | None,
     return config, origin, flat
   if fmt == resolve.HF:
     hf_config = resolve.read_json(directory, hf.CONFIG_NAME) or {}
-    config, flat = (hf_lm if hf_lm.handles(hf_config) and hf_config else hf).load(directory)
+    config, flat = _hf_reader(hf_config).load(directory)
     return config, "config from config.json", flat
   config, flat = native.load(directory)
   return config, f"config from {resolve.SPECDEC_CONFIG}", flat
@@ -138,8 +147,7 @@ def load_checkpoint_sharded(path_or_name: str | os.PathLike,
     stored = t5x_legacy.open_leaves(directory)
   elif fmt == resolve.HF:
     hf_json = resolve.read_json(directory, hf.CONFIG_NAME) or {}
-    hf_config, stored = (hf_lm if hf_lm.handles(hf_json) and hf_json else hf).open_leaves(
-        directory)
+    hf_config, stored = _hf_reader(hf_json).open_leaves(directory)
   elif fmt == resolve.SPECDEC:
     own_config, stored = native.open_leaves(directory)
   else:
@@ -170,7 +178,10 @@ def validate_params(params: Mapping[str, Any], config: T5Config, source: str = "
 def export_hf(path: str | os.PathLike, config: T5Config | LMConfig,
               params: Mapping[str, Any]) -> str:
   """Write a transformers dir (config.json + model.safetensors): T5 for a T5Config
-  (`hf.export_hf`), GPT-2 or Llama for an LMConfig (`hf_lm.export_hf`). Returns its path."""
+  (`hf.export_hf`), Gemma 4 for a GemmaConfig (`hf_gemma.export_hf`), GPT-2 or Llama for
+  another LMConfig (`hf_lm.export_hf`). Returns its path."""
+  if isinstance(config, GemmaConfig):
+    return hf_gemma.export_hf(path, config, params)
   if isinstance(config, LMConfig):
     return hf_lm.export_hf(path, config, params)
   return hf.export_hf(path, config, params)

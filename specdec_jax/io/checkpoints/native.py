@@ -128,8 +128,8 @@ def read_config(directory: str) -> T5Config:
     raise CheckpointError(f"{source}: no 'config' object")
   try:
     if "family" in meta["config"]:   # a decoder-only LM (models.lm_config)
-      from specdec_jax.config.lm import LMConfig
-      return LMConfig.from_dict(meta["config"])
+      from specdec_jax.config.gemma import lm_config_from_dict
+      return lm_config_from_dict(meta["config"])
     return T5Config.from_dict(meta["config"])
   except (ConfigError, TypeError) as e:
     raise CheckpointError(f"{source}: invalid config: {e}") from e

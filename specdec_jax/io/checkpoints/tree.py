@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from specdec_jax.config import T5Config, mlp_kernel_names
+from specdec_jax.config import GemmaConfig, T5Config, mlp_kernel_names
 from specdec_jax.config.lm import LMConfig
 from specdec_jax.errors import ConfigError
 from specdec_jax.io.checkpoints.errors import CheckpointError
@@ -61,6 +61,9 @@ def _mlp_shapes(prefix: str, config: T5Config) -> dict[str, tuple[int, ...]]:
 
 def expected_shapes(config: T5Config | LMConfig) -> dict[str, tuple[int, ...]]:
   """Flat key -> shape of every parameter the config implies (T5X names, 2-D kernels)."""
+  if isinstance(config, GemmaConfig):
+    from specdec_jax.models import gemma
+    return gemma.param_shapes(config)
   if isinstance(config, LMConfig):   # its module's tree
     from specdec_jax.models import lm
     return lm.param_shapes(config)

@@ -1,0 +1,151 @@
+"""Gemma 4 text decoders: `GemmaConfig`, an `LMConfig` with Gemma's layer types.
+
+Gemma 4 (`Gemma4ForCausalLM`, the text decoder of `Gemma4ForConditionalGeneration`)
+interleaves sliding-window layers and full (global) layers, each type with its own rotary
+base, head size and key/value heads:
+
+    {"family": "gemma4", "vocab_size": 256, "emb_dim": 64, "num_layers": 4, "num_heads": 4,
+     "num_kv_heads": 2, "head_dim": 16, "mlp_dim": 128,
+     "layer_types": ["sliding", "sliding", "sliding", "full"], "sliding_window": 8,
+     "global_head_dim": 32, "global_num_kv_heads": 1, "attention_k_eq_v": true,
+     "final_logit_softcap": 30.0}
+
+What every Gemma 4 layer does (transformers' `Gemma4TextDecoderLayer`): RMSNorms before
+AND after the attention and the MLP, RMSNorms over each head of the queries and keys
+(scaled) and the values (unscaled), queries unscaled (scaling 1), a gated MLP with the
+tanh gelu, and the layer's output times a stored scalar. The embedding is scaled by
+sqrt(emb_dim) and tied to the output layer; the logits are soft-capped where
+`final_logit_softcap` is set. A sliding layer's query at position p attends to the keys
+at positions (p - sliding_window, p]. Full layers rotate the first `global_rope_fraction`
+of each head's angle pairs (transformers' "proportional" rope) and keep the rest.
+
+Not implemented, refused by the checkpoint reader: per-layer inputs
+(`hidden_size_per_layer_input`), layers sharing another's K/V (`num_kv_shared_layers`),
+mixture-of-experts blocks and bidirectional attention.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+from specdec_jax.config.lm import LMConfig
+from specdec_jax.errors import ConfigError
+
+GEMMA_FAMILIES = {
+    "gemma4": dict(norm="rmsnorm", positions="rope", mlp="geglu", attention_bias=False,
+                   mlp_bias=False, tie_embeddings=True, norm_epsilon=1e-6),
+}
+LAYER_TYPES = ("sliding", "full")
+_FILLED: Any = None
+
+
+def default_layer_types(num_layers: int) -> tuple[str, ...]:
+  """transformers' default: five sliding layers then a full one, the last layer full."""
+  types = ["sliding" if (i + 1) % 6 else "full" for i in range(num_layers)]
+  types[-1] = "full"
+  return tuple(types)
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmaConfig(LMConfig):
+  """A Gemma 4 text decoder (see the module docstring); `LMConfig`'s fields plus:
+
+  Attributes:
+    layer_types: "sliding" or "full" per layer; None: five sliding then one full, the
+      last layer full.
+    sliding_window: keys a sliding layer's query sees, itself included.
+    global_head_dim: a full layer's head size; None: head_dim.
+    global_num_kv_heads: a full layer's key/value heads; None: num_kv_heads.
+    global_rope_theta: a full layer's rotary base (`rope_theta` is the sliding layers').
+    rope_fraction, global_rope_fraction: the share of each head's angle pairs rotated in
+      sliding / full layers (the rest keep angle 0).
+    attention_k_eq_v: full layers have no value projection: values are the projected
+      keys before their norm and rotation.
+    final_logit_softcap: logits become cap * tanh(logits / cap); None: none.
+  """
+
+  family: str = "gemma4"
+  layer_types: tuple[str, ...] = _FILLED
+  sliding_window: int = 512
+  global_head_dim: int = _FILLED
+  global_num_kv_heads: int = _FILLED
+  global_rope_theta: float = 1_000_000.0
+  rope_fraction: float = 1.0
+  global_rope_fraction: float = 1.0
+  attention_k_eq_v: bool = False
+  final_logit_softcap: float | None = None
+
+  FAMILIES: ClassVar[dict[str, dict[str, Any]]] = GEMMA_FAMILIES
+
+  def __post_init__(self):
+    types = (default_layer_types(self.num_layers) if self.layer_types is None
+             else tuple(self.layer_types))
+    object.__setattr__(self, "layer_types", types)
+    super().__post_init__()
+    for name, value in (("global_head_dim", self.head_dim),
+                        ("global_num_kv_heads", self.num_kv_heads)):
+      if getattr(self, name) is None:
+        object.__setattr__(self, name, value)
+    self._validate_gemma()
+
+  def _validate_gemma(self) -> None:
+    if len(self.layer_types) != self.num_layers or any(
+        t not in LAYER_TYPES for t in self.layer_types):
+      raise ConfigError(f"GemmaConfig.layer_types must give one of {list(LAYER_TYPES)} for each "
+                        f"of the {self.num_layers} layers, got {list(self.layer_types)}")
+    for name in ("sliding_window", "global_head_dim", "global_num_kv_heads"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"GemmaConfig.{name} must be a positive integer, got {value!r}")
+    if self.num_heads % self.global_num_kv_heads or self.global_head_dim % 2:
+      raise ConfigError(f"GemmaConfig: global_num_kv_heads {self.global_num_kv_heads} must "
+                        f"divide num_heads {self.num_heads} and global_head_dim "
+                        f"{self.global_head_dim} be even")
+    for name in ("rope_fraction", "global_rope_fraction"):
+      if not 0.0 <= getattr(self, name) <= 1.0:
+        raise ConfigError(f"GemmaConfig.{name} must lie in [0, 1], got {getattr(self, name)}")
+    if not self.global_rope_theta > 0:
+      raise ConfigError(f"GemmaConfig.global_rope_theta must be positive, got "
+                        f"{self.global_rope_theta}")
+    cap = self.final_logit_softcap
+    if cap is not None and not (isinstance(cap, (int, float)) and cap > 0):
+      raise ConfigError(f"GemmaConfig.final_logit_softcap must be positive or null, got {cap!r}")
+
+  def layer_shape(self, layer: int) -> tuple[int, int]:
+    """(key/value heads, head size) of layer `layer` (its K/V cache's [Hkv, Dh])."""
+    if self.layer_types[layer] == "full":
+      return self.global_num_kv_heads, self.global_head_dim
+    return self.num_kv_heads, self.head_dim
+
+  @property
+  def windowed(self) -> bool:
+    """Whether some layer attends through a sliding window."""
+    return "sliding" in self.layer_types
+
+  def num_params(self) -> int:
+    """Parameter count implied by the config (matches the parameter tree)."""
+    e, m, v = self.emb_dim, self.mlp_dim, self.vocab_size
+    total = v * e + e
+    for i in range(self.num_layers):
+      hkv, d = self.layer_shape(i)
+      shared_v = self.attention_k_eq_v and self.layer_types[i] == "full"
+      attn = 2 * e * self.num_heads * d + (1 if shared_v else 2) * e * hkv * d + 2 * d
+      total += attn + 3 * e * m + 4 * e + 1
+    return total
+
+  def decode_macs_per_token(self) -> int:
+    """Weight multiply-accumulates to decode one token with cached K/V."""
+    e, m = self.emb_dim, self.mlp_dim
+    total = e * self.vocab_size
+    for i in range(self.num_layers):
+      hkv, d = self.layer_shape(i)
+      total += 2 * e * self.num_heads * d + 2 * e * hkv * d + 3 * e * m
+    return total
+
+
+def lm_config_from_dict(d: dict[str, Any]) -> Any:
+  """The decoder-only config of a JSON dict with a "family" key: a `GemmaConfig` for a
+  Gemma family, else an `LMConfig`."""
+  cls = GemmaConfig if d.get("family") in GEMMA_FAMILIES else LMConfig
+  return cls.from_dict(d)
