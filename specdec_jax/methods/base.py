@@ -104,7 +104,9 @@ class Method:
     statistics: its readable statistics (names documented in `stats.summarize`, which
       computes them; the round engine's methods start from `stats.COMMON_STATS`); None:
       every statistic (a research method).
-    shorthand: the settings of the bench's "A:B" short form (`--bild 0.5:3`).
+    shorthand: the settings of the bench's "A:B" short form (`--bild 0.5:3`); a method with
+      one has a flag in the lab's bench.
+    bench_flag: that flag where --NAME reads badly (`--heads-lattice`); None: --NAME.
   """
 
   name: ClassVar[str] = "method"
@@ -114,6 +116,7 @@ class Method:
   with_drafter_for: ClassVar[str | None] = None
   statistics: ClassVar[tuple[str, ...] | None] = None
   shorthand: ClassVar[tuple[str, ...]] = ()
+  bench_flag: ClassVar[str | None] = None
 
   def describe(self, names: Mapping[str, str | None] | None = None) -> str:
     """How reports name this run: its name, then its settings that differ from their

@@ -257,6 +257,8 @@ class Blockwise(Method):
                                            "repeated_draft_rate", "mean_max_run",
                                            "oracle_tokens_per_target_call")
   shorthand: ClassVar[tuple[str, ...]] = ("top_k", "num_drafts")
+  # with --heads the bench times it plain; the flag adds lattices
+  bench_flag: ClassVar[str | None] = "--heads-lattice"
 
   heads: Any = carried(flag="--heads")
   top_k: int = setting(1, flag="--lattice-k", short="k")
