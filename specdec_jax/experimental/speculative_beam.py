@@ -169,6 +169,10 @@ class SpeculativeBeam(Method):
   statistics: ClassVar[tuple[str, ...]] = (*OWN_LOOP_STATS, "drafter_calls", "drafted",
                                            "accepted", "acceptance_rate",
                                            "per_position_accepted")
+  # what `SpeculativeBeamOutput.stats` derives beside them
+  derived_statistics: ClassVar[tuple[str, ...]] = ("steps", "steps_per_target_call",
+                                                   "drafted_nodes_per_round",
+                                                   "acceptance_by_depth")
   shorthand: ClassVar[tuple[str, ...]] = ("num_beams", "gamma")
 
   drafter: Any = carried(flag="--drafter")

@@ -104,6 +104,8 @@ class Method:
     statistics: its readable statistics (names documented in `stats.summarize`, which
       computes them; the round engine's methods start from `stats.COMMON_STATS`); None:
       every statistic (a research method).
+    derived_statistics: readable statistics its output computes beyond `stats.summarize`'s
+      (speculative beam search's steps per target call); the reports show them too.
     shorthand: the settings of the bench's "A:B" short form (`--bild 0.5:3`); a method with
       one has a flag in the lab's bench.
     bench_flag: that flag where --NAME reads badly (`--heads-lattice`); None: --NAME.
@@ -115,6 +117,7 @@ class Method:
   greedy_only: ClassVar[bool] = False
   with_drafter_for: ClassVar[str | None] = None
   statistics: ClassVar[tuple[str, ...] | None] = None
+  derived_statistics: ClassVar[tuple[str, ...]] = ()
   shorthand: ClassVar[tuple[str, ...]] = ()
   bench_flag: ClassVar[str | None] = None
 

@@ -115,4 +115,5 @@ def test_the_docs_statistics_table_lists_what_out_stats_reports():
   assert len(names) == len(set(names))
   assert set(names) == set(out.stats) - {"method"}
   assert set(beam.statistics) < set(names)
+  assert set(beam.derived_statistics) <= set(names)   # the reports' columns read them
 
