@@ -163,7 +163,7 @@ class SpeculativeBeam(Method):
                             "search replayed on the target's scores (greedy only)")
   drafter_role: ClassVar[str | None] = "drafter"
   greedy_only: ClassVar[bool] = True
-  with_drafter_for: ClassVar[str | None] = "beam"
+  with_drafter_for: ClassVar[str | None] = beam.Beam.name
   # beam search's own (a step is one call over K beams: no tokens per call, no
   # log-prob of one emitted sequence), then the drafter's
   statistics: ClassVar[tuple[str, ...]] = (*OWN_LOOP_STATS, "drafter_calls", "drafted",
