@@ -139,8 +139,11 @@ class Method:
     sampled decoding (`Autoregressive`) for the round engine's methods; beam search
     (`sd.Beam` of the same beams and penalty) for a beam method. An exact method's greedy
     output is its baseline's bitwise; `--compare`, the lab's tables and the tests'
-    exactness checks read it here."""
-    raise NotImplementedError
+    exactness checks read it here. Each method says its own (this module cannot import
+    `Autoregressive`, which subclasses `Method`)."""
+    raise NotImplementedError(f"{type(self).__name__}.baseline(): return the method its "
+                              "output is measured against (sd.Autoregressive() for a method "
+                              "on the round engine)")
 
   def proposer(self, target: Model, sampling: sampling_lib.SamplingSettings) -> Proposer:
     raise NotImplementedError
