@@ -29,6 +29,7 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
+from specdec_jax import experimental
 from specdec_jax import methods as core
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.batching import Batch
@@ -192,11 +193,24 @@ def totals(stats: Mapping[str, Any]) -> dict[str, Any]:
   return {k: v for k, v in stats.items() if not k.endswith("_per_row")}
 
 
+#: Statistics that are no column of their own: the fixed ones (`stats_row`), the run's
+#: sizes and log-prob, alpha's parts, per-position lists, and counts whose rates are shown.
+NOT_COLUMNS = ("rows", "tokens", "rounds", "target_calls", "tokens_per_target_call",
+               "log_prob", "beta_sum", "beta_count", "per_position_accepted",
+               "acceptance_by_depth", "rejections", "fallbacks")
+
+
+def reported(methods: Sequence[type[Method]] = core.METHODS + experimental.METHODS
+             ) -> tuple[str, ...]:
+  """The statistics the reports show as columns: every method's own (its value's
+  `statistics`, then its `derived_statistics`), in the methods' order, but `NOT_COLUMNS`.
+  A new method's statistics are new columns with no other change."""
+  names = [k for m in methods for k in (*stats_lib.shown(m.statistics), *m.derived_statistics)]
+  return tuple(k for k in dict.fromkeys(names) if k not in NOT_COLUMNS)
+
+
 #: The statistics the reports show as columns, when the run's method reports them.
-REPORTED = ("alpha", "acceptance_rate", "drafted", "accepted", "drafter_calls",
-            "fallback_rate", "rollback_rate", "drafter_tokens", "target_tokens",
-            "repeated_draft_rate", "mean_max_run", "oracle_tokens_per_target_call",
-            "steps", "steps_per_target_call", "drafted_nodes_per_round")
+REPORTED = reported()
 _INTEGERS = ("drafted", "accepted", "drafter_calls", "drafter_tokens", "target_tokens",
              "steps")
 

@@ -47,8 +47,12 @@ from specdec_jax import experimental, methods
 from specdec_jax.drafters.heads import init_heads
 from specdec_jax.drafters.ngram import NGramDrafter
 from specdec_jax.experimental import SpeculativeBeam
+from specdec_jax.methods.autoregressive import Autoregressive
+from specdec_jax.methods.base import Method
 from specdec_jax.methods.beam import Beam
-from specdec_jax.methods.values import Autoregressive, BiLD, Blockwise, Method, Speculative
+from specdec_jax.methods.bild import BiLD
+from specdec_jax.methods.blockwise import Blockwise
+from specdec_jax.methods.speculative import Speculative
 from specdec_jax.rounds.phases import Proposal, RoundContext, RoundOutcome
 
 Array = jax.Array

@@ -186,7 +186,7 @@ def resolve_method(args) -> str:
   A method that takes no drafter, given one, is the method that says it is its drafted
   form (`with_drafter_for`: --method beam --drafter X is speculative-beam)."""
   if args.method is None:
-    return "autoregressive" if args.drafter is None else "speculative"
+    return (core.Autoregressive if args.drafter is None else core.Speculative).name
   if args.drafter is not None and CORE[args.method].drafter_role is None:
     drafted = [name for name, m in CORE.items() if m.with_drafter_for == args.method]
     if drafted:

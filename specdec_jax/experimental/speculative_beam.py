@@ -67,14 +67,8 @@ from specdec_jax.cache import DecoderCache
 from specdec_jax.drafters import as_drafter
 from specdec_jax.errors import InputError
 from specdec_jax.methods import beam
-from specdec_jax.methods.values import (
-  MAX_GAMMA,
-  Method,
-  _check_exact,
-  _check_number,
-  carried,
-  setting,
-)
+from specdec_jax.methods.base import Method, carried, check_exact, check_number, setting
+from specdec_jax.methods.speculative import MAX_GAMMA
 from specdec_jax.models.model import Model
 from specdec_jax.rounds import engine, requests
 from specdec_jax.rounds.stats import OWN_LOOP_STATS, DecodeStats, summarize
@@ -169,12 +163,16 @@ class SpeculativeBeam(Method):
                             "search replayed on the target's scores (greedy only)")
   drafter_role: ClassVar[str | None] = "drafter"
   greedy_only: ClassVar[bool] = True
-  with_drafter_for: ClassVar[str | None] = "beam"
+  with_drafter_for: ClassVar[str | None] = beam.Beam.name
   # beam search's own (a step is one call over K beams: no tokens per call, no
   # log-prob of one emitted sequence), then the drafter's
   statistics: ClassVar[tuple[str, ...]] = (*OWN_LOOP_STATS, "drafter_calls", "drafted",
                                            "accepted", "acceptance_rate",
                                            "per_position_accepted")
+  # what `SpeculativeBeamOutput.stats` derives beside them
+  derived_statistics: ClassVar[tuple[str, ...]] = ("steps", "steps_per_target_call",
+                                                   "drafted_nodes_per_round",
+                                                   "acceptance_by_depth")
   shorthand: ClassVar[tuple[str, ...]] = ("num_beams", "gamma")
 
   drafter: Any = carried(flag="--drafter")
@@ -202,10 +200,10 @@ class SpeculativeBeam(Method):
                               "beams per row: the model runs over batch x num_beams rows")
     requests.check_positive_int(self.gamma, "gamma", MAX_GAMMA,
                               "drafted tokens per beam and round")
-    if _check_number(self.alpha, "alpha") < 0:
+    if check_number(self.alpha, "alpha") < 0:
       raise InputError(f"alpha (the brevity penalty's exponent) must be >= 0, got {self.alpha!r}")
-    _check_number(self.min_log_prob, "min_log_prob")
-    _check_exact(self.exact)
+    check_number(self.min_log_prob, "min_log_prob")
+    check_exact(self.exact)
     if self.width is not None and requests.check_positive_int(self.width, "width") \
         < self.num_beams:
       raise InputError(f"width must be >= num_beams ({self.num_beams}): the search goes on "

@@ -48,7 +48,7 @@ from specdec_jax import sampling as sampling_lib
 from specdec_jax import sharding
 from specdec_jax.cache import DecoderCache
 from specdec_jax.errors import InputError, SamplingError
-from specdec_jax.methods.values import Method, _check_exact, _check_number, setting
+from specdec_jax.methods.base import Method, check_exact, check_number, setting
 from specdec_jax.models.model import Model
 from specdec_jax.rounds import engine, requests
 from specdec_jax.rounds.buffer import DecodeOutput
@@ -329,10 +329,10 @@ class Beam(Method):
   def __post_init__(self):
     requests.check_positive_int(self.num_beams, "num_beams", MAX_BEAMS,
                               "beams per row: the model runs over batch x num_beams rows")
-    if _check_number(self.alpha, "alpha") < 0:
+    if check_number(self.alpha, "alpha") < 0:
       raise InputError(f"alpha (the brevity penalty's exponent) must be >= 0, got {self.alpha!r}")
-    _check_number(self.min_log_prob, "min_log_prob")
-    _check_exact(self.exact)
+    check_number(self.min_log_prob, "min_log_prob")
+    check_exact(self.exact)
 
   def program(self, target, inputs, max_new_tokens, sampling, rng, eos_id,
               prompt_lengths):
@@ -429,6 +429,6 @@ def _run(target: Model, inputs: Array, prompt_lengths: Array | None, *,
   counters = counters.replace(rounds=final.cur_index, emitted=lengths,
                               target_calls=jnp.full((batch,), final.cur_index, jnp.int32))
   return BeamOutput(tokens=beams[:, -1], lengths=lengths, counters=counters,
-                    info=(("method", "beam"), ("lossy", False), ("num_beams", k),
+                    info=(("method", Beam.name), ("lossy", False), ("num_beams", k),
                           ("beam_alpha", config.alpha), ("exact", exact)),
                     beams=beams, scores=scores)

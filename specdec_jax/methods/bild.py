@@ -1,4 +1,4 @@
-"""BiLD, the Big Little Decoder (Kim et al., NeurIPS 2023), as a wiring of the round engine.
+"""BiLD, the Big Little Decoder (`sd.BiLD`; Kim et al., NeurIPS 2023), on the round engine.
 
 Algorithm 1 (one row): the small model proposes while it is confident,
 max p_S > fallback_threshold, for at most `max_small_steps` consecutive tokens;
@@ -35,19 +35,24 @@ small model always hands over: the large model's output, exactly). Its statistic
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from specdec_jax import sampling as sampling_lib
-from specdec_jax.drafters import DraftLoop, Unsure, as_drafter
+from specdec_jax.drafters import DraftLoop, Unsure, as_drafter, protocol
 from specdec_jax.drafters.early_exit import EarlyExitDrafter
 from specdec_jax.errors import InputError
+from specdec_jax.methods.autoregressive import Autoregressive
+from specdec_jax.methods.base import Method, carried, check_exact, setting
+from specdec_jax.methods.speculative import drafter_inputs
 from specdec_jax.models.model import Model
 from specdec_jax.rounds import engine, requests
 from specdec_jax.rounds.acceptance import Rollback
 from specdec_jax.rounds.phases import Proposal, Verified
+from specdec_jax.rounds.stats import COMMON_STATS, PROPOSED
 
 BATCH_POLICIES = ("wait", "sync")
 #: The most consecutive small-model tokens (BiLD's gamma; the paper uses 10): a round keeps
@@ -98,7 +103,7 @@ def round_config(fallback_threshold: float, rollback_threshold: float, max_small
       max_new_tokens=requests.check_positive_int(max_new_tokens, "max_new_tokens"),
       max_proposals=int(max_small_steps), sampling=sampling_lib.as_sampling(sampling),
       eos_id=eos_id, accept=Rollback(float(rollback_threshold)), verify=verify_unless_final,
-      info=(("method", "bild"), ("fallback_threshold", float(fallback_threshold)),
+      info=(("method", BiLD.name), ("fallback_threshold", float(fallback_threshold)),
             ("rollback_threshold", float(rollback_threshold)),
             ("max_small_steps", int(max_small_steps)), ("batch_policy", batch_policy),
             ("small", small_kind), ("lossy", lossy(fallback_threshold))))
@@ -123,3 +128,76 @@ def proposer(small: Any, large: Model, fallback_threshold: float,
 def early_exit(model: Model, exit_layer: int = 1) -> EarlyExitDrafter:
   """The small model of BiLD's early-exit variant: `model` read after `exit_layer` layers."""
   return EarlyExitDrafter(model, exit_layer)
+
+
+@struct.dataclass
+class BiLD(Method):
+  """BiLD, the Big Little Decoder (Kim et al. 2023); the target is the large model. Lossy
+  (`stats["lossy"]`), except at fallback_threshold=1.0: the large model's output, exactly.
+
+  Attributes:
+    small: a `Model` of the large one's kind with the same vocabulary, or
+      `sd.early_exit(large, k)`.
+    fallback_threshold: in [0, 1]; the small model hands over when max p_S <= it.
+    rollback_threshold: > 0; roll back a small token y when -log p_L(y) > it (inf: never).
+    max_small_steps: most consecutive small-model tokens before the large model runs.
+    batch_policy: "wait" (each row as if alone) or "sync" (see `bild`).
+    small_inputs: int [B, Le'] the small model's input if it differs.
+    exact: large-model calls of `engine.EXACT_WIDTH` tokens: fallback_threshold=1.0 is
+      then bitwise the large model's greedy output. None: for greedy decoding.
+
+  Example::
+
+      >>> import specdec_jax as sd, numpy as np
+      >>> large = sd.load("config:t5_1_1_tiny")
+      >>> out = sd.decode(large, sd.BiLD(sd.early_exit(large, 1), fallback_threshold=0.6),
+      ...                 np.array([[5, 6, 7, 1]]), max_new_tokens=4)
+      >>> bool(out.stats["lossy"])
+      True
+      >>> sd.BiLD(None, batch_policy="later")
+      Traceback (most recent call last):
+      ...
+      specdec_jax.errors.InputError: batch_policy must be one of ('wait', 'sync'), got 'later'
+  """
+
+  name: ClassVar[str] = "bild"
+  summary: ClassVar[str] = "BiLD: the small model (--drafter) writes, the target falls back"
+  drafter_role: ClassVar[str | None] = "small model"
+  statistics: ClassVar[tuple[str, ...]] = (*COMMON_STATS, "drafter_calls", *PROPOSED,
+                                           "fallbacks", "fallback_rate", "rollback_rate")
+  shorthand: ClassVar[tuple[str, ...]] = ("fallback_threshold", "rollback_threshold")
+
+  small: Any = carried(flag="--drafter")
+  fallback_threshold: float = setting(0.5, short="fb")
+  rollback_threshold: float = setting(5.0, short="rb")
+  max_small_steps: int = setting(10)
+  batch_policy: str = setting(
+      "wait", choices=BATCH_POLICIES,
+      cli_help="wait: each row decodes as if alone; sync: the first row to hand over ends "
+      "every row's drafting (fewer small calls)")
+  small_inputs: Any = carried(per_call=True)
+  exact: bool | None = setting(None)
+
+  def __post_init__(self):
+    check_thresholds(self.fallback_threshold, self.rollback_threshold, self.max_small_steps)
+    check_batch_policy(self.batch_policy)
+    check_exact(self.exact)
+
+  def baseline(self) -> Method:
+    """The large model alone (`Autoregressive`), greedy or sampled as this run."""
+    return Autoregressive()
+
+  def proposer(self, target, sampling):
+    if self.small is None:
+      raise InputError("sd.BiLD needs the small model: a Model with the large model's "
+                       "vocabulary or sd.early_exit(large, k)")
+    return proposer(self.small, target, self.fallback_threshold, self.batch_policy)
+
+  def round_config(self, target, max_new_tokens, sampling, eos_id):
+    return round_config(self.fallback_threshold, self.rollback_threshold,
+                        self.max_small_steps, max_new_tokens, sampling, eos_id,
+                        self.batch_policy, protocol.kind(as_drafter(self.small, target)),
+                        self.exact)
+
+  def proposer_inputs(self, proposer, inputs, max_new_tokens):
+    return drafter_inputs(proposer, self.small_inputs, inputs, max_new_tokens)

@@ -1,4 +1,5 @@
-"""Blockwise parallel decoding (Stern et al. 2018; Kim et al. 2024) as a wiring of the round engine.
+"""Blockwise parallel decoding (`sd.Blockwise`; Stern et al. 2018; Kim et al. 2024) on the
+round engine.
 
     propose   HeadDrafter: heads 2..h on the verifier's last state (no drafter model)
     verify    ONE verifier call over [last, x_1..x_G]; it also yields the states the
@@ -20,24 +21,42 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
 from specdec_jax import cache as cache_lib
 from specdec_jax import sampling as sampling_lib
-from specdec_jax.drafters.head_drafter import RESCORING
+from specdec_jax.drafters import as_drafter
+from specdec_jax.drafters.head_drafter import RESCORING, HeadDrafter
 from specdec_jax.drafters.heads import Heads, check_heads, head_logits
 from specdec_jax.errors import InputError
+from specdec_jax.methods.autoregressive import Autoregressive
+from specdec_jax.methods.base import (
+  Method,
+  carried,
+  check_accept,
+  check_exact,
+  check_number,
+  setting,
+)
 from specdec_jax.models.model import Model
 from specdec_jax.rounds import engine, requests
 from specdec_jax.rounds.acceptance import SpeculativeSampling, prefix_length
 from specdec_jax.rounds.buffer import last_tokens
 from specdec_jax.rounds.phases import AcceptRule, Proposal, Verified
+from specdec_jax.rounds.stats import COMMON_STATS, PROPOSED, SCORED
 
 Array = jax.Array
+
+#: Upper bounds of the lattice's settings: generous, but each keeps a mistyped value a clear
+#: error: the lattice keeps [B, heads, top_k] candidates and one verifier call holds
+#: 1 + num_drafts * heads tokens.
+MAX_LATTICE_K = 64
+MAX_NUM_DRAFTS = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +134,7 @@ def round_config(heads: Heads, max_new_tokens: int, sampling=None, eos_id: int =
       max_proposals=g, sampling=sampling, eos_id=eos_id, accept=rule,
       verify=ParallelVerify(num_drafts, g, rule, sampling) if parallel else engine.verify,
       extra_capacity=(num_drafts - 1) * g,
-      info=(("method", "blockwise"), ("num_heads", heads.num_heads), ("top_k", top_k),
+      info=(("method", Blockwise.name), ("num_heads", heads.num_heads), ("top_k", top_k),
             ("num_drafts", num_drafts), ("rescoring", rescoring),
             ("oracle_top_k", top_k if oracle else 0), ("lossy", False)))
 
@@ -201,3 +220,94 @@ def oracle_calls(model: Model, heads: Heads, inputs: Array, tokens: Array,
 
   ones = jnp.ones((batch,), jnp.int32)
   return jax.lax.fori_loop(0, length, walk, (ones, ones))[1]
+
+
+@struct.dataclass
+class Blockwise(Method):
+  """Blockwise parallel decoding (Stern et al. 2018; Kim et al. 2024): prediction heads on
+  the target draft, the target verifies. Greedy output is the target's.
+
+  Attributes:
+    heads: `sd.Heads` for the target (`sd.init_heads`, `sd.load_heads`).
+    top_k: candidates per head in the lattice (1: each head's argmax).
+    num_drafts: the p best lattice paths verified together in one call (parallel BPD).
+    rescoring: None, "ngram" (rescorer: `lattice.NGramLM`) or "neural" (rescorer: a small
+      `Model` with the same vocabulary).
+    rescorer: the n-gram LM or model of `rescoring`.
+    rescoring_weight: the weight of the rescorer's log-probs against the heads'.
+    oracle: also count the oracle top-k block efficiency (one teacher-forced pass).
+    accept: another acceptance rule (research, an `sd.AcceptRule`); it also picks the
+      winning draft when `num_drafts > 1`. None: `acceptance.SpeculativeSampling()`.
+    exact: verifier calls of `engine.EXACT_WIDTH` tokens. None: greedy, if it fits.
+
+  Example::
+
+      >>> import specdec_jax as sd, numpy as np
+      >>> model = sd.load("config:t5_1_1_tiny")
+      >>> heads = sd.init_heads(model, 3)
+      >>> out = sd.decode(model, sd.Blockwise(heads), np.array([[5, 6, 7, 1]]),
+      ...                 max_new_tokens=4)
+      >>> out.lengths.shape
+      (1,)
+  """
+
+  name: ClassVar[str] = "blockwise"
+  summary: ClassVar[str] = "blockwise parallel decoding: prediction heads draft"
+  statistics: ClassVar[tuple[str, ...]] = (*COMMON_STATS, *PROPOSED, *SCORED,
+                                           "repeated_draft_rate", "mean_max_run",
+                                           "oracle_tokens_per_target_call")
+  shorthand: ClassVar[tuple[str, ...]] = ("top_k", "num_drafts")
+  # with --heads the bench times it plain; the flag adds lattices
+  bench_flag: ClassVar[str | None] = "--heads-lattice"
+
+  heads: Any = carried(flag="--heads")
+  top_k: int = setting(1, flag="--lattice-k", short="k")
+  num_drafts: int = setting(1, short="p")
+  rescoring: str | None = setting(
+      None, choices=RESCORING,
+      cli_help="rescore the lattice's paths with a bigram LM (ngram) or a small model "
+      "(neural), given by --rescorer")
+  rescorer: Any = carried(flag="--rescorer")
+  rescoring_weight: float = setting(1.0)
+  oracle: bool = setting(False)
+  accept: AcceptRule | None = setting(None, research=True)
+  exact: bool | None = setting(None)
+
+  def __post_init__(self):
+    requests.check_positive_int(self.top_k, "top_k", MAX_LATTICE_K, "lattice candidates per head")
+    requests.check_positive_int(self.num_drafts, "num_drafts", MAX_NUM_DRAFTS,
+                              "drafts verified together in one target call")
+    check_rescoring(self.rescoring, self.rescorer, self.num_drafts)
+    check_number(self.rescoring_weight, "rescoring_weight")
+    if not isinstance(self.oracle, bool):
+      raise InputError(f"oracle must be True or False, got {self.oracle!r}")
+    check_accept(self.accept)
+    check_exact(self.exact)
+
+  def baseline(self) -> Method:
+    """The target alone (`Autoregressive`), greedy or sampled as this run."""
+    return Autoregressive()
+
+  def proposer(self, target, sampling):
+    requests.check_heads_value(self.heads)
+    if not isinstance(self.heads, Heads):
+      raise InputError(f"sd.Blockwise needs the target's prediction heads (sd.Heads from "
+                       f"sd.init_heads / sd.load_heads), got {type(self.heads).__name__}")
+    check_settings(target, self.heads, self.top_k, self.num_drafts, self.rescoring,
+                   self.rescorer, sampling)
+    neural = as_drafter(self.rescorer, target) if self.rescoring == "neural" else None
+    return HeadDrafter(target, self.heads, lm=self.rescorer if self.rescoring == "ngram"
+                       else None, rescorer=neural, top_k=self.top_k,
+                       num_drafts=self.num_drafts, rescoring=self.rescoring,
+                       weight=float(self.rescoring_weight))
+
+  def round_config(self, target, max_new_tokens, sampling, eos_id):
+    return round_config(self.heads, max_new_tokens, sampling, eos_id, self.top_k,
+                        self.num_drafts, self.rescoring, self.oracle, self.accept, self.exact)
+
+  def finish(self, target, inputs, out, prompt_lengths=None):
+    if not self.oracle:
+      return out
+    calls = oracle_calls(target, self.heads, inputs, out.tokens, out.lengths, self.top_k,
+                         prompt_lengths)
+    return out.replace(counters=out.counters.replace(oracle_calls=calls))

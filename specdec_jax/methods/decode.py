@@ -1,4 +1,4 @@
-"""`decode`: the one entry point that runs any method value (see `values`); `lower`: the
+"""`decode`: the one entry point that runs any method value (see `base`); `lower`: the
 same program lowered for other platforms (TPU, CUDA) without running it."""
 
 from __future__ import annotations
@@ -11,8 +11,12 @@ from specdec_jax import sampling as sampling_lib
 from specdec_jax.errors import InputError, SamplingError
 from specdec_jax.kernels import backends
 from specdec_jax.kernels.dispatch import DecodeWeights
+from specdec_jax.methods.autoregressive import Autoregressive
+from specdec_jax.methods.base import Method
 from specdec_jax.methods.beam import Beam
-from specdec_jax.methods.values import Autoregressive, BiLD, Blockwise, Method, Speculative
+from specdec_jax.methods.bild import BiLD
+from specdec_jax.methods.blockwise import Blockwise
+from specdec_jax.methods.speculative import Speculative
 from specdec_jax.models.model import Model
 from specdec_jax.rounds import requests
 from specdec_jax.rounds.buffer import DecodeOutput

@@ -7,9 +7,12 @@ from typing import Any
 
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.drafters.heads import Heads
-from specdec_jax.methods import values
 from specdec_jax.methods.adaptive import AdaptiveGamma
+from specdec_jax.methods.autoregressive import Autoregressive
+from specdec_jax.methods.bild import BiLD
+from specdec_jax.methods.blockwise import Blockwise
 from specdec_jax.methods.decode import decode
+from specdec_jax.methods.speculative import Speculative
 from specdec_jax.models.model import Model
 from specdec_jax.rounds.buffer import DecodeOutput
 from specdec_jax.rounds.phases import AcceptRule
@@ -30,7 +33,7 @@ def generate(model: Model, inputs, max_new_tokens: int = 64,
   "Exactness").
   Returns `DecodeOutput(tokens [B, T], lengths [B], counters)`; `.stats` has the mapping.
   """
-  return decode(model, values.Autoregressive(exact=exact), inputs,
+  return decode(model, Autoregressive(exact=exact), inputs,
                 max_new_tokens, sampling, rng, eos_id, prompt_lengths)
 
 
@@ -60,7 +63,7 @@ def speculative_generate(target: Model, drafter, inputs, gamma: int = 5,
   Returns:
     DecodeOutput(tokens [B, max_new_tokens], lengths [B], counters; `.stats` mapping).
   """
-  method = values.Speculative(drafter, gamma=gamma, adaptive=adaptive, lenience=lenience,
+  method = Speculative(drafter, gamma=gamma, adaptive=adaptive, lenience=lenience,
                               drafter_inputs=drafter_inputs, accept=accept,
                               exact=exact)
   return decode(target, method, inputs, max_new_tokens, sampling, rng, eos_id,
@@ -93,7 +96,7 @@ def bild_generate(large: Model, small: Any, inputs, fallback_threshold: float = 
   Returns:
     DecodeOutput(tokens [B, max_new_tokens], lengths [B], counters; `.stats` mapping).
   """
-  method = values.BiLD(small, fallback_threshold=fallback_threshold,
+  method = BiLD(small, fallback_threshold=fallback_threshold,
                        rollback_threshold=rollback_threshold, max_small_steps=max_small_steps,
                        batch_policy=batch_policy, small_inputs=small_inputs,
                        exact=exact)
@@ -124,7 +127,7 @@ def blockwise_generate(model: Model, heads: Heads, inputs, max_new_tokens: int =
       greedy output is bitwise the baseline's on any backend. None: greedy, if it fits.
     prompt_lengths: a decoder-only model's prompt lengths [B] (`sd.decode`).
   """
-  method = values.Blockwise(heads, top_k=top_k, num_drafts=num_drafts, rescoring=rescoring,
+  method = Blockwise(heads, top_k=top_k, num_drafts=num_drafts, rescoring=rescoring,
                             rescorer=rescorer, rescoring_weight=rescoring_weight,
                             oracle=oracle, accept=accept, exact=exact)
   return decode(model, method, inputs, max_new_tokens, sampling, rng, eos_id,

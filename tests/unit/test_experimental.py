@@ -1,6 +1,6 @@
 """The experimental corner (`specdec_jax.experimental`): its methods are not `sd`'s, the CLI
-and the tests' registry still find them, their loops stay in small phases, and a method's
-name is written once (its value's `name`)."""
+and the tests' registry still find them, and their loops stay in small phases (that a
+method's name is written once: tests/unit/test_method_names.py)."""
 
 import ast
 import pathlib
@@ -66,37 +66,6 @@ def test_experimental_methods_are_registered_apart():
   assert with_drafter == [experimental.SpeculativeBeam]       # --method beam --drafter X
 
 
-def second_spellings(roots: list[pathlib.Path], names: set[str]) -> list[str]:
-  """String constants that spell a method's name with underscores ("speculative_beam" for
-  "speculative-beam"), in the Python files under `roots` (a module's name in `__all__` is
-  a module's, not a method's)."""
-  wrong = {n.replace("-", "_") for n in names if "-" in n}
-  found = []
-  for path in sorted(p for root in roots for p in root.rglob("*.py")):
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    exports = {id(c) for node in ast.walk(tree) if isinstance(node, ast.Assign)
-               and any(getattr(t, "id", None) == "__all__" for t in node.targets)
-               for c in ast.walk(node.value)}
-    found += [f"{path.name}:{node.lineno} {node.value!r}" for node in ast.walk(tree)
-              if isinstance(node, ast.Constant) and node.value in wrong
-              and id(node) not in exports]
-  return found
-
-
-def test_a_methods_name_is_written_once():
-  """No "speculative_beam" as a method name in the library or the lab's package: the run's
-  info and every report take the value's `name`."""
-  names = {m.name for m in testing.METHODS}
-  assert "speculative-beam" in names
-  assert second_spellings([ROOT, LAB / "specdec_jax_lab"], names) == []
-
-
-def test_the_spelling_check_sees_one(tmp_path):
-  (tmp_path / "m.py").write_text('__all__ = ["speculative_beam"]\n'
-                                 'INFO = (("method", "speculative_beam"),)\n')
-  assert second_spellings([tmp_path], {"speculative-beam"}) == ["m.py:2 'speculative_beam'"]
-
-
 def table_names(page: pathlib.Path) -> list[str]:
   """The first-column names (`name`) of the table under the page's "## Statistics"."""
   body = page.read_text(encoding="utf-8").split("## Statistics\n", 1)[1].split("\n## ", 1)[0]
@@ -115,4 +84,5 @@ def test_the_docs_statistics_table_lists_what_out_stats_reports():
   assert len(names) == len(set(names))
   assert set(names) == set(out.stats) - {"method"}
   assert set(beam.statistics) < set(names)
+  assert set(beam.derived_statistics) <= set(names)   # the reports' columns read them
 

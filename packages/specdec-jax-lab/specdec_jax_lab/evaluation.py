@@ -265,7 +265,7 @@ def evaluate(model: Model, data, settings: EvalSettings = EvalSettings(), *, dra
           "includes_compile": not s.warmup, "batch_size": batch_size,
           "max_new_tokens": max_new_tokens, "method": decode_method.kind,
           "sampling": repr(decode_method.sampling),
-          "speculative": decode_method.method.drafter_role == "drafter",
+          sd.Speculative.name: decode_method.method.drafter_role == "drafter",
           "gamma": getattr(decode_method.method, "gamma", None),
           "settings": decode_method.settings(),
           "stats": to_jsonable(totals(corpus.stats)), "hypotheses": hypotheses,

@@ -329,8 +329,8 @@ def run_t5x_compare(model: Model, t5x: types.SimpleNamespace,
                                               "drafter_params": drafter.num_params()}
   return {"model": {"config": model.config.to_dict(), "num_params": model.num_params()},
           "dtype": dtype, "prompt_len": prompt_len, "steps": steps, "repeats": repeats,
-          "beam": None if beam is None else {"num_beams": beam[0], "alpha": beam[1],
-                                             "speculative": speculative},
+          sd.Beam.name: None if beam is None else {
+              "num_beams": beam[0], "alpha": beam[1], sd.Speculative.name: speculative},
           "machine": machine_info(), "rows": rows}
 
 
@@ -342,12 +342,12 @@ def _divergences(agreement: dict[str, Any]) -> str:
 def summary(results: dict[str, Any]) -> str:
   """The line above the table: setup, dtype, and what the tokens did."""
   m, dtype = results["model"], results.get("dtype", "float32")
-  beam = results.get("beam")
-  spec = (beam or {}).get("speculative")
+  beam = results.get(sd.Beam.name)
+  spec = (beam or {}).get(sd.Speculative.name)
   what = "Greedy decoding" if beam is None else (
       f"Beam search ({beam['num_beams']} beams, alpha {beam['alpha']}; every beam compared)")
   if all(r["identical_tokens"] for r in results["rows"]):
-    tokens = ("greedy" if beam is None else "beam") + " tokens identical"
+    tokens = ("greedy" if beam is None else sd.Beam.name) + " tokens identical"
   else:
     tokens = ("greedy tokens compared, not required identical (the two round differently "
               "in bfloat16; a row follows a different prefix after its first divergence)")
@@ -387,7 +387,7 @@ def plot(results: dict[str, Any], path: str) -> None:
   ax.bar(x + 0.2, [r["ours_ms_per_token"] for r in rows], 0.4, label="specdec-jax")
   ax.set_xticks(x, [f"batch {r['batch']}" for r in rows])
   ax.set_ylabel("ms per row-token")
-  what = "Greedy decode" if results.get("beam") is None else "Beam search"
+  what = "Greedy decode" if results.get(sd.Beam.name) is None else "Beam search"
   ax.set_title(f"{what}, same weights, {results.get('dtype', 'float32')}")
   ax.legend()
   fig.tight_layout()

@@ -245,7 +245,9 @@ def test_eval_speculative_greedy_equals_target_greedy(trained, capsys, baseline)
   assert stats["tokens"] == result["generated_tokens"] and stats["gamma"] == 3
 
 
-def test_eval_ngram_drafter_fitted_on_train_split(trained, baseline):
+def test_eval_ngram_drafter_fitted_on_train_split(trained, capsys, baseline):
+  """In the library, and through `specdec eval`: a method whose `drafter_role` is a drafter
+  takes --drafter ngram fitted on the data's train split (not a model to load)."""
   _, workdir = trained
   target = sd.load(str(workdir / "target" / "final"))
   result = evaluation.evaluate(target, workdir / "data",
@@ -253,6 +255,20 @@ def test_eval_ngram_drafter_fitted_on_train_split(trained, baseline):
                                drafter="ngram")
   assert result["hypotheses"] == baseline["hypotheses"]
   assert result["stats"]["drafted"] > 0
+  command = eval_json(capsys, workdir, "--drafter", "ngram", "--gamma", 2)
+  assert command["hypotheses"] == baseline["hypotheses"]
+  assert command["stats"]["drafted"] == result["stats"]["drafted"]
+
+
+def test_eval_beam_with_a_drafter_is_speculative_beam_search(trained, capsys):
+  """--method beam --drafter X is experimental.SpeculativeBeam, its drafter loaded as its
+  `drafter_role` says: the hypotheses are beam search's."""
+  _, workdir = trained
+  beam = eval_json(capsys, workdir, "--method", "beam", "--num-beams", 2)
+  drafted = eval_json(capsys, workdir, "--method", "beam", "--num-beams", 2, "--drafter",
+                      workdir / "drafter" / "final", "--gamma", 2)
+  assert drafted["method"] == "speculative-beam" and beam["method"] == "beam"
+  assert drafted["hypotheses"] == beam["hypotheses"]
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import specdec_jax as sd
 from specdec_jax.runtime.report import atomic_write, created_line, fmt, write_json, write_plot
 
 TABLE_COLUMNS = ("batch", "mode", "method", "γ", "ms/token", "tokens/s", "speedup", "α",
@@ -13,7 +14,7 @@ TABLE_COLUMNS = ("batch", "mode", "method", "γ", "ms/token", "tokens/s", "speed
 
 
 def _cells(e: dict[str, Any]) -> list[str]:
-  spec = e["method"] == "speculative"
+  spec = e["method"] == sd.Speculative.name
 
   def s(text):   # speculative-only columns
     return text if spec else "—"
@@ -139,11 +140,11 @@ def plot(results: dict[str, Any], path: str) -> None:
   fig = Figure(figsize=(7, 4.5), dpi=120)
   FigureCanvasAgg(fig)
   ax = fig.add_subplot(1, 1, 1)
-  spec = [e for e in results["results"] if e["method"] == "speculative"]
+  spec = [e for e in results["results"] if e["method"] == sd.Speculative.name]
   if spec:
     _plot_speedups(ax, spec)
   else:
-    base = [e for e in results["results"] if e["method"] == "autoregressive"]
+    base = [e for e in results["results"] if e["method"] == sd.Autoregressive.name]
     ax.bar([f"{e['mode']}\nB={e['batch_size']}" for e in base], [e["ms_per_token"] for e in base])
     ax.set_ylabel("baseline ms/token")
   cfg = results["config"]

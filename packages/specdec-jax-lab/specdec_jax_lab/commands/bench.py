@@ -10,7 +10,6 @@ import sys
 from typing import Any, Mapping
 
 import specdec_jax as sd
-from specdec_jax import experimental
 from specdec_jax.cli.mesh_args import add_mesh_flag, check_batch, load_target, mesh_from_flag
 from specdec_jax.cli.models import DRAFTER_KINDS, DTYPES, load_model, note
 from specdec_jax.cli.options import (
@@ -25,7 +24,7 @@ from specdec_jax.errors import BenchError
 from specdec_jax.runtime.report import check_output_dir, read_json, to_jsonable
 from specdec_jax.runtime.streams import emit
 from specdec_jax_lab import bench
-from specdec_jax_lab.bench.method_specs import extra_methods, speculative_beam_specs
+from specdec_jax_lab.bench import method_specs
 
 DEFAULT_TARGET = "config:t5_1_1_small"
 DEFAULT_DRAFTER = "config:t5_1_1_tiny_drafter"
@@ -65,9 +64,9 @@ class BenchRun:
     tokenizer: the prompts file holds text for it (None: token ids).
     out: the directory of bench.json, bench.md, bench.png.
     resume: keep the entries of an existing bench.json made with the same settings.
-    bild, heads_lattice, beam: --bild, --heads-lattice and --beam specs
-      (`bench.method_specs.extra_methods`; with a drafter --beam times
-      `experimental.SpeculativeBeam` too, `speculative_beam_specs`).
+    specs: {method name: its specs} of the methods' flags (`bench.method_specs`: --bild,
+      --heads-lattice, --beam; with a drafter --beam times `experimental.SpeculativeBeam`
+      too).
     heads: prediction heads to time blockwise decoding with.
     preset: the --preset name, for the report.
     command: the command line, for the report.
@@ -84,10 +83,8 @@ class BenchRun:
   tokenizer: str | None = None
   out: str = "bench_out"
   resume: bool = False
-  bild: tuple[str, ...] = ()
+  specs: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
   heads: str | None = None
-  heads_lattice: tuple[str, ...] = ()
-  beam: tuple[str, ...] = ()
   preset: str | None = None
   command: str = ""
   measured: bench.BenchSettings = bench.BenchSettings()
@@ -102,14 +99,12 @@ def from_args(args) -> BenchRun:
   if args.drafter in DRAFTER_KINDS and not args.baseline_only:
     raise BenchError("bench times model drafters only (c comes from timing drafter decode "
                      "steps); give a drafter model path/name or config:NAME")
-  if args.bild and args.baseline_only:
-    raise BenchError("--bild uses --drafter as BiLD's small model: drop --baseline-only")
-  if args.beam and "sample" in args.modes:
-    raise BenchError("--beam times beam search, which is deterministic: add --modes greedy")
+  specs = {m: tuple(getattr(args, method_specs.dest_of(m)))
+           for m in method_specs.spec_methods()}
+  method_specs.check_specs(specs, drafter=not args.baseline_only,
+                           given={"--heads"} if args.heads else set(), modes=args.modes)
   if args.compile_workers is not None and args.compile_workers < 1:
     raise BenchError(f"--compile-workers must be at least 1, got {args.compile_workers}")
-  if args.heads_lattice and not args.heads:
-    raise BenchError("--heads-lattice needs --heads")
   if args.tokenizer and not args.prompts_file:
     raise BenchError("--tokenizer is only used with --prompts-file")
   measured = bench.BenchSettings(
@@ -124,8 +119,8 @@ def from_args(args) -> BenchRun:
       target_overrides=parse_overrides(args.target_overrides),
       drafter_overrides=parse_overrides(args.drafter_overrides), dtype=args.dtype,
       mesh=args.mesh, prompts_file=args.prompts_file, tokenizer=args.tokenizer, out=args.out,
-      resume=args.resume, bild=tuple(args.bild), heads=args.heads,
-      heads_lattice=tuple(args.heads_lattice), beam=tuple(args.beam), preset=args.preset,
+      resume=args.resume, specs={m.name: texts for m, texts in specs.items() if texts},
+      heads=args.heads, preset=args.preset,
       command="specdec " + " ".join(shlex.quote(a) for a in argv), measured=measured)
 
 
@@ -172,20 +167,33 @@ def _existing(run: BenchRun, config: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _extras(run: BenchRun, target, drafter, mesh) -> tuple[dict[str, Any], dict[str, str]]:
-  """({label: sampling -> method} for --bild (small model: --drafter), --heads and --beam
-  (with a drafter: speculative beam search too), {label: the label of its reference})."""
+  """({label: sampling -> method} for each method's specs, {label: the label of its
+  reference}). Each method takes the model its flag names (--drafter, --heads); one whose
+  model only it uses (blockwise: --heads) is also timed at its defaults when that model is
+  given; a method's drafted form (--beam: speculative beam search) is timed at each gamma
+  when there is a drafter."""
   heads = sd.load_heads(run.heads, target) if run.heads else None
   if heads is not None and mesh is not None:
     heads = sd.sharding.replicate(heads, mesh)
-  beams, references = speculative_beam_specs(
-      run.beam, run.measured.gammas if drafter is not None else ())
-  # with heads: blockwise decoding plain ("": the defaults) and per --heads-lattice spec
-  specs = {sd.BiLD: list(run.bild), sd.Blockwise: [""] + list(run.heads_lattice) if heads else [],
-           sd.Beam: list(run.beam), experimental.SpeculativeBeam: beams}
-  extras = extra_methods(specs, models={sd.BiLD: (drafter, run.drafter),
-                                        sd.Blockwise: (heads, run.heads),
-                                        experimental.SpeculativeBeam: (drafter, run.drafter)})
-  return extras, references
+  models = {method_specs.DRAFTER: (drafter, run.drafter), "--heads": (heads, run.heads)}
+  specs: dict[type, list[str]] = {}
+  given: dict[type, tuple[Any, str | None]] = {}
+  references: dict[str, str] = {}
+  for m in method_specs.spec_methods():
+    texts = list(run.specs.get(m.name, ()))
+    needs = method_specs.model_flag(m)
+    if needs is not None:
+      given[m] = models[needs]
+      if needs != method_specs.DRAFTER and given[m][0] is not None:
+        texts = [""] + texts
+    specs[m] = texts
+    drafted = method_specs.drafted_form(m)
+    if drafted is not None and drafter is not None:
+      specs[drafted], found = method_specs.drafted_specs(m, drafted, texts,
+                                                         run.measured.gammas)
+      given[drafted] = models[method_specs.DRAFTER]
+      references.update(found)
+  return method_specs.extra_methods(specs, models=given), references
 
 
 def run(args) -> int:
@@ -274,22 +282,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                  "default, exact for greedy) or at their natural width (off: faster on CPU)")
   p.add_argument("--baseline-only", action="store_true",
                  help="time the target alone (no drafter needed)")
-  p.add_argument("--bild", action="append", default=[], metavar="FB:RB",
-                 help="also time BiLD with --drafter as the small model at fallback FB and "
-                 "rollback RB (repeatable), e.g. --bild 0.5:3, or any sd.BiLD settings as "
-                 "field=value pairs: --bild fallback_threshold=0.5,max_small_steps=4")
   p.add_argument("--heads", metavar="PATH",
                  help="also time blockwise decoding with these prediction heads (a heads file, "
                  "a model dir or a bundled name such as demo-de-en/target)")
-  p.add_argument("--heads-lattice", action="append", default=[], metavar="K:P",
-                 help="with --heads: also a top-K lattice verifying P drafts per call, or any "
-                 "sd.Blockwise settings as field=value pairs: top_k=3,num_drafts=2")
-  p.add_argument("--beam", action="append", default=[], metavar="K:ALPHA",
-                 help="also time T5X's beam search with K beams and brevity penalty ALPHA "
-                 "(repeatable; greedy modes only), e.g. --beam 4:0.6, or any sd.Beam "
-                 "settings as field=value pairs: num_beams=4,alpha=0.6; with a drafter, "
-                 "also exact speculative beam search (experimental.SpeculativeBeam) at each of "
-                 "--gammas, its speedup over sd.Beam reported")
+  method_specs.add_spec_flags(p)
   p.add_argument("--compile-workers", type=int, metavar="N",
                  help="concurrent warm-up (compile) calls before timing; default: up to 4 on "
                  "CPU, 1 on accelerators (each warm-up call holds device memory)")

@@ -136,15 +136,17 @@ def _drafter_flag(choice: MethodChoice) -> str:
 
 
 def _method(choice: MethodChoice, model, run: EvalRun, mesh):
-  """The tools method of `choice`; an "ngram" drafter is fitted on the data's train split,
-  an n-gram rescorer named "data" too."""
+  """The tools method of `choice`, its --drafter loaded as the value's `drafter_role` says: a
+  drafter (a model, or "ngram" fitted on the data's train split, "prompt-lookup"), a small
+  model (unless early-exit:K, the target itself); an n-gram rescorer named "data" is fitted
+  on the data too."""
   load = drafter_loader(run.dtype)
-  drafter = None
-  if choice.name == "speculative":
+  drafter, role = None, choice.value.drafter_role
+  if role == "drafter":
     drafter = choice.drafter if choice.drafter in DRAFTER_KINDS else load(_drafter_flag(choice))
     data_dir = None if evaluation.is_jsonl(run.data) else pathlib.Path(run.data)
     drafter = evaluation.resolve_drafter(drafter, model, data_dir)
-  elif choice.name == "bild" and not choice.early_exit:
+  elif role is not None and not choice.early_exit:
     drafter = load(_drafter_flag(choice))
   models = dict(choice.models)
   if (models.get("--rescorer") == "data" and isinstance(choice.value, sd.Blockwise)

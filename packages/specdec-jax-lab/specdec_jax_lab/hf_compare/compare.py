@@ -171,7 +171,7 @@ def _our_methods(target, drafter, padded, batch_sizes, max_new_tokens, gamma) ->
     out[f"ours_speculative{suffix}"] = _method(
         our_method(Run(sd.Speculative(drafter, gamma=gamma)), target, padded, b,
                    max_new_tokens),
-        b, "ours", "speculative", f"ours sd.speculative_generate gamma={gamma}, batch {b}",
+        b, "ours", sd.Speculative.name, f"ours sd.speculative_generate gamma={gamma}, batch {b}",
         gamma)
   return out
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import specdec_jax as sd
 from specdec_jax.costs import VERIFY_NOISE_NOTE, shown_predictions, verify_cost_text
 from specdec_jax.runtime.report import fmt, read_json
 from specdec_jax_lab.errors import ResultsError
@@ -63,13 +64,13 @@ def speed_table(results_dir: str, name: str = "demo") -> list[str]:
   cfg = res["config"]
   best: dict[tuple[int, str], dict[str, Any]] = {}
   for r in res["rows"]:
-    if r["method"] != "speculative":
+    if r["method"] != sd.Speculative.name:
       continue
     key = (r["batch_size"], r["drafter"])
     if key not in best or r["speedup"] > best[key]["speedup"]:
       best[key] = r
   base = {r["batch_size"]: r for r in res["rows"]
-          if r["method"] != "speculative" and r["mode"] == "greedy"}
+          if r["method"] != sd.Speculative.name and r["mode"] == "greedy"}
   lines = [f"Speed, greedy, the first {cfg['pairs']} test sentences, at most "
            f"{cfg['max_new_tokens']} new tokens; per drafter the γ with the best measured "
            f"speedup over the target alone timed in the same rounds ({res['created'][:10]}, "

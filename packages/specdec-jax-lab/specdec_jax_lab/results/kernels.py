@@ -122,7 +122,7 @@ def exactness_costs(rounds: int, limit: int, max_new_tokens: int,
       n_tokens = sum(int(np.sum(np.asarray(o.lengths))) for o in outs)
       identical = all(np.array_equal(np.asarray(o.tokens), np.asarray(g.tokens))
                       for o, g in zip(outs, base, strict=True))
-      rows.append({"batch": b, "method": "generate" if gamma is None else "speculative",
+      rows.append({"batch": b, "method": "generate" if gamma is None else sd.Speculative.name,
                    "gamma": gamma, "exact": "default" if exact is None else "False",
                    "ms_per_token": medians[(gamma, exact)] * 1e3 / n_tokens,
                    "identical_to_generate": identical})

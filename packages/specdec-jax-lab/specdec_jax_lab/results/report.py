@@ -6,6 +6,7 @@ import os
 import pathlib
 from typing import Any
 
+import specdec_jax as sd
 from specdec_jax.costs import VERIFY_NOISE_NOTE, shown_predictions, verify_cost_text
 from specdec_jax.runtime.report import atomic_write, fmt, read_text, write_json, write_plot
 from specdec_jax_lab.errors import ResultsError
@@ -23,7 +24,7 @@ def markdown_table(results: dict[str, Any]) -> str:
   lines = ["| " + " | ".join(TABLE_COLUMNS) + " |",
            "|" + "|".join(["---"] * 3 + ["--:"] * (len(TABLE_COLUMNS) - 3)) + "|"]
   for r in results["rows"]:
-    spec = r["method"] == "speculative"
+    spec = r["method"] == sd.Speculative.name
     decoding = (f"speculative {r['mode']}" if spec else
                 "target greedy" if r["mode"] == "greedy" else "target sampling (T=1)")
     cells = [str(r["batch_size"]), decoding, r["drafter"] or "—",
@@ -141,7 +142,7 @@ def plot(results: dict[str, Any], path: str) -> None:
   """Speedup vs gamma per drafter (solid, measured; dashed, predicted), one panel per batch."""
   from matplotlib.backends.backend_agg import FigureCanvasAgg
   from matplotlib.figure import Figure
-  rows = [r for r in results["rows"] if r["method"] == "speculative"]
+  rows = [r for r in results["rows"] if r["method"] == sd.Speculative.name]
   batches = sorted({r["batch_size"] for r in rows}) or [None]
   fig = Figure(figsize=(6.5 * len(batches), 4.5), dpi=120)
   FigureCanvasAgg(fig)

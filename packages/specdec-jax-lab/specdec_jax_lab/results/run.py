@@ -250,7 +250,7 @@ class _Run:
       base = ms
     hyps = evaluation.detokenize(corpus.tokens(), corpus.lengths, self.tokenizer)
     row = {"key": key, "batch_size": b, "drafter": drafter,
-           "method": "baseline" if drafter is None else "speculative", "mode": mode,
+           "method": "baseline" if drafter is None else sd.Speculative.name, "mode": mode,
            "gamma": g, "generated_tokens": generated, "wall_s_median": timed["median_s"],
            "wall_s": timed["times_s"], "ms_per_token": ms,
            "tokens_per_s": 1e3 / ms if ms > 0 else None, "baseline_ms_per_token": base,

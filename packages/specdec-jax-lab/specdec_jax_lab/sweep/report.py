@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
+import specdec_jax as sd
 from specdec_jax.runtime.report import (
   atomic_write,
   created_line,
@@ -93,7 +94,7 @@ def markdown_report(results: dict[str, Any], kind: str, image: str | None) -> st
           "(exact=False, the fastest plain decode); `exact baseline / plain` is what exact "
           "mode costs the target alone; "
           f"command: `{c.get('command', '')}`", ""]
-  if kind == "bild":
+  if kind == sd.BiLD.name:
     head += ["## Table 1 layout (best point per group)", "", table1_markdown(results), ""]
   head += ["## Every point", "", points_markdown(results["points"]), ""]
   if results.get("lattice_ms"):

@@ -110,7 +110,7 @@ class BildSweep(SweepSettings):
     batch_policies: BiLD's batched semantics compared ("wait", "sync").
   """
 
-  kind: ClassVar[str] = "bild"
+  kind: ClassVar[str] = sd.BiLD.name
 
   small: tuple[str, ...] = ()
   early_exit: str | None = None
@@ -153,7 +153,7 @@ class BlockwiseSweep(SweepSettings):
     rescoring_weight: the rescorer's weight beside the heads' scores.
   """
 
-  kind: ClassVar[str] = "blockwise"
+  kind: ClassVar[str] = sd.Blockwise.name
 
   heads: str | None = None
   lattice_k: int = 16

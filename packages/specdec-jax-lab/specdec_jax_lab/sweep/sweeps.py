@@ -131,7 +131,7 @@ def blockwise_points(s: BlockwiseSweep, target, split: Split | None = None) -> l
           (f"parallel ngram p={p}", dict(top_k=k, num_drafts=p, rescoring="ngram",
                                          rescorer=lm)),
           (f"oracle k={k}", dict(top_k=k, oracle=True))]
-  return [Point(label, "blockwise", Run(sd.Blockwise(heads, rescoring_weight=w,
+  return [Point(label, sd.Blockwise.name, Run(sd.Blockwise(heads, rescoring_weight=w,
                                                      exact=s.exact_mode, **kw),
                                         label=s.heads or s.model))
           for label, kw in rows]
