@@ -92,10 +92,17 @@ def _use_fast_compiles() -> None:
   os.environ["XLA_FLAGS"] = flags.strip()
 
 
+#: CPU devices in every test process (`jax_num_cpu_devices`): the mesh tests lay out meshes
+#: of up to 8 in-process. Everything else runs on device 0, as on one device; the setting is
+#: jax's, not the environment's, so `specdec` subprocesses still see one device.
+CPU_DEVICES = int(os.environ.get("SPECDEC_TEST_CPU_DEVICES", "8"))
+
+
 # Before any test compiles: conftest.py is imported before the test modules, and XLA reads
-# XLA_FLAGS when its CPU client starts (the first computation).
+# XLA_FLAGS and the device count when its CPU client starts (the first computation).
 _use_fast_compiles()
 _use_compilation_cache()
+jax.config.update("jax_num_cpu_devices", CPU_DEVICES)
 
 
 #: The test files that take half a minute or more from an empty cache (an 8-device
