@@ -96,7 +96,7 @@ def _use_fast_compiles() -> None:
 #: CPU devices in every test process (`jax_num_cpu_devices`): the mesh tests lay out meshes
 #: of up to 8 in-process. Everything else runs on device 0, as on one device; the setting is
 #: jax's, not the environment's, so `specdec` subprocesses still see one device.
-CPU_DEVICES = int(os.environ.get("SPECDEC_TEST_CPU_DEVICES", "8"))
+CPU_DEVICES = 8
 
 
 # Before any test compiles: conftest.py is imported before the test modules, and XLA reads
