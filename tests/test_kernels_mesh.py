@@ -96,7 +96,8 @@ def layouts(model: sd.Model) -> SimpleNamespace:
 
 # ----------------------------------------------------------------------------- the factor
 
-@pytest.mark.parametrize("backend_name", [pytest.param("cpu", marks=needs_cpu_kernels), "tpu"])
+@pytest.mark.parametrize("backend_name", [pytest.param("cpu", marks=needs_cpu_kernels),
+                                          pytest.param("tpu", marks=pytest.mark.slow)])
 def test_products_on_the_mesh_are_the_kernels_blocks(backend_name):
   """On a 1 x 2 mesh: a column-split dot and the attention split by grouped heads (per-row
   lengths, with a bias and without) are bitwise the kernel on one device; a row-split dot
