@@ -11,24 +11,41 @@ subprocess), and the fast tier keeps a cheaper test of the same feature.
 """
 
 import collections
+import json
+import pathlib
 
+import jax
 import pytest
 import suite_settings
-from helpers import t5x_model, t5x_reference  # noqa: F401 (session fixtures)
+from helpers import REPO_DIR, t5x_model, t5x_reference  # noqa: F401 (session fixtures)
 from suite_settings import release_compiled_programs  # noqa: F401 (autouse, per module)
 
 suite_settings.configure()    # before any test compiles
 
-#: The test files that take half a minute or more from an empty cache (an 8-device
-#: subprocess, Pallas's interpreter, a large model), longest first: `-n 2 --dist loadfile`
-#: hands them out first (`pytest_collection_modifyitems`). From `--durations` of cold runs;
-#: the order need not be exact, a file missing here only loses its place.
-HEAVY_FILES = ("test_sharding.py", "test_lower.py", "test_gpu_kernels.py", "test_exact.py",
-               "test_kernels_mesh.py", "test_tpu_kernels.py", "test_gpu_check.py",
-               "test_soak.py", "test_dtype.py", "test_cli_mesh.py", "test_packaging.py",
-               "test_cli_distributed.py", "test_multihost_mesh.py", "test_demo_large.py",
-               "test_docs_examples.py",
-               "test_gpu_lowering.py", "test_gemma4.py")
+#: CPU devices in every test process (`jax_num_cpu_devices`): the mesh tests lay out meshes
+#: of up to 8 in-process. Everything else runs on device 0, as on one device; the setting is
+#: jax's, not the environment's, so `specdec` subprocesses still see one device. Set before
+#: the CPU client starts (the first computation).
+CPU_DEVICES = 8
+jax.config.update("jax_num_cpu_devices", CPU_DEVICES)
+
+#: Seconds each test file took in a full run from an empty compilation cache (its tests'
+#: setup, call and teardown summed), keyed by path from the repository root: the data the
+#: xdist order is made from (`pytest_collection_modifyitems`). A run refreshes it with
+#: `--store-durations tests/durations.json` (CONTRIBUTING.md).
+DURATIONS = pathlib.Path(__file__).parent / "durations.json"
+
+
+def pytest_addoption(parser):
+  parser.addoption(
+      "--store-durations", metavar="PATH", default=None,
+      help="at the end of the session write each test file's seconds (setup, call and "
+      "teardown of its tests that ran, summed) into the JSON file PATH, keeping the entries "
+      "of files that did not run; also under xdist (the controller writes)")
+
+
+def _file(nodeid: str) -> str:
+  return nodeid.split("::")[0]
 
 
 def pytest_configure(config):
@@ -40,11 +57,42 @@ def pytest_configure(config):
     config.option.loadscopereorder = False
 
 
-@pytest.hookimpl(trylast=True)       # after `-m`/`-k` deselection: the tests that run
+#: file -> seconds of its tests that ran in this process (the xdist controller: in every
+#: worker), for `--store-durations`
+_SECONDS: collections.Counter = collections.Counter()
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(items):
-  """Longest files first, the rest by test count (most first): the greedy order that
-  keeps two workers' ends close. A file's tests keep their order (a stable sort)."""
-  rank = {name: i for i, name in enumerate(HEAVY_FILES)}
-  count = collections.Counter(str(item.path) for item in items)
-  items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), -count[str(item.path)],
-                               str(item.path)))
+  """Longest files first (the greedy order that keeps two workers' ends close); a file's
+  tests keep their order (a stable sort). A file's estimate: its stored seconds times the
+  share of its tests that run (after `-m`/`-k` deselect); a file with none stored, its
+  tests times the mean seconds per test of the stored files."""
+  collected = collections.Counter(_file(item.nodeid) for item in items)
+  yield                                   # deselection: `items` now holds the tests to run
+  stored = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+  known = [f for f in collected if f in stored]
+  per_test = sum(stored[f] for f in known) / max(1, sum(collected[f] for f in known))
+  running = collections.Counter(_file(item.nodeid) for item in items)
+  estimate = {f: stored.get(f, per_test * collected[f]) * n / collected[f]
+              for f, n in running.items()}
+  items.sort(key=lambda item: (-estimate[_file(item.nodeid)], _file(item.nodeid)))
+
+
+def pytest_runtest_logreport(report):
+  """Each test's setup, call and teardown seconds, added to its file's (under xdist the
+  controller receives every worker's reports)."""
+  _SECONDS[_file(report.nodeid)] += report.duration
+
+
+def pytest_sessionfinish(session):
+  """`--store-durations PATH`: the files that ran, with their seconds, merged into PATH
+  (written once: by the xdist controller, or the only process)."""
+  path = session.config.getoption("store_durations")
+  if path is None or hasattr(session.config, "workerinput"):
+    return
+  path = pathlib.Path(path)
+  stored = json.loads(path.read_text()) if path.exists() else {}
+  stored = {f: s for f, s in stored.items() if (REPO_DIR / f).exists()}
+  stored |= {f: round(s, 1) for f, s in _SECONDS.items()}
+  path.write_text(json.dumps(dict(sorted(stored.items())), indent=1) + "\n")

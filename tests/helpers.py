@@ -5,10 +5,12 @@ them from here (`from helpers import ...`), the library's and the lab's tests al
 session fixtures are registered by importing them into a conftest.py.
 """
 
+import contextlib
 import json
 import os
 import pathlib
 import sys
+from collections.abc import Iterator
 
 import jax
 import numpy as np
@@ -51,6 +53,33 @@ def users_xla_env() -> dict[str, str]:
   flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
            if not f.startswith(SUITE_XLA_FLAGS)]
   return dict(os.environ, XLA_FLAGS=" ".join(flags))
+
+
+#: The `jax.monitoring` event jax records once per program it compiles for a backend (or loads
+#: from the persistent compilation cache): a program the jit caches did not hold.
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+@contextlib.contextmanager
+def compiles() -> Iterator[list[str]]:
+  """The programs compiled inside the block, by name ("jit(_run)"), in order: a list that
+  fills as they compile (a `jax.monitoring` listener on `BACKEND_COMPILE_EVENT`).
+
+      with compiles() as programs:
+        sd.generate(model, other_prompts, 5)
+      assert programs == []        # new contents, same shapes: nothing compiled
+  """
+  programs: list[str] = []
+
+  def listener(event: str, duration: float, **kwargs) -> None:
+    if event == BACKEND_COMPILE_EVENT:
+      programs.append(str(kwargs.get("fun_name", "?")))
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    yield programs
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
 
 
 def peaked(model: sd.Model, scale: float = 6.0, eos_boost: float = 2.0) -> sd.Model:

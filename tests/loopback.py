@@ -1,7 +1,6 @@
-"""Child Python processes for the mesh and multi-process tests: N forced CPU devices each,
-and `jax.distributed` on loopback (127.0.0.1).
+"""Child Python processes for the multi-process tests: N forced CPU devices each, and
+`jax.distributed` on loopback (127.0.0.1).
 
-    out = run_child([sys.executable, "tests/mesh_checks.py", OUT], devices=8)
     outs = run_processes(lambda i, port: [..., "--process-id", str(i)], processes=2, devices=4)
 
 The children inherit the environment, so they share the tests' compilation cache
@@ -31,15 +30,6 @@ def device_env(devices: int) -> dict[str, str]:
   flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
   return dict(os.environ, XLA_FLAGS=flags.strip(),
               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-
-
-def run_child(command: Sequence[str], devices: int, timeout: int = 900) -> str:
-  """Run `command` with `devices` CPU devices; its stdout (the test fails on a non-zero exit,
-  with the end of its stderr)."""
-  run = subprocess.run(list(command), env=device_env(devices), capture_output=True, text=True,
-                       timeout=timeout)
-  assert run.returncode == 0, run.stderr[-4000:]
-  return run.stdout
 
 
 def run_processes(command: Callable[[int, int], Sequence[str]], processes: int, devices: int,

@@ -4,11 +4,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import peaked, ragged_tokens
+from helpers import compiles, peaked, ragged_tokens
 
 import specdec_jax as sd
 from specdec_jax.methods import t5x_compat
-from specdec_jax.rounds import engine
 
 
 def test_generate_reproduces_t5x_greedy(t5x_model, t5x_reference):
@@ -127,12 +126,13 @@ def test_no_recompilation_for_new_prompt_contents():
   model = sd.init_model(sd.get_config("t5_1_1_tiny"), 0)
   enc = ragged_tokens(2, 7, model.vocab_size, seed=0)
   sd.generate(model, enc, 5)
-  before = engine.run._cache_size()
-  for seed in (1, 2, 3):
-    sd.generate(model, ragged_tokens(2, 7, model.vocab_size, seed=seed), 5)
-  assert engine.run._cache_size() == before
-  sd.generate(model, ragged_tokens(2, 8, model.vocab_size), 5)    # new shape: one compile
-  assert engine.run._cache_size() == before + 1
+  with compiles() as programs:
+    for seed in (1, 2, 3):
+      sd.generate(model, ragged_tokens(2, 7, model.vocab_size, seed=seed), 5)
+  assert programs == []
+  with compiles() as programs:       # a new shape: the decode program again, nothing else
+    sd.generate(model, ragged_tokens(2, 8, model.vocab_size), 5)
+  assert programs == ["jit(_run)"]
 
 
 def test_bad_inputs_give_clear_errors():

@@ -307,7 +307,7 @@ def test_rope_matches_the_rotate_half_formula():
 def test_sharding_rules_place_the_lm(model):
   """T5X's rules apply to the LM tree: projections split over "model" along heads / mlp /
   vocab, and a sharded model (here a 1x1 mesh) decodes as before."""
-  mesh = sd.make_mesh(1, 1)
+  mesh = sd.make_mesh(1, 1, devices=jax.devices()[:1])
   specs = flatten_dict(sharding.param_shardings(model, mesh, strict=True))
   attn = ("decoder", "layers_0", "self_attention")
   assert tuple(specs[attn + ("query", "kernel")].spec) == (None, "model")
