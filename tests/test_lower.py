@@ -1,7 +1,8 @@
 """sd.lower: the program sd.decode runs, lowered for TPU and CUDA on this CPU.
 
-Every method (Autoregressive, Speculative, BiLD, Blockwise, Beam, SpeculativeBeam), on a
-tiny T5 and a tiny decoder-only LM, lowers for ("tpu",) and ("cuda",) with XLA's ops and
+Every method (one configured value of each, `specdec_jax.testing.examples`: a method added
+to `sd.methods.METHODS` joins these checks by its entry there), on a tiny T5 and a tiny
+decoder-only LM, lowers for ("tpu",) and ("cuda",) with XLA's ops and
 carries no CPU-only custom call (the cpu backend's C++ FFI targets, Python callbacks of
 interpret mode); with the gpu backend's Pallas kernels it lowers for CUDA through Mosaic
 GPU (slow: Mosaic GPU's lowering). sd.lower builds exactly decode's call (the same jitted
@@ -22,14 +23,18 @@ import jax
 import numpy as np
 import pytest
 from loopback import run_child
-from lower_mesh_checks import custom_calls, methods, tokens
+from lower_mesh_checks import custom_calls, tokens
 
 import specdec_jax as sd
+from specdec_jax import testing
 from specdec_jax.kernels import build
 from specdec_jax.rounds import engine
 
 HERE = pathlib.Path(__file__).resolve().parent
+#: The keys of the mesh child's report (tests/lower_mesh_checks.py).
 METHODS = ("Autoregressive", "Speculative", "BiLD", "Blockwise", "Beam", "SpeculativeBeam")
+#: Every method of `sd.methods.METHODS`, by its `name` (the registry's keys).
+NAMES = tuple(m.name for m in sd.methods.METHODS)
 PLATFORMS = (("tpu",), ("cuda",))
 T = 3
 
@@ -51,7 +56,7 @@ def models():
 def on_kernels(models, kind: str, kernels: str) -> sd.Model:
   """The bfloat16 `kind` model packed for `kernels`; T5 with one encoder layer (every
   product of its encoder is there; Mosaic's lowering takes its time per kernel call) and
-  its two decoder layers (BiLD's drafter exits after the first)."""
+  its two decoder layers."""
   model, _ = models[kind]
   if kind == "t5":
     config = dataclasses.replace(model.config, num_encoder_layers=1)
@@ -60,11 +65,12 @@ def on_kernels(models, kind: str, kernels: str) -> sd.Model:
 
 
 def method(name: str, target: sd.Model):
-  return methods(target, target, sd.init_heads(target, 2))[name]
+  """The registry's value of method `name` on `target`, the target its own drafter."""
+  return testing.examples(target, target, sd.init_heads(target, 2))[name]
 
 
 @pytest.mark.parametrize("platforms", PLATFORMS, ids=lambda p: p[0])
-@pytest.mark.parametrize("name", METHODS)
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("kind", ["t5", "lm"])
 def test_every_method_lowers_for_tpu_and_cuda(models, kind, name, platforms):
   target, enc = models[kind]
@@ -98,9 +104,9 @@ def _values(tree):
 
 
 @pytest.mark.parametrize("kind,name", [
-    ("t5", "Autoregressive"), pytest.param("t5", "Speculative", marks=pytest.mark.slow),
-    pytest.param("t5", "Beam", marks=pytest.mark.slow),
-    pytest.param("lm", "Autoregressive", marks=pytest.mark.slow)])
+    ("t5", "autoregressive"), pytest.param("t5", "speculative", marks=pytest.mark.slow),
+    pytest.param("t5", "beam", marks=pytest.mark.slow),
+    pytest.param("lm", "autoregressive", marks=pytest.mark.slow)])
 def test_lower_builds_exactly_the_call_decode_makes(models, monkeypatch, kind, name):
   target, enc = models[kind]
   m = method(name, target)
@@ -181,7 +187,7 @@ def test_every_method_on_the_gpu_kernels_lowers_for_cuda_through_mosaic_gpu(mode
   _, enc = models[kind]
   target = on_kernels(models, kind, "gpu")
   assert target.decode_weights.policy.backend == "gpu"
-  names = METHODS if kind == "t5" else ("Autoregressive",)
+  names = NAMES if kind == "t5" else ("autoregressive",)
   if kind == "lm":
     before = sd.decode(target, sd.Autoregressive(), enc[:1], max_new_tokens=1)
   for name in names:
@@ -201,7 +207,7 @@ def test_every_method_on_the_tpu_kernels_lowers_for_tpu_through_mosaic_tpu(model
   _, enc = models["t5"]
   target = on_kernels(models, "t5", "tpu")
   assert target.decode_weights.policy.backend == "tpu"
-  for name in METHODS:
+  for name in NAMES:
     text = sd.lower(target, method(name, target), enc[:1], max_new_tokens=T,
                     platforms=("tpu",)).as_text()
     assert "tpu_custom_call" in custom_calls(text), name
