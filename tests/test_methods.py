@@ -80,13 +80,6 @@ def test_decode_runs_the_wiring_its_settings_describe(target, drafter, enc):
   _same(sd.decode(target, method, enc, MAX_NEW), ref)
 
 
-def test_greedy_methods_reproduce_the_baseline(target, drafter, heads, enc):
-  base = sd.decode(target, sd.Autoregressive(), enc, MAX_NEW)
-  for method in (sd.Speculative(drafter, gamma=4), sd.Blockwise(heads),
-                 sd.BiLD(drafter, fallback_threshold=1.0)):   # 1.0: the large model decides
-    _same(sd.decode(target, method, enc, MAX_NEW), base)
-
-
 def test_missing_models_and_wrong_methods_give_clear_errors(target, enc):
   for method, message in [(sd.Speculative(None), "needs a drafter"),
                           (sd.BiLD(None), "needs the small model"),
