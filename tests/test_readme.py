@@ -6,6 +6,8 @@ import re
 
 import pytest
 
+import specdec_jax as sd
+
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
 
@@ -15,8 +17,7 @@ def python_blocks(text: str) -> list[str]:
 
 def test_readme_has_an_example_per_method():
   code = "\n".join(python_blocks(README.read_text()))
-  for name in ("sd.Autoregressive(", "sd.Speculative(", "sd.BiLD(", "sd.Blockwise(",
-               "sd.Beam(", "prompt_lengths="):
+  for name in [f"sd.{m.__name__}(" for m in sd.methods.METHODS] + ["prompt_lengths="]:
     assert name in code, name
 
 
