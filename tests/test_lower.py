@@ -27,7 +27,7 @@ from lower_mesh_checks import custom_calls, tokens
 
 import specdec_jax as sd
 from specdec_jax import testing
-from specdec_jax.kernels import build
+from specdec_jax.kernels import backends, build, dispatch
 from specdec_jax.rounds import engine
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -214,6 +214,63 @@ def test_every_method_on_the_tpu_kernels_lowers_for_tpu_through_mosaic_tpu(model
     assert cpu_only(text) == [] and "cpu_callback" not in text, name
   with pytest.raises(sd.InputError, match="tpu kernels"):     # not for CUDA
     sd.lower(target, sd.Autoregressive(), enc[:1], max_new_tokens=T, platforms=("cuda",))
+
+
+def dispatch_trace(monkeypatch) -> list:
+  """[(product, its packed operand or None, drafting)] of every product (dot, sum of
+  squares, attention) a program traced from now on asks `kernels.dispatch` for (None: it
+  runs on XLA's ops); drafting: asked inside `Model.output_logits`, the output layer that
+  prediction heads draft through (a proposal's logits, never a verified token's). The jit
+  caches are cleared: a program traced before would not ask again."""
+  asked, drafting = [], []
+  found, output_logits = dispatch._packed, sd.Model.output_logits
+
+  def recording(module, product):
+    operand = found(module, product)
+    asked.append((product, operand, bool(drafting)))
+    return operand
+
+  def drafts(self, hidden):
+    drafting.append(True)
+    try:
+      return output_logits(self, hidden)
+    finally:
+      drafting.pop()
+
+  monkeypatch.setattr(dispatch, "_packed", recording)
+  monkeypatch.setattr(sd.Model, "output_logits", drafts)
+  jax.clear_caches()
+  return asked
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_product_of_every_method_is_dispatched_to_the_backend(models, monkeypatch, name):
+  """The dispatch trace, for every method of the registry: its decode on a T5 packed for
+  the tpu backend (its own drafter), traced and lowered for TPU, asks for every kind of
+  product and finds each one packed: nothing of the target's calls runs on XLA's ops, so
+  the backend's row invariance covers the whole decode (CONTRIBUTING: what the tests
+  prove). Not its calls: blockwise's heads draft through `Model.output_logits`, which
+  reads the output layer's unpacked weights (on XLA: the drafts, not the verification)."""
+  target, (_, enc) = on_kernels(models, "t5", "tpu"), models["t5"]
+  value = method(name, target)
+  asked = dispatch_trace(monkeypatch)
+  text = sd.lower(target, value, enc[:1], max_new_tokens=T, platforms=("tpu",)).as_text()
+  assert {product.kind for product, _, _ in asked} == set(backends.KINDS), name
+  assert [p.name for p, operand, drafting in asked if operand is None and not drafting] == [], name
+  # and no product went around the dispatch: no XLA dot, but the heads' own
+  heads = [v for v in vars(value).values() if isinstance(v, sd.Heads)]
+  assert heads or "stablehlo.dot_general" not in text, name
+
+
+def test_the_dispatch_trace_finds_a_product_kept_on_xla(models, monkeypatch):
+  """Negative control of the trace: a target packed with one product kept on XLA."""
+  model = on_kernels(models, "t5", "xla")
+  wo = "decoder/layers_0/mlp/wo/kernel"
+  target = sd.pack(model, dispatch.policy("tpu", xla={wo}))
+  asked = dispatch_trace(monkeypatch)
+  sd.lower(target, sd.Autoregressive(), models["t5"][1][:1], max_new_tokens=T,
+           platforms=("tpu",))
+  assert {product.name for product, operand, _ in asked if operand is None} == {wo}
 
 
 @pytest.mark.slow
