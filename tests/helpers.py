@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import specdec_jax as sd
+from specdec_jax import testing
 
 FIXTURE_DIR = pathlib.Path(__file__).parent / "fixtures" / "t5x_tiny_v1_1"
 REPO_DIR = pathlib.Path(__file__).resolve().parent.parent
@@ -79,6 +80,10 @@ def ragged_tokens(batch: int, length: int, vocab: int, seed: int = 0) -> np.ndar
     tokens[b, n - 1] = 1
   return tokens
 
+
+#: Every method, by its name: the keys of the tests' registry (`testing.examples`, one
+#: value per method type), what a test of "every method" parametrizes over.
+METHOD_NAMES = tuple(testing.examples(None, "drafter", "heads"))
 
 #: The arrays of a decode's output that exactness compares bitwise with its baseline's
 #: (those the baseline has: a beam method's beams too).

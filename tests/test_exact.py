@@ -21,14 +21,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import struct
-from helpers import assert_same_output, peaked, perturbed, ragged_tokens
+from helpers import METHOD_NAMES, assert_same_output, peaked, perturbed, ragged_tokens
 
 import specdec_jax as sd
 from specdec_jax import testing
 
 MAX_NEW = 14
-#: Every method, by its name (the registry's keys).
-NAMES = tuple(m.name for m in sd.methods.METHODS)
 
 
 @struct.dataclass
@@ -100,7 +98,7 @@ def test_the_baseline_rows_are_ragged(case):
   assert len(set(lengths.tolist())) >= 3 and (lengths == MAX_NEW).any(), lengths
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", METHOD_NAMES)
 def test_every_method_is_exact_under_call_shape_rounding(case, name):
   """The method's greedy tokens and lengths are bitwise its baseline's, in exact mode."""
   method = case[2][name]

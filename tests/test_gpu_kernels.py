@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import every_method_at_natural_widths, perturbed, ragged_tokens
+from helpers import METHOD_NAMES, every_method_at_natural_widths, perturbed, ragged_tokens
 
 import specdec_jax as sd
 from specdec_jax import testing
@@ -320,7 +320,7 @@ def gpu_decode():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [m.name for m in sd.methods.METHODS])
+@pytest.mark.parametrize("name", METHOD_NAMES)
 def test_every_method_on_gpu_kernels_is_bitwise_the_baseline_at_natural_widths(
     gpu_decode, monkeypatch, name):
   """The gpu backend's end-to-end decode, every method of the registry: greedy output

@@ -22,6 +22,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from helpers import METHOD_NAMES
 from loopback import run_child
 from lower_mesh_checks import custom_calls, tokens
 
@@ -33,8 +34,6 @@ from specdec_jax.rounds import engine
 HERE = pathlib.Path(__file__).resolve().parent
 #: The keys of the mesh child's report (tests/lower_mesh_checks.py).
 METHODS = ("Autoregressive", "Speculative", "BiLD", "Blockwise", "Beam", "SpeculativeBeam")
-#: Every method of `sd.methods.METHODS`, by its `name` (the registry's keys).
-NAMES = tuple(m.name for m in sd.methods.METHODS)
 PLATFORMS = (("tpu",), ("cuda",))
 T = 3
 
@@ -70,7 +69,7 @@ def method(name: str, target: sd.Model):
 
 
 @pytest.mark.parametrize("platforms", PLATFORMS, ids=lambda p: p[0])
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", METHOD_NAMES)
 @pytest.mark.parametrize("kind", ["t5", "lm"])
 def test_every_method_lowers_for_tpu_and_cuda(models, kind, name, platforms):
   target, enc = models[kind]
@@ -187,7 +186,7 @@ def test_every_method_on_the_gpu_kernels_lowers_for_cuda_through_mosaic_gpu(mode
   _, enc = models[kind]
   target = on_kernels(models, kind, "gpu")
   assert target.decode_weights.policy.backend == "gpu"
-  names = NAMES if kind == "t5" else ("autoregressive",)
+  names = METHOD_NAMES if kind == "t5" else ("autoregressive",)
   if kind == "lm":
     before = sd.decode(target, sd.Autoregressive(), enc[:1], max_new_tokens=1)
   for name in names:
@@ -207,7 +206,7 @@ def test_every_method_on_the_tpu_kernels_lowers_for_tpu_through_mosaic_tpu(model
   _, enc = models["t5"]
   target = on_kernels(models, "t5", "tpu")
   assert target.decode_weights.policy.backend == "tpu"
-  for name in NAMES:
+  for name in METHOD_NAMES:
     text = sd.lower(target, method(name, target), enc[:1], max_new_tokens=T,
                     platforms=("tpu",)).as_text()
     assert "tpu_custom_call" in custom_calls(text), name
@@ -243,7 +242,7 @@ def dispatch_trace(monkeypatch) -> list:
   return asked
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", METHOD_NAMES)
 def test_every_product_of_every_method_is_dispatched_to_the_backend(models, monkeypatch, name):
   """The dispatch trace, for every method of the registry: its decode on a T5 packed for
   the tpu backend (its own drafter), traced and lowered for TPU, asks for every kind of

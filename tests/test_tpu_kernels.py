@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import every_method_at_natural_widths, perturbed, ragged_tokens
+from helpers import METHOD_NAMES, every_method_at_natural_widths, perturbed, ragged_tokens
 from jax.experimental import pallas as pl
 
 import specdec_jax as sd
@@ -334,7 +334,7 @@ def test_verify_call_and_batch_rows_are_bitwise_the_single_steps_alone(tiny):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [m.name for m in sd.methods.METHODS])
+@pytest.mark.parametrize("name", METHOD_NAMES)
 def test_every_method_on_tpu_kernels_is_bitwise_the_baseline_at_natural_widths(
     tiny, monkeypatch, name):
   """The tpu backend's end-to-end decode (interpret mode here), every method of the
