@@ -6,7 +6,7 @@ same width and every method the same cache capacity, so a position's numerics ne
 depend on the call that computed it.
 
 The factor test of exactness on XLA: every method of the registry
-(`specdec_jax.testing.examples`, one value per entry of `sd.methods.METHODS`) on a tiny
+(`specdec_jax.testing.examples`, one configured value per method type) on a tiny
 T5 (float32) and a tiny decoder-only LM (bfloat16), ragged inputs, rows ending at EOS and
 at the cap, and a target whose logits move with its call's width (`WidthRounding`: the
 near ties flip); its negative control: without exact mode, the same rounding changes
@@ -100,7 +100,8 @@ def test_the_baseline_rows_are_ragged(case):
 
 @pytest.mark.parametrize("name", METHOD_NAMES)
 def test_every_method_is_exact_under_call_shape_rounding(case, name):
-  """The method's greedy tokens and lengths are bitwise its baseline's, in exact mode."""
+  """In exact mode the method's greedy tokens and lengths (a beam method's beams) are
+  bitwise its baseline's (`helpers.assert_same_output`)."""
   method = case[2][name]
   out, base = _decode(case, method), _baseline(case, method)
   assert out.stats.get("exact", True), name
