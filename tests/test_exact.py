@@ -108,6 +108,7 @@ def test_every_method_is_exact_under_call_shape_rounding(case, name):
   assert_same_output(out, base, name)
 
 
+@pytest.mark.slow
 def test_without_exact_mode_the_rounding_changes_outputs(case):
   """Negative control: the same methods with exact=False (calls at their natural widths)
   differ from their baselines' exact=False output, for several methods."""
