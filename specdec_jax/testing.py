@@ -257,14 +257,16 @@ def reference_greedy(model: TableModel, inputs, max_new_tokens: int,
 
 #: How `examples` configures each method type: small settings under which the method's
 #: greedy output is its `baseline()`'s bitwise (BiLD at fallback_threshold 1.0: the large
-#: model decides every token; the beam methods at 2 beams).
+#: model decides every token; the beam methods at 2 beams, in exact mode: on a target whose
+#: decode is not width-invariant their calls then keep one shape, as their baseline's).
 _EXAMPLES = {
     Autoregressive: lambda drafter, heads: Autoregressive(),
     Speculative: lambda drafter, heads: Speculative(drafter, gamma=2),
     BiLD: lambda drafter, heads: BiLD(drafter, fallback_threshold=1.0),
     Blockwise: lambda drafter, heads: Blockwise(heads, top_k=1),
-    Beam: lambda drafter, heads: Beam(num_beams=2),
-    SpeculativeBeam: lambda drafter, heads: SpeculativeBeam(drafter, num_beams=2, gamma=2),
+    Beam: lambda drafter, heads: Beam(num_beams=2, exact=True),
+    SpeculativeBeam: lambda drafter, heads: SpeculativeBeam(drafter, num_beams=2, gamma=2,
+                                                            exact=True),
 }
 
 

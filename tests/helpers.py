@@ -18,6 +18,7 @@ import pytest
 from flax import traverse_util
 
 import specdec_jax as sd
+from specdec_jax import testing
 
 FIXTURE_DIR = pathlib.Path(__file__).parent / "fixtures" / "t5x_tiny_v1_1"
 REPO_DIR = pathlib.Path(__file__).resolve().parent.parent
@@ -108,6 +109,61 @@ def ragged_tokens(batch: int, length: int, vocab: int, seed: int = 0) -> np.ndar
     tokens[b, :n - 1] = rng.randint(2, vocab, n - 1)
     tokens[b, n - 1] = 1
   return tokens
+
+
+#: Every method, by its name: the keys of the tests' registry (`testing.examples`, one
+#: value per method type), what a test of "every method" parametrizes over.
+METHOD_NAMES = tuple(testing.examples(None, "drafter", "heads"))
+
+#: The arrays of a decode's output that exactness compares bitwise with its baseline's
+#: (those the baseline has: a beam method's beams too).
+OUTPUTS = ("tokens", "lengths", "beams")
+
+
+def assert_same_output(out, base, name: str = "") -> None:
+  """`out` is bitwise `base` in every array of `OUTPUTS` that `base` has; a beam method's
+  scores to 1e-6 (speculative beam search sums a beam's log-probs from its verify call's
+  wider log-softmax: equal to rounding, as tests/test_speculative_beam.py checks them)."""
+  for field in OUTPUTS:
+    if getattr(base, field, None) is not None:
+      np.testing.assert_array_equal(np.asarray(getattr(out, field)),
+                                    np.asarray(getattr(base, field)), err_msg=f"{name} {field}")
+  if getattr(base, "scores", None) is not None:
+    np.testing.assert_allclose(np.asarray(out.scores), np.asarray(base.scores), rtol=1e-6,
+                               err_msg=f"{name} scores")
+
+
+def every_method_at_natural_widths(target, methods: dict, name: str, enc, max_new_tokens: int,
+                                   monkeypatch, baselines: dict) -> None:
+  """A backend's end-to-end check of registry method `name` (`testing.examples`): on
+  `target`, packed for a width-invariant backend, its greedy output is bitwise its
+  baseline's while every call of the packed model carries its natural width (none padded
+  to `EXACT_WIDTH`: the backend, not exact mode, makes the products width-invariant).
+  `baselines` keeps each baseline's output ({method value: output}) across the calls of
+  a module: a decode in interpret mode takes seconds."""
+  from specdec_jax.rounds import engine
+  assert target.width_invariant_decode
+  widths = []
+
+  def recording(original):
+    def call(self, tokens, cache, **kwargs):
+      if self.decode_weights is not None:
+        widths.append(tokens.shape[1])
+      return original(self, tokens, cache, **kwargs)
+    return call
+
+  for attr in ("decode", "decode_with_hidden"):       # the engine's calls, and Beam's
+    monkeypatch.setattr(sd.Model, attr, recording(getattr(sd.Model, attr)))
+  method = methods[name]
+  out = sd.decode(target, method, enc, max_new_tokens=max_new_tokens)
+  assert out.stats.get("exact", True), name
+  assert widths and max(widths) < engine.EXACT_WIDTH, (name, sorted(set(widths)))
+  if method.baseline() == method:
+    baselines[method] = out
+  if method.baseline() not in baselines:
+    baselines[method.baseline()] = sd.decode(target, method.baseline(), enc,
+                                             max_new_tokens=max_new_tokens)
+  assert_same_output(out, baselines[method.baseline()], name)
 
 
 # ----------------------------------------------------------------------------- shared models

@@ -15,9 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import perturbed, ragged_tokens
+from helpers import METHOD_NAMES, every_method_at_natural_widths, perturbed, ragged_tokens
 
 import specdec_jax as sd
+from specdec_jax import testing
 from specdec_jax.kernels import backends, gpu, shapes
 from specdec_jax.kernels.gpu import matmul, tiles
 
@@ -305,44 +306,25 @@ def test_gpu_packing_puts_every_product_on_the_kernels():
                                                 for i in range(len(weights.products)))
 
 
-@pytest.mark.slow
-def test_every_method_on_gpu_kernels_is_bitwise_the_baseline_at_natural_widths(monkeypatch):
-  """A tiny bfloat16 target packed for the gpu backend (interpret mode here): greedy
-  output of speculative decoding, BiLD at fallback threshold 1 and blockwise drafts is
-  bitwise the autoregressive baseline's, with every target call at its natural width
-  (no padding to EXACT_WIDTH: the backend makes every product width-invariant). One
-  layer each side: every kind of product is there, and the interpreter's time (compile
-  and run) goes with the number of kernel calls."""
+@pytest.fixture(scope="module")
+def gpu_decode():
+  """A tiny bfloat16 target packed for the gpu backend (interpret mode here), the registry's
+  methods on it (drafter and heads on XLA's ops), ragged inputs, and a dict for baselines.
+  One layer each side: every kind of product is there, and the interpreter's time
+  (compile and run) goes with the number of kernel calls."""
   config = sd.get_config("t5_1_1_tiny", num_encoder_layers=1, num_decoder_layers=1)
   model = sd.init_model(config, 1, "bfloat16")
-  target = sd.pack(model, kernels="gpu")
-  drafter = perturbed(model, 0.05, seed=0)            # unpacked: XLA's ops
-  heads = sd.init_heads(model, 2, rng=1, init_scale=1.0)
-  enc = ragged_tokens(2, 8, model.vocab_size, seed=4)
-  new = 6
-  widths = []
-  original = sd.Model.decode_with_hidden
+  methods = testing.examples(None, perturbed(model, 0.05, seed=0),
+                             sd.init_heads(model, 2, rng=1, init_scale=1.0))
+  return sd.pack(model, kernels="gpu"), methods, ragged_tokens(2, 8, model.vocab_size, seed=4), {}
 
-  def recording(self, tokens, cache, **kwargs):
-    if self.decode_weights is not None:
-      widths.append(tokens.shape[1])
-    return original(self, tokens, cache, **kwargs)
 
-  monkeypatch.setattr(sd.Model, "decode_with_hidden", recording)
-  base = sd.generate(target, enc, max_new_tokens=new)
-  assert base.stats["exact"] and set(widths) == {1}
-  runs = {
-      "speculative g3": (4, lambda: sd.speculative_generate(target, drafter, enc, gamma=3,
-                                                            max_new_tokens=new)),
-      "bild 1.0": (None, lambda: sd.bild_generate(target, drafter, enc, fallback_threshold=1.0,
-                                                  max_new_tokens=new)),
-      "blockwise": (None, lambda: sd.blockwise_generate(target, heads, enc, max_new_tokens=new,
-                                                        top_k=1)),
-  }
-  for name, (width, run) in runs.items():
-    widths.clear()
-    out = run()
-    assert out.stats["exact"], name
-    assert widths and max(widths) < 16 and (width is None or set(widths) == {width}), name
-    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(base.tokens), err_msg=name)
-    np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(base.lengths), err_msg=name)
+@pytest.mark.slow
+@pytest.mark.parametrize("name", METHOD_NAMES)
+def test_every_method_on_gpu_kernels_is_bitwise_the_baseline_at_natural_widths(
+    gpu_decode, monkeypatch, name):
+  """The gpu backend's end-to-end decode, every method of the registry: greedy output
+  bitwise the baseline's with every target call at its natural width
+  (`helpers.every_method_at_natural_widths`)."""
+  target, methods, enc, baselines = gpu_decode
+  every_method_at_natural_widths(target, methods, name, enc, 6, monkeypatch, baselines)

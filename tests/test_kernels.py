@@ -152,6 +152,20 @@ def test_product_matches_dot(k, n, dtype):
     assert float(jnp.max(jnp.abs(y - ref))) <= 1e-5 * scale
 
 
+def _assert_rows_invariant(dot, x):
+  """Each row of `dot` (x [16, K] -> [16, N]) is bitwise the same in every call: alone, in
+  each suffix of x (M = 1..16 rows, the row at another position), as [2, 8, K] under jit
+  and vmapped over [4, 4, K]."""
+  single = np.stack([np.asarray(dot(x[i:i + 1]))[0] for i in range(16)])
+  for m in range(1, 17):
+    rows = np.asarray(dot(x[16 - m:]))                   # row i sits at another position
+    np.testing.assert_array_equal(rows, single[16 - m:], err_msg=f"M={m}")
+  batched = np.asarray(jax.jit(dot)(x.reshape(2, 8, -1)))
+  np.testing.assert_array_equal(batched.reshape(single.shape), single)
+  vmapped = np.asarray(jax.vmap(dot)(x.reshape(4, 4, -1)))
+  np.testing.assert_array_equal(vmapped.reshape(single.shape), single)
+
+
 @needs_kernels
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("k,n", [(256, 768), (255, 1000), (7, 5)])
@@ -159,14 +173,25 @@ def test_rows_are_bitwise_independent_of_m(k, n, dtype):
   rng = np.random.default_rng(0)
   wp = kernels.pack(jnp.asarray(rng.standard_normal((k, n)), jnp.float32), dtype)
   x = jnp.asarray(rng.standard_normal((16, k)), jnp.float32)
-  single = np.stack([np.asarray(kernels.dot(x[i:i + 1], wp, n))[0] for i in range(16)])
-  for m in range(1, 17):
-    rows = np.asarray(kernels.dot(x[16 - m:], wp, n))     # row i sits at another position
-    np.testing.assert_array_equal(rows, single[16 - m:])
-  batched = np.asarray(jax.jit(lambda x: kernels.dot(x, wp, n))(x.reshape(2, 8, k)))
-  np.testing.assert_array_equal(batched.reshape(16, n), single)
-  vmapped = np.asarray(jax.vmap(lambda x: kernels.dot(x, wp, n))(x.reshape(4, 4, k)))
-  np.testing.assert_array_equal(vmapped.reshape(16, n), single)
+  _assert_rows_invariant(lambda x: kernels.dot(x, wp, n), x)
+
+
+@needs_kernels
+def test_the_row_check_fails_a_product_whose_rows_depend_on_m():
+  """Negative control of `_assert_rows_invariant`: the kernel made to sum K in two halves
+  once a call has more than 4 rows (as a product blocked by M might) fails it at M=5."""
+  rng = np.random.default_rng(0)
+  w = jnp.asarray(rng.standard_normal((255, 1000)), jnp.float32)
+  x = jnp.asarray(rng.standard_normal((16, 255)), jnp.float32)
+  whole, low, high = (kernels.pack(part, jnp.float32) for part in (w, w[:128], w[128:]))
+
+  def blocked_by_m(x):
+    if x.reshape(-1, 255).shape[0] <= 4:
+      return kernels.dot(x, whole, 1000)
+    return kernels.dot(x[..., :128], low, 1000) + kernels.dot(x[..., 128:], high, 1000)
+
+  with pytest.raises(AssertionError, match="M=5"):
+    _assert_rows_invariant(blocked_by_m, x)
 
 
 @needs_kernels

@@ -1,11 +1,13 @@
-"""Every decoding method on decoder-only LMs, through the same engine and public API.
+"""Decoding methods on decoder-only LMs, through the same engine and public API.
 
-Ragged, right-padded prompts in one batch (one row a single token, one holding the EOS id
-as content), a target sharpened so that EOS ends some rows: speculative greedy (model,
-n-gram and prompt-lookup drafters, adaptive gamma), BiLD at fallback threshold 1 and
-blockwise drafts (plain, parallel, n-gram rescored) all equal the baseline's greedy
-output token for token; a ragged batch equals each row alone; speculative sampling keeps
-the target's distribution (exact enumeration, with its negative control).
+Every method's exactness on an LM is tests/test_exact.py's (the registry of methods on a
+bfloat16 llama); here, what is particular to an LM's drafters and settings. Ragged,
+right-padded prompts in one batch (one row a single token, one holding the EOS id as
+content), a target sharpened so that EOS ends some rows: speculative greedy with n-gram,
+prompt-lookup and early-exit drafters and adaptive gamma, and blockwise drafts (plain,
+parallel, n-gram and neural rescored) equal the baseline's greedy output token for token;
+a ragged batch equals each row alone; speculative sampling keeps the target's
+distribution (exact enumeration, with its negative control).
 """
 
 import functools
@@ -81,7 +83,6 @@ def ngram_drafter():
 
 
 DRAFTERS = {
-    "model": lambda d: sd.Speculative(d, gamma=3),
     "model-adaptive": lambda d: sd.Speculative(d, gamma=4, adaptive=True),
     "ngram": lambda d: sd.Speculative(ngram_drafter(), gamma=3),
     "prompt-lookup": lambda d: sd.Speculative(sd.PromptLookupDrafter(512), gamma=2),
@@ -114,16 +115,6 @@ def test_prompt_lookup_copies_from_the_prompt_within_its_length():
   logits, state = drafter.next(state, jnp.asarray([7, 5]))
   assert int(jnp.argmax(logits[0])) == 8                # 9 7 -> 8, inside the prompt
   assert np.all(np.asarray(logits[1]) == 0)             # slot 3 is padding: no proposal
-
-
-@pytest.mark.parametrize("small", ["model", "early-exit"])
-def test_bild_fallback_threshold_one_equals_baseline(small):
-  """fallback_threshold=1: the large model decides every token; rollback never fires."""
-  target, drafter = pair()
-  small_model = drafter if small == "model" else sd.early_exit(target, 1)
-  out = sd.decode(target, sd.BiLD(small_model, fallback_threshold=1.0,
-                                  rollback_threshold=float("inf")), prompts(), max_new_tokens=T)
-  assert_same(out, baseline())
 
 
 @pytest.mark.parametrize("small", ["model", "early-exit"])
@@ -162,38 +153,6 @@ def test_blockwise_greedy_equals_baseline(name):
   if name == "plain":      # the oracle's calls: at least one per round it could shorten
     oracle = np.asarray(out.counters.oracle_calls)
     assert np.all(oracle >= 1) and np.all(oracle <= np.asarray(out.lengths))
-
-
-@functools.lru_cache(maxsize=None)
-def gpt2_pair():
-  """A GPT-2-style target (learned positions, LayerNorm, tied output) sharpened through its
-  final norm, EOS's embedding row boosted so EOS ends some rows; a drafter near it."""
-  model = sd.init_model(sd.get_config("gpt2_tiny"), 3)
-  params = jax.tree_util.tree_map(lambda x: x, model.params)
-  norm = params["decoder"]["decoder_norm"]
-  norm["scale"], norm["bias"] = norm["scale"] * 4.0, norm["bias"] * 4.0
-  params["token_embedder"]["embedding"] = params["token_embedder"]["embedding"].at[1].multiply(2.0)
-  target = model.replace(params=params)
-  return target, perturbed(target, 0.4, 7)
-
-
-GPT2_METHODS = {
-    "bild": lambda t, d: sd.BiLD(d, fallback_threshold=1.0, rollback_threshold=float("inf")),
-    "blockwise-parallel": lambda t, d: sd.Blockwise(sd.init_heads(t, 3, rng=0), top_k=2,
-                                                    num_drafts=2),
-}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", list(GPT2_METHODS))
-def test_gpt2_target_greedy_equals_baseline(name):
-  """The methods beyond speculative decoding (`test_learned_positions_up_to_the_table`) on a
-  GPT-2-style target: ragged prompts, rows ending at EOS, the baseline's tokens."""
-  target, drafter = gpt2_pair()
-  base = sd.decode(target, sd.Autoregressive(), prompts(), max_new_tokens=T)
-  assert 0 < np.sum(np.asarray(base.lengths) < T) < len(LENGTHS)
-  out = sd.decode(target, GPT2_METHODS[name](target, drafter), prompts(), max_new_tokens=T)
-  assert_same(out, base)
 
 
 def test_anchored_cache_counts_after_the_prompt():

@@ -1,7 +1,8 @@
 """sd.lower: the program sd.decode runs, lowered for TPU and CUDA on this CPU.
 
-Every method (Autoregressive, Speculative, BiLD, Blockwise, Beam, SpeculativeBeam), on a
-tiny T5 and a tiny decoder-only LM, lowers for ("tpu",) and ("cuda",) with XLA's ops and
+Every method (one configured value of each, `specdec_jax.testing.examples`: a method added
+to `testing.METHODS` joins these checks by its entry there), on a tiny T5 and a tiny
+decoder-only LM, lowers for ("tpu",) and ("cuda",) with XLA's ops and
 carries no CPU-only custom call (the cpu backend's C++ FFI targets, Python callbacks of
 interpret mode); with the gpu backend's Pallas kernels it lowers for CUDA through Mosaic
 GPU (slow: Mosaic GPU's lowering). sd.lower builds exactly decode's call (the same jitted
@@ -18,13 +19,13 @@ import re
 import jax
 import numpy as np
 import pytest
+from helpers import METHOD_NAMES
 
 import specdec_jax as sd
-from specdec_jax import experimental, testing
-from specdec_jax.kernels import build
+from specdec_jax import testing
+from specdec_jax.kernels import backends, build, dispatch
 from specdec_jax.rounds import engine
 
-METHODS = ("Autoregressive", "Speculative", "BiLD", "Blockwise", "Beam", "SpeculativeBeam")
 PLATFORMS = (("tpu",), ("cuda",))
 B, T = 4, 3
 
@@ -33,16 +34,6 @@ def custom_calls(text: str) -> list[str]:
   """The custom-call targets of a lowered (StableHLO) program, sorted."""
   return sorted(set(re.findall(r"custom_call @([\w.$-]+)", text))
                 | set(re.findall(r'call_target_name = "([\w.$-]+)"', text)))
-
-
-def methods(target: sd.Model, drafter, heads) -> dict:
-  """Each method of the package on `target` (its drafter model and heads as given)."""
-  return {"Autoregressive": sd.Autoregressive(),
-          "Speculative": sd.Speculative(drafter, gamma=2),
-          "BiLD": sd.BiLD(sd.early_exit(target, 1)),
-          "Blockwise": sd.Blockwise(heads),
-          "Beam": sd.Beam(num_beams=2),
-          "SpeculativeBeam": experimental.SpeculativeBeam(drafter, num_beams=2, gamma=2)}
 
 
 def tokens(vocab: int, length: int) -> np.ndarray:
@@ -72,7 +63,7 @@ def models():
 def on_kernels(models, kind: str, kernels: str) -> sd.Model:
   """The bfloat16 `kind` model packed for `kernels`; T5 with one encoder layer (every
   product of its encoder is there; Mosaic's lowering takes its time per kernel call) and
-  its two decoder layers (BiLD's drafter exits after the first)."""
+  its two decoder layers."""
   model, _ = models[kind]
   if kind == "t5":
     config = dataclasses.replace(model.config, num_encoder_layers=1)
@@ -81,11 +72,12 @@ def on_kernels(models, kind: str, kernels: str) -> sd.Model:
 
 
 def method(name: str, target: sd.Model):
-  return methods(target, target, sd.init_heads(target, 2))[name]
+  """The registry's value of method `name` on `target`, the target its own drafter."""
+  return testing.examples(target, target, sd.init_heads(target, 2))[name]
 
 
 @pytest.mark.parametrize("platforms", PLATFORMS, ids=lambda p: p[0])
-@pytest.mark.parametrize("name", METHODS)
+@pytest.mark.parametrize("name", METHOD_NAMES)
 @pytest.mark.parametrize("kind", ["t5", "lm", pytest.param("gemma4", marks=pytest.mark.slow)])
 def test_every_method_lowers_for_tpu_and_cuda(models, kind, name, platforms):
   target, enc = models[kind]
@@ -119,9 +111,9 @@ def _values(tree):
 
 
 @pytest.mark.parametrize("kind,name", [
-    ("t5", "Autoregressive"), pytest.param("t5", "Speculative", marks=pytest.mark.slow),
-    pytest.param("t5", "Beam", marks=pytest.mark.slow),
-    pytest.param("lm", "Autoregressive", marks=pytest.mark.slow)])
+    ("t5", "autoregressive"), pytest.param("t5", "speculative", marks=pytest.mark.slow),
+    pytest.param("t5", "beam", marks=pytest.mark.slow),
+    pytest.param("lm", "autoregressive", marks=pytest.mark.slow)])
 def test_lower_builds_exactly_the_call_decode_makes(models, monkeypatch, kind, name):
   target, enc = models[kind]
   m = method(name, target)
@@ -202,7 +194,7 @@ def test_every_method_on_the_gpu_kernels_lowers_for_cuda_through_mosaic_gpu(mode
   _, enc = models[kind]
   target = on_kernels(models, kind, "gpu")
   assert target.decode_weights.policy.backend == "gpu"
-  names = METHODS if kind == "t5" else ("Autoregressive",)
+  names = METHOD_NAMES if kind == "t5" else ("autoregressive",)
   if kind == "lm":
     before = sd.decode(target, sd.Autoregressive(), enc[:1], max_new_tokens=1)
   for name in names:
@@ -222,13 +214,70 @@ def test_every_method_on_the_tpu_kernels_lowers_for_tpu_through_mosaic_tpu(model
   _, enc = models["t5"]
   target = on_kernels(models, "t5", "tpu")
   assert target.decode_weights.policy.backend == "tpu"
-  for name in METHODS:
+  for name in METHOD_NAMES:
     text = sd.lower(target, method(name, target), enc[:1], max_new_tokens=T,
                     platforms=("tpu",)).as_text()
     assert "tpu_custom_call" in custom_calls(text), name
     assert cpu_only(text) == [] and "cpu_callback" not in text, name
   with pytest.raises(sd.InputError, match="tpu kernels"):     # not for CUDA
     sd.lower(target, sd.Autoregressive(), enc[:1], max_new_tokens=T, platforms=("cuda",))
+
+
+def dispatch_trace(monkeypatch) -> list:
+  """[(product, its packed operand or None, drafting)] of every product (dot, sum of
+  squares, attention) a program traced from now on asks `kernels.dispatch` for (None: it
+  runs on XLA's ops); drafting: asked inside `Model.output_logits`, the output layer that
+  prediction heads draft through (a proposal's logits, never a verified token's). The jit
+  caches are cleared: a program traced before would not ask again."""
+  asked, drafting = [], []
+  found, output_logits = dispatch._packed, sd.Model.output_logits
+
+  def recording(module, product):
+    operand = found(module, product)
+    asked.append((product, operand, bool(drafting)))
+    return operand
+
+  def drafts(self, hidden):
+    drafting.append(True)
+    try:
+      return output_logits(self, hidden)
+    finally:
+      drafting.pop()
+
+  monkeypatch.setattr(dispatch, "_packed", recording)
+  monkeypatch.setattr(sd.Model, "output_logits", drafts)
+  jax.clear_caches()
+  return asked
+
+
+@pytest.mark.parametrize("name", METHOD_NAMES)
+def test_every_product_of_every_method_is_dispatched_to_the_backend(models, monkeypatch, name):
+  """The dispatch trace, for every method of the registry: its decode on a T5 packed for
+  the tpu backend (its own drafter), traced and lowered for TPU, asks for every kind of
+  product and finds each one packed: nothing of the target's calls runs on XLA's ops, so
+  the backend's row invariance covers the whole decode (CONTRIBUTING: what the tests
+  prove). Not its calls: blockwise's heads draft through `Model.output_logits`, which
+  reads the output layer's unpacked weights (on XLA: the drafts, not the verification)."""
+  target, (_, enc) = on_kernels(models, "t5", "tpu"), models["t5"]
+  value = method(name, target)
+  asked = dispatch_trace(monkeypatch)
+  text = sd.lower(target, value, enc[:1], max_new_tokens=T, platforms=("tpu",)).as_text()
+  assert {product.kind for product, _, _ in asked} == set(backends.KINDS), name
+  assert [p.name for p, operand, drafting in asked if operand is None and not drafting] == [], name
+  # and no product went around the dispatch: no XLA dot, but the heads' own
+  heads = [v for v in vars(value).values() if isinstance(v, sd.Heads)]
+  assert heads or "stablehlo.dot_general" not in text, name
+
+
+def test_the_dispatch_trace_finds_a_product_kept_on_xla(models, monkeypatch):
+  """Negative control of the trace: a target packed with one product kept on XLA."""
+  model = on_kernels(models, "t5", "xla")
+  wo = "decoder/layers_0/mlp/wo/kernel"
+  target = sd.pack(model, dispatch.policy("tpu", xla={wo}))
+  asked = dispatch_trace(monkeypatch)
+  sd.lower(target, sd.Autoregressive(), models["t5"][1][:1], max_new_tokens=T,
+           platforms=("tpu",))
+  assert {product.name for product, operand, _ in asked if operand is None} == {wo}
 
 
 @pytest.mark.slow

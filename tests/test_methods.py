@@ -9,7 +9,9 @@ import pytest
 from helpers import model_fixtures, ragged_tokens
 
 import specdec_jax as sd
+from specdec_jax import testing
 from specdec_jax.methods import bild, blockwise, speculative
+from specdec_jax.methods.values import model_fields
 from specdec_jax.rounds import engine, requests
 from specdec_jax.rounds.acceptance import Rollback
 
@@ -80,19 +82,24 @@ def test_decode_runs_the_wiring_its_settings_describe(target, drafter, enc):
   _same(sd.decode(target, method, enc, MAX_NEW), ref)
 
 
-def test_greedy_methods_reproduce_the_baseline(target, drafter, heads, enc):
-  base = sd.decode(target, sd.Autoregressive(), enc, MAX_NEW)
-  for method in (sd.Speculative(drafter, gamma=4), sd.Blockwise(heads),
-                 sd.BiLD(drafter, fallback_threshold=1.0)):   # 1.0: the large model decides
-    _same(sd.decode(target, method, enc, MAX_NEW), base)
+#: (method name, model field) of every model the registry's values carry (drafter, small
+#: model, heads), found on values whose models are stand-ins.
+CARRIED = [(name, f.name) for name, value in testing.examples(None, "drafter", "heads").items()
+           for f in model_fields(type(value)) if getattr(value, f.name) is not None]
 
 
-def test_missing_models_and_wrong_methods_give_clear_errors(target, enc):
-  for method, message in [(sd.Speculative(None), "needs a drafter"),
-                          (sd.BiLD(None), "needs the small model"),
-                          (sd.Blockwise(target), "prediction heads")]:
-    with pytest.raises(sd.InputError, match=message):
-      sd.decode(target, method, enc, MAX_NEW)
+@pytest.mark.parametrize("name,field", CARRIED)
+def test_a_missing_model_is_a_clear_error(target, drafter, heads, enc, name, field):
+  """Every method of the registry, each model it carries left out: an InputError that
+  names what is missing, before anything compiles."""
+  method = testing.examples(target, drafter, heads)[name]
+  with pytest.raises(sd.InputError, match=field):
+    sd.decode(target, dataclasses.replace(method, **{field: None}), enc, MAX_NEW)
+
+
+def test_wrong_models_and_wrong_methods_give_clear_errors(target, enc):
+  with pytest.raises(sd.InputError, match="prediction heads"):
+    sd.decode(target, sd.Blockwise(target), enc, MAX_NEW)
   with pytest.raises(sd.InputError, match="method must be one of sd.Autoregressive"):
     sd.decode(target, "speculative", enc, MAX_NEW)
 

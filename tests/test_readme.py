@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+import specdec_jax as sd
 from specdec_jax import package_data
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -29,8 +30,7 @@ def placeholders() -> dict[str, str]:
 
 def test_readme_has_an_example_per_method():
   code = "\n".join(python_blocks(README.read_text()))
-  for name in ("sd.Autoregressive(", "sd.Speculative(", "sd.BiLD(", "sd.Blockwise(",
-               "sd.Beam(", "prompt_lengths="):
+  for name in [f"sd.{m.__name__}(" for m in sd.methods.METHODS] + ["prompt_lengths="]:
     assert name in code, name
 
 

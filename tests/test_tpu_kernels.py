@@ -17,16 +17,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import perturbed, ragged_tokens
+from helpers import METHOD_NAMES, every_method_at_natural_widths, perturbed, ragged_tokens
 from jax.experimental import pallas as pl
 
 import specdec_jax as sd
+from specdec_jax import testing
 from specdec_jax.errors import InputError
 from specdec_jax.kernels import backends, selfcheck, shapes, tpu
 from specdec_jax.kernels.tpu import decode_attention, matmul
 
 K, N = 70, 130                    # odd: both edges padded at packing
 BLOCK_RULE = "divisible by 8 and 128"
+#: The baselines' outputs of the end-to-end decode, by method value (decoded once).
+BASELINES: dict = {}
 
 
 def _rows(m: int, seed: int = 0, of: int = 512) -> np.ndarray:
@@ -331,42 +334,16 @@ def test_verify_call_and_batch_rows_are_bitwise_the_single_steps_alone(tiny):
 
 
 @pytest.mark.slow
-def test_every_method_on_tpu_kernels_is_bitwise_the_baseline_at_natural_widths(tiny,
-                                                                              monkeypatch):
-  """A tiny bfloat16 target packed for the tpu backend (interpret mode here): greedy
-  output of speculative decoding, BiLD at fallback threshold 1, blockwise drafts and one
-  beam is bitwise the autoregressive baseline's, with every target call at its natural
-  width (no padding to EXACT_WIDTH: the backend makes every product width-invariant).
-  No EOS (eos_id=-1): one beam is then greedy decoding."""
+@pytest.mark.parametrize("name", METHOD_NAMES)
+def test_every_method_on_tpu_kernels_is_bitwise_the_baseline_at_natural_widths(
+    tiny, monkeypatch, name):
+  """The tpu backend's end-to-end decode (interpret mode here), every method of the
+  registry on the tiny bfloat16 target (drafter and heads on XLA's ops): greedy output
+  bitwise the baseline's with every target call at its natural width
+  (`helpers.every_method_at_natural_widths`)."""
   model, target = tiny
-  drafter = perturbed(model, 0.05, seed=0)            # unpacked: XLA's ops
-  heads = sd.init_heads(model, 2, rng=1, init_scale=1.0)
-  enc = ragged_tokens(2, 8, model.vocab_size, seed=4)
-  new = 5
-  widths = []
-
-  def recording(original):
-    def call(self, tokens, cache, **kwargs):
-      if self.decode_weights is not None:
-        widths.append(tokens.shape[1])
-      return original(self, tokens, cache, **kwargs)
-    return call
-
-  for name in ("decode", "decode_with_hidden"):       # the engine's calls, and Beam's
-    monkeypatch.setattr(sd.Model, name, recording(getattr(sd.Model, name)))
-  decode = lambda method: sd.decode(target, method, enc, max_new_tokens=new, eos_id=-1)
-  base = decode(sd.Autoregressive())
-  assert base.stats["exact"] and set(widths) == {1}
-  runs = {
-      "speculative g3": (4, sd.Speculative(drafter, gamma=3)),
-      "bild 1.0": (None, sd.BiLD(drafter, fallback_threshold=1.0)),
-      "blockwise": (None, sd.Blockwise(heads, top_k=1)),
-      "beam 1": (1, sd.Beam(num_beams=1, exact=True)),
-  }
-  for name, (width, method) in runs.items():
-    widths.clear()
-    out = decode(method)
-    assert out.stats.get("exact", True), name
-    assert widths and max(widths) < 16 and (width is None or set(widths) == {width}), name
-    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(base.tokens), err_msg=name)
-    np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(base.lengths), err_msg=name)
+  methods = testing.examples(None, perturbed(model, 0.05, seed=0),
+                             sd.init_heads(model, 2, rng=1, init_scale=1.0))
+  every_method_at_natural_widths(target, methods, name, ragged_tokens(2, 8, model.vocab_size,
+                                                                      seed=4),
+                                 5, monkeypatch, BASELINES)

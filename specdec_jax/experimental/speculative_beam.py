@@ -191,9 +191,10 @@ class SpeculativeBeam(Method):
   exact: bool | None = setting(None)
 
   def baseline(self) -> Method:
-    """`sd.Beam` of the same beams and penalty: its beams and scores are this one's."""
+    """`sd.Beam` of the same beams, penalty and `exact`: its beams and scores are this
+    one's (bitwise on a width-invariant target, or in exact mode on both sides)."""
     return beam.Beam(num_beams=self.num_beams, alpha=self.alpha,
-                     min_log_prob=self.min_log_prob)
+                     min_log_prob=self.min_log_prob, exact=self.exact)
 
   def __post_init__(self):
     requests.check_positive_int(self.num_beams, "num_beams", beam.MAX_BEAMS,

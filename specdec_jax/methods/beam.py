@@ -323,8 +323,9 @@ class Beam(Method):
   exact: bool | None = setting(None)
 
   def baseline(self) -> Method:
-    """Plain beam search of the same beams and penalty (itself, but never exact mode)."""
-    return Beam(num_beams=self.num_beams, alpha=self.alpha, min_log_prob=self.min_log_prob)
+    """Plain beam search of the same beams, penalty and call shape (`exact`): itself."""
+    return Beam(num_beams=self.num_beams, alpha=self.alpha, min_log_prob=self.min_log_prob,
+                exact=self.exact)
 
   def __post_init__(self):
     requests.check_positive_int(self.num_beams, "num_beams", MAX_BEAMS,
