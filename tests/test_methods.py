@@ -11,7 +11,7 @@ from helpers import model_fixtures, ragged_tokens
 import specdec_jax as sd
 from specdec_jax import testing
 from specdec_jax.methods import bild, blockwise, speculative
-from specdec_jax.methods.values import model_fields
+from specdec_jax.methods.base import model_fields
 from specdec_jax.rounds import engine, requests
 from specdec_jax.rounds.acceptance import Rollback
 
