@@ -44,7 +44,6 @@ from jax.sharding import Mesh
 import specdec_jax as sd
 from specdec_jax import experimental
 from specdec_jax import methods as core
-from specdec_jax.cli.mesh_args import place_method
 from specdec_jax.cli.options import MODES, make_sampling
 from specdec_jax.drafters.lattice import NGramLM
 from specdec_jax.errors import CLIError, FileAccessError, InputError
@@ -352,8 +351,8 @@ def build_method(choice: MethodChoice, target: sd.Model, model: str, drafter: An
 
 
 def placed_method(choice: MethodChoice, target: sd.Model, model: str, drafter: Any,
-                  load: Callable[[str], sd.Model], mesh: Mesh | None) -> Any:
-  """`build_method` placed on `mesh` (`place_method`; None: as it is); an early-exit
-  small model is the sharded target itself, left as it is."""
-  return place_method(build_method(choice, target, model, drafter, load), mesh,
-                      keep=("small",) if choice.early_exit else ())
+                  load: Callable[[str], sd.Model], mesh: Mesh | None) -> Run:
+  """`build_method` placed on `mesh` (`Run.on`; None: as it is); an early-exit small model
+  is the sharded target itself, left as it is."""
+  return build_method(choice, target, model, drafter, load).on(
+      mesh, keep=("small",) if choice.early_exit else ())
