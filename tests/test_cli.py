@@ -16,7 +16,8 @@ from loopback import device_env
 import specdec_jax as sd
 from specdec_jax import cli
 from specdec_jax import errors as cli_errors
-from specdec_jax.cli import models, options
+from specdec_jax import loading as models
+from specdec_jax.cli import options
 from specdec_jax.costs import verify_cost_text
 from specdec_jax.io import prompts
 from specdec_jax.io.tokenizer import train_sentencepiece

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from specdec_jax.cli.demo_notes import demo_note
-from specdec_jax.cli.models import note as print_note
 from specdec_jax.costs import VERIFY_NOISE_NOTE, verify_cost_text
 from specdec_jax.io.prompts import output_text
+from specdec_jax.loading import note as print_note
 from specdec_jax.runtime.jobs import Decoded
 from specdec_jax.runtime.report import fmt, to_jsonable
 from specdec_jax.runtime.streams import emit

@@ -13,11 +13,11 @@ import jax
 import specdec_jax as sd
 from specdec_jax.cli.mesh_args import check_batch, load_target, mesh_from_flag
 from specdec_jax.cli.method_args import MethodChoice, placed_method
-from specdec_jax.cli.models import drafter_loader, note, resolve_drafter
 from specdec_jax.cli.options import check_at_least_one
 from specdec_jax.cli.prompts import isatty, read_prompt_lines
 from specdec_jax.errors import CLIError
 from specdec_jax.io.prompts import Prompts, output_text
+from specdec_jax.loading import drafter_loader, note, resolve_drafter
 from specdec_jax.models.model import family
 from specdec_jax.runs import Run
 from specdec_jax.runtime.distributed import Processes

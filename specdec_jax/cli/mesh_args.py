@@ -20,8 +20,8 @@ import jax
 from jax.sharding import Mesh
 
 import specdec_jax as sd
-from specdec_jax.cli.models import load_model
 from specdec_jax.errors import CLIError
+from specdec_jax.loading import load_model
 from specdec_jax.sharding import MESH_AXES
 
 

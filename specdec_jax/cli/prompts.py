@@ -15,7 +15,6 @@ needs a token to continue, so an empty prompt that encodes to none is an error n
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Sequence
 
@@ -52,26 +51,6 @@ def read_prompt_lines(prompts: Sequence[str], input_file: str | None, stdin=None
     where = "stdin" if input_file in (None, "-") else repr(input_file)
     raise PromptError(f"no prompts: {where} is empty")
   return lines
-
-
-def read_texts(path: str) -> list[str]:
-  """The texts of `path`, one per non-blank line: plain text, or (a .jsonl file) per line a
-  JSON string or an object with a "text" string."""
-  lines = [line for line in read_text(path, "text file").splitlines() if line.strip()]
-  if not str(path).endswith(".jsonl"):
-    return lines
-  texts = []
-  for i, line in enumerate(lines, 1):
-    try:
-      item = json.loads(line)
-    except ValueError as e:
-      raise PromptError(f"{path}: line {i} is not JSON: {e}") from None
-    text = item.get("text") if isinstance(item, dict) else item
-    if not isinstance(text, str):
-      raise PromptError(f"{path}: line {i} is neither a JSON string nor an object with a "
-                        '"text" string')
-    texts.append(text)
-  return texts
 
 
 def isatty(stream, unknown: bool = True) -> bool:

@@ -16,13 +16,41 @@ needs a token to continue, so an empty prompt that encodes to none is an error n
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from typing import Callable, Sequence
 
 import numpy as np
 
 from specdec_jax.batching import Batch, pad_rows, padded_batches, prompt_batches, rows_without_eos
-from specdec_jax.errors import PromptError
+from specdec_jax.errors import FileAccessError, PromptError
 from specdec_jax.io.tokenizer import check_tokenizer
+
+
+def read_texts(path: str) -> list[str]:
+  """The texts of `path`, one per non-blank line: plain text, or (a .jsonl file) per line a
+  JSON string or an object with a "text" string."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      lines = [line for line in f.read().splitlines() if line.strip()]
+  except OSError as e:
+    raise FileAccessError(f"text file {os.fspath(path)!r}: {e.strerror or e}") from None
+  except UnicodeDecodeError as e:
+    raise FileAccessError(f"text file {os.fspath(path)!r} is not UTF-8 text: {e}") from None
+  if not str(path).endswith(".jsonl"):
+    return lines
+  texts = []
+  for i, line in enumerate(lines, 1):
+    try:
+      item = json.loads(line)
+    except ValueError as e:
+      raise PromptError(f"{path}: line {i} is not JSON: {e}") from None
+    text = item.get("text") if isinstance(item, dict) else item
+    if not isinstance(text, str):
+      raise PromptError(f"{path}: line {i} is neither a JSON string nor an object with a "
+                        '"text" string')
+    texts.append(text)
+  return texts
 
 
 def parse_token_ids(prompts: Sequence[str], vocab_size: int,
