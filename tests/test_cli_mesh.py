@@ -6,11 +6,16 @@ import json
 import pathlib
 import sys
 
+import numpy as np
 import pytest
 from loopback import run_child
 
+import specdec_jax as sd
 from specdec_jax.cli import mesh_args
 from specdec_jax.errors import CLIError
+from specdec_jax.io.prompts import Prompts
+from specdec_jax.runs import Run
+from specdec_jax.runtime.jobs import Job, plan
 
 HERE = pathlib.Path(__file__).parent
 
@@ -29,8 +34,11 @@ def test_parse_mesh():
 def test_batch_must_split_over_data():
   mesh = mesh_args.mesh_from_flag("data=1,model=1")
   mesh_args.check_batch(3, mesh)
-  assert mesh_args.mesh_batch(3, None) == 3
-  assert mesh_args.mesh_batch(3, mesh) == 3
+  # no --batch-size: every row in one batch, rounded to "data" (8 devices: cli_mesh_checks)
+  prompts = Prompts(np.array([[5, 1], [6, 1], [7, 1]], np.int32))
+  run = Run(sd.Autoregressive())
+  assert plan(run, prompts, Job(max_new_tokens=2)).batch == 3
+  assert plan(run.on(mesh), prompts, Job(max_new_tokens=2)).batch == 3
 
 
 @pytest.fixture(scope="module")

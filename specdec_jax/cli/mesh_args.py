@@ -94,13 +94,6 @@ def check_batch(batch: int, mesh: Mesh | None, flag: str = "--batch-size") -> No
                    f"{mesh.shape['data']}: choose a multiple of {mesh.shape['data']}")
 
 
-def mesh_batch(n: int, mesh: Mesh | None) -> int:
-  """Rows per decode call for `n` inputs when no batch size is given: all of them,
-  rounded up to a multiple of "data" (the last rows repeat, as `padded_batches` pads)."""
-  data = 1 if mesh is None else mesh.shape["data"]
-  return -(-n // data) * data
-
-
 def load_target(spec: str, dtype: str | None, mesh: Mesh | None, what: str = "model",
                 overrides: dict[str, Any] | None = None) -> sd.Model:
   """The target `spec` (`models.load_model`), on a mesh loaded straight into its shards:
