@@ -24,9 +24,9 @@ import argparse
 import os
 import sys
 
-from specdec_jax.cli.models import DTYPES
 from specdec_jax.cli.options import int_list
 from specdec_jax.errors import SpecdecError
+from specdec_jax.loading import DTYPES
 
 
 def main(argv=None) -> int:
@@ -54,7 +54,7 @@ def main(argv=None) -> int:
   p.add_argument("--out", default="results/t5x_compare")
   args = p.parse_args(argv)
 
-  from specdec_jax.cli.models import load_model
+  from specdec_jax.loading import load_model
   from specdec_jax.runtime.report import atomic_write, write_json, write_plot
   from specdec_jax_lab import t5x_bench
   beam = None

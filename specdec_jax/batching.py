@@ -12,7 +12,7 @@ that are not padding.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -73,6 +73,31 @@ def bucket_width(used: int, limit: int) -> int:
   [8, 8, 16, 16, 32, 40, 40]
   """
   return max(used, min(limit, max(8, 1 << max(used - 1, 0).bit_length())))
+
+
+def prompt_batches(tokens: np.ndarray, lengths: np.ndarray | None, batch_size: int,
+                   split: Callable[[np.ndarray, int], list[Batch]] = padded_batches
+                   ) -> tuple[list[Batch], list[np.ndarray] | None]:
+  """Prompts [N, P] in batches of `batch_size` rows (`split`: `padded_batches`, or one
+  process's block of them), each cut to its longest prompt's `bucket_width`: a T5's
+  0-padded rows by their last nonzero column (`trim_padding`), a decoder-only model's by
+  its prompt `lengths` [N]; (the batches, for an LM their int32 [batch_size] lengths)."""
+  blocks = split(tokens, batch_size)
+  if lengths is None:
+    return [Batch(trim_padding(b.tokens), b.real) for b in blocks], None
+  sizes = [np.asarray(b.tokens[:, 0], np.int32)
+           for b in split(np.asarray(lengths)[:, None], batch_size)]
+  width = lambda n: bucket_width(int(n.max()), tokens.shape[1])
+  return [Batch(b.tokens[:, :width(n)], b.real) for b, n in zip(blocks, sizes, strict=True)], sizes
+
+
+def rows_without_eos(tokens: np.ndarray, eos_id: int, pad_id: int = 0) -> list[int]:
+  """Indices of the rows of T5 encoder inputs [N, L] whose last non-pad token is not EOS."""
+  tokens = np.asarray(tokens)
+  real = tokens != pad_id
+  last = np.where(real.any(axis=1), tokens.shape[1] - 1 - np.argmax(real[:, ::-1], axis=1), 0)
+  ends = tokens[np.arange(len(tokens)), last]
+  return np.flatnonzero(real.any(axis=1) & (ends != eos_id)).tolist()
 
 
 def trim_padding(tokens: np.ndarray) -> np.ndarray:

@@ -27,9 +27,12 @@ import numpy as np
 
 from specdec_jax import theory
 from specdec_jax.batching import cycled_rows, random_prompts
+from specdec_jax.compilation import compiling
 from specdec_jax.drafters import ModelDrafter
-from specdec_jax.errors import BenchError
+from specdec_jax.errors import InputError
+from specdec_jax.methods import Speculative
 from specdec_jax.models.model import Model
+from specdec_jax.rounds.engine import EXACT_WIDTH
 from specdec_jax.timing import median_call_seconds, time_rounds
 
 if TYPE_CHECKING:
@@ -76,7 +79,7 @@ class _Timer:
   def time(self, repeats: int = 5) -> float:
     """Median seconds per step over `repeats` timed loops."""
     if repeats < 1:
-      raise BenchError(f"repeats must be >= 1, got {repeats}")
+      raise InputError(f"repeats must be >= 1, got {repeats}")
     if not getattr(self, "compiled", False):
       self.compile()
     return median_call_seconds(self._run, repeats) / self.steps
@@ -92,9 +95,9 @@ class StepTimer(_Timer):
 
   def __init__(self, model, cache, k: int, steps: int = 16, seed: int = 0):
     if k < 1 or steps < 1:
-      raise BenchError(f"StepTimer needs k >= 1 and steps >= 1, got {k}, {steps}")
+      raise InputError(f"StepTimer needs k >= 1 and steps >= 1, got {k}, {steps}")
     if cache.capacity < k:
-      raise BenchError(f"cache capacity {cache.capacity} < k {k}")
+      raise InputError(f"cache capacity {cache.capacity} < k {k}")
     batch = cache.batch_size
     self.model, self.k, self.steps = model, k, steps   # as given: packed or not (sd.pack)
     self.cache = cache.with_length(jnp.full((batch,), (cache.capacity - k) // 2, jnp.int32))
@@ -184,7 +187,7 @@ def time_decode_step(model, batch: int, k: int, timing: CostTiming = CostTiming(
   """
   repeats = timing.repeats
   if repeats < 1:
-    raise BenchError(f"repeats must be >= 1, got {repeats}")
+    raise InputError(f"repeats must be >= 1, got {repeats}")
   if inputs is None:
     inputs = random_prompts(batch, encoder_len, model.config.vocab_size, seed)
   cache = started_cache(model, cycled_rows(np.asarray(inputs), batch), timing.capacity)
@@ -220,7 +223,7 @@ def relative_costs(timers: dict[tuple, _Timer], repeats: int = 5,
   (`timing.time_rounds`) of the round's ratio, so a drift of the machine moves both sides
   of a ratio alike. Compiles the timers not compiled yet."""
   if repeats < 1:
-    raise BenchError(f"repeats must be >= 1, got {repeats}")
+    raise InputError(f"repeats must be >= 1, got {repeats}")
   for timer in timers.values():
     if not getattr(timer, "compiled", False):
       timer.compile()
@@ -345,3 +348,27 @@ def projections(costs: dict[str, Any], alphas=PROJECTION_ALPHAS) -> list[dict[st
                 "theorem8_speedup": float(theory.walltime_improvement(alpha, best["gamma"],
                                                                        costs["c"]))})
   return out
+
+
+def has_cost_model(method) -> bool:
+  """Whether `explain_method` explains `method`: a speculative method whose drafter runs
+  model steps of its own (an early exit shares the target's cache: no c to measure)."""
+  return (isinstance(method, Speculative)
+          and not getattr(method.drafter, "shares_target_cache", False))
+
+
+def explain_method(target, method, inputs, stats: dict[str, Any], max_new_tokens: int, *,
+                   exact: bool = False, cache_dir: str | None = None) -> dict[str, Any] | None:
+  """`explain_run` of a method value that `has_cost_model` (None otherwise), measured at
+  its batch size, with its verify calls' width (`exact`: exact mode pads them to
+  `EXACT_WIDTH`, off the kernels, on a target whose decode is not width-invariant);
+  `inputs` [B, L] its first batch, `stats` its run's; `cache_dir`: the persistent
+  compilation cache its timers compile into (`compilation.compiling`)."""
+  if not has_cost_model(method):
+    return None
+  gamma = method.gamma
+  padded = exact and not target.width_invariant_decode
+  with compiling("the model-step timers of the 'why' line", cache_dir):
+    return explain_run(target, method.drafter, gamma, inputs, stats,
+                       CostTiming(capacity=max_new_tokens + EXACT_WIDTH + 1),
+                       call_tokens=EXACT_WIDTH if padded else gamma + 1)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, cast
 
 import jax
 import numpy as np
@@ -32,6 +32,7 @@ import numpy as np
 from specdec_jax import experimental
 from specdec_jax import methods as core
 from specdec_jax import sampling as sampling_lib
+from specdec_jax import sharding
 from specdec_jax.batching import Batch
 from specdec_jax.errors import SamplingError
 from specdec_jax.methods import Method
@@ -64,11 +65,14 @@ class Run:
     sampling: `sd.Greedy()` or `sd.Sampling(...)`.
     label: how reports name the method's model ("ngram", a path, "early-exit:1"); None
       for a method without one or unnamed.
+    mesh: the `jax.sharding.Mesh` it decodes on (`on(mesh)`: its inputs split by rows over
+      "data"); None: one device.
   """
 
   method: Method
   sampling: sampling_lib.SamplingSettings = sampling_lib.Greedy()
   label: str | None = None
+  mesh: Any = None
 
   def __post_init__(self):
     if not isinstance(self.method, Method):
@@ -87,10 +91,26 @@ class Run:
   def exact(self) -> bool | None:
     return getattr(self.method, "exact", None)
 
+  def on(self, mesh, keep: tuple[str, ...] = ()) -> Run:
+    """This run on `mesh` (None: as it is): the models its method carries copied to every
+    device (`sharding.replicate`; `keep`: model fields left as they are, e.g. BiLD's
+    early-exit small model, the sharded target itself), its inputs split by rows."""
+    if mesh is None:
+      return self
+    value = self.method
+    models = {f.name: sharding.replicate(getattr(value, f.name), mesh)
+              for f in core.model_fields(type(value))
+              if getattr(value, f.name) is not None and f.name not in keep}
+    placed = dataclasses.replace(cast(Any, value), **models)   # a flax.struct dataclass
+    return dataclasses.replace(self, method=placed, mesh=mesh)
+
   def decode(self, target, inputs, *, max_new_tokens: int, rng=None,
              eos_id: int | None = None, prompt_lengths=None) -> DecodeOutput:
     """`sd.decode` of this run; `inputs`: T5 encoder tokens [B, Le], or a decoder-only
-    target's right-padded prompts [B, P] with `prompt_lengths` [B]."""
+    target's right-padded prompts [B, P] with `prompt_lengths` [B] (on a mesh, split by
+    rows over its "data" axis)."""
+    if self.mesh is not None:
+      inputs = sharding.shard_batch(inputs, self.mesh)
     return core.decode(target, self.method, inputs, max_new_tokens=max_new_tokens,
                        sampling=self.sampling, rng=rng, eos_id=eos_id,
                        prompt_lengths=prompt_lengths)
@@ -166,12 +186,11 @@ def decode_corpus(method: Run, target, batches: Sequence[Batch], *,
   # only passed when given: a method of the tools' users may not take it
   lengths = [{} if prompt_lengths is None else {"prompt_lengths": n}
              for n in (prompt_lengths or [None] * len(batches))]
-  # to_host: on a mesh spanning processes each output is gathered whole on every process
-  outputs = [to_host(method.decode(target, b.tokens, max_new_tokens=max_new_tokens,
-                                   rng=batch_key(rng, first_key + i), eos_id=eos_id,
-                                   **lengths[i]))
+  outputs = [method.decode(target, b.tokens, max_new_tokens=max_new_tokens,
+                           rng=batch_key(rng, first_key + i), eos_id=eos_id, **lengths[i])
              for i, b in enumerate(batches)]
-  return Corpus(tuple(outputs), tuple(int(b.real) for b in batches))
+  # to_host: on a mesh spanning processes each output is gathered whole on every process
+  return Corpus(tuple(to_host(o) for o in outputs), tuple(int(b.real) for b in batches))
 
 
 def same_output(a: Corpus, b: Corpus) -> dict[str, bool]:

@@ -22,7 +22,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from specdec_jax.errors import SamplingError
+from specdec_jax.errors import OptionError, SamplingError
 
 Array = jax.Array
 
@@ -172,3 +172,30 @@ def top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
   values, indices = jax.lax.top_k(x.reshape(-1, x.shape[-1]), k)
   return values.reshape(lead + (k,)), indices.reshape(lead + (k,))
 
+
+#: Sampling modes: argmax, or ancestral sampling (temperature 1 unless set).
+MODES = ("greedy", "sample")
+
+
+def make_sampling(mode: str | None = None, temperature: float | None = None,
+                  top_k: int | None = None, top_p: float | None = None
+                  ) -> SamplingSettings:
+  """greedy | sample (+ temperature / top_k / top_p) -> sd.Greedy() or sd.Sampling(...),
+  as users write them (`make_sampling("sample", temperature=0.7)`).
+
+  `mode` None means sample when any sampling option is given, else greedy. Options
+  left None take sd.Sampling's defaults (temperature 1, top_k 0 = off, top_p 1 = off).
+  """
+  given = [name for name, v in (("--temperature", temperature), ("--top-k", top_k),
+                                ("--top-p", top_p)) if v is not None]
+  if mode is None:
+    mode = "sample" if given else "greedy"
+  if mode not in MODES:
+    raise OptionError(f"sampling method must be one of {', '.join(MODES)}, got {mode!r}")
+  if mode == "greedy":
+    if given:
+      raise OptionError(f"{', '.join(given)} only apply with --method sample")
+    return Greedy()
+  return Sampling(temperature=1.0 if temperature is None else temperature,
+                               top_k=0 if top_k is None else top_k,
+                               top_p=1.0 if top_p is None else top_p)

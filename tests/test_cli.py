@@ -16,8 +16,10 @@ from loopback import device_env
 import specdec_jax as sd
 from specdec_jax import cli
 from specdec_jax import errors as cli_errors
-from specdec_jax.cli import models, options, prompts
+from specdec_jax import loading as models
+from specdec_jax.cli import options
 from specdec_jax.costs import verify_cost_text
+from specdec_jax.io import prompts
 from specdec_jax.io.tokenizer import train_sentencepiece
 from specdec_jax.runtime.report import to_jsonable
 
@@ -136,13 +138,13 @@ def test_compare_times_the_baseline_on_the_same_inputs(capsys):
 def test_compare_divides_by_the_plain_baseline_and_reports_exact_cost(capsys, monkeypatch):
   """The speedup's baseline is the target alone at its natural width (exact=False); exact
   mode's own cost is a separate figure (the exact baseline over the plain one)."""
-  from specdec_jax.cli import decode as decode_cli
+  from specdec_jax.runtime import jobs
   seen = []
   def spy(method, *args, **kwargs):
     seen.append((method.kind, method.exact))
     return real(method, *args, **kwargs)
-  real = decode_cli.decode_corpus
-  monkeypatch.setattr(decode_cli, "decode_corpus", spy)
+  real = jobs.decode_corpus
+  monkeypatch.setattr(jobs, "decode_corpus", spy)
   out, err = decode_json(capsys, "--drafter", DRAFTER, "--gamma", "2", "--compare", *PROMPTS)
   assert ("autoregressive", False) in seen and ("autoregressive", True) in seen
   assert ("autoregressive", None) not in seen

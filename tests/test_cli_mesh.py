@@ -17,7 +17,10 @@ from specdec_jax import cli
 from specdec_jax import plan as plan_lib
 from specdec_jax.cli import mesh_args
 from specdec_jax.errors import CLIError
+from specdec_jax.io.prompts import Prompts
 from specdec_jax.rounds import engine
+from specdec_jax.runs import Run
+from specdec_jax.runtime.jobs import Job, plan
 
 HERE = pathlib.Path(__file__).parent
 TARGET_CONFIG, DRAFTER = "config:t5_1_1_tiny", "config:t5_1_1_tiny_drafter"
@@ -43,8 +46,11 @@ def test_batch_must_split_over_data():
   with pytest.raises(CLIError, match="--batch-size 3 is not divisible"):
     mesh_args.check_batch(3, mesh)
   mesh_args.check_batch(3, None)
-  assert mesh_args.mesh_batch(3, None) == 3
-  assert mesh_args.mesh_batch(3, mesh) == 4       # rounded up to a multiple of "data"
+  # no --batch-size: every row in one batch, rounded up to a multiple of "data"
+  prompts = Prompts(np.array([[5, 1], [6, 1], [7, 1]], np.int32))
+  run = Run(sd.Autoregressive())
+  assert plan(run, prompts, Job(max_new_tokens=2)).batch == 3
+  assert plan(run.on(mesh), prompts, Job(max_new_tokens=2)).batch == 4
 
 
 def run_cli(*argv) -> SimpleNamespace:

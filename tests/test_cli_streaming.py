@@ -161,14 +161,14 @@ def test_a_person_at_a_terminal_sees_a_first_line_at_once(capsys, monkeypatch):
   a pipe gets only the results and the errors (one line each)."""
   import sys as system
 
-  from specdec_jax.cli import decode, main
+  from specdec_jax.cli import decode_setup, main
   seen = []
-  real = decode.load_target
+  real = decode_setup.load_target
 
   def spy(*args, **kwargs):
     seen.append(capsys.readouterr().err)
     return real(*args, **kwargs)
-  monkeypatch.setattr(decode, "load_target", spy)
+  monkeypatch.setattr(decode_setup, "load_target", spy)
   monkeypatch.setattr(system.stderr, "isatty", lambda: True, raising=False)
   assert main(["decode", "--model", TARGET, "--max-new-tokens", "2", "5 6 1"]) == 0
   assert seen and seen[0].startswith(f"specdec: loading {TARGET}")

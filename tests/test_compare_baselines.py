@@ -8,7 +8,7 @@ import json
 import pytest
 from test_cli import DRAFTER, PROMPTS, TARGET, run
 
-from specdec_jax.cli import decode as decode_cli
+from specdec_jax.runtime import jobs
 
 BEAM = ["--method", "beam", "--num-beams", "2", "--alpha", "0.6", "--max-new-tokens", "6"]
 
@@ -17,11 +17,11 @@ BEAM = ["--method", "beam", "--num-beams", "2", "--alpha", "0.6", "--max-new-tok
 def decoded(monkeypatch):
   """The runs `--compare` decodes, as (method name, its settings, sampling)."""
   seen = []
-  real = decode_cli.decode_corpus
+  real = jobs.decode_corpus
   def spy(method, *args, **kwargs):
     seen.append((method.kind, method.settings()))
     return real(method, *args, **kwargs)
-  monkeypatch.setattr(decode_cli, "decode_corpus", spy)
+  monkeypatch.setattr(jobs, "decode_corpus", spy)
   return seen
 
 

@@ -13,9 +13,11 @@ from helpers import peaked, perturbed, ragged_tokens
 
 import specdec_jax as sd
 from specdec_jax import errors, timing
+from specdec_jax import loading as models
 from specdec_jax import runs as methods
+from specdec_jax import sampling as sampling_lib
 from specdec_jax.batching import Batch, cycled_rows, pad_rows, padded_batches, trim_padding
-from specdec_jax.cli import models, options
+from specdec_jax.cli import options
 from specdec_jax.rounds import stats as stats_lib
 from specdec_jax.runtime import report
 
@@ -241,17 +243,17 @@ def test_a_new_method_is_one_value(pair, inputs):
 
 
 def test_make_sampling():
-  assert options.make_sampling() == sd.Greedy()
-  assert options.make_sampling("greedy") == sd.Greedy()
-  assert options.make_sampling("sample") == sd.Sampling(temperature=1.0)
-  assert options.make_sampling(None, temperature=0.7) == sd.Sampling(temperature=0.7)
-  assert options.make_sampling("sample", top_k=5, top_p=0.9) == sd.Sampling(top_k=5, top_p=0.9)
+  assert sampling_lib.make_sampling() == sd.Greedy()
+  assert sampling_lib.make_sampling("greedy") == sd.Greedy()
+  assert sampling_lib.make_sampling("sample") == sd.Sampling(temperature=1.0)
+  assert sampling_lib.make_sampling(None, temperature=0.7) == sd.Sampling(temperature=0.7)
+  assert sampling_lib.make_sampling("sample", top_k=5, top_p=0.9) == sd.Sampling(top_k=5, top_p=0.9)
   with pytest.raises(errors.OptionError, match="--temperature only apply with --method sample"):
-    options.make_sampling("greedy", temperature=0.5)
+    sampling_lib.make_sampling("greedy", temperature=0.5)
   with pytest.raises(errors.OptionError, match="sampling method must be one of"):
-    options.make_sampling("beam")
+    sampling_lib.make_sampling("beam")
   with pytest.raises(sd.SamplingError):
-    options.make_sampling("sample", top_p=0.0)
+    sampling_lib.make_sampling("sample", top_p=0.0)
 
 
 def test_int_list_overrides_and_modes():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from specdec_jax.cli.models import DTYPES
+from specdec_jax.loading import DTYPES
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -12,11 +12,11 @@ import shutil
 import sys
 
 import specdec_jax as sd
-from specdec_jax.cli.models import load_model
 from specdec_jax.errors import CLIError, FileAccessError
 from specdec_jax.io import checkpoints
 from specdec_jax.io.checkpoints import native, resolve
 from specdec_jax.io.tokenizer import TOKENIZER_FILES
+from specdec_jax.loading import load_model
 from specdec_jax.runtime.report import make_dirs
 
 

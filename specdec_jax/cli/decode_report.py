@@ -4,10 +4,22 @@ alone, why, exact mode's cost), each figure once and labelled with what it measu
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import sys
+from typing import TYPE_CHECKING, Any
 
+import jax
+
+from specdec_jax.cli.demo_notes import demo_note
 from specdec_jax.costs import VERIFY_NOISE_NOTE, verify_cost_text
-from specdec_jax.runtime.report import fmt
+from specdec_jax.io.prompts import output_text
+from specdec_jax.loading import note as print_note
+from specdec_jax.runtime.jobs import Decoded
+from specdec_jax.runtime.report import fmt, to_jsonable
+from specdec_jax.runtime.streams import emit
+
+if TYPE_CHECKING:
+  from specdec_jax.cli.decode_setup import Setup
 
 # (key, label, note) of the statistics a method's stats may carry, in the order shown
 _OWN = (
@@ -85,3 +97,40 @@ def compare_block(compare: dict[str, Any], kind: str) -> str:
     lines.append("                     (natural width: each call as wide as its tokens; exact "
                  "mode pads every target call to the verify call's width, off the kernels)")
   return "\n".join(lines)
+
+
+def print_report(s: Setup, d: Decoded, compared: dict[str, Any] | None) -> int:
+  """Process 0 prints every process's rows not printed yet (neither streamed nor in
+  --output's file) or --json's object on stdout, then a bundled demo's note, --stats and
+  --compare's blocks on stderr; 0, the command's status."""
+  if not d.corpus.outputs:     # --resume of a complete file
+    if jax.process_index() == 0:
+      print(f"specdec decode: {s.run.output!r} already holds all {len(s.lines)} outputs: "
+            "nothing to decode", file=sys.stderr)
+    return 0
+  timing = {**d.timing, "load_s": s.load_s}
+  if compared is not None:
+    timing["compare"] = compared
+  if jax.process_index() != 0:
+    return 0
+  blocks = ([stats_block(d.corpus.stats, timing, s.method)] if s.run.stats else []) + (
+      [compare_block(compared, s.method.kind)] if compared is not None else [])
+  about = demo_note(s.run.model, s.drafter)
+  # the rows not printed yet: neither streamed nor in --output's file
+  outputs = (None if s.run.output or (d.streamed and not s.run.json) else
+             [output_text(row, s.tokenizer) for row in d.corpus.token_rows()])
+  if s.run.json:   # the rest covers this run's batches; with --output the rows are in it
+    payload = {"outputs": outputs, "lengths": None if s.run.output else d.corpus.lengths,
+               "stats": d.corpus.stats, "prompt_lengths": s.prompts.lengths,
+               "timing": timing, "settings": s.job.settings,
+               **({"output": s.run.output, "resumed_at_row": d.resumed} if s.run.output
+                  else {})}
+    emit(json.dumps(to_jsonable(payload)))
+  else:
+    for o in outputs or ():
+      emit(o if isinstance(o, str) else " ".join(map(str, o)))
+  if about is not None:     # stderr, after the rows: a bundled demo's note, the blocks
+    print_note(about)
+  for block in blocks:
+    print(block, file=sys.stderr)
+  return 0

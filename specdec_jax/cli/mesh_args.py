@@ -14,16 +14,14 @@ Without --mesh everything stays on one device.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-from typing import Any, cast
+from typing import Any
 
 import jax
 from jax.sharding import Mesh
 
 import specdec_jax as sd
-from specdec_jax import methods as core
-from specdec_jax.cli.models import load_model
 from specdec_jax.errors import CLIError
+from specdec_jax.loading import load_model
 from specdec_jax.sharding import MESH_AXES
 
 
@@ -96,49 +94,8 @@ def check_batch(batch: int, mesh: Mesh | None, flag: str = "--batch-size") -> No
                    f"{mesh.shape['data']}: choose a multiple of {mesh.shape['data']}")
 
 
-def mesh_batch(n: int, mesh: Mesh | None) -> int:
-  """Rows per decode call for `n` inputs when no batch size is given: all of them,
-  rounded up to a multiple of "data" (the last rows repeat, as `padded_batches` pads)."""
-  data = 1 if mesh is None else mesh.shape["data"]
-  return -(-n // data) * data
-
-
 def load_target(spec: str, dtype: str | None, mesh: Mesh | None, what: str = "model",
                 overrides: dict[str, Any] | None = None) -> sd.Model:
   """The target `spec` (`models.load_model`), on a mesh loaded straight into its shards:
   no parameter is ever whole on one device (T5-XXL does not fit one)."""
   return load_model(spec, dtype, what=what, overrides=overrides, mesh=mesh)
-
-
-def place_method(method: Any, mesh: Mesh | None, keep: tuple[str, ...] = ()) -> Any:
-  """A tools method with its models replicated over `mesh` and its inputs split by batch
-  (`OnMesh`); the method itself without a mesh. `keep`: model fields left as they are
-  (BiLD's early-exit small model is the sharded target itself)."""
-  if mesh is None:
-    return method
-  value = getattr(method, "method", None)     # a `runs.Run`'s method value
-  if isinstance(value, core.Method):
-    models = {f.name: sd.sharding.replicate(getattr(value, f.name), mesh)
-              for f in core.model_fields(type(value))
-              if getattr(value, f.name) is not None and f.name not in keep}
-    placed = dataclasses.replace(cast(Any, value), **models)   # a flax.struct dataclass
-    method = dataclasses.replace(method, method=placed)
-  return OnMesh(method, mesh)
-
-
-class OnMesh:
-  """A run (`runs.Run`) whose inputs [B, L] are split by batch over the mesh's "data" axis
-  before it decodes; every other attribute (`method`, `sampling`, ...) is the run's own."""
-
-  def __init__(self, run: Any, mesh: Mesh):
-    self.run, self.mesh = run, mesh
-
-  def __getattr__(self, name: str) -> Any:
-    return getattr(self.run, name)
-
-  def decode(self, target, inputs, **kwargs):
-    return self.run.decode(target, sd.sharding.shard_batch(inputs, self.mesh),
-                           **kwargs)
-
-  def __repr__(self) -> str:
-    return f"OnMesh({self.run!r}, {dict(self.mesh.shape)})"

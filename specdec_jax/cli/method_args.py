@@ -34,26 +34,22 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import re
 from typing import Any, Callable, cast
 
-import numpy as np
 from jax.sharding import Mesh
 
 import specdec_jax as sd
 from specdec_jax import experimental
 from specdec_jax import methods as core
-from specdec_jax.cli.mesh_args import place_method
-from specdec_jax.cli.options import MODES, make_sampling
-from specdec_jax.drafters.lattice import NGramLM
-from specdec_jax.errors import CLIError, FileAccessError, InputError
+from specdec_jax.errors import CLIError, InputError
+from specdec_jax.loading import EARLY_EXIT, early_exit_layer, fit_ngram
 from specdec_jax.runs import Run
+from specdec_jax.sampling import MODES, make_sampling
 
 #: --method: each method value by its name, in `--help` order.
 CORE = {m.name: m for m in core.METHODS + experimental.METHODS}
 METHOD_NAMES = tuple(CORE)
-EARLY_EXIT = "early-exit:"
 DRAFTER = "--drafter"
 
 
@@ -298,34 +294,6 @@ def sampling_from_method_args(args):
   return make_sampling(args.sampling, args.temperature, args.top_k, args.top_p)
 
 
-def fit_ngram(data_dir: str, vocab_size: int) -> NGramLM:
-  """The bigram LM of a prepared data dir's train targets (`DATA/train.npz`, written by the
-  lab's `specdec train --stages data`): blockwise n-gram rescoring."""
-  path = os.path.join(data_dir, "train.npz")
-  try:
-    with np.load(path) as arrays:
-      targets = arrays["targets"]
-  except OSError as e:
-    raise FileAccessError(f"--rescorer {data_dir!r}: cannot read {path!r}: "
-                          f"{e.strerror or e}") from None
-  except (KeyError, ValueError) as e:
-    raise CLIError(f"--rescorer {data_dir!r}: {path!r} is not a prepared split: {e}") from None
-  return NGramLM.fit([r[r > 0] for r in targets], vocab_size=vocab_size)
-
-
-def early_exit_layer(spec: str, target: sd.Model) -> int:
-  """K of "early-exit:K", checked against the target's decoder depth."""
-  text = spec[len(EARLY_EXIT):]
-  layers = target.config.num_decoder_layers
-  if layers < 2:
-    raise CLIError(f"{spec!r}: early exit needs a target with at least 2 decoder layers, "
-                   f"this one has {layers}")
-  if not text.isdigit() or not 1 <= int(text) < layers:
-    raise CLIError(f"{spec!r}: K must be an integer in [1, {layers - 1}] for a target with "
-                   f"{layers} decoder layers")
-  return int(text)
-
-
 def build_method(choice: MethodChoice, target: sd.Model, model: str, drafter: Any,
                  load: Callable[[str], sd.Model]) -> Run:
   """The run of `choice` on the loaded `target` (named `model`: blockwise reads its saved
@@ -352,8 +320,8 @@ def build_method(choice: MethodChoice, target: sd.Model, model: str, drafter: An
 
 
 def placed_method(choice: MethodChoice, target: sd.Model, model: str, drafter: Any,
-                  load: Callable[[str], sd.Model], mesh: Mesh | None) -> Any:
-  """`build_method` placed on `mesh` (`place_method`; None: as it is); an early-exit
-  small model is the sharded target itself, left as it is."""
-  return place_method(build_method(choice, target, model, drafter, load), mesh,
-                      keep=("small",) if choice.early_exit else ())
+                  load: Callable[[str], sd.Model], mesh: Mesh | None) -> Run:
+  """`build_method` placed on `mesh` (`Run.on`; None: as it is); an early-exit small model
+  is the sharded target itself, left as it is."""
+  return build_method(choice, target, model, drafter, load).on(
+      mesh, keep=("small",) if choice.early_exit else ())

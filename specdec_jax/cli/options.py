@@ -1,7 +1,5 @@
 """Settings as users write them, parsed once for every tool.
 
-    make_sampling("sample", temperature=0.7)      -> sd.Sampling(temperature=0.7)
-    make_sampling(None)                           -> sd.Greedy()
     int_list("1,4-6")                             -> [1, 4, 5, 6]       (an argparse type)
     parse_overrides("vocab_size=300,num_heads=2") -> {"vocab_size": 300, "num_heads": 2}
 """
@@ -12,34 +10,8 @@ import argparse
 import json
 from typing import Any
 
-from specdec_jax import sampling as sampling_lib
 from specdec_jax.errors import OptionError
-
-#: Sampling modes: argmax, or ancestral sampling (temperature 1 unless set).
-MODES = ("greedy", "sample")
-
-
-def make_sampling(mode: str | None = None, temperature: float | None = None,
-                  top_k: int | None = None, top_p: float | None = None
-                  ) -> sampling_lib.SamplingSettings:
-  """greedy | sample (+ temperature / top_k / top_p) -> sd.Greedy() or sd.Sampling(...).
-
-  `mode` None means sample when any sampling option is given, else greedy. Options
-  left None take sd.Sampling's defaults (temperature 1, top_k 0 = off, top_p 1 = off).
-  """
-  given = [name for name, v in (("--temperature", temperature), ("--top-k", top_k),
-                                ("--top-p", top_p)) if v is not None]
-  if mode is None:
-    mode = "sample" if given else "greedy"
-  if mode not in MODES:
-    raise OptionError(f"sampling method must be one of {', '.join(MODES)}, got {mode!r}")
-  if mode == "greedy":
-    if given:
-      raise OptionError(f"{', '.join(given)} only apply with --method sample")
-    return sampling_lib.Greedy()
-  return sampling_lib.Sampling(temperature=1.0 if temperature is None else temperature,
-                               top_k=0 if top_k is None else top_k,
-                               top_p=1.0 if top_p is None else top_p)
+from specdec_jax.sampling import MODES
 
 
 def mode_list(text: str) -> list[str]:

@@ -17,9 +17,9 @@ from typing import Any, Sequence
 
 from specdec_jax import plan as plan_lib
 from specdec_jax.cli.mesh_args import parse_mesh
-from specdec_jax.cli.models import DTYPES
 from specdec_jax.cli.options import check_at_least_one
 from specdec_jax.errors import CLIError
+from specdec_jax.loading import DTYPES
 from specdec_jax.runtime.report import to_jsonable
 from specdec_jax.runtime.streams import emit
 

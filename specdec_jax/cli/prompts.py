@@ -15,15 +15,13 @@ needs a token to continue, so an empty prompt that encodes to none is an error n
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Sequence
 
 import numpy as np
 
-from specdec_jax.batching import Batch, bucket_width, pad_rows, padded_batches
 from specdec_jax.errors import PromptError
-from specdec_jax.io.tokenizer import check_tokenizer
+from specdec_jax.io.prompts import encode_lm_prompts, encode_prompts
 from specdec_jax.runtime.report import read_text
 
 
@@ -55,26 +53,6 @@ def read_prompt_lines(prompts: Sequence[str], input_file: str | None, stdin=None
   return lines
 
 
-def read_texts(path: str) -> list[str]:
-  """The texts of `path`, one per non-blank line: plain text, or (a .jsonl file) per line a
-  JSON string or an object with a "text" string."""
-  lines = [line for line in read_text(path, "text file").splitlines() if line.strip()]
-  if not str(path).endswith(".jsonl"):
-    return lines
-  texts = []
-  for i, line in enumerate(lines, 1):
-    try:
-      item = json.loads(line)
-    except ValueError as e:
-      raise PromptError(f"{path}: line {i} is not JSON: {e}") from None
-    text = item.get("text") if isinstance(item, dict) else item
-    if not isinstance(text, str):
-      raise PromptError(f"{path}: line {i} is neither a JSON string nor an object with a "
-                        '"text" string')
-    texts.append(text)
-  return texts
-
-
 def isatty(stream, unknown: bool = True) -> bool:
   """Whether `stream` is a terminal; `unknown` for a closed or unusual stream (reading
   prompts: True, so as not to block on it)."""
@@ -82,123 +60,6 @@ def isatty(stream, unknown: bool = True) -> bool:
     return bool(stream.isatty())
   except (AttributeError, ValueError, OSError):
     return unknown
-
-
-def parse_token_ids(prompts: Sequence[str], vocab_size: int,
-                    empty: Sequence[int] | None = None) -> np.ndarray:
-  """Space- or comma-separated token ids per prompt -> int32 [B, L], right-padded with 0.
-
-  Ids are used verbatim: no EOS is appended (end a prompt with 1 for T5's EOS). `empty`:
-  the ids an empty prompt stands for (T5's `[eos_id]`); None: an empty prompt is an error.
-  """
-  return pad_rows(_id_rows(prompts, vocab_size, empty))
-
-
-def _id_rows(prompts: Sequence[str], vocab_size: int, empty: Sequence[int] | None = None,
-             need: str = "") -> list[list[int]]:
-  """Each prompt's token ids, checked to lie in [0, vocab_size); an empty prompt is
-  `empty` (None: a PromptError naming it, `need` saying why)."""
-  rows = []
-  for i, prompt in enumerate(prompts, 1):
-    parts = prompt.replace(",", " ").split()
-    if not parts and empty is not None:
-      rows.append(list(empty))
-      continue
-    if not parts:
-      raise PromptError(f"prompt {i} is empty{need}")
-    row = []
-    for part in parts:
-      try:
-        row.append(int(part))
-      except ValueError:
-        raise PromptError(f"prompt {i}: {part!r} is not an integer token id (without "
-                          "--tokenizer prompts are space-separated token ids, e.g. "
-                          "\"5 17 42 1\")") from None
-    bad = [t for t in row if not 0 <= t < vocab_size]
-    if bad:
-      raise PromptError(f"prompt {i}: token id {bad[0]} is outside the model vocabulary "
-                        f"[0, {vocab_size})")
-    rows.append(row)
-  return rows
-
-
-def encode_prompts(prompts: Sequence[str], tokenizer, vocab_size: int,
-                   length: int | None = None, config=None) -> np.ndarray:
-  """Text prompts -> int32 [B, L] (EOS-terminated, 0-padded) with `tokenizer`, or token ids.
-
-  With `length`, every row is padded or cut to it. With the T5 model's `config`, the
-  tokenizer is checked against it (`check_tokenizer`: sizes and special ids), and an empty
-  id prompt is EOS alone, as the tokenizer encodes an empty text.
-  """
-  if tokenizer is None:
-    empty = None if config is None else [config.eos_id]
-    return pad_rows(parse_token_ids(prompts, vocab_size, empty), length)
-  if tokenizer.vocab_size > vocab_size:
-    raise PromptError(f"tokenizer {tokenizer.path!r} has {tokenizer.vocab_size} pieces but the "
-                      f"model vocabulary has only {vocab_size}: they do not belong together")
-  if config is not None:
-    check_tokenizer(tokenizer, config)
-  if length is None:
-    return np.asarray(tokenizer.encode(list(prompts)), np.int32)
-  return np.asarray(tokenizer.encode(list(prompts), max_length=length, truncate=True), np.int32)
-
-
-def encode_lm_prompts(prompts: Sequence[str], tokenizer, config,
-                      length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-  """Decoder-only prompts -> (int32 [B, P] right-padded with `config.pad_id`, int32 [B] lengths).
-
-  With a tokenizer (checked against the model: `check_tokenizer`), text is encoded as the
-  tokenizer's convention has it (BOS first when it prepends one: Llama; none: GPT-2, T5's
-  SentencePiece) and never with EOS, which would end the text to continue. Without one a
-  prompt is token ids, used verbatim. `length`: every row cut (its first `length` tokens
-  kept) or padded to it. The lengths are the prompts' own: pass them on as `prompt_lengths`,
-  since a prompt may end in the pad id (GPT-2 pads with its EOS).
-  """
-  need = (": a decoder-only model needs at least one token to continue (an empty line is "
-          "an empty prompt: give it text, or remove the line)")
-  if tokenizer is None:
-    rows = _id_rows(prompts, config.vocab_size, need=need)
-  else:
-    check_tokenizer(tokenizer, config)
-    rows = [tokenizer.encode_one(text, add_eos=False) for text in prompts]
-    for i, (text, row) in enumerate(zip(prompts, rows, strict=True), 1):
-      if not row:
-        raise PromptError(f"prompt {i} ({text!r}) encodes to no tokens{need}")
-  if length is not None:
-    rows = [r[:length] for r in rows]
-  lengths = np.asarray([len(r) for r in rows], np.int32)
-  width = length if length is not None else int(lengths.max(initial=1))
-  tokens = np.full((len(rows), width), config.pad_id, np.int32)
-  for i, r in enumerate(rows):
-    tokens[i, :len(r)] = r
-  return tokens, lengths
-
-
-def lm_token_budget(lengths: np.ndarray, config, max_new_tokens: int) -> int:
-  """New tokens per row that fit a decoder-only model: `max_new_tokens`, lowered so the
-  longest prompt (lengths [N]) plus them fit `config.max_positions` (its learned table, or
-  the rotary positions it was trained on). PromptError naming a prompt that leaves no room."""
-  limit = int(config.max_positions)
-  lengths = np.asarray(lengths)
-  long = np.flatnonzero(lengths >= limit)
-  if long.size:
-    i = int(long[0])
-    raise PromptError(f"prompt {i + 1} holds {int(lengths[i])} tokens, but the model has "
-                      f"{limit} positions (max_positions): a prompt may hold at most "
-                      f"{limit - 1}, leaving room for one new token; shorten it")
-  return min(int(max_new_tokens), limit - int(lengths.max(initial=0)))
-
-
-def lm_batches(tokens: np.ndarray, lengths: np.ndarray,
-               batch_size: int) -> tuple[list[Batch], list[np.ndarray]]:
-  """Prompts [N, P] and lengths [N] in `padded_batches` of `batch_size` rows, each batch
-  cut to its longest prompt's `bucket_width`; (batches, their int32 [batch_size] prompt
-  lengths)."""
-  batches = padded_batches(tokens, batch_size)
-  sizes = [b.tokens[:, 0] for b in padded_batches(np.asarray(lengths)[:, None], batch_size)]
-  width = lambda n: bucket_width(int(n.max()), tokens.shape[1])
-  return ([Batch(b.tokens[:, :width(n)], b.real) for b, n in zip(batches, sizes, strict=True)],
-          [np.asarray(n, np.int32) for n in sizes])
 
 
 def file_prompts(path: str, length: int, tokenizer, vocab_size: int,

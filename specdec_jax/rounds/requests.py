@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import sampling as sampling_lib
+from specdec_jax.batching import rows_without_eos
 from specdec_jax.config import T5Config
 from specdec_jax.config.lm import LMConfig
 from specdec_jax.errors import InputError, InputWarning
@@ -60,15 +61,6 @@ def check_request(inputs, config: T5Config, max_new_tokens: int) -> Array:
   check_buffer_fits(config, inputs.shape[0], max_new_tokens)
   check_max_new_tokens(max_new_tokens)     # after: the memory check says more when both fail
   return jnp.asarray(inputs, jnp.int32)
-
-
-def rows_without_eos(tokens: np.ndarray, eos_id: int, pad_id: int = 0) -> list[int]:
-  """Indices of the rows of T5 encoder inputs [N, L] whose last non-pad token is not EOS."""
-  tokens = np.asarray(tokens)
-  real = tokens != pad_id
-  last = np.where(real.any(axis=1), tokens.shape[1] - 1 - np.argmax(real[:, ::-1], axis=1), 0)
-  ends = tokens[np.arange(len(tokens)), last]
-  return np.flatnonzero(real.any(axis=1) & (ends != eos_id)).tolist()
 
 
 _WARNED: set[str] = set()      # the InputWarnings given in this process: each once

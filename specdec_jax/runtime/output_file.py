@@ -44,7 +44,7 @@ import jax
 import numpy as np
 
 from specdec_jax.batching import Batch
-from specdec_jax.errors import CLIError, FileAccessError
+from specdec_jax.errors import CLIError, FileAccessError, SpecdecError
 from specdec_jax.runs import Corpus, decode_corpus
 from specdec_jax.runtime.progress import deferred_signals
 from specdec_jax.runtime.report import atomic_write, read_json, to_jsonable
@@ -226,6 +226,24 @@ def shared_start(output: OutputFile | None, error: Exception | None) -> int:
   if rows < 0 and error is None:
     raise CLIError("process 0 could not open --output (see its error): stopping")
   return rows
+
+
+def open_shared(out: str, lines: Sequence[str], settings: dict[str, Any], weights: tuple,
+                resume: bool) -> tuple[OutputFile | None, int]:
+  """(OUT opened or resumed by process 0, None on the others; the row decoding starts at,
+  on every process). The sidecar fingerprints the input `lines`, the `settings` and the
+  `weights` (trees of arrays); process 0's error stops every process."""
+  output, error = None, None
+  if jax.process_index() == 0:
+    meta = fingerprint(lines, settings, weights_digest(*weights))
+    try:
+      output = open_output(out, meta, resume)
+    except SpecdecError as e:
+      error = e
+  start = shared_start(output, error)
+  if error is not None:
+    raise error
+  return output, start
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,6 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("costs", "plan", "runs"),  # step costs; memory plans; runs of a method over a corpus
     ("testing",),               # scripted proposers and table models for tests
     ("",),                      # specdec_jax/__init__.py: the public `sd` namespace
+    ("loading",),               # models and drafters from the names users type
     ("runtime",),               # several processes, output files, streams
     ("cli",),                   # the `specdec` command: parse flags, call the library
 )

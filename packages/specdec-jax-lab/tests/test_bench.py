@@ -6,7 +6,7 @@ import math
 import pytest
 
 from specdec_jax import cli
-from specdec_jax.cli import models
+from specdec_jax import loading as models
 from specdec_jax_lab import bench
 
 TARGET = "config:t5_1_1_tiny"

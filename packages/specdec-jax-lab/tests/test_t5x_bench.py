@@ -137,7 +137,7 @@ def test_compare_script_passes_the_dtype_through(monkeypatch, tmp_path):
   """--dtype reaches both the loader and the comparison (no T5X: both stubbed)."""
   import importlib.util
 
-  from specdec_jax.cli import models
+  from specdec_jax import loading as models
   spec = importlib.util.spec_from_file_location("compare_t5x", SCRIPT)
   script = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(script)
@@ -162,7 +162,7 @@ def test_bfloat16_compare_model_computes_in_bfloat16():
   bfloat16 activations (what sd.load(dtype="bfloat16") gives)."""
   import jax
 
-  from specdec_jax.cli.models import load_model
+  from specdec_jax.loading import load_model
   loaded = load_model("config:t5_1_1_tiny", "bfloat16")
   model = t5x_bench._compare_model(loaded, "bfloat16")
   assert model.config.dtype == "bfloat16"
@@ -182,7 +182,7 @@ def _load_script():
 def test_compare_script_drafter_needs_beam_and_reaches_the_comparison(monkeypatch, tmp_path):
   """--drafter compares T5X's beam search with experimental.SpeculativeBeam: refused without --beam
   (usage, exit 2); with it, the drafter and --gamma reach `run_t5x_compare`."""
-  from specdec_jax.cli import models
+  from specdec_jax import loading as models
   script = _load_script()
   with pytest.raises(SystemExit) as e:
     script.main(["--t5x-src", "x", "--drafter", "config:t5_1_1_tiny"])

@@ -19,13 +19,13 @@ import specdec_jax as sd
 from specdec_jax import costs as costs_lib
 from specdec_jax import experimental
 from specdec_jax.batching import Batch, cycled_rows, padded_batches, random_prompts
-from specdec_jax.cli.models import resolve_drafter
-from specdec_jax.cli.options import MODES, make_sampling
 from specdec_jax.costs import CostTiming
 from specdec_jax.errors import BenchError
+from specdec_jax.loading import resolve_drafter
 from specdec_jax.rounds.engine import EXACT_WIDTH
 from specdec_jax.runs import Run, decode_corpus, same_output, stats_row
 from specdec_jax.runtime.report import machine_info, utc_now
+from specdec_jax.sampling import MODES, make_sampling
 from specdec_jax.timing import default_compile_workers, run_parallel, time_rounds, timed_call
 
 SCHEMA_VERSION = 1

@@ -11,9 +11,7 @@ from typing import Any, Mapping
 
 import specdec_jax as sd
 from specdec_jax.cli.mesh_args import add_mesh_flag, check_batch, load_target, mesh_from_flag
-from specdec_jax.cli.models import DRAFTER_KINDS, DTYPES, load_model, note
 from specdec_jax.cli.options import (
-  MODES,
   check_at_least_one,
   int_list,
   mode_list,
@@ -21,8 +19,10 @@ from specdec_jax.cli.options import (
 )
 from specdec_jax.cli.prompts import file_prompts
 from specdec_jax.errors import BenchError
+from specdec_jax.loading import DRAFTER_KINDS, DTYPES, load_model, note
 from specdec_jax.runtime.report import check_output_dir, read_json, to_jsonable
 from specdec_jax.runtime.streams import emit
+from specdec_jax.sampling import MODES
 from specdec_jax_lab import bench
 from specdec_jax_lab.bench import method_specs
 

@@ -31,10 +31,10 @@ from specdec_jax.cli.method_args import (
   method_from_args,
   placed_method,
 )
-from specdec_jax.cli.models import DRAFTER_KINDS, drafter_loader
 from specdec_jax.cli.options import check_at_least_one
-from specdec_jax.cli.prompts import encode_lm_prompts, read_texts
 from specdec_jax.errors import CLIError
+from specdec_jax.io.prompts import encode_lm_prompts, read_texts
+from specdec_jax.loading import DRAFTER_KINDS, drafter_loader
 from specdec_jax.runs import REPORTED
 from specdec_jax.runtime.report import fmt, to_jsonable
 from specdec_jax.runtime.streams import emit

@@ -21,11 +21,10 @@ from typing import Any
 import numpy as np
 
 import specdec_jax as sd
-from specdec_jax.cli.method_args import early_exit_layer, fit_ngram
-from specdec_jax.cli.models import load_model
-from specdec_jax.cli.prompts import encode_lm_prompts, read_texts
 from specdec_jax.drafters.lattice import NGramLM
 from specdec_jax.errors import CLIError
+from specdec_jax.io.prompts import encode_lm_prompts, read_texts
+from specdec_jax.loading import early_exit_layer, fit_ngram, load_model
 from specdec_jax.models.model import family
 from specdec_jax.runs import Run
 from specdec_jax.runtime.report import check_output_dir, read_json, to_jsonable

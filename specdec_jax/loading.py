@@ -1,10 +1,12 @@
-"""Models and drafters from the names users type.
+"""Models and drafters from the names users type (the `specdec` command's, the lab's).
 
     load_model("runs/demo/target/final")                     # sd.load, float32
     load_model("config:t5_1_1_tiny", overrides={"num_heads": 2})   # random weights, noted
     resolve_drafter("prompt-lookup", target)                 # a PromptLookupDrafter
     resolve_drafter("ngram", target, ngram_rows=prompts)     # bigram tables fitted on rows
     resolve_drafter("config:t5_1_1_tiny_drafter", target, load=load_model)
+    early_exit_layer("early-exit:2", target)                 # 2, checked against its depth
+    fit_ngram("runs/demo/data", vocab_size)                  # BiLD/blockwise n-gram rescorer
 
 A drafter name is a path or bundled name, "config:NAME", "ngram" or "prompt-lookup";
 an object (a Model or any drafter) passes through. The result is checked against the
@@ -13,6 +15,7 @@ target's vocabulary.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Callable, Sequence
 
@@ -21,10 +24,13 @@ from flax.traverse_util import unflatten_dict
 
 import specdec_jax as sd
 from specdec_jax import drafters as drafters_lib
-from specdec_jax.errors import OptionError
+from specdec_jax.drafters.lattice import NGramLM
+from specdec_jax.errors import CLIError, FileAccessError, OptionError
 
 #: Drafters named by kind rather than by a checkpoint.
 DRAFTER_KINDS = ("ngram", "prompt-lookup")
+#: "early-exit:K": the target itself read after K decoder layers (BiLD's small model).
+EARLY_EXIT = "early-exit:"
 DTYPES = ("float32", "bfloat16")
 
 
@@ -33,31 +39,19 @@ def note(message: str) -> None:
   print(f"specdec: note: {message}", file=sys.stderr)
 
 
-# Random-weight "config:" models are deterministic (seed 0) and immutable, and building
-# one compiles the initialiser: keep the last few, so that repeated `main([...])` calls in
-# one process (tests, notebooks) pay for it once.
-_CONFIG_MODELS: dict[tuple, Any] = {}
-_CONFIG_MODELS_MAX = 4
-
-
 def _config_model(name: str, overrides: dict[str, Any], dtype: str | None, mesh=None):
+  # What sd.load("config:NAME", dtype, mesh=) does: params AND activations in `dtype`,
+  # drawn straight in it (a T5-XXL in bfloat16 never exists in float32), and on a mesh
+  # straight into each parameter's shards (never whole on one device).
   config = sd.get_config(name, **overrides)
-  key = (config, dtype, mesh)
-  if key not in _CONFIG_MODELS:
-    while len(_CONFIG_MODELS) >= _CONFIG_MODELS_MAX:
-      _CONFIG_MODELS.pop(next(iter(_CONFIG_MODELS)))
-    # What sd.load("config:NAME", dtype, mesh=) does: params AND activations in `dtype`,
-    # drawn straight in it (a T5-XXL in bfloat16 never exists in float32), and on a mesh
-    # straight into each parameter's shards (never whole on one device).
-    shardings = None
-    if mesh is not None:
-      shardings = unflatten_dict({tuple(k.split("/")): v for k, v in
-                                  sd.sharding.config_shardings(config, mesh).items()})
-    model = sd.init_model(config, 0, dtype, shardings=shardings)
-    if mesh is not None:   # its activations constrained by the same rules (sd.sharding)
-      model = model.replace(partitioner=sd.sharding.partitioner(mesh))
-    _CONFIG_MODELS[key] = sd.pack(model)   # the kernels "auto" picks, as sd.load packs
-  return _CONFIG_MODELS[key]
+  shardings = None
+  if mesh is not None:
+    shardings = unflatten_dict({tuple(k.split("/")): v for k, v in
+                                sd.sharding.config_shardings(config, mesh).items()})
+  model = sd.init_model(config, 0, dtype, shardings=shardings)
+  if mesh is not None:   # its activations constrained by the same rules (sd.sharding)
+    model = model.replace(partitioner=sd.sharding.partitioner(mesh))
+  return sd.pack(model)   # the kernels "auto" picks, as sd.load packs
 
 
 def load_model(spec: str, dtype: str | None = "float32", what: str = "model",
@@ -67,7 +61,7 @@ def load_model(spec: str, dtype: str | None = "float32", what: str = "model",
   keeps the stored dtype (config:NAME models: float32). mesh: a `jax.sharding.Mesh`:
   every parameter loaded (or initialised) straight into its `RULES_1D` shards
   (`sd.load(..., mesh=)`), the values those of `sd.shard(load_model(...), mesh)`."""
-  if spec.startswith("config:"):
+  if spec.startswith("config:"):   # built anew each time: jit's cache makes a repeat cheap
     model = _config_model(spec[len("config:"):], overrides or {}, dtype, mesh)
     extra = f" with overrides {overrides}" if overrides else ""
     note(f"{what} {spec}{extra} has RANDOM weights (seed 0): outputs are meaningless "
@@ -113,3 +107,31 @@ def resolve_drafter(spec, target: sd.Model, *,
 def drafter_loader(dtype: str | None) -> Callable[[str], sd.Model]:
   """`load` for `resolve_drafter`: `load_model(name, dtype, what="drafter")`."""
   return lambda name: load_model(name, dtype, what="drafter")
+
+
+def fit_ngram(data_dir: str, vocab_size: int) -> NGramLM:
+  """The bigram LM of a prepared data dir's train targets (`DATA/train.npz`, written by the
+  lab's `specdec train --stages data`): blockwise n-gram rescoring."""
+  path = os.path.join(data_dir, "train.npz")
+  try:
+    with np.load(path) as arrays:
+      targets = arrays["targets"]
+  except OSError as e:
+    raise FileAccessError(f"--rescorer {data_dir!r}: cannot read {path!r}: "
+                          f"{e.strerror or e}") from None
+  except (KeyError, ValueError) as e:
+    raise CLIError(f"--rescorer {data_dir!r}: {path!r} is not a prepared split: {e}") from None
+  return NGramLM.fit([r[r > 0] for r in targets], vocab_size=vocab_size)
+
+
+def early_exit_layer(spec: str, target: sd.Model) -> int:
+  """K of "early-exit:K", checked against the target's decoder depth."""
+  text = spec[len(EARLY_EXIT):]
+  layers = target.config.num_decoder_layers
+  if layers < 2:
+    raise CLIError(f"{spec!r}: early exit needs a target with at least 2 decoder layers, "
+                   f"this one has {layers}")
+  if not text.isdigit() or not 1 <= int(text) < layers:
+    raise CLIError(f"{spec!r}: K must be an integer in [1, {layers - 1}] for a target with "
+                   f"{layers} decoder layers")
+  return int(text)

@@ -1,0 +1,50 @@
+"""A decode job's batches are sized in one place (`jobs.plan`), and encoded prompts fit
+their model (`Prompts.fit`): the budget an LM's positions leave, the note on T5 ids."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+import specdec_jax as sd
+from specdec_jax.io.prompts import Prompts
+from specdec_jax.runs import Run
+from specdec_jax.runtime.jobs import Job, plan
+
+pytestmark = pytest.mark.unit
+
+LM = types.SimpleNamespace(max_positions=8, eos_id=1, pad_id=0, vocab_size=32,
+                           is_decoder_only=True)
+T5 = types.SimpleNamespace(eos_id=1, pad_id=0, vocab_size=32, is_decoder_only=False)
+
+
+def test_plan_sizes_the_batch_once():
+  tokens = np.zeros((3, 40), np.int32)
+  tokens[0, :12], tokens[1, :3], tokens[2, :2] = 5, 6, 7
+  prompts = Prompts(tokens)
+  run = Run(sd.Autoregressive())
+  whole = plan(run, prompts, Job(max_new_tokens=4))
+  assert whole.batch == 3 and [b.real for b in whole.batches] == [3]
+  assert whole.lengths is None and whole.first_key == 0 and not whole.split
+  two = plan(run, prompts, Job(max_new_tokens=4, batch_size=2))
+  assert two.batch == 2 and [b.real for b in two.batches] == [2, 1]
+  # each batch trimmed to its own longest prompt's bucket, never past the input
+  assert [b.tokens.shape for b in two.batches] == [(2, 16), (2, 8)]
+
+
+def test_an_lm_budget_is_lowered_to_fit_its_positions():
+  prompts = Prompts.encode(["5 6 7", "5"], None, LM)
+  assert prompts.lengths.tolist() == [3, 1]
+  assert prompts.fit(4, LM) == (4, None)
+  budget, note = prompts.fit(10, LM)
+  assert budget == 5 and "lowered to 5" in note and "holds 3 tokens" in note
+  with pytest.raises(sd.SpecdecError, match="prompt 1 holds 8 tokens"):
+    Prompts.encode(["5 " * 8], None, LM).fit(2, LM)
+
+
+def test_t5_ids_without_eos_are_noted():
+  assert Prompts.encode(["5 6 1"], None, T5).fit(4, T5) == (4, None)
+  budget, note = Prompts.encode(["5 6 1", "5 6", "7"], None, T5).fit(4, T5)
+  assert budget == 4 and note.startswith("prompts 2, 3 do not end in EOS (1)")
