@@ -29,10 +29,9 @@ from typing import Any, Mapping, Sequence, cast
 import jax
 import numpy as np
 
-from specdec_jax import experimental
+from specdec_jax import experimental, sharding
 from specdec_jax import methods as core
 from specdec_jax import sampling as sampling_lib
-from specdec_jax import sharding
 from specdec_jax.batching import Batch
 from specdec_jax.errors import SamplingError
 from specdec_jax.methods import Method

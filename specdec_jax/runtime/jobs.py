@@ -24,6 +24,7 @@ from specdec_jax.compilation import announce_kernel_build, compiling, use_persis
 from specdec_jax.costs import explain_method
 from specdec_jax.errors import CLIError, SpecdecError
 from specdec_jax.io.prompts import Prompts
+from specdec_jax.methods import Autoregressive
 from specdec_jax.runs import Corpus, Run, decode_corpus, same_output
 from specdec_jax.runtime import distributed, liveness, output_file
 from specdec_jax.runtime.progress import Progress, deferred_signals, interrupts_kept
@@ -258,7 +259,7 @@ def compare_job(run: Run, target, p: Plan, job: Job,
   ms = {name: ms_per_token(t) for name, t in timed.items()}
   exact_ms = ms.get("exact baseline")
   out: dict[str, Any] = {
-      "baseline": "target alone" if base.name == "autoregressive"
+      "baseline": "target alone" if isinstance(base, Autoregressive)
       else f"sd.{type(base).__name__}", "baseline_run": alone(False).describe(),
       "sampled": not run.sampling.is_greedy,
       "ms_per_token": ms["method"], "baseline_ms_per_token": ms["baseline"],
