@@ -300,7 +300,8 @@ class _Run:
       return None
     for label in self.extras:
       value = self.method(label, sampling).method
-      if type(value) is type(base) and dataclasses.replace(value, exact=None) == base:
+      if type(value) is type(base) and (dataclasses.replace(value, exact=None)
+                                        == dataclasses.replace(base, exact=None)):
         return label
     raise KeyError(item)
 
