@@ -126,7 +126,7 @@ def partition_spec(axes: Sequence[str | None], mesh: Mesh, rules: Rules = RULES_
   the mesh axis does not divide is replicated, or with `strict` a ConfigError.
   ConfigError: a name no rule maps (`name` labels the tensor in the message).
 
-  >>> mesh = sd.make_mesh()                                  # 1 x 1: any size divides
+  >>> mesh = sd.make_mesh(devices=jax.devices()[:1])          # 1 x 1: any size divides
   >>> sd.sharding.partition_spec(("embed", "mlp"), mesh)     # an MLP's wi kernel
   P(None, 'model')
   >>> sd.sharding.partition_spec(("embed", "mlp"), mesh, sd.sharding.RULES_2D)
