@@ -39,6 +39,7 @@ def test_invariance_section_on_tiny_shapes(tmp_path):
   assert "| dot | yes | yes | yes | yes |" in md
 
 
+@pytest.mark.device
 @pytest.mark.slow
 def test_the_whole_check_runs_end_to_end_on_tiny_models(tmp_path):
   """Every section but invariance (its own test above): the tile sweep, decoding, steps and

@@ -319,6 +319,7 @@ def gpu_decode():
   return sd.pack(model, kernels="gpu"), methods, ragged_tokens(2, 8, model.vocab_size, seed=4), {}
 
 
+@pytest.mark.device
 @pytest.mark.slow
 @pytest.mark.parametrize("name", METHOD_NAMES)
 def test_every_method_on_gpu_kernels_is_bitwise_the_baseline_at_natural_widths(

@@ -46,6 +46,7 @@ def test_candidate_tilings_lower_for_cuda():
   _candidates_lower([(512, 384)], [jnp.float32], most=2)
 
 
+@pytest.mark.device
 @pytest.mark.slow
 def test_every_candidate_of_every_decode_shape_lowers_for_cuda():
   """Each configuration the device check sweeps, for every T5-XXL / T5-small decode

@@ -184,6 +184,7 @@ def test_the_cpu_kernels_lower_for_the_cpu_only(models):
     sd.lower(cpu, sd.Autoregressive(), enc, max_new_tokens=T, platforms=("tpu",))
 
 
+@pytest.mark.device
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["t5", "lm"])
 def test_every_method_on_the_gpu_kernels_lowers_for_cuda_through_mosaic_gpu(models, kind):
@@ -207,6 +208,7 @@ def test_every_method_on_the_gpu_kernels_lowers_for_cuda_through_mosaic_gpu(mode
     np.testing.assert_array_equal(np.asarray(after.tokens), np.asarray(before.tokens))
 
 
+@pytest.mark.device
 @pytest.mark.slow
 def test_every_method_on_the_tpu_kernels_lowers_for_tpu_through_mosaic_tpu(models):
   """The program decode runs on a TPU: every product on the Pallas TPU kernels, compiled

@@ -333,6 +333,7 @@ def test_verify_call_and_batch_rows_are_bitwise_the_single_steps_alone(tiny):
   np.testing.assert_allclose(big, xla, atol=0.05 * np.abs(xla).max())
 
 
+@pytest.mark.device
 @pytest.mark.slow
 @pytest.mark.parametrize("name", METHOD_NAMES)
 def test_every_method_on_tpu_kernels_is_bitwise_the_baseline_at_natural_widths(
