@@ -1,38 +1,12 @@
 """The speculative beam search research scripts (scripts/project_speculative_beam.py).
 Self-contained: it reads no fixture of the library's tests/conftest.py."""
 
-import importlib.util
-import pathlib
-import sys
-
 import jax
-import numpy as np
 import pytest
+from helpers import ragged_tokens
+from lab_scripts import load_script
 
 import specdec_jax as sd
-
-SCRIPTS = pathlib.Path(__file__).resolve().parents[1] / "scripts"
-
-
-def load_script(name: str):
-  """scripts/NAME.py as a module."""
-  spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-  assert spec is not None and spec.loader is not None
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = module
-  spec.loader.exec_module(module)
-  return module
-
-
-def ragged_tokens(batch: int, length: int, vocab: int, seed: int) -> np.ndarray:
-  """Random encoder inputs [B, L], rows of different lengths, EOS-terminated, 0-padded."""
-  rng = np.random.default_rng(seed)
-  tokens = np.zeros((batch, length), np.int32)
-  for b in range(batch):
-    n = length - (b * 3) % (length - 2)
-    tokens[b, :n - 1] = rng.integers(2, vocab, n - 1)
-    tokens[b, n - 1] = 1
-  return tokens
 
 
 @pytest.mark.slow
