@@ -384,9 +384,8 @@ def _run(target: Model, proposer: Proposer, inputs: Array, proposer_inputs: Arra
   return finish(state, config)
 
 
-# `run` as a jitted function: `lower` (AOT, HLO) and `_cache_size` are `_run`'s (attributes
-# set on a plain function, which mypy cannot type: hence the ignores).
+# `run` as a jitted function: `lower` (AOT, HLO) is `_run`'s (an attribute set on a plain
+# function, which mypy cannot type: hence the ignore).
 run.lower = lambda target, proposer, *args, **kwargs: _run.lower(  # type: ignore[attr-defined]
     target, proposer, *args, **kwargs,
     layout=sharding.decode_layout(target, args[0] if args else kwargs.get("inputs")))
-run._cache_size = _run._cache_size  # type: ignore[attr-defined]
