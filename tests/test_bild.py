@@ -53,7 +53,7 @@ def _model_logits(model):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fallback,rollback", [(0.3, 2.0), (0.5, 1.0), (0.7, 3.0), (0.4, 0.5)])
+@pytest.mark.parametrize("fallback,rollback", [(0.3, 2.0), (0.7, 0.5)])
 def test_batch_one_is_algorithm_1(large, small, fallback, rollback):
   counts = np.zeros(2)
   for seed in range(4):

@@ -186,14 +186,17 @@ def cpu_t5():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", METHOD_NAMES)
-def test_every_method_on_the_kernels_on_a_mesh_is_one_devices(cpu_t5, monkeypatch, name):
-  """Each method on the 2 x 4 target on the cpu kernels: what its baseline decodes on the
+def test_a_method_on_the_kernels_on_a_mesh_is_one_devices(cpu_t5, monkeypatch):
+  """The kernels-on-a-mesh smoke (every method follows from the factors: the products on
+  the mesh are the kernels' blocks, `test_products_on_the_mesh_are_the_kernels_blocks`,
+  and every method is exact on XLA, tests/test_exact.py). Speculative decoding on the
+  2 x 4 target on the cpu kernels: what its baseline decodes on the
   same kernels on one device, bitwise (the greedy methods: the autoregressive tokens,
   which they are there; the logits of a row-parallel product round differently: K is
   added in two orders), the round engine's methods in exact mode (every target call at
   its natural width)."""
   c = cpu_t5
+  name = "speculative"
   method = testing.examples(c.target, c.drafter, c.heads)[name]
   widths = record_widths(monkeypatch)
   got = sd.decode(c.target, method, c.enc, max_new_tokens=NEW)
