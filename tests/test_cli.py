@@ -185,6 +185,7 @@ def test_bild_and_blockwise_methods_are_the_library_calls(capsys, tmp_path):
   assert out["settings"]["num_drafts"] == 2 and "repeated_draft_rate" in err
 
 
+@pytest.mark.slow
 def test_speculative_flags_reach_the_method(capsys):
   """--adaptive-gamma / --lenience / --gamma (derived from sd.Speculative's fields) build
   the same method as the library call; --sampling sample is the sampling mode."""
@@ -505,6 +506,7 @@ def test_interrupt_exits_130(capsys, monkeypatch):
   assert code == 130 and out == "" and err == "specdec decode: interrupted\n"
 
 
+@pytest.mark.slow
 def test_text_prompts_with_a_tokenizer(capsys, tmp_path):
   corpus = [f"{s} {v} {o}." for s in ("Der Hund", "Die Katze", "Ein Junge", "Das Haus")
             for v in ("sieht", "mag", "sucht") for o in ("den Baum", "die Brücke", "das Öl")]

@@ -205,6 +205,7 @@ def _gone(pid: int) -> bool:
 needs_linux = pytest.mark.skipif(not supervise.supported(), reason="supervision is Linux-only")
 
 
+@pytest.mark.slow
 @needs_linux
 def test_supervisor_replaces_a_jax_abort_with_one_line():
   code, out, err = _supervise(f"""\
@@ -222,6 +223,7 @@ os.abort()
   assert err.decode() == f"specdec: note: a note\n{LOST}\n"
 
 
+@pytest.mark.slow
 @needs_linux
 def test_supervisor_forwards_a_run_that_goes_on_untouched():
   written = ("a first line\nW1127 00:37:07.936375 4014 gloo.cc:1] a C++ warning\n"
@@ -236,6 +238,7 @@ time.sleep(0.2)
   assert (code, out, err.decode()) == (0, b"an output\n", written)
 
 
+@pytest.mark.slow
 @needs_linux
 def test_supervisor_passes_the_exit_code_and_a_crash_on():
   code, _, err = _supervise("import sys; print('specdec decode: error: bad', file=sys.stderr); "
@@ -253,6 +256,7 @@ os.kill(os.getpid(), signal.SIGKILL)
       "specdec decode: error: process 1 of 2 ended by SIGKILL: a broken kernel"]
 
 
+@pytest.mark.slow
 @needs_linux
 def test_the_child_dies_with_its_parent_and_gets_its_signals(tmp_path):
   pid_file = tmp_path / "pid"
@@ -384,6 +388,7 @@ def test_a_child_that_cannot_start_is_one_error_and_leaks_nothing():
   assert [signal.getsignal(signum) for signum in supervise.RELAYED] == handlers
 
 
+@pytest.mark.slow
 @needs_linux
 def test_our_lines_among_jax_dying_lines_are_kept():
   code, _, err = _supervise(f"""\

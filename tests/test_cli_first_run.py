@@ -72,6 +72,7 @@ def test_cache_directory_is_per_user_and_switches_off(monkeypatch, tmp_path):
     jax.config.update("jax_enable_compilation_cache", was)
 
 
+@pytest.mark.slow
 def test_packing_a_model_compiles_no_random_init():
   """`pack_model` finds the decode products by an abstract trace; run under compile-time
   eval it executed the model's random init op by op (84 programs for the tiny T5, 15 now)."""

@@ -152,6 +152,7 @@ def test_decode_gpt2_speculative_stats_compare_json(capsys, gpt2):
   assert "acceptance rate" in err and "target alone" in err and "speedup" in err
 
 
+@pytest.mark.slow
 def test_decode_lm_sampling_is_seeded(capsys, gpt2):
   target, drafter, tok = gpt2
   argv = ["decode", "--model", target, "--tokenizer", tok, *COMMON, "--drafter", drafter,
@@ -174,6 +175,7 @@ def test_decode_lm_token_ids_verbatim(capsys, llama):
                                                strict=True)]
 
 
+@pytest.mark.slow
 def test_decode_lm_bad_input(capsys, llama, gpt2):
   target, _, spm = llama
   g_target, g_drafter, g_tok = gpt2
@@ -218,6 +220,7 @@ def _flat(model) -> dict:
   return {k: np.asarray(v) for k, v in checkpoints.flatten(model.params).items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_convert_lm_to_hf_and_back_with_its_tokenizer(capsys, gpt2, tmp_path, kind):
   """Our format -> a transformers dir -> our format: the same config and weights, the

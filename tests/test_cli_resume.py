@@ -83,6 +83,7 @@ def test_uninterrupted_output_matches_stdout_and_is_marked_complete(files, unint
   assert meta["settings"]["batch_size"] == 2 and meta["settings"]["seed"] == 3
 
 
+@pytest.mark.slow
 def test_killed_mid_batch_then_resumed_equals_uninterrupted(files, uninterrupted):
   tmp, prompts = files
   out = tmp / "killed.txt"

@@ -236,6 +236,7 @@ def test_attention_keys_per_chunk_come_from_the_tile_table():
   assert "mosaic_gpu" in text
 
 
+@pytest.mark.slow
 def test_attention_takes_a_broadcast_bias_lengths_and_checks_shapes():
   """A [1, H, T, S] bias with ragged per-row lengths (1 and S included) is bitwise the
   kernel with no lengths and their dense bias (`shapes.dense_bias`), and agrees with

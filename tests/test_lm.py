@@ -136,6 +136,7 @@ def test_explicit_lengths_override_the_pad_id(model):
                              **TOL)
 
 
+@pytest.mark.slow
 def test_grouped_query_attention_equals_attention_with_repeated_heads():
   """num_kv_heads=2 of 4: each key/value head serves two consecutive query heads, which is
   full multi-head attention with those key/value weights repeated per head."""
@@ -185,6 +186,7 @@ def test_decode_attention_takes_grouped_kv_and_lengths_not_a_bias():
     assert operands.endswith("tensor<2x2xi32>"), operands
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tie", [True, False])
 def test_tied_and_untied_output(tie):
   cfg = sd.get_config("gpt2_tiny").replace(tie_embeddings=tie)
@@ -224,6 +226,7 @@ def test_early_exit_decode_reads_the_exit_logits(model):
   np.testing.assert_allclose(np.asarray(logits), np.asarray(teacher)[:, 1:], **TOL)
 
 
+@pytest.mark.slow
 def test_bfloat16_init_and_compute():
   model = sd.init_model(sd.get_config("llama_tiny"), 0, "bfloat16")
   assert model.config.dtype == "bfloat16"

@@ -66,6 +66,7 @@ def test_installed_group_resolves_to_its_package(tmp_path, monkeypatch):
     sd.load("tiny-large/drafter")                       # the group's own names are listed
 
 
+@pytest.mark.slow
 def test_missing_package_names_the_pip_command(monkeypatch):
   monkeypatch.setitem(package_data.SEPARATE, "tiny-large",
                       ("no_such_demo_package", "fake-demo", "packages/fake-demo"))

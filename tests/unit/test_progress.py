@@ -129,6 +129,7 @@ def test_a_sigterm_that_a_callers_error_swallowed_still_ends_the_run_as_terminat
     signal.signal(signal.SIGTERM, old)
 
 
+@pytest.mark.slow
 def test_a_blocked_interrupt_inherited_from_the_parent_is_unblocked():
   """A process started with SIGINT blocked (a parent's mask, kept across exec) still
   ends on Ctrl-C once it calls `unblock_interrupts` at its start."""
