@@ -89,7 +89,7 @@ def one_process(tmp_path_factory):
 @pytest.mark.slow     # two processes; the fast tier keeps the row split's unit tests
 @pytest.mark.parametrize("mesh, spans", [
     ("data=2,model=2", False),   # a mesh per process: each decodes its block of rows
-    ("data=1,model=8", True),    # one global mesh: every weight split across both processes
+    # (one global mesh, every weight split across both processes: test_multihost_mesh.py)
 ])
 def test_two_processes_decode_a_file_as_one(one_process, mesh, spans):
   argv, one = one_process

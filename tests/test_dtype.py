@@ -42,6 +42,7 @@ def test_direct_bf16_init_matches_the_float32_initialiser_leaf_by_leaf():
 
 
 @pytest.mark.slow
+@pytest.mark.soak     # a real process's peak memory; most of its 20 s is drawing 783M numbers
 def test_direct_bf16_init_peak_memory_is_below_the_float32_size():
   """T5 1.1 large (783M params, 3.1 GB in float32): the process grows by less than that.
   The child compiles at XLA's own level (`users_xla_env`): its time is drawing 783M random

@@ -156,15 +156,16 @@ def demo_bf16():
 @pytest.mark.slow
 def test_demo_pair_bf16_speculative_equals_baseline(demo_bf16):
   """The real models' smoke: bfloat16 params and activations, every held-out sentence in
-  batches of 8, every drafter; the model drafter at gamma 1, 2, 4, 8, the table drafters
-  at 2 and 8 (each gamma is its own compiled program)."""
+  batches of 8, every drafter; the model drafter at gamma 1 and 8, the table drafters at 4
+  (each gamma is its own compiled program; gamma's own exactness is the every-method test's
+  and tests/test_speculative.py's)."""
   target, drafters, enc = demo_bf16
   assert target.config.dtype == "bfloat16"
   batch = 8
   base = np.concatenate([np.asarray(sd.generate(target, enc[i:i + batch], 20).tokens)
                          for i in range(0, len(enc), batch)])
   for name, drafter in drafters.items():
-    gammas = (1, 2, 4, 8) if name == "model" else (2, 8)
+    gammas = (1, 8) if name == "model" else (4,)
     for gamma in gammas:
       spec = np.concatenate([np.asarray(sd.speculative_generate(
           target, drafter, enc[i:i + batch], gamma=gamma, max_new_tokens=20).tokens)
