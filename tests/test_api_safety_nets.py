@@ -29,6 +29,7 @@ def fresh(monkeypatch):
   monkeypatch.setattr(requests, "_WARNED", set())
 
 
+@pytest.mark.slow
 def test_a_t5_input_without_eos_warns_once(t5, fresh):
   with warnings.catch_warnings(record=True) as seen:
     warnings.simplefilter("always")

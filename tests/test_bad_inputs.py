@@ -99,6 +99,7 @@ def test_cli_prompt_past_the_bundled_lm_positions_is_an_error(capsys, lm_tok):
   assert f"prompt 2 holds {n} tokens, but the model has 64 positions" in line
 
 
+@pytest.mark.slow
 def test_cli_budget_is_fitted_to_the_lm_positions(capsys, lm_tok):
   """Prompt + --max-new-tokens past the positions: the budget is lowered, with a note, and
   the output is `sd.decode`'s with that budget."""

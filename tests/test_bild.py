@@ -122,6 +122,7 @@ def test_fallback_one_is_the_large_models_greedy_output(large, small):
   assert float(out.stats["tokens_per_target_call"]) == 1.0
 
 
+@pytest.mark.slow
 def test_fallback_zero_without_rollback_is_the_small_models_greedy_output(large, small):
   enc = ragged_tokens(5, 12, 512, seed=2)
   out = sd.bild_generate(large, small, enc, fallback_threshold=0.0,

@@ -220,6 +220,7 @@ def test_oracle_walk_matches_a_host_reference(model, enc, baseline, trained, k):
     assert got[b] == calls, (b, got[b], calls)
 
 
+@pytest.mark.slow
 def test_no_recompilation_for_new_prompt_contents(model, trained):
   sd.blockwise_generate(model, trained, ragged_tokens(2, 9, 512, seed=0), 6)
   with compiles() as programs:
@@ -228,6 +229,7 @@ def test_no_recompilation_for_new_prompt_contents(model, trained):
   assert programs == []
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="an XLA:CPU lowering property")
 def test_lattice_top_k_is_not_a_full_sort_in_the_decode_loop(model, trained, bigram):
   """The head lattice's top-k runs XLA's TopK kernel, not a sort of every vocabulary row.

@@ -46,6 +46,7 @@ def parse_ids(out):
   return [[int(t) for t in line.split()] for line in out.splitlines()]
 
 
+@pytest.mark.slow
 def test_decode_token_ids_prints_one_line_of_ids_per_prompt(capsys):
   code, out, err = run(capsys, "decode", "--model", TARGET, *COMMON, *PROMPTS)
   assert code == 0, err
@@ -105,6 +106,7 @@ def test_greedy_speculative_equals_baseline(capsys):
   assert "acceptance rate" in err and "alpha" in err and "tokens/target call" in err
 
 
+@pytest.mark.slow
 def test_compare_times_the_baseline_on_the_same_inputs(capsys):
   out, err = decode_json(capsys, "--drafter", DRAFTER, "--gamma", "2", "--compare", *PROMPTS)
   compare = out["timing"]["compare"]

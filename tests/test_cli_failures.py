@@ -318,6 +318,7 @@ def _pid_of(pid_file) -> int:
   return int(pid_file.read_text())
 
 
+@pytest.mark.slow
 @needs_linux
 def test_a_signal_to_the_process_group_interrupts_the_child_once(tmp_path):
   pid_file = tmp_path / "pid"
@@ -333,6 +334,7 @@ def test_a_signal_to_the_process_group_interrupts_the_child_once(tmp_path):
     parent.communicate()
 
 
+@pytest.mark.slow
 @needs_linux
 def test_a_signal_that_another_thread_of_the_parent_receives_is_relayed(tmp_path):
   pid_file = tmp_path / "pid"
@@ -359,6 +361,7 @@ time.sleep(60)
     parent.communicate()
 
 
+@pytest.mark.slow
 @needs_linux
 def test_a_signal_after_the_childs_end_leaves_its_outcome():
   late = """\

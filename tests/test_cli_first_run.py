@@ -28,6 +28,7 @@ READY = re.compile(r"^specdec: ready in [0-9.]+ s: (\d+) compiled, (\d+) from th
                    re.M)
 
 
+@pytest.mark.slow
 def test_progress_lines_go_to_stderr_and_stdout_stays_the_output(capsys):
   code = cli.main(["decode", "--model", TARGET, "--max-new-tokens", "3", "--json", "5 17 1"])
   out, err = capsys.readouterr()

@@ -200,6 +200,7 @@ def test_decode_lm_bad_input(capsys, llama, gpt2):
 # ----------------------------------------------------------------------------- bench
 
 
+@pytest.mark.slow
 def test_file_prompts_of_an_lm_have_no_eos(gpt2, tmp_path):
   from specdec_jax.cli.prompts import file_prompts
   target, _, tok_dir = gpt2

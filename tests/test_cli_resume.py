@@ -72,6 +72,7 @@ def uninterrupted(files):
   return full.read_text()
 
 
+@pytest.mark.slow
 def test_uninterrupted_output_matches_stdout_and_is_marked_complete(files, uninterrupted):
   tmp, prompts = files
   code, printed, err = _main(["decode", *FLAGS, "--input-file", str(prompts)])

@@ -156,6 +156,7 @@ def test_sigterm_anywhere_in_a_stdout_run_says_what_was_kept(tmp_path):
   assert last.startswith("specdec decode: terminated: ") and f"{len(out)} of 3000" in last
 
 
+@pytest.mark.slow
 def test_a_person_at_a_terminal_sees_a_first_line_at_once(capsys, monkeypatch):
   """With stderr a terminal, the first line (what is loading) comes before the model loads;
   a pipe gets only the results and the errors (one line each)."""

@@ -25,6 +25,7 @@ def decoded(monkeypatch):
   return seen
 
 
+@pytest.mark.slow
 def test_speculative_beam_is_compared_with_sd_beam_of_the_same_beams(capsys, decoded):
   code, out, err = run(capsys, "decode", "--model", TARGET, *BEAM, "--drafter", TARGET,
                        "--gamma", "2", "--compare", "--stats", "--json", *PROMPTS)
@@ -39,6 +40,7 @@ def test_speculative_beam_is_compared_with_sd_beam_of_the_same_beams(capsys, dec
   assert "beam steps/call" in err and "tokens/target call" not in err
 
 
+@pytest.mark.slow
 def test_a_sampled_run_is_compared_with_the_target_sampling_alike(capsys, decoded):
   code, out, err = run(capsys, "decode", "--model", TARGET, "--drafter", DRAFTER, "--gamma",
                        "2", "--max-new-tokens", "6", "--sampling", "sample", "--temperature",

@@ -31,6 +31,7 @@ def test_pad_to_bucket_widths_and_pad_ids():
     sd.pad_to_bucket(np.ones((2, 3), np.float32))
 
 
+@pytest.mark.slow
 def test_bucketed_prompts_compile_once_and_decode_alike(tiny):
   """Batches of widths 3 and 5 bucketed to 8: one decode program for both, the same tokens
   as each batch decoded at its own width."""

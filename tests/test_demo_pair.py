@@ -24,6 +24,7 @@ def pair():
           sd.load_tokenizer("demo-de-en"))
 
 
+@pytest.mark.slow
 def test_bundle_shapes_and_shared_vocabulary(pair):
   target, drafter, tok = pair
   assert target.config.vocab_size == drafter.config.vocab_size == tok.vocab_size == 8000

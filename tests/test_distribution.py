@@ -278,6 +278,7 @@ def test_speculative_matches_target_distribution(name, method, gamma, length, se
   assert p_value > P_PASS, f"{name}: chi-square p-value {p_value:.3g} <= {P_PASS}"
 
 
+@pytest.mark.slow
 def test_rows_are_independent():
   """Identical rows of one call draw independent randomness, and keys differ across calls."""
   tokens, _ = speculative_samples(T1, 3, 3, seed=7, n=2 * ROWS_PER_CALL)

@@ -122,6 +122,7 @@ def test_sampling_is_seeded_and_respects_top_k():
   assert np.all((top2 == np.asarray(a.tokens)[..., None]).any(-1))
 
 
+@pytest.mark.slow
 def test_no_recompilation_for_new_prompt_contents():
   model = sd.init_model(sd.get_config("t5_1_1_tiny"), 0)
   enc = ragged_tokens(2, 7, model.vocab_size, seed=0)

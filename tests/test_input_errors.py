@@ -76,6 +76,7 @@ def test_rows_of_padding_alone_are_refused_naming_the_row(model, no_trace, rows,
     sd.generate(model, np.array(rows, np.int32), 4)
 
 
+@pytest.mark.slow
 def test_the_empty_sentence_decodes_as_its_own_row(model):
   """EOS alone (the tokenizer's empty text) decodes, as it does alone in its batch."""
   both = sd.generate(model, np.array([[1, 0, 0], [5, 6, 1]], np.int32), 4)

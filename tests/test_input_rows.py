@@ -41,6 +41,7 @@ def prompts(tmp_path):
   return path
 
 
+@pytest.mark.slow
 def test_stdout_and_json_answer_every_line(expected, prompts):
   code, out, err = _main("decode", *FLAGS, "--input-file", prompts)
   assert code == 0, err

@@ -86,6 +86,7 @@ def test_instruction_set_is_the_best_the_cpu_has():
     assert f"kernels-{build.instruction_set()[0]}-" in STATUS.library
 
 
+@pytest.mark.slow
 def test_env_var_disables_and_decode_falls_back_to_dot(monkeypatch, demo):
   target, enc = demo
   _off(monkeypatch)

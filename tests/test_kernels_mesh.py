@@ -144,6 +144,7 @@ def test_products_on_the_mesh_are_the_kernels_blocks(backend_name):
     np.testing.assert_array_equal(got, np.asarray(attend(q, *repeated, extra, lengths)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", [pytest.param("cpu/t5", marks=needs_cpu_kernels),
                                   pytest.param("cpu/lm", marks=needs_cpu_kernels), "tpu/t5"])
 def test_the_mesh_keeps_its_kernels(case):
@@ -242,6 +243,7 @@ def lowered(target: sd.Model, method, enc, platforms) -> SimpleNamespace:
       partitions=int(partitions.group(1)) if partitions else 1)
 
 
+@pytest.mark.slow
 def test_the_mesh_program_calls_the_kernels_inside_shard_map(cpu_t5):
   got = lowered(cpu_t5.target, sd.Autoregressive(), cpu_t5.enc, ("cpu",))
   assert {"specdec_skinny_dot", "specdec_decode_attention"} <= set(got.calls)

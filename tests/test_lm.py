@@ -124,6 +124,7 @@ def greedy(model, cache, tok, steps):
   return np.stack(out, axis=1), np.stack(logits, axis=1)
 
 
+@pytest.mark.slow
 def test_explicit_lengths_override_the_pad_id(model):
   """A prompt whose last real token is the pad id needs lengths=; with them it matches."""
   seq = np.array(tokens((1, 5), model.vocab_size, seed=3))
@@ -218,6 +219,7 @@ def test_tree_of_drafts_equals_each_branch_decoded_alone(model):
   np.testing.assert_allclose(logits[0, [0, 2, 3]], np.asarray(branch_b)[0], **TOL)
 
 
+@pytest.mark.slow
 def test_early_exit_decode_reads_the_exit_logits(model):
   seq = tokens((2, 6), model.vocab_size, seed=7)
   (teacher,) = model.exit_logits(seq, exits=(1,))
@@ -307,6 +309,7 @@ def test_rope_matches_the_rotate_half_formula():
   np.testing.assert_array_equal(got[..., 0, :], x[..., 0, :])     # position 0: unrotated
 
 
+@pytest.mark.slow
 def test_sharding_rules_place_the_lm(model):
   """T5X's rules apply to the LM tree: projections split over "model" along heads / mlp /
   vocab, and a sharded model (here a 1x1 mesh) decodes as before."""

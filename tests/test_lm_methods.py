@@ -331,6 +331,7 @@ def test_heads_loss_on_an_lm():
     heads_loss(target, heads, text, text)
 
 
+@pytest.mark.slow
 def test_heads_trained_on_an_lm_draft_accepted_tokens(tmp_path):
   """Heads fitted (frozen LM, optax adam) to the LM's own greedy continuations of the
   prompts: saved and loaded for it, their blockwise drafts are accepted (more than one
@@ -366,6 +367,7 @@ def test_heads_trained_on_an_lm_draft_accepted_tokens(tmp_path):
   assert out.stats["tokens_per_target_call"] > 1.5, out.stats["tokens_per_target_call"]
 
 
+@pytest.mark.slow
 def test_bad_inputs():
   target, _ = pair()
   t5 = sd.init_model(sd.get_config("t5_1_1_tiny").replace(vocab_size=512), 0)

@@ -252,6 +252,7 @@ def dispatch_trace(monkeypatch) -> list:
   return asked
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", METHOD_NAMES)
 def test_every_product_of_every_method_is_dispatched_to_the_backend(models, monkeypatch, name):
   """The dispatch trace, for every method of the registry: its decode on a T5 packed for

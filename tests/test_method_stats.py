@@ -59,6 +59,7 @@ def test_method_stats_are_the_common_ones_plus_their_own():
 target, drafter, heads = model_fixtures(5.0, 2.5, drafter="drafter", heads="heads")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(STATS))
 def test_each_methods_stats_keys_are_exactly_its_own(target, drafter, heads, name):
   """Every method of the registry (`testing.examples`), sampled where it samples: its

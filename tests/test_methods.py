@@ -143,6 +143,7 @@ def test_a_method_value_passes_through_jit(target, drafter, enc):
   assert traces == [3, 2]
 
 
+@pytest.mark.slow
 def test_oracle_runs_after_the_loop(target, heads, enc):
   out = sd.decode(target, sd.Blockwise(heads, top_k=2, oracle=True), enc, MAX_NEW)
   calls = blockwise.oracle_calls(target, heads, jax.numpy.asarray(enc), out.tokens,

@@ -74,6 +74,7 @@ def test_ragged_batch_equals_rows_alone(model):
     np.testing.assert_allclose(batched[b], alone[0, offsets[b]:], atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_rollback_overwrites_stale_entries(model):
   """Writing different tokens after a rollback gives the logits of the new prefix."""
   enc = ragged_tokens(2, 8, model.vocab_size, seed=9)
@@ -97,6 +98,7 @@ def test_writes_past_capacity_are_dropped(model):
     np.testing.assert_array_equal(k_old, k_new)
 
 
+@pytest.mark.slow
 def test_bfloat16_activations_track_float32():
   cfg = sd.get_config("t5_1_1_tiny")
   m32 = sd.init_model(cfg, 0)

@@ -107,6 +107,7 @@ def test_demo_large_names_need_specdec_jax_demo():
   assert (REPO / package_data.SEPARATE["demo-de-en-large"][2] / "pyproject.toml").is_file()
 
 
+@pytest.mark.slow
 def test_demo_package_wheel_ships_its_assets(tmp_path):
   """packages/specdec-jax-demo built as a wheel (stand-in models): the assets are inside,
   it depends on specdec-jax, and unpacked, its checkpoint loads (name resolution of an

@@ -211,6 +211,7 @@ def test_demo_wheel_ships_every_model_under_the_index_limit(demo_wheel):
   assert demo_wheel.stat().st_size < MAX_WHEEL_MB * 1e6, demo_wheel.stat().st_size
 
 
+@pytest.mark.slow
 def test_library_alone_names_the_demo_package_to_install(bare_venv, tmp_path):
   """Without specdec-jax-demo-small, a bundled name says how to install it, in the API and in
   the CLI (one line, no traceback), and nothing is listed as bundled."""

@@ -66,6 +66,7 @@ def test_capacity_is_the_engines():
   assert plan_lib.capacity(30, 0) == base.capacity
 
 
+@pytest.mark.slow
 def test_xxl_from_shapes_alone():
   """T5-XXL in bfloat16 (22.6 GB) planned without making a weight; 8-way "model" split."""
   xxl = sd.get_config("t5_1_1_xxl")

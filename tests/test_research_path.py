@@ -260,6 +260,7 @@ def test_size_settings_have_an_upper_bound(make, limit):
       make(bad)
 
 
+@pytest.mark.slow
 def test_lattice_k_past_a_small_vocabulary_is_still_refused():
   """Under the bound, top_k is also checked against the vocabulary (a model of 32 ids)."""
   small = sd.init_model(sd.get_config("t5_1_1_tiny", vocab_size=32), 0)

@@ -191,6 +191,7 @@ def test_sampling_runs_and_stays_in_bounds(target, inputs):
   assert (lengths < MAX_NEW).any()                      # the EOS branch ran
 
 
+@pytest.mark.slow
 def test_no_recompilation_for_new_prompt_contents(target, baseline):
   drafter = perturbed(target, 0.05, seed=0)
   sd.speculative_generate(target, drafter, ragged_tokens(3, 9, 512, seed=0), gamma=2,

@@ -91,6 +91,7 @@ def test_merge_is_not_an_average_of_batch_ratios(pair, inputs):
       b.stats["target_calls"])
 
 
+@pytest.mark.slow
 def test_baseline_counts_one_target_call_per_row_and_token(pair, inputs):
   target, _ = pair
   corpus = methods.decode_corpus(methods.Run(sd.Autoregressive()), target,
@@ -101,6 +102,7 @@ def test_baseline_counts_one_target_call_per_row_and_token(pair, inputs):
   assert "_per_row" not in "".join(methods.totals(corpus.stats))
 
 
+@pytest.mark.slow
 def test_out_stats_is_a_readable_summary_of_host_numbers(pair, inputs):
   """out.stats: documented names, Python ints / floats (no device arrays, no per-row keys);
   the per-row counters stay on out.counters and in summarize(raw=True), also under jit."""
@@ -269,6 +271,7 @@ def test_int_list_overrides_and_modes():
     options.check_at_least_one(gamma=None, batch_size=0)
 
 
+@pytest.mark.slow
 def test_resolve_drafter_names(pair):
   target, drafter = pair
   assert models.resolve_drafter(None, target) is None

@@ -173,6 +173,7 @@ def test_attention_rows_are_invariant_in_t_and_b_and_agree(dtype, atol, case):
   np.testing.assert_allclose(full, np.asarray(_xla_attention(q, k, v, mask)), atol=atol)
 
 
+@pytest.mark.slow
 def test_attention_takes_a_broadcast_bias_and_checks_shapes():
   """A [1, H, T, S] bias beside per-row lengths is bitwise that bias plus their mask;
   bias=None is bitwise a zero bias."""
