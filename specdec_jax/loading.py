@@ -25,7 +25,7 @@ from flax.traverse_util import unflatten_dict
 import specdec_jax as sd
 from specdec_jax import drafters as drafters_lib
 from specdec_jax.drafters.lattice import NGramLM
-from specdec_jax.errors import CLIError, FileAccessError, OptionError
+from specdec_jax.errors import FileAccessError, InputError
 
 #: Drafters named by kind rather than by a checkpoint.
 DRAFTER_KINDS = ("ngram", "prompt-lookup")
@@ -68,7 +68,7 @@ def load_model(spec: str, dtype: str | None = "float32", what: str = "model",
          "apart from speed")
     return model
   if overrides:
-    raise OptionError(f"{what} overrides only apply to config:NAME models, not {spec!r}")
+    raise InputError(f"{what} overrides only apply to config:NAME models, not {spec!r}")
   return sd.load(spec, dtype=dtype, mesh=mesh)
 
 
@@ -94,11 +94,11 @@ def resolve_drafter(spec, target: sd.Model, *,
   elif spec == "ngram":
     rows = ngram_rows() if callable(ngram_rows) else ngram_rows
     if rows is None:
-      raise OptionError("drafter 'ngram' needs token rows to fit its tables on")
+      raise InputError("drafter 'ngram' needs token rows to fit its tables on")
     drafter = sd.NGramDrafter.fit([r[r > 0] for r in np.asarray(rows)], vocab_size=vocab)
   elif isinstance(spec, str):
     if load is None:
-      raise OptionError(f"drafter must be a Model, a drafter object or one of "
+      raise InputError(f"drafter must be a Model, a drafter object or one of "
                         f"{DRAFTER_KINDS}, got {spec!r}")
     drafter = load(spec)
   return drafters_lib.as_drafter(drafter, target)
@@ -120,7 +120,7 @@ def fit_ngram(data_dir: str, vocab_size: int) -> NGramLM:
     raise FileAccessError(f"--rescorer {data_dir!r}: cannot read {path!r}: "
                           f"{e.strerror or e}") from None
   except (KeyError, ValueError) as e:
-    raise CLIError(f"--rescorer {data_dir!r}: {path!r} is not a prepared split: {e}") from None
+    raise InputError(f"--rescorer {data_dir!r}: {path!r} is not a prepared split: {e}") from None
   return NGramLM.fit([r[r > 0] for r in targets], vocab_size=vocab_size)
 
 
@@ -129,9 +129,9 @@ def early_exit_layer(spec: str, target: sd.Model) -> int:
   text = spec[len(EARLY_EXIT):]
   layers = target.config.num_decoder_layers
   if layers < 2:
-    raise CLIError(f"{spec!r}: early exit needs a target with at least 2 decoder layers, "
+    raise InputError(f"{spec!r}: early exit needs a target with at least 2 decoder layers, "
                    f"this one has {layers}")
   if not text.isdigit() or not 1 <= int(text) < layers:
-    raise CLIError(f"{spec!r}: K must be an integer in [1, {layers - 1}] for a target with "
+    raise InputError(f"{spec!r}: K must be an integer in [1, {layers - 1}] for a target with "
                    f"{layers} decoder layers")
   return int(text)

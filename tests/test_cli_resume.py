@@ -173,7 +173,7 @@ def test_open_output_keeps_whole_lines_and_marks_partial_files(tmp_path):
   assert json.loads(pathlib.Path(out + ".specdec.json").read_text())["complete"] is False
   assert output_file.open_output(out, meta, resume=False).rows == 0    # replaced
   assert pathlib.Path(out).read_text() == ""
-  with pytest.raises(output_file.CLIError, match=r"\(seed 0 -> 1\)"):
+  with pytest.raises(output_file.FlagError, match=r"\(seed 0 -> 1\)"):
     output_file.open_output(out, output_file.fingerprint(["a", "b", "c"], {"seed": 1}, "w"),
                             resume=True)
 

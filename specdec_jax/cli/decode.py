@@ -12,11 +12,11 @@ import argparse
 import warnings
 
 import specdec_jax as sd
-from specdec_jax.cli.args import DefaultsHelpFormatter, add_drafter_flag, add_dtype_flag
 from specdec_jax.cli.decode_report import print_report
 from specdec_jax.cli.decode_setup import DecodeRun, set_up
-from specdec_jax.cli.mesh_args import add_mesh_flag
-from specdec_jax.cli.method_args import (
+from specdec_jax.flags.common import DefaultsHelpFormatter, add_drafter_flag, add_dtype_flag
+from specdec_jax.flags.mesh import add_mesh_flag
+from specdec_jax.flags.methods import (
   METHOD_NAMES,
   MethodChoice,
   add_method_flags,

@@ -13,10 +13,10 @@ import jax
 from specdec_jax.cli.demo_notes import demo_note
 from specdec_jax.costs import VERIFY_NOISE_NOTE, verify_cost_text
 from specdec_jax.io.prompts import output_text
+from specdec_jax.io.reports import fmt, to_jsonable
+from specdec_jax.io.streams import emit
 from specdec_jax.loading import note as print_note
 from specdec_jax.runtime.jobs import Decoded
-from specdec_jax.runtime.report import fmt, to_jsonable
-from specdec_jax.runtime.streams import emit
 
 if TYPE_CHECKING:
   from specdec_jax.cli.decode_setup import Setup

@@ -11,12 +11,11 @@ from typing import Any, NamedTuple
 import jax
 
 import specdec_jax as sd
-from specdec_jax.cli.mesh_args import check_batch, load_target, mesh_from_flag
-from specdec_jax.cli.method_args import MethodChoice, placed_method
-from specdec_jax.cli.options import check_at_least_one
-from specdec_jax.cli.prompts import isatty, read_prompt_lines
-from specdec_jax.errors import CLIError
-from specdec_jax.io.prompts import Prompts, output_text
+from specdec_jax.flags import FlagError
+from specdec_jax.flags.common import check_at_least_one
+from specdec_jax.flags.mesh import check_batch, load_target, mesh_from_flag
+from specdec_jax.flags.methods import MethodChoice, placed_method
+from specdec_jax.io.prompts import Prompts, isatty, output_text, read_prompt_lines
 from specdec_jax.loading import drafter_loader, note, resolve_drafter
 from specdec_jax.models.model import family
 from specdec_jax.runs import Run
@@ -69,7 +68,7 @@ class DecodeRun:
   def __post_init__(self):
     check_at_least_one(max_new_tokens=self.max_new_tokens, batch_size=self.batch_size)
     if self.resume and not self.output:
-      raise CLIError("--resume continues an --output file: give --output")
+      raise FlagError("--resume continues an --output file: give --output")
 
 
 class Setup(NamedTuple):
@@ -95,7 +94,7 @@ def _family_loader(load, target: sd.Model, flag: str):
   def checked(name: str) -> sd.Model:
     model = load(name)
     if isinstance(model, sd.Model) and model.is_decoder_only != target.is_decoder_only:
-      raise CLIError(f"{flag} {name} is {family(model)} but --model is {family(target)}: "
+      raise FlagError(f"{flag} {name} is {family(model)} but --model is {family(target)}: "
                      "an LM drafts for an LM, a T5 for a T5")
     return model
   return checked

@@ -42,7 +42,8 @@ from jax.sharding import Mesh
 import specdec_jax as sd
 from specdec_jax import experimental
 from specdec_jax import methods as core
-from specdec_jax.errors import CLIError, InputError
+from specdec_jax.errors import InputError
+from specdec_jax.flags import FlagError
 from specdec_jax.loading import EARLY_EXIT, early_exit_layer, fit_ngram
 from specdec_jax.runs import Run
 from specdec_jax.sampling import MODES, make_sampling
@@ -205,7 +206,7 @@ def _check_settings(args, method: str) -> core.Method:
     message = str(e)
     for flag, f in setting_flags(core_type) + model_flags(core_type):
       message = re.sub(rf"\b{f.name}\b(=(\S+))?", _as_flag(flag), message)
-    raise CLIError(message) from None
+    raise FlagError(message) from None
 
 
 def _as_flag(flag: str):
@@ -228,21 +229,21 @@ def check_method_flags(args) -> core.Method:
     verb = "applies" if len(bad) == 1 else "apply"
     drafted = all(CORE[o].drafter_role for o in owners) and args.drafter is None
     hint = ": add --drafter" if drafted and CORE[method].drafter_role is None else ""
-    raise CLIError(f"{', '.join(bad)} only {verb} to --method {' / '.join(owners)}, not "
+    raise FlagError(f"{', '.join(bad)} only {verb} to --method {' / '.join(owners)}, not "
                    f"--method {method}{hint}")
   drafter, role = args.drafter, CORE[method].drafter_role
   if drafter is not None and drafter.startswith(EARLY_EXIT) and role != "small model":
-    raise CLIError(f"--drafter {drafter} is BiLD's early-exit small model: add --method bild")
+    raise FlagError(f"--drafter {drafter} is BiLD's early-exit small model: add --method bild")
   if role is not None and drafter is None:
     kinds = "PATH_OR_NAME, ngram or prompt-lookup" if role == "drafter" else "PATH or early-exit:K"
-    raise CLIError(f"--method {method} needs {'a' if role == 'drafter' else 'the'} {role}: "
+    raise FlagError(f"--method {method} needs {'a' if role == 'drafter' else 'the'} {role}: "
                    f"--drafter {kinds}")
   if role is None and drafter is not None:
-    raise CLIError(f"--method {method} ({CORE[method].summary}) takes no --drafter: drop "
+    raise FlagError(f"--method {method} ({CORE[method].summary}) takes no --drafter: drop "
                    f"--drafter")
   if CORE[method].greedy_only and (args.sampling == "sample" or _given(
       args, ("temperature", "top_k", "top_p"))):
-    raise CLIError(f"--method {method} is deterministic ({CORE[method].summary}): drop "
+    raise FlagError(f"--method {method} is deterministic ({CORE[method].summary}): drop "
                    "--sampling sample, --temperature, --top-k and --top-p")
   return _check_settings(args, method)
 
@@ -290,7 +291,7 @@ def sampling_from_method_args(args):
   if args.sampling == "greedy":
     given = _given(args, ("temperature", "top_k", "top_p"))
     if given:
-      raise CLIError(f"{', '.join(given)} only apply with --sampling sample")
+      raise FlagError(f"{', '.join(given)} only apply with --sampling sample")
   return make_sampling(args.sampling, args.temperature, args.top_k, args.top_p)
 
 
