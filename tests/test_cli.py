@@ -375,7 +375,7 @@ def test_demo_models_say_what_they_are(capsys):
   """Beside a demo model's outputs, one line on stderr says it is a laptop-scale demo (and
   README says so by the main command); other models get none."""
   from specdec_jax import package_data
-  from specdec_jax.cli.demo_notes import DEMOS, demo_note
+  from specdec_jax.cli.decode_report import DEMOS, demo_note
   assets = package_data.package_root().joinpath("assets")
   bundled = {p.name for p in assets.iterdir() if p.is_dir()} if assets.is_dir() else set()
   assert bundled | set(package_data.SEPARATE) <= set(DEMOS)      # every bundled group

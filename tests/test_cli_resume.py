@@ -135,7 +135,7 @@ def test_resume_refuses_another_runs_file(files, uninterrupted):
 def test_output_paths_are_checked_before_any_model_loads(tmp_path, monkeypatch):
   def no_load(*a, **k):
     raise AssertionError("the model was loaded before the output path was checked")
-  monkeypatch.setattr("specdec_jax.cli.decode_setup.load_target", no_load)
+  monkeypatch.setattr("specdec_jax.runtime.decode_setup.load_target", no_load)
   prompts = tmp_path / "p.txt"
   prompts.write_text("5 1\n")
   base = ["decode", "--model", MODEL, "--input-file", str(prompts)]

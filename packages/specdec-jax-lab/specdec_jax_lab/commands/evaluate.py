@@ -27,15 +27,13 @@ from specdec_jax.flags.mesh import (
   mesh_from_flag,
 )
 from specdec_jax.flags.methods import (
-  MethodChoice,
   add_method_flags,
   method_from_args,
-  placed_method,
 )
 from specdec_jax.io.prompts import encode_lm_prompts, read_texts
 from specdec_jax.io.reports import fmt, to_jsonable
 from specdec_jax.io.streams import emit
-from specdec_jax.loading import DRAFTER_KINDS, drafter_loader
+from specdec_jax.loading import DRAFTER_KINDS, MethodChoice, drafter_loader, placed_method
 from specdec_jax.runs import REPORTED
 from specdec_jax_lab import evaluation
 from specdec_jax_lab.errors import EvaluationError
