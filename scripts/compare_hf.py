@@ -21,8 +21,8 @@ import sys
 
 import numpy as np
 
-from specdec_jax.cli.options import int_list
 from specdec_jax.errors import SpecdecError
+from specdec_jax.flags.common import int_list
 
 
 def main(argv=None) -> int:

@@ -24,8 +24,8 @@ import argparse
 import os
 import sys
 
-from specdec_jax.cli.options import int_list
 from specdec_jax.errors import SpecdecError
+from specdec_jax.flags.common import int_list
 from specdec_jax.loading import DTYPES
 
 
@@ -54,8 +54,8 @@ def main(argv=None) -> int:
   p.add_argument("--out", default="results/t5x_compare")
   args = p.parse_args(argv)
 
+  from specdec_jax.io.reports import atomic_write, write_json, write_plot
   from specdec_jax.loading import load_model
-  from specdec_jax.runtime.report import atomic_write, write_json, write_plot
   from specdec_jax_lab import t5x_bench
   beam = None
   if args.beam is not None:

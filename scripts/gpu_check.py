@@ -55,8 +55,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import specdec_jax as sd
-from specdec_jax.cli.options import int_list
 from specdec_jax.costs import StepTimer, started_cache
+from specdec_jax.flags.common import int_list
 from specdec_jax.kernels import gpu, verified
 from specdec_jax.kernels import shapes as kernel_shapes
 from specdec_jax.kernels.gpu import tiles

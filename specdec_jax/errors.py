@@ -42,27 +42,9 @@ class TokenizerError(SpecdecError, ValueError):
   """A tokenizer file is missing or unreadable, or its vocabulary does not fit the model."""
 
 
-class ToolError(SpecdecError, ValueError):
-  """Bad settings or input of a tool: the `specdec` CLI's, or a companion's such as the lab
-  (`specdec-jax-lab`), whose errors derive from it."""
-
-
-class OptionError(ToolError):
-  """A setting that does not parse or conflicts with another (sampling mode, overrides,
-  integer lists, a drafter name)."""
-
-
-class FileAccessError(ToolError):
+class FileAccessError(SpecdecError, ValueError):
   """A file or directory the user named cannot be read or written."""
 
 
-class PromptError(ToolError):
+class PromptError(SpecdecError, ValueError):
   """Prompts that cannot be decoded: none given, not token ids, outside the vocabulary."""
-
-
-class CLIError(ToolError):
-  """A command-line input the library would not catch itself (flag combinations, recipes)."""
-
-
-class BenchError(ToolError):
-  """Invalid timing or benchmark settings."""

@@ -22,7 +22,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from specdec_jax.errors import OptionError, SamplingError
+from specdec_jax.errors import SamplingError
 
 Array = jax.Array
 
@@ -191,10 +191,10 @@ def make_sampling(mode: str | None = None, temperature: float | None = None,
   if mode is None:
     mode = "sample" if given else "greedy"
   if mode not in MODES:
-    raise OptionError(f"sampling method must be one of {', '.join(MODES)}, got {mode!r}")
+    raise SamplingError(f"sampling method must be one of {', '.join(MODES)}, got {mode!r}")
   if mode == "greedy":
     if given:
-      raise OptionError(f"{', '.join(given)} only apply with --method sample")
+      raise SamplingError(f"{', '.join(given)} only apply with --method sample")
     return Greedy()
   return Sampling(temperature=1.0 if temperature is None else temperature,
                                top_k=0 if top_k is None else top_k,

@@ -352,7 +352,7 @@ def test_cli_flags_come_from_the_fields(capsys):
   import argparse
 
   from specdec_jax import cli
-  from specdec_jax.cli import method_args
+  from specdec_jax.flags import methods as method_args
   parser = argparse.ArgumentParser()
   method_args.add_method_flags(parser)
   args = parser.parse_args(["--method", "beam", "--num-beams", "3", "--alpha", "0"])

@@ -15,13 +15,13 @@ from loopback import device_env
 
 import specdec_jax as sd
 from specdec_jax import cli
-from specdec_jax import errors as cli_errors
 from specdec_jax import loading as models
-from specdec_jax.cli import options
 from specdec_jax.costs import verify_cost_text
+from specdec_jax.flags import FlagError
+from specdec_jax.flags import common as options
 from specdec_jax.io import prompts
+from specdec_jax.io.reports import to_jsonable
 from specdec_jax.io.tokenizer import train_sentencepiece
-from specdec_jax.runtime.report import to_jsonable
 
 TARGET = "config:t5_1_1_tiny"
 DRAFTER = "config:t5_1_1_tiny_drafter"
@@ -220,7 +220,7 @@ def test_speculative_flags_are_derived_from_the_fields():
   from flax import struct
 
   from specdec_jax import methods as core
-  from specdec_jax.cli import method_args
+  from specdec_jax.flags import methods as method_args
 
   @struct.dataclass
   class Eager(core.Speculative):
@@ -258,7 +258,7 @@ def test_speculative_flags_are_derived_from_the_fields():
 @pytest.mark.parametrize("flag", ["--gamma", "--adaptive-gamma", "--lenience"])
 def test_drafter_only_flags_need_a_drafter(capsys, flag):
   from specdec_jax import methods as core
-  from specdec_jax.cli import method_args
+  from specdec_jax.flags import methods as method_args
   field = dict(method_args.setting_flags(core.Speculative))[flag]
   value = [] if isinstance(field.default, bool) or field.default is None else [
       str(field.default)]
@@ -290,7 +290,7 @@ def test_main_reports_any_specdec_error_in_one_line(capsys, monkeypatch):
       raise error
     return run
   for error in (sd.SpecdecError("plain base class"), sd.InputError("core input error"),
-                cli_errors.CLIError("tool data error\nsecond line")):
+                FlagError("tool data error\nsecond line")):
     monkeypatch.setattr(decode, "run", fail(error))
     code, out, err = run(capsys, "decode", "--model", TARGET, "5 1")
     assert code == 1 and out == ""
@@ -306,7 +306,7 @@ _NOISY = """
 import os, sys
 from specdec_jax import cli
 from specdec_jax.cli import decode
-from specdec_jax.runtime import streams
+from specdec_jax.io import streams
 
 def noisy(args):
   print("python log")
@@ -337,7 +337,7 @@ def test_stdout_carries_only_the_results():
 
 def test_stdout_is_restored_after_a_command(capfd):
   """`main` called in a process (tests, scripts) gives descriptor 1 and sys.stdout back."""
-  from specdec_jax.runtime import streams
+  from specdec_jax.io import streams
   with streams.results_stdout():
     os.write(1, b"log\n")
     streams.emit("result")
@@ -352,7 +352,8 @@ def test_decode_runs_on_typed_settings_without_argparse(capsys):
   settings built by hand prints what the command line does."""
   import dataclasses
 
-  from specdec_jax.cli import decode, method_args
+  from specdec_jax.cli import decode
+  from specdec_jax.flags import methods as method_args
   argv = ["decode", "--model", TARGET, *COMMON, "--drafter", DRAFTER, "--gamma", "2",
           "--seed", "3", *PROMPTS]
   args = cli.build_parser().parse_args(argv)
@@ -377,7 +378,7 @@ def test_demo_models_say_what_they_are(capsys):
   """Beside a demo model's outputs, one line on stderr says it is a laptop-scale demo (and
   README says so by the main command); other models get none."""
   from specdec_jax import package_data
-  from specdec_jax.cli.demo_notes import DEMOS, demo_note
+  from specdec_jax.cli.decode_report import DEMOS, demo_note
   assets = package_data.package_root().joinpath("assets")
   bundled = {p.name for p in assets.iterdir() if p.is_dir()} if assets.is_dir() else set()
   assert bundled | set(package_data.SEPARATE) <= set(DEMOS)      # every bundled group

@@ -114,12 +114,12 @@ def test_two_processes_decode_a_file_as_one(one_process, mesh, spans):
 
 def test_a_mesh_of_neither_size_is_an_error(monkeypatch):
   """With several processes --mesh covers every process's devices or this one's."""
-  from specdec_jax.cli import mesh_args
-  from specdec_jax.errors import CLIError
+  from specdec_jax.flags import FlagError
+  from specdec_jax.flags import mesh as mesh_args
   monkeypatch.setattr(jax, "process_count", lambda: 2)
   monkeypatch.setattr(jax, "device_count", lambda: 8)
   monkeypatch.setattr(jax, "local_device_count", lambda: 4)
-  with pytest.raises(CLIError, match=r"data \* model = 6, but 2 processes have 8 devices "
+  with pytest.raises(FlagError, match=r"data \* model = 6, but 2 processes have 8 devices "
                      r"\(4 on this one\): give 8 .* or 4 for a mesh per process"):
     mesh_args.mesh_from_flag("data=2,model=3")
 

@@ -140,7 +140,7 @@ def test_an_unserved_coordinator_is_reported_within_the_timeout(monkeypatch):
     server.bind(("127.0.0.1", 0))
     server.listen()
     distributed.wait_for_coordinator(f"127.0.0.1:{server.getsockname()[1]}", 1.0)
-  with pytest.raises(distributed.CLIError, match="is not HOST:PORT"):
+  with pytest.raises(distributed.FlagError, match="is not HOST:PORT"):
     distributed.wait_for_coordinator("localhost", 1.0)
 
 
@@ -383,7 +383,7 @@ def test_a_child_that_cannot_start_is_one_error_and_leaks_nothing():
   fds = set(os.listdir("/proc/self/fd"))
   mask, handlers = signal.pthread_sigmask(signal.SIG_BLOCK, []), [
       signal.getsignal(signum) for signum in supervise.RELAYED]
-  with pytest.raises(supervise.CLIError, match=r"cannot start the supervised child "
+  with pytest.raises(supervise.FlagError, match=r"cannot start the supervised child "
                      r"'/nonexistent/specdec': No such file or directory"):
     supervise.run(["/nonexistent/specdec"], supervise.Who(1, 2))
   assert set(os.listdir("/proc/self/fd")) == fds

@@ -15,8 +15,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 import specdec_jax as sd
 from specdec_jax import cli
 from specdec_jax import plan as plan_lib
-from specdec_jax.cli import mesh_args
-from specdec_jax.errors import CLIError
+from specdec_jax.flags import FlagError
+from specdec_jax.flags import mesh as mesh_args
 from specdec_jax.io.prompts import Prompts
 from specdec_jax.rounds import engine
 from specdec_jax.runs import Run
@@ -36,14 +36,14 @@ def test_parse_mesh():
                         ("data=2,data=4", "given twice"), ("data=0", "positive integer"),
                         ("model=two", "positive integer"), ("data", "is not AXIS=SIZE"),
                         ("", "expected AXIS=SIZE")]:
-    with pytest.raises(CLIError, match=message):
+    with pytest.raises(FlagError, match=message):
       mesh_args.parse_mesh(text)
 
 
 def test_batch_must_split_over_data():
   mesh = mesh_args.mesh_from_flag("data=2,model=4")
   mesh_args.check_batch(4, mesh)
-  with pytest.raises(CLIError, match="--batch-size 3 is not divisible"):
+  with pytest.raises(FlagError, match="--batch-size 3 is not divisible"):
     mesh_args.check_batch(3, mesh)
   mesh_args.check_batch(3, None)
   # no --batch-size: every row in one batch, rounded up to a multiple of "data"

@@ -137,7 +137,7 @@ def test_resume_refuses_another_runs_file(files, uninterrupted):
 def test_output_paths_are_checked_before_any_model_loads(tmp_path, monkeypatch):
   def no_load(*a, **k):
     raise AssertionError("the model was loaded before the output path was checked")
-  monkeypatch.setattr("specdec_jax.cli.decode_setup.load_target", no_load)
+  monkeypatch.setattr("specdec_jax.runtime.decode_setup.load_target", no_load)
   prompts = tmp_path / "p.txt"
   prompts.write_text("5 1\n")
   base = ["decode", "--model", MODEL, "--input-file", str(prompts)]
@@ -175,7 +175,7 @@ def test_open_output_keeps_whole_lines_and_marks_partial_files(tmp_path):
   assert json.loads(pathlib.Path(out + ".specdec.json").read_text())["complete"] is False
   assert output_file.open_output(out, meta, resume=False).rows == 0    # replaced
   assert pathlib.Path(out).read_text() == ""
-  with pytest.raises(output_file.CLIError, match=r"\(seed 0 -> 1\)"):
+  with pytest.raises(output_file.FlagError, match=r"\(seed 0 -> 1\)"):
     output_file.open_output(out, output_file.fingerprint(["a", "b", "c"], {"seed": 1}, "w"),
                             resume=True)
 

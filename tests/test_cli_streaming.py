@@ -162,7 +162,8 @@ def test_a_person_at_a_terminal_sees_a_first_line_at_once(capsys, monkeypatch):
   a pipe gets only the results and the errors (one line each)."""
   import sys as system
 
-  from specdec_jax.cli import decode_setup, main
+  from specdec_jax.cli import main
+  from specdec_jax.runtime import decode_setup
   seen = []
   real = decode_setup.load_target
 

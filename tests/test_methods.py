@@ -165,7 +165,7 @@ def test_tools_and_cli_derive_from_the_core_fields():
 
   from specdec_jax import methods as core
   from specdec_jax import runs as tools
-  from specdec_jax.cli import method_args
+  from specdec_jax.flags import methods as method_args
 
   @struct.dataclass
   class Patient(core.BiLD):

@@ -17,9 +17,10 @@ from specdec_jax import loading as models
 from specdec_jax import runs as methods
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.batching import Batch, cycled_rows, pad_rows, padded_batches, trim_padding
-from specdec_jax.cli import options
+from specdec_jax.flags import FlagError
+from specdec_jax.flags import common as options
+from specdec_jax.io import reports as report
 from specdec_jax.rounds import stats as stats_lib
-from specdec_jax.runtime import report
 
 GAMMA, MAX_NEW = 3, 8
 
@@ -250,9 +251,9 @@ def test_make_sampling():
   assert sampling_lib.make_sampling("sample") == sd.Sampling(temperature=1.0)
   assert sampling_lib.make_sampling(None, temperature=0.7) == sd.Sampling(temperature=0.7)
   assert sampling_lib.make_sampling("sample", top_k=5, top_p=0.9) == sd.Sampling(top_k=5, top_p=0.9)
-  with pytest.raises(errors.OptionError, match="--temperature only apply with --method sample"):
+  with pytest.raises(errors.SamplingError, match="--temperature only apply with --method sample"):
     sampling_lib.make_sampling("greedy", temperature=0.5)
-  with pytest.raises(errors.OptionError, match="sampling method must be one of"):
+  with pytest.raises(errors.SamplingError, match="sampling method must be one of"):
     sampling_lib.make_sampling("beam")
   with pytest.raises(sd.SamplingError):
     sampling_lib.make_sampling("sample", top_p=0.0)
@@ -263,11 +264,11 @@ def test_int_list_overrides_and_modes():
   assert options.int_list("1-3,8") == [1, 2, 3, 8]
   assert options.parse_overrides("vocab_size=300, name=x,") == {"vocab_size": 300, "name": "x"}
   assert options.mode_list("sample,greedy,sample") == ["sample", "greedy"]
-  with pytest.raises(errors.OptionError, match="KEY=VALUE"):
+  with pytest.raises(FlagError, match="KEY=VALUE"):
     options.parse_overrides("vocab_size")
   with pytest.raises(argparse.ArgumentTypeError):
     options.mode_list("beam")
-  with pytest.raises(errors.OptionError, match="--batch-size must be an integer >= 1, got 0"):
+  with pytest.raises(FlagError, match="--batch-size must be an integer >= 1, got 0"):
     options.check_at_least_one(gamma=None, batch_size=0)
 
 
@@ -284,9 +285,9 @@ def test_resolve_drafter_names(pair):
   assert int(np.argmax(ngram.logits_after(np.asarray([17]))[0])) == 42
   loaded = models.resolve_drafter("config:t5_1_1_tiny_drafter", target, load=models.load_model)
   assert isinstance(loaded, sd.ModelDrafter)
-  with pytest.raises(errors.OptionError, match="drafter must be"):
+  with pytest.raises(errors.InputError, match="drafter must be"):
     models.resolve_drafter("some/path", target)            # no loader: names only
-  with pytest.raises(errors.OptionError, match="token rows"):
+  with pytest.raises(errors.InputError, match="token rows"):
     models.resolve_drafter("ngram", target)
   with pytest.raises(sd.InputError, match="vocabulary mismatch"):
     models.resolve_drafter(sd.PromptLookupDrafter(vocab_size=100), target)
@@ -333,11 +334,15 @@ def test_atomic_writes_and_file_errors(tmp_path):
 
 
 def test_every_tool_error_is_a_specdec_error():
-  """Each of the library's errors is an `sd.SpecdecError` and a ValueError (the lab's:
-  its tests/test_lab_common.py)."""
+  """Each of the library's errors, and the flags', is an `sd.SpecdecError` and a
+  ValueError (the lab's: its tests/test_lab_common.py); the tools' errors are not the
+  library's."""
+  from specdec_jax.runtime import distributed
   classes = [c for _, c in inspect.getmembers(errors, inspect.isclass)
              if c.__module__ == errors.__name__ and not issubclass(c, Warning)]
-  assert len(classes) >= 10
+  assert len(classes) >= 8
+  assert not {"ToolError", "CLIError", "OptionError", "BenchError"} & set(vars(errors))
+  classes += [FlagError, distributed.CoordinatorError]
   assert issubclass(errors.InputWarning, UserWarning)     # the one warning: not an error
   for cls in classes:
     assert issubclass(cls, sd.SpecdecError), cls

@@ -49,9 +49,10 @@ import sys
 from typing import Sequence
 
 from specdec_jax.cli import convert, decode, plan
-from specdec_jax.errors import CLIError, SpecdecError
+from specdec_jax.errors import SpecdecError
+from specdec_jax.flags import FlagError
+from specdec_jax.io.streams import results_stdout
 from specdec_jax.runtime import distributed, progress, supervise
-from specdec_jax.runtime.streams import results_stdout
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 
@@ -83,7 +84,7 @@ def plugins() -> list:
 
 def _not_installed(name: str):
   def run(args) -> int:
-    raise CLIError(f"`specdec {name}` comes with the lab, specdec-jax-lab, which is not "
+    raise FlagError(f"`specdec {name}` comes with the lab, specdec-jax-lab, which is not "
                    f"installed (or cannot be imported): {LAB_INSTALL}")
   return run
 

@@ -12,27 +12,28 @@ import shutil
 import sys
 
 import specdec_jax as sd
-from specdec_jax.errors import CLIError, FileAccessError
+from specdec_jax.errors import FileAccessError
+from specdec_jax.flags import FlagError
 from specdec_jax.io import checkpoints
 from specdec_jax.io.checkpoints import native, resolve
+from specdec_jax.io.reports import make_dirs
 from specdec_jax.io.tokenizer import TOKENIZER_FILES
 from specdec_jax.loading import load_model
-from specdec_jax.runtime.report import make_dirs
 
 
 def _check_destination(src: str, dst: str, force: bool) -> None:
   if os.path.abspath(src) == os.path.abspath(dst):
-    raise CLIError("SRC and DST are the same directory")
+    raise FlagError("SRC and DST are the same directory")
   if os.path.exists(dst) and not os.path.isdir(dst):
-    raise CLIError(f"{dst!r} is a file: DST must be a directory (new, empty, or with "
+    raise FlagError(f"{dst!r} is a file: DST must be a directory (new, empty, or with "
                    "--force one holding a checkpoint to replace)")
   if os.path.isdir(dst) and os.listdir(dst) and not force:
-    raise CLIError(f"{dst!r} exists and is not an empty directory (pass --force to "
+    raise FlagError(f"{dst!r} exists and is not an empty directory (pass --force to "
                    "replace the checkpoint in it)")
   if force and os.path.isdir(dst):
     fmt = resolve.format_of(dst)
     if fmt in (resolve.T5X_LEGACY, resolve.T5X_ORBAX) or resolve.step_dirs(dst):
-      raise CLIError(f"{dst!r} holds a T5X checkpoint: --force replaces our format's or Hugging "
+      raise FlagError(f"{dst!r} holds a T5X checkpoint: --force replaces our format's or Hugging "
                      "Face's files only; choose another DST")
 
 

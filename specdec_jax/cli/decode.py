@@ -12,18 +12,17 @@ import argparse
 import warnings
 
 import specdec_jax as sd
-from specdec_jax.cli.args import DefaultsHelpFormatter, add_drafter_flag, add_dtype_flag
 from specdec_jax.cli.decode_report import print_report
-from specdec_jax.cli.decode_setup import DecodeRun, set_up
-from specdec_jax.cli.mesh_args import add_mesh_flag
-from specdec_jax.cli.method_args import (
+from specdec_jax.flags.common import DefaultsHelpFormatter, add_drafter_flag, add_dtype_flag
+from specdec_jax.flags.mesh import add_mesh_flag
+from specdec_jax.flags.methods import (
   METHOD_NAMES,
-  MethodChoice,
   add_method_flags,
   method_from_args,
 )
+from specdec_jax.loading import MethodChoice
+from specdec_jax.runtime.decode_setup import DecodeRun, decode_request
 from specdec_jax.runtime.distributed import add_distributed_flags, processes_from_args
-from specdec_jax.runtime.jobs import Job, compare_job, decode_job
 
 
 def from_args(args) -> tuple[MethodChoice, DecodeRun]:
@@ -39,30 +38,19 @@ def from_args(args) -> tuple[MethodChoice, DecodeRun]:
       compile_cache=args.compile_cache)
 
 
-def job_of(run: DecodeRun) -> Job:
-  """The library's `Job` of the flags: batch, warm-up, output, resume, processes."""
-  return Job(max_new_tokens=run.max_new_tokens, seed=run.seed, batch_size=run.batch_size,
-             warmup=run.warmup, output=run.output, resume=run.resume,
-             processes=run.processes, stream=not (run.json or run.output),
-             progress=run.input_file is not None, compile_cache=run.compile_cache)
-
-
 def run(args) -> int:
+  """Parse (`from_args`), decode (`decode_setup.decode_request`), print (`print_report`)."""
   with warnings.catch_warnings():   # a T5 input without EOS: noted per prompt, below
     warnings.simplefilter("ignore", sd.InputWarning)
     choice, settings = from_args(args)
-    return decode(choice, settings)
+    request = decode_request(choice, settings)
+    return print_report(*request)
 
 
 def decode(choice: MethodChoice, run: DecodeRun) -> int:
-  """`specdec decode` on typed settings: load, decode (`jobs.decode_job`), print the
+  """`specdec decode` on typed settings: decode (`decode_setup.decode_request`), print the
   outputs (stdout) and the requested reports (stderr)."""
-  job = job_of(run).start(run.input_file, run.compare)
-  s = set_up(choice, run, job)
-  d = decode_job(s.method, s.target, s.prompts, s.job)
-  compared = (compare_job(s.method, s.target, d.plan, s.job)
-              if run.compare and d.corpus.outputs else None)
-  return print_report(s, d, compared)
+  return print_report(*decode_request(choice, run))
 
 
 def add(subparsers) -> None:

@@ -1,6 +1,8 @@
-"""What `specdec decode` reports on stderr beside its outputs: the --stats block (counts,
-timing, the method's own statistics) and the --compare block (speed beside the target
-alone, why, exact mode's cost), each figure once and labelled with what it measures."""
+"""What `specdec decode` prints: the rows not printed yet (or --json's object) on stdout;
+on stderr a bundled demo's note (`demo_note`: what a toy model is, so that nobody mistakes
+a toy translation for the library's quality), the --stats block (counts, timing, the
+method's own statistics) and the --compare block (speed beside the target alone, why,
+exact mode's cost), each figure once and labelled with what it measures."""
 
 from __future__ import annotations
 
@@ -10,16 +12,39 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
-from specdec_jax.cli.demo_notes import demo_note
 from specdec_jax.costs import VERIFY_NOISE_NOTE, verify_cost_text
-from specdec_jax.io.prompts import output_text
+from specdec_jax.io.reports import fmt, to_jsonable
+from specdec_jax.io.streams import emit
 from specdec_jax.loading import note as print_note
 from specdec_jax.runtime.jobs import Decoded
-from specdec_jax.runtime.report import fmt, to_jsonable
-from specdec_jax.runtime.streams import emit
 
 if TYPE_CHECKING:
-  from specdec_jax.cli.decode_setup import Setup
+  from specdec_jax.runtime.decode_setup import Setup
+
+#: Bundled group -> what it is (figures: packages/specdec-jax-lab/results/*/quality.md and
+#: results/lm-demo/alpha.md there).
+DEMOS = {
+    "demo-de-en": ("De→En demo pair: a 13.5M-parameter target trained on a laptop-scale "
+                   "dictionary corpus, test BLEU 8.3", "translation quality"),
+    "demo-de-en-large": ("De→En demo pair: a 48.6M-parameter target trained on a "
+                         "laptop-scale dictionary corpus, test BLEU 10.4",
+                         "translation quality"),
+    "demo-en-lm": ("English demo pair: a 5.0M-parameter LM trained on a laptop-scale "
+                   "dictionary corpus, perplexity 76", "text quality"),
+}
+
+
+def demo_note(*names: str | None) -> str | None:
+  """One line saying what the first bundled demo group among `names` (model names as
+  given on the command line) is; None when none is a demo."""
+  for name in names:
+    group = str(name or "").split("/", 1)[0]     # "demo-de-en" of "demo-de-en/target"
+    if group in DEMOS:
+      what, quality = DEMOS[group]
+      return (f"{group} is a {what}; it is here for speed and exactness, not "
+              f"{quality}")
+  return None
+
 
 # (key, label, note) of the statistics a method's stats may carry, in the order shown
 _OWN = (
@@ -118,7 +143,7 @@ def print_report(s: Setup, d: Decoded, compared: dict[str, Any] | None) -> int:
   about = demo_note(s.run.model, s.drafter)
   # the rows not printed yet: neither streamed nor in --output's file
   outputs = (None if s.run.output or (d.streamed and not s.run.json) else
-             [output_text(row, s.tokenizer) for row in d.corpus.token_rows()])
+             [s.job.format_row(row) for row in d.corpus.token_rows()])
   if s.run.json:   # the rest covers this run's batches; with --output the rows are in it
     payload = {"outputs": outputs, "lengths": None if s.run.output else d.corpus.lengths,
                "stats": d.corpus.stats, "prompt_lengths": s.prompts.lengths,

@@ -16,12 +16,12 @@ import json
 from typing import Any, Sequence
 
 from specdec_jax import plan as plan_lib
-from specdec_jax.cli.mesh_args import parse_mesh
-from specdec_jax.cli.options import check_at_least_one
-from specdec_jax.errors import CLIError
+from specdec_jax.flags import FlagError
+from specdec_jax.flags.common import check_at_least_one
+from specdec_jax.flags.mesh import parse_mesh
+from specdec_jax.io.reports import to_jsonable
+from specdec_jax.io.streams import emit
 from specdec_jax.loading import DTYPES
-from specdec_jax.runtime.report import to_jsonable
-from specdec_jax.runtime.streams import emit
 
 
 def _label(mesh: dict[str, int]) -> str:
@@ -114,7 +114,7 @@ def run(args) -> int:
   check_at_least_one(batch=args.batch, max_input_len=args.max_input_len,
                      max_new_tokens=args.max_new_tokens, gamma=args.gamma)
   if not 0.0 <= args.headroom < 1.0:
-    raise CLIError(f"--headroom must be in [0, 1), got {args.headroom}")
+    raise FlagError(f"--headroom must be in [0, 1), got {args.headroom}")
   target = plan_lib.config_of(args.target)
   drafter = plan_lib.config_of(args.drafter) if args.drafter else None
   rows = _rows(args, target, drafter)

@@ -9,7 +9,7 @@ pod slices, SLURM, Open MPI); the three flags default to the environment variabl
 JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID.
 
 Every process reads the whole input; process 0 prints the outputs, in input order. Two
-layouts, chosen by the size of --mesh (`mesh_args.mesh_from_flag`):
+layouts, chosen by the size of --mesh (`flags.mesh.mesh_from_flag`):
 
 - a mesh of each process's own devices (D * M = the local device count), or no --mesh:
   data-parallel across processes. Each decodes its own contiguous block of rows
@@ -38,7 +38,8 @@ import jax
 import numpy as np
 
 from specdec_jax.batching import Batch
-from specdec_jax.errors import CLIError, SpecdecError
+from specdec_jax.errors import SpecdecError
+from specdec_jax.flags import FlagError
 from specdec_jax.runs import Corpus
 from specdec_jax.runtime import liveness, supervise
 
@@ -46,7 +47,7 @@ ENV = {"coordinator": "JAX_COORDINATOR_ADDRESS", "num_processes": "JAX_NUM_PROCE
        "process_id": "JAX_PROCESS_ID"}
 
 
-class CoordinatorError(CLIError):
+class CoordinatorError(FlagError):
   """The processes could not be joined: no coordinator answered, or not all processes came."""
 
 
@@ -77,7 +78,7 @@ def _env_int(name: str) -> int | None:
   if value is None:
     return None
   if not value.strip().isdigit():
-    raise CLIError(f"{ENV[name]}={value!r} is not a non-negative integer")
+    raise FlagError(f"{ENV[name]}={value!r} is not a non-negative integer")
   return int(value)
 
 
@@ -137,13 +138,13 @@ def initialize(processes: Processes) -> bool:
     missing = [flag for flag, v in given.items() if v is None]
     count, index = processes.num_processes, processes.process_id
     if missing or count is None or index is None:
-      raise CLIError(f"{', '.join(missing)} missing: --coordinator, --num-processes and "
+      raise FlagError(f"{', '.join(missing)} missing: --coordinator, --num-processes and "
                      "--process-id go together (or --distributed alone to detect the cluster)")
     if count < 1 or not 0 <= index < count:
-      raise CLIError(f"--process-id {index} must be in [0, --num-processes {count})")
+      raise FlagError(f"--process-id {index} must be in [0, --num-processes {count})")
   for flag in ("coordinator_timeout", "heartbeat_timeout"):
     if not getattr(processes, flag) > 0:
-      raise CLIError(f"--{flag.replace('_', '-')} must be positive, not "
+      raise FlagError(f"--{flag.replace('_', '-')} must be positive, not "
                      f"{getattr(processes, flag)}")
   coordinator, process = processes.coordinator, processes.process_id
   if coordinator:      # jaxlib reads the port from it with no check of its own
@@ -176,11 +177,11 @@ def initialize(processes: Processes) -> bool:
 
 
 def host_and_port(address: str) -> tuple[str, int]:
-  """(host, port) of a coordinator's HOST:PORT ([::1]:PORT for IPv6); a CLIError for
+  """(host, port) of a coordinator's HOST:PORT ([::1]:PORT for IPv6); a FlagError for
   anything else."""
   host, sep, port = address.rpartition(":")
   if not sep or not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
-    raise CLIError(f"--coordinator {address!r} is not HOST:PORT (e.g. 10.0.0.1:1234: process "
+    raise FlagError(f"--coordinator {address!r} is not HOST:PORT (e.g. 10.0.0.1:1234: process "
                    "0's host and a free port on it)")
   return host.strip("[]"), int(port)
 

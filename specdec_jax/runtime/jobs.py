@@ -22,13 +22,14 @@ import jax
 from specdec_jax.batching import Batch, padded_batches
 from specdec_jax.compilation import announce_kernel_build, compiling, use_persistent_cache
 from specdec_jax.costs import explain_method
-from specdec_jax.errors import CLIError, SpecdecError
+from specdec_jax.errors import SpecdecError
+from specdec_jax.flags import FlagError
 from specdec_jax.io.prompts import Prompts
+from specdec_jax.io.streams import emit
 from specdec_jax.methods import Autoregressive
 from specdec_jax.runs import Corpus, Run, decode_corpus, same_output
 from specdec_jax.runtime import distributed, liveness, output_file
 from specdec_jax.runtime.progress import Progress, deferred_signals, interrupts_kept
-from specdec_jax.runtime.streams import emit
 from specdec_jax.sharding import spans_processes
 from specdec_jax.timing import is_exact, ms_per_token, time_rounds
 
@@ -75,7 +76,7 @@ class Job:
     job = dataclasses.replace(self, compile_cache_dir=use_persistent_cache(self.compile_cache))
     announce_kernel_build()
     if distributed.initialize(job.processes) and compare:
-      raise CLIError("--compare times one process: drop it with several processes")
+      raise FlagError("--compare times one process: drop it with several processes")
     if job.output and jax.process_index() == 0:
       output_file.check_output_path(job.output, input_file, job.resume)
     return job

@@ -44,10 +44,11 @@ import jax
 import numpy as np
 
 from specdec_jax.batching import Batch
-from specdec_jax.errors import CLIError, FileAccessError, SpecdecError
+from specdec_jax.errors import FileAccessError, SpecdecError
+from specdec_jax.flags import FlagError
+from specdec_jax.io.reports import atomic_write, read_json, to_jsonable
 from specdec_jax.runs import Corpus, decode_corpus
 from specdec_jax.runtime.progress import deferred_signals
-from specdec_jax.runtime.report import atomic_write, read_json, to_jsonable
 
 FORMAT = 1
 SIDECAR_SUFFIX = ".specdec.json"
@@ -89,7 +90,7 @@ def check_output_path(out: str, input_file: str | None, resume: bool) -> None:
         out, input_file):
       raise FileAccessError(f"--output {out!r} is the input file: it would be overwritten")
   if resume and _has_lines(out) and not os.path.exists(sidecar_path(out)):
-    raise CLIError(f"--resume: {out!r} has lines but no {sidecar_path(out)!r}: it was not "
+    raise FlagError(f"--resume: {out!r} has lines but no {sidecar_path(out)!r}: it was not "
                    "written by specdec decode --output (drop --resume to replace it)")
 
 
@@ -179,12 +180,12 @@ def open_output(out: str, meta: dict[str, Any], resume: bool) -> OutputFile:
     if resume and (_has_lines(out) or os.path.exists(sidecar)):
       old = read_json(sidecar, "--resume: sidecar") if os.path.exists(sidecar) else None
       if old is None:
-        raise CLIError(f"--resume: {out!r} has lines but no {sidecar!r}: it was not written "
+        raise FlagError(f"--resume: {out!r} has lines but no {sidecar!r}: it was not written "
                        "by specdec decode --output (drop --resume to replace it)")
       old = {k: v for k, v in old.items() if k != "complete"} if isinstance(old, dict) else {}
       diff = _differences(old, meta)
       if diff:
-        raise CLIError(f"--resume: {out!r} was written with other settings or input "
+        raise FlagError(f"--resume: {out!r} was written with other settings or input "
                        f"({'; '.join(diff)}): drop --resume to replace it, or give its settings")
       data = b""
       if os.path.exists(out):
@@ -193,7 +194,7 @@ def open_output(out: str, meta: dict[str, Any], resume: bool) -> OutputFile:
       end = data.rfind(b"\n") + 1          # a cut last line (no newline yet) is dropped
       rows = data.count(b"\n", 0, end)
       if rows > meta["input_rows"]:
-        raise CLIError(f"--resume: {out!r} has {rows} lines but the input has "
+        raise FlagError(f"--resume: {out!r} has {rows} lines but the input has "
                        f"{meta['input_rows']}: not this input's output")
       if end < len(data):
         _truncate(out, end)
@@ -224,7 +225,7 @@ def shared_start(output: OutputFile | None, error: Exception | None) -> int:
   mine = np.int64(-1 if output is None else output.rows)
   rows = int(multihost_utils.broadcast_one_to_all(mine))
   if rows < 0 and error is None:
-    raise CLIError("process 0 could not open --output (see its error): stopping")
+    raise FlagError("process 0 could not open --output (see its error): stopping")
   return rows
 
 

@@ -65,7 +65,7 @@ import threading
 import time
 from typing import Sequence
 
-from specdec_jax.errors import CLIError
+from specdec_jax.flags import FlagError
 
 #: The child's marker: the file descriptor of its pipe to the parent.
 ENV = "SPECDEC_SUPERVISOR_FD"
@@ -315,7 +315,7 @@ def run(command: Sequence[str], who: Who, program: str = "specdec decode",
   """Run `command` as a supervised child (see the module's docstring); the exit code for
   this process. `who` is updated by the child's `joined` report; `program` starts the
   one-line error (``<program>: error: ...``). A child that cannot be started is a
-  `CLIError`."""
+  `FlagError`."""
   prctl = ctypes.CDLL(None, use_errno=True).prctl   # resolved before fork, not in the child
   write = _stderr_writer()
   report_r, report_w = os.pipe()
@@ -329,7 +329,7 @@ def run(command: Sequence[str], who: Who, program: str = "specdec decode",
                                preexec_fn=_preexec(os.getpid(), prctl))
     except (OSError, subprocess.SubprocessError) as e:
       reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-      raise CLIError(f"cannot start the supervised child {command[0]!r}: {reason}") from None
+      raise FlagError(f"cannot start the supervised child {command[0]!r}: {reason}") from None
     finally:
       os.close(report_w)
     try:

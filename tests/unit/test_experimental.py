@@ -11,7 +11,7 @@ import pytest
 
 import specdec_jax as sd
 from specdec_jax import experimental, testing
-from specdec_jax.cli import method_args
+from specdec_jax.flags import methods as method_args
 from specdec_jax.rounds.stats import DecodeStats
 
 pytestmark = pytest.mark.unit

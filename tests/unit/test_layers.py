@@ -35,6 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("testing",),               # scripted proposers and table models for tests
     ("",),                      # specdec_jax/__init__.py: the public `sd` namespace
     ("loading",),               # models and drafters from the names users type
+    ("flags",),                 # command-line flags derived from the values (CLI and lab)
     ("runtime",),               # several processes, output files, streams
     ("cli",),                   # the `specdec` command: parse flags, call the library
 )
@@ -246,9 +247,9 @@ def test_the_lab_check_sees_a_private_import(tmp_path):
   (tmp_path / "x.py").write_text(
       "import specdec_jax as sd\n"
       "def f():\n  from specdec_jax.rounds.requests import as_rng\n  return as_rng\n")
-  public = {"specdec_jax", "specdec_jax.cli.*"}
+  public = {"specdec_jax", "specdec_jax.flags.*"}
   assert private_imports(tmp_path, public) == ["x.py imports specdec_jax.rounds.requests"]
-  (tmp_path / "x.py").write_text("from specdec_jax.cli import prompts\n")
+  (tmp_path / "x.py").write_text("from specdec_jax.flags import mesh\n")
   assert private_imports(tmp_path, public) == []
   (tmp_path / "x.py").write_text("from specdec_jax.experimental import speculative_beam as sb\n"
                                  "import numpy as np\nf = sb._draft\ng = np._NoValue\n")

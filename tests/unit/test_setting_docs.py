@@ -10,7 +10,7 @@ from flax import struct
 
 import specdec_jax as sd
 from specdec_jax import methods, testing
-from specdec_jax.cli import method_args
+from specdec_jax.flags import methods as method_args
 from specdec_jax.rounds import engine
 
 pytestmark = pytest.mark.unit

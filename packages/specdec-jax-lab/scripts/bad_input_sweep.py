@@ -7,11 +7,11 @@ A table of small cases, each a name, a surface and a call:
 
 * python: a call of the library's API. Clean when it raises a `sd.SpecdecError` subclass
   with a message.
-* cli: `specdec_jax.cli.main([...])` in this process (stdout and stderr captured; stdin
-  an empty or given text), or, for the few cases that need a real process (the
-  interpreter's own exit code and traceback, stdin bytes), `python -m specdec_jax.cli`
-  in a subprocess. Clean when the exit code is 1 or 2, stderr's last line starts with
-  "specdec" and holds "error", and no "Traceback" is printed.
+* cli: `specdec`'s `main([...])` (its console script's target) in this process (stdout
+  and stderr captured; stdin an empty or given text), or, for the few cases that need a
+  real process (the interpreter's own exit code and traceback, stdin bytes), `python -m
+  specdec_jax.cli` in a subprocess. Clean when the exit code is 1 or 2, stderr's last
+  line starts with "specdec" and holds "error", and no "Traceback" is printed.
 
 A case may be "handled" instead: a documented outcome that is not an error (the case says
 which and why); it is then "handled" only when the call succeeds (or fails cleanly).
@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib.metadata
 import io
 import json
 import math
@@ -849,7 +850,8 @@ def run_cli(case: Case, fx: Fixtures, timeout: int) -> tuple[str, str]:
       return "unclean", f"timeout: no result after {timeout} s"
     return classify_cli(p.returncode, p.stdout.decode(errors="replace"),
                         p.stderr.decode(errors="replace"), case)
-  from specdec_jax import cli
+  (script,) = importlib.metadata.entry_points(group="console_scripts", name="specdec")
+  main = script.load()   # the command as installed: the lab imports no module of the CLI
   out, err = io.StringIO(), io.StringIO()
   stdin = io.StringIO((case.stdin or b"").decode(errors="replace"))
   old_stdin = sys.stdin
@@ -858,7 +860,7 @@ def run_cli(case: Case, fx: Fixtures, timeout: int) -> tuple[str, str]:
     sys.stdin = stdin
     with alarm(timeout), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
       try:
-        code = cli.main(argv)
+        code = main(argv)
       except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
   except Timeout as e:

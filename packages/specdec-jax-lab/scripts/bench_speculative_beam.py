@@ -35,7 +35,7 @@ import specdec_jax as sd
 from specdec_jax import experimental
 from specdec_jax.drafters import as_drafter
 from specdec_jax.experimental import speculative_beam as sb
-from specdec_jax.runtime.report import atomic_write, machine_info, utc_now, write_json
+from specdec_jax.io.reports import atomic_write, machine_info, utc_now, write_json
 
 PAIRS = pathlib.Path(__file__).resolve().parents[3] / "tests" / "data" / \
     "demo_test_pairs.jsonl"

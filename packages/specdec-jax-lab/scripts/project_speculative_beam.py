@@ -61,8 +61,8 @@ import numpy as np
 
 import specdec_jax as sd
 from specdec_jax import experimental, theory
+from specdec_jax.io.reports import atomic_write, machine_info, utc_now, write_json
 from specdec_jax.rounds.stats import merge_outputs
-from specdec_jax.runtime.report import atomic_write, machine_info, utc_now, write_json
 
 LAB = pathlib.Path(__file__).resolve().parents[1]
 PAIRS = LAB.parents[1] / "tests" / "data" / \

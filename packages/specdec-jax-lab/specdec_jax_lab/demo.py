@@ -30,8 +30,8 @@ import specdec_jax as sd
 from specdec_jax import config as config_lib
 from specdec_jax import generate, package_data
 from specdec_jax.batching import padded_batches
+from specdec_jax.io.reports import make_dirs, read_json
 from specdec_jax.models.model import Model, init_model
-from specdec_jax.runtime.report import make_dirs, read_json
 from specdec_jax_lab import training
 from specdec_jax_lab.data import prepare
 from specdec_jax_lab.errors import TrainingError

@@ -38,6 +38,7 @@ import specdec_jax as sd
 from specdec_jax import loading as models
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.batching import padded_batches
+from specdec_jax.io.reports import to_jsonable
 from specdec_jax.io.tokenizer import check_tokenizer
 from specdec_jax.models.model import Model
 from specdec_jax.runs import (
@@ -45,7 +46,6 @@ from specdec_jax.runs import (
   decode_corpus,
   totals,
 )
-from specdec_jax.runtime.report import to_jsonable
 from specdec_jax.sampling import make_sampling
 from specdec_jax_lab.data import prepare
 from specdec_jax_lab.data.de_en import SPLITS

@@ -34,8 +34,8 @@ import numpy as np
 import specdec_jax as sd
 from specdec_jax import config as config_lib
 from specdec_jax.drafters.ngram import NGramDrafter
+from specdec_jax.io.reports import make_dirs, read_json
 from specdec_jax.models.model import Model, init_model
-from specdec_jax.runtime.report import make_dirs, read_json
 from specdec_jax_lab import demo, evaluation, training
 from specdec_jax_lab.data import de_en
 from specdec_jax_lab.errors import DataError, TrainingError

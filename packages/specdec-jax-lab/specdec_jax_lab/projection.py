@@ -42,8 +42,8 @@ import jax
 from specdec_jax import theory
 from specdec_jax.batching import random_prompts
 from specdec_jax.costs import StepTimer, started_cache
-from specdec_jax.errors import BenchError
 from specdec_jax.timing import time_rounds
+from specdec_jax_lab.errors import BenchError
 
 #: (name, target, drafter): the pairs projected. A model is a `config:` name (random
 #: weights) or a checkpoint name/path for `sd.load`.

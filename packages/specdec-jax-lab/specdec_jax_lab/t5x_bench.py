@@ -57,10 +57,10 @@ import specdec_jax as sd
 from specdec_jax import experimental
 from specdec_jax.batching import cycled_rows, random_prompts
 from specdec_jax.config import T5Config
+from specdec_jax.io.reports import machine_info
 from specdec_jax.loading import DTYPES
 from specdec_jax.models.model import Model
 from specdec_jax.runs import Run
-from specdec_jax.runtime.report import machine_info
 from specdec_jax.timing import time_rounds
 from specdec_jax_lab.errors import CompareError, T5XSourceError
 

@@ -4,8 +4,8 @@ import json
 import math
 
 import pytest
+import specdec_command as cli
 
-from specdec_jax import cli
 from specdec_jax import loading as models
 from specdec_jax_lab import bench
 

@@ -7,9 +7,9 @@ import json
 
 import numpy as np
 import pytest
+import specdec_command as cli
 
 import specdec_jax as sd
-from specdec_jax import cli
 
 TARGET = "config:t5_1_1_tiny"
 DRAFTER = "config:t5_1_1_tiny_drafter"

@@ -9,10 +9,11 @@ from typing import ClassVar
 
 import numpy as np
 import pytest
+import specdec_command as cli
 from flax import struct
 
 import specdec_jax as sd
-from specdec_jax import cli, experimental
+from specdec_jax import experimental
 from specdec_jax import methods as core
 from specdec_jax_lab.bench import method_specs as bench_methods
 

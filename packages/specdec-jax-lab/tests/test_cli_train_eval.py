@@ -6,12 +6,12 @@ import math
 
 import numpy as np
 import pytest
+import specdec_command as cli
 from helpers import DEMO_PAIRS_FILE
 from test_prepare import write_dictionary
 
 import specdec_jax as sd
-from specdec_jax import cli
-from specdec_jax.errors import OptionError
+from specdec_jax.errors import InputError, SamplingError
 from specdec_jax_lab import evaluation
 
 VOCAB = 120
@@ -418,12 +418,12 @@ def test_resolve_sampling_and_drafter_errors():
   assert not evaluation.resolve_sampling("sample").is_greedy
   with pytest.raises(evaluation.EvaluationError, match="conflicts"):
     evaluation.resolve_sampling("greedy", sd.Sampling(temperature=0.7))
-  with pytest.raises(OptionError, match="method"):
+  with pytest.raises(SamplingError, match="method"):
     evaluation.resolve_sampling("beam")
   target = sd.Model(config=sd.get_config("t5_1_1_tiny"), params={})
   with pytest.raises(evaluation.EvaluationError, match="train split"):
     evaluation.resolve_drafter("ngram", target, None)
-  with pytest.raises(OptionError, match="drafter must be"):
+  with pytest.raises(InputError, match="drafter must be"):
     evaluation.resolve_drafter("bigram", target, None)
   assert evaluation.resolve_drafter(None, target, None) is None
   assert isinstance(evaluation.resolve_drafter("prompt-lookup", target, None),

@@ -7,13 +7,13 @@ import shutil
 
 import numpy as np
 import pytest
+import specdec_command as cli
 from test_cli_train_eval import TRAIN, run, write_recipe
 from test_prepare import write_dictionary
 
 import specdec_jax as sd
-from specdec_jax import cli
 from specdec_jax.drafters.heads import fingerprint
-from specdec_jax.runtime.report import read_json
+from specdec_jax.io.reports import read_json
 from specdec_jax_lab import demo
 from specdec_jax_lab.errors import TrainingError
 

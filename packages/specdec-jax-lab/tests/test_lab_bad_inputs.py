@@ -4,10 +4,10 @@ is loaded where it can be. Those of the library's commands are tests/test_bad_in
 """
 
 import pytest
+import specdec_command as cli
 from helpers import DEMO_PAIRS_FILE as PAIRS
 
 import specdec_jax as sd
-from specdec_jax import cli
 from specdec_jax_lab import evaluation
 from specdec_jax_lab.commands import bench as bench_cli
 from specdec_jax_lab.commands import evaluate as evaluate_cli

@@ -3,19 +3,23 @@ explained, their method flags derived from the method values as the library's co
 are, and their usage errors come before any work."""
 
 import pytest
+import specdec_command as cli
 from helpers import DEMO_PAIRS_FILE as PAIRS
 
-from specdec_jax import cli
 from specdec_jax import methods as core
-from specdec_jax.cli import method_args
+from specdec_jax.flags import methods as method_args
 
 
-def test_the_lab_commands_join_specdec_and_explain_every_flag():
-  """`specdec <command> --help` explains each option, `python -m specdec_jax_lab.results`'s
-  included (the library's commands: tests/test_plan_split.py)."""
+def test_the_lab_commands_join_specdec_and_explain_every_flag(capsys):
+  """`specdec --help` lists the lab's commands (through the entry-point group, not as the
+  stubs of an absent lab); `specdec <command> --help` explains each option, `python -m
+  specdec_jax_lab.results`'s included (the library's commands: tests/test_plan_split.py)."""
   from specdec_jax_lab.results.__main__ import parser as results_parser
+  assert cli.main(["--help"]) == 0
+  listed = capsys.readouterr().out
   commands = cli.build_parser()._subparsers._group_actions[0].choices
-  assert {"bench", "train", "eval", "sweep-bild", "sweep-blockwise", "results"} <= set(commands)
+  assert {"bench", "train", "eval", "sweep-bild", "sweep-blockwise", "results"} == set(commands)
+  assert all(name in listed for name in commands) and "(the lab:" not in listed
   parsers = {name: p for name, p in commands.items() if name != "results"}
   parsers["results"] = results_parser()
   bare = [(name, a.option_strings) for name, p in parsers.items() for a in p._actions

@@ -9,8 +9,8 @@ import pathlib
 import pytest
 
 import specdec_jax as sd
-from specdec_jax import errors
-from specdec_jax.runtime import report
+from specdec_jax.flags import FlagError
+from specdec_jax.io import reports as report
 
 LAB = pathlib.Path(__file__).resolve().parents[1] / "specdec_jax_lab"
 
@@ -26,13 +26,13 @@ def test_every_lab_module_imports():
     importlib.import_module(".".join(parts))
 
 
-def test_every_lab_error_is_a_tool_error_exported_where_it_is_raised():
+def test_every_lab_error_is_a_lab_error_exported_where_it_is_raised():
   from specdec_jax_lab import errors as lab_errors
   classes = [c for _, c in inspect.getmembers(lab_errors, inspect.isclass)
              if c.__module__ == lab_errors.__name__]
   assert len(classes) >= 8
   for cls in classes:
-    assert issubclass(cls, errors.ToolError) and issubclass(cls, ValueError), cls
+    assert issubclass(cls, lab_errors.LabError) and issubclass(cls, ValueError), cls
     assert issubclass(cls, sd.SpecdecError), cls
   assert issubclass(lab_errors.MissingDataError, FileNotFoundError)
   assert issubclass(lab_errors.T5XSourceError, lab_errors.CompareError)
@@ -68,7 +68,8 @@ def test_sweep_settings_record_the_config_that_resume_compares():
   """The command line becomes `BildSweep` / `BlockwiseSweep` once; the `config` they record
   keeps the keys (and order) of the results written before, so --resume reads those; bad
   flags are refused before any model is loaded."""
-  from specdec_jax import cli
+  import specdec_command as cli
+
   from specdec_jax_lab.commands import sweep
   from specdec_jax_lab.sweep import settings
   argv = ["sweep-bild", "--data", "pairs.jsonl", "--small", "a=b", "--fallback", "0.5,inf",
@@ -94,5 +95,5 @@ def test_sweep_settings_record_the_config_that_resume_compares():
                          (["--small", "nameless"], "is not NAME=PATH"),
                          (["--repeats", "0"], "--repeats must be >= 1")):
     args = cli.build_parser().parse_args(argv + flags)
-    with pytest.raises(errors.CLIError, match=message):
+    with pytest.raises(FlagError, match=message):
       sweep.bild_from_args(args)

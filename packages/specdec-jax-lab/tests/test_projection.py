@@ -7,8 +7,8 @@ import pytest
 
 import specdec_jax as sd
 from specdec_jax import theory
-from specdec_jax.errors import BenchError
 from specdec_jax_lab import projection
+from specdec_jax_lab.errors import BenchError
 
 TINY = (("tiny", "config:t5_1_1_tiny", "config:t5_1_1_tiny_drafter"),)
 

@@ -44,6 +44,9 @@ take their operands in the layout a bfloat16 WGMMA reads without transposes.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, NamedTuple
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -60,122 +63,208 @@ C = 64          # keys per chunk by default: a fixed SIZE, whatever S is (`_chun
 _MASKED = -1e30  # logit of a key past a row's length or S: exp() of it is 0
 
 
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """The kernel's static sizes, read by every phase (Python values: nothing traced)."""
+
+  parts: int          # bfloat16 parts of an operand (1, or 2: hi/lo of float32)
+  bh: int             # B * H: query heads of every batch row
+  tp: int             # query rows, padded to a multiple of TM
+  dp: int             # head size, padded to a multiple of 64
+  c: int              # keys per chunk (`_chunk`)
+  heads: int          # H
+  group: int          # query heads per K/V head
+  biased: bool        # a bias operand exists
+  interpret: Any      # `mode.params`: False, or the interpreter's parameters
+
+  @property
+  def row_tiles(self) -> int:
+    return self.tp // TM
+
+  @property
+  def units(self) -> int:
+    """(head, row tile) pairs: each one unit of work."""
+    return self.bh * self.row_tiles
+
+  @property
+  def blocks(self) -> int:
+    return 1 if self.interpret else self.units
+
+  @property
+  def n_barriers(self) -> int:
+    """K parts, V parts, [the bias], the row lengths."""
+    return 2 * self.parts + self.biased + 1
+
+  @property
+  def lens_barrier(self) -> int:
+    return self.n_barriers - 1
+
+
+class _Refs(NamedTuple):
+  """The kernel's GMEM operands and its SMEM scratch (`_scratch`)."""
+
+  q_gmem: Any
+  k_gmem: Any
+  v_gmem: Any
+  bias_gmem: Any      # None without a bias
+  lens_gmem: Any
+  walks_gmem: Any
+  o_gmem: Any
+  q_smem: Any
+  k_smem: Any
+  v_smem: Any
+  p_smem: Any
+  lens_smem: Any
+  o_smem: Any
+  barrier: Any
+  b_smem: tuple       # (the bias chunk,) or ()
+
+
+class _Tile(NamedTuple):
+  """One unit's place: its query head g, its row tile ti and rows, its K/V head, its bias
+  row and head (0 where the bias broadcasts), and each row's length in the WGMMA layout."""
+
+  g: Any
+  ti: Any
+  rows: Any
+  kv: Any
+  bb: Any
+  hb: Any
+  row_len: Any
+
+
 def _kernel_call(qp, ktp, vp, bias, lens, walks, heads: int, interpret) -> Array:
   """qp [P, BH, Tp, Dp], ktp [P, BHkv, Dp, Sp], vp [P, BHkv, Sp, Dp] bfloat16, bias None |
   [Bb, Hb, Tp, Sp] float32, lens [B, Tp] int32 (each row's keys, 1..S), walks [B, Tp / TM]
   int32 (each row tile's chunks, `shapes.tile_chunks`) -> [BH, Tp, Dp] float32."""
   parts, bh, tp, dp = qp.shape
-  C = _chunk(dp, parts)              # noqa: N806 (the module's C, from the tile table)
-  group = bh // ktp.shape[1]          # query heads per K/V head
-  row_tiles = tp // TM
-  units = bh * row_tiles
-  blocks = 1 if interpret else units
-  pairs = _PAIRS[parts]
-  f32 = jnp.float32
-  biased = bias is not None
-  # barriers: K parts, V parts, [the bias], the row lengths
-  n_barriers = 2 * parts + biased + 1
-  lens_barrier = n_barriers - 1
+  plan = _Plan(parts=parts, bh=bh, tp=tp, dp=dp, c=_chunk(dp, parts), heads=heads,
+               group=bh // ktp.shape[1], biased=bias is not None, interpret=interpret)
 
   def kernel(q_gmem, k_gmem, v_gmem, *refs):
-    bias_gmem, (lens_gmem, walks_gmem, o_gmem) = (refs[0] if biased else None), refs[-3:]
+    bias_gmem = refs[0] if plan.biased else None
     block = lax.axis_index("blocks")
 
-    def scoped(q_smem, k_smem, v_smem, p_smem, lens_smem, o_smem, barrier, *b_smem):
-      def unit(t, carry):
-        u = block * (units // blocks) + t
-        g, ti = u // row_tiles, u % row_tiles
-        # its K/V head (ungrouped: g itself)
-        kv = g if group == 1 else (g // heads) * (heads // group) + (g % heads) // group
-        if biased:
-          bb = g // heads if bias_gmem.shape[0] > 1 else 0
-          hb = g % heads if bias_gmem.shape[1] > 1 else 0
-        rows = pl.ds(ti * TM, TM)
-        for p in range(parts):
-          plgpu.copy_gmem_to_smem(q_gmem.at[p, g, rows, :], q_smem.at[p], barrier.at[p])
-        plgpu.copy_gmem_to_smem(lens_gmem.at[g // heads, rows], lens_smem,
-                                barrier.at[lens_barrier])
-        for i in (*range(parts), lens_barrier):
-          plgpu.barrier_wait(barrier.at[i])
-        # each row's length, one per WGMMA row (as the running max m)
-        row_len = _cast(lens_smem[...], plgpu.Layout.WGMMA.reduce(1), interpret)
+    def scoped(*smem):
+      _scoped(plan, _Refs(q_gmem, k_gmem, v_gmem, bias_gmem, *refs[-3:], *smem[:7],
+                          b_smem=smem[7:]), block)
 
-        def chunk(c, state):
-          """Chunk c of the keys; state (o, m, l) of the chunks before, None for the first."""
-          keys = pl.ds(c * C, C)
-          for p in range(parts):
-            plgpu.copy_gmem_to_smem(k_gmem.at[p, kv, :, keys], k_smem.at[p], barrier.at[p])
-            plgpu.copy_gmem_to_smem(v_gmem.at[p, kv, keys, :], v_smem.at[p],
-                                    barrier.at[parts + p])
-          if biased:
-            plgpu.copy_gmem_to_smem(bias_gmem.at[bb, hb, rows, keys], b_smem[0],
-                                    barrier.at[2 * parts])
-          for i in range(2 * parts + biased):
-            plgpu.barrier_wait(barrier.at[i])
+    pl.run_scoped(scoped, *_scratch(plan))
 
-          def scores(acc):
-            for a, b in pairs:
-              _mma(acc, q_smem.at[a], k_smem.at[b], interpret)
-            plgpu.wgmma_wait(0)
-            return acc[...]
-
-          s = pl.run_scoped(scores, _acc((TM, C), interpret))
-          if biased:
-            s = s + b_smem[0][...]
-          # keys at or past a row's length (and S's padding): exp() of _MASKED is 0
-          key = c * C + _cast(lax.broadcasted_iota(jnp.int32, (TM, C), 1),
-                              plgpu.Layout.WGMMA, interpret)
-          s = jnp.where(key < lax.broadcast_in_dim(row_len, s.shape, [0]), s, _MASKED)
-          m_new = s.max(axis=1) if state is None else jnp.maximum(state[1], s.max(axis=1))
-          probs = jnp.exp(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
-          hi = probs.astype(jnp.bfloat16)
-          p_smem[0] = hi
-          if parts == 2:
-            p_smem[1] = (probs - hi.astype(f32)).astype(jnp.bfloat16)
-          plgpu.commit_smem()
-
-          def weighted(acc):
-            for a, b in pairs:
-              _mma(acc, p_smem.at[a], v_smem.at[b], interpret)
-            plgpu.wgmma_wait(0)
-            return acc[...]
-
-          pv = pl.run_scoped(weighted, _acc((TM, dp), interpret))
-          if state is None:
-            return pv, m_new, probs.sum(axis=1)
-          o, m, denom = state
-          alpha = jnp.exp(m - m_new)
-          return (o * lax.broadcast_in_dim(alpha, o.shape, [0]) + pv, m_new,
-                  denom * alpha + probs.sum(axis=1))
-
-        # The first chunk starts the state (its layouts are the WGMMA results'); the tile
-        # walks only the chunks its longest row reaches (module docstring).
-        walk = walks_gmem[g // heads, ti]
-        o, _, denom = lax.fori_loop(1, walk, chunk, chunk(0, None))
-        o_smem[...] = o / lax.broadcast_in_dim(denom, o.shape, [0])
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[g, rows, :])
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-        return carry
-
-      lax.fori_loop(0, units // blocks, unit, None)
-      plgpu.wait_smem_to_gmem(0)
-
-    bf16 = jnp.bfloat16
-    pl.run_scoped(scoped,
-                  plgpu.SMEM((parts, TM, dp), bf16, transforms=_transforms(dp)),
-                  plgpu.SMEM((parts, dp, C), bf16, transforms=_transforms(C)),
-                  plgpu.SMEM((parts, C, dp), bf16, transforms=_transforms(dp)),
-                  plgpu.SMEM((parts, TM, C), bf16, transforms=_transforms(C)),
-                  plgpu.SMEM((TM,), jnp.int32),
-                  plgpu.SMEM((TM, dp), f32, transforms=_f32_transforms(dp)),
-                  plgpu.Barrier(num_barriers=n_barriers),
-                  *([plgpu.SMEM((TM, C), f32, transforms=_f32_transforms(C))] if biased else []))
-
-  operands = (qp, ktp, vp) + ((bias,) if biased else ()) + (lens, walks)
-  return plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((bh, tp, dp), f32),
-                      grid=(blocks,), grid_names=("blocks",),
+  operands = (qp, ktp, vp) + ((bias,) if plan.biased else ()) + (lens, walks)
+  return plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((bh, tp, dp), jnp.float32),
+                      grid=(plan.blocks,), grid_names=("blocks",),
                       compiler_params=plgpu.CompilerParams(), interpret=interpret)(*operands)
+
+
+def _scratch(plan: _Plan) -> list:
+  """The SMEM of a block: q, K, V and probability tiles (bfloat16 parts), the row lengths,
+  the output tile, the barriers, [a bias chunk]."""
+  bf16, f32, parts, dp, c = jnp.bfloat16, jnp.float32, plan.parts, plan.dp, plan.c
+  return [plgpu.SMEM((parts, TM, dp), bf16, transforms=_transforms(dp)),
+          plgpu.SMEM((parts, dp, c), bf16, transforms=_transforms(c)),
+          plgpu.SMEM((parts, c, dp), bf16, transforms=_transforms(dp)),
+          plgpu.SMEM((parts, TM, c), bf16, transforms=_transforms(c)),
+          plgpu.SMEM((TM,), jnp.int32),
+          plgpu.SMEM((TM, dp), f32, transforms=_f32_transforms(dp)),
+          plgpu.Barrier(num_barriers=plan.n_barriers),
+          *([plgpu.SMEM((TM, c), f32, transforms=_f32_transforms(c))] if plan.biased else [])]
+
+
+def _scoped(plan: _Plan, r: _Refs, block) -> None:
+  """The block's units, one after the other (one block of every unit when interpreting)."""
+  per_block = plan.units // plan.blocks
+  lax.fori_loop(0, per_block, lambda t, carry: _unit(plan, r, block * per_block + t, carry),
+                None)
+  plgpu.wait_smem_to_gmem(0)
+
+
+def _unit(plan: _Plan, r: _Refs, u, carry):
+  """Unit u: one query head's row tile over the keys its longest row reaches."""
+  tile = _start_tile(plan, r, u)
+  # The first chunk starts the state (its layouts are the WGMMA results'); the tile walks
+  # only the chunks its longest row reaches (module docstring).
+  walk = r.walks_gmem[tile.g // plan.heads, tile.ti]
+  chunk = lambda c, state: _chunk_step(plan, r, tile, c, state)
+  o, _, denom = lax.fori_loop(1, walk, chunk, chunk(0, None))
+  r.o_smem[...] = o / lax.broadcast_in_dim(denom, o.shape, [0])
+  plgpu.commit_smem()
+  plgpu.copy_smem_to_gmem(r.o_smem, r.o_gmem.at[tile.g, tile.rows, :])
+  plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+  return carry
+
+
+def _start_tile(plan: _Plan, r: _Refs, u) -> _Tile:
+  """Unit u's place, its query rows and row lengths read into SMEM."""
+  heads, group = plan.heads, plan.group
+  g, ti = u // plan.row_tiles, u % plan.row_tiles
+  # its K/V head (ungrouped: g itself)
+  kv = g if group == 1 else (g // heads) * (heads // group) + (g % heads) // group
+  bb = hb = None
+  if plan.biased:
+    bb = g // heads if r.bias_gmem.shape[0] > 1 else 0
+    hb = g % heads if r.bias_gmem.shape[1] > 1 else 0
+  rows = pl.ds(ti * TM, TM)
+  for p in range(plan.parts):
+    plgpu.copy_gmem_to_smem(r.q_gmem.at[p, g, rows, :], r.q_smem.at[p], r.barrier.at[p])
+  plgpu.copy_gmem_to_smem(r.lens_gmem.at[g // heads, rows], r.lens_smem,
+                          r.barrier.at[plan.lens_barrier])
+  for i in (*range(plan.parts), plan.lens_barrier):
+    plgpu.barrier_wait(r.barrier.at[i])
+  # each row's length, one per WGMMA row (as the running max m)
+  row_len = _cast(r.lens_smem[...], plgpu.Layout.WGMMA.reduce(1), plan.interpret)
+  return _Tile(g, ti, rows, kv, bb, hb, row_len)
+
+
+def _load_chunk(plan: _Plan, r: _Refs, tile: _Tile, c) -> None:
+  """Chunk c of K, V [and the bias] into SMEM, waited for."""
+  keys, parts = pl.ds(c * plan.c, plan.c), plan.parts
+  for p in range(parts):
+    plgpu.copy_gmem_to_smem(r.k_gmem.at[p, tile.kv, :, keys], r.k_smem.at[p], r.barrier.at[p])
+    plgpu.copy_gmem_to_smem(r.v_gmem.at[p, tile.kv, keys, :], r.v_smem.at[p],
+                            r.barrier.at[parts + p])
+  if plan.biased:
+    plgpu.copy_gmem_to_smem(r.bias_gmem.at[tile.bb, tile.hb, tile.rows, keys], r.b_smem[0],
+                            r.barrier.at[2 * parts])
+  for i in range(2 * parts + plan.biased):
+    plgpu.barrier_wait(r.barrier.at[i])
+
+
+def _product(plan: _Plan, a_smem, b_smem, shape: tuple[int, int]) -> Array:
+  """a @ b of two SMEM tiles in bfloat16 parts (`_PAIRS`), float32-accumulated WGMMAs."""
+  def run(acc):
+    for a, b in _PAIRS[plan.parts]:
+      _mma(acc, a_smem.at[a], b_smem.at[b], plan.interpret)
+    plgpu.wgmma_wait(0)
+    return acc[...]
+
+  return pl.run_scoped(run, _acc(shape, plan.interpret))
+
+
+def _chunk_step(plan: _Plan, r: _Refs, tile: _Tile, c, state):
+  """Chunk c of the keys; state (o, m, l) of the chunks before, None for the first."""
+  _load_chunk(plan, r, tile, c)
+  s = _product(plan, r.q_smem, r.k_smem, (TM, plan.c))
+  if plan.biased:
+    s = s + r.b_smem[0][...]
+  # keys at or past a row's length (and S's padding): exp() of _MASKED is 0
+  key = c * plan.c + _cast(lax.broadcasted_iota(jnp.int32, (TM, plan.c), 1),
+                           plgpu.Layout.WGMMA, plan.interpret)
+  s = jnp.where(key < lax.broadcast_in_dim(tile.row_len, s.shape, [0]), s, _MASKED)
+  m_new = s.max(axis=1) if state is None else jnp.maximum(state[1], s.max(axis=1))
+  probs = jnp.exp(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
+  hi = probs.astype(jnp.bfloat16)
+  r.p_smem[0] = hi
+  if plan.parts == 2:
+    r.p_smem[1] = (probs - hi.astype(jnp.float32)).astype(jnp.bfloat16)
+  plgpu.commit_smem()
+  pv = _product(plan, r.p_smem, r.v_smem, (TM, plan.dp))
+  if state is None:
+    return pv, m_new, probs.sum(axis=1)
+  o, m, denom = state
+  alpha = jnp.exp(m - m_new)
+  return (o * lax.broadcast_in_dim(alpha, o.shape, [0]) + pv, m_new,
+          denom * alpha + probs.sum(axis=1))
 
 
 def _cast(x: Array, layout, interpret) -> Array:

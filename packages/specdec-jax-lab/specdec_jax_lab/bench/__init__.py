@@ -44,7 +44,6 @@ models ("config:NAME") give alpha ~ 0: the numbers then measure the machinery's 
 """
 
 from specdec_jax.costs import StepTimer, time_decode_step
-from specdec_jax.errors import BenchError
 from specdec_jax_lab.bench.report import (
   TABLE_COLUMNS,
   markdown_report,
@@ -62,6 +61,7 @@ from specdec_jax_lab.bench.run import (
   measure_costs,
   run_bench,
 )
+from specdec_jax_lab.errors import BenchError
 
 DESCRIPTION = __doc__.split("\n\n    results =")[0]
 

@@ -28,8 +28,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 from specdec_jax import experimental
 from specdec_jax import methods as core
-from specdec_jax.errors import BenchError, InputError
+from specdec_jax.errors import InputError
 from specdec_jax.runs import Run
+from specdec_jax_lab.errors import BenchError
 
 
 def _value(text: str, default: Any, name: str, flag: str) -> Any:

@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 import specdec_jax as sd
-from specdec_jax.runtime.report import atomic_write, created_line, fmt, write_json, write_plot
+from specdec_jax.io.reports import atomic_write, created_line, fmt, write_json, write_plot
 
 TABLE_COLUMNS = ("batch", "mode", "method", "γ", "ms/token", "tokens/s", "speedup", "α",
                  "acceptance", "tokens/call", "c", "verify cost", "predicted",

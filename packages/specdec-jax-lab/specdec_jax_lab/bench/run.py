@@ -20,13 +20,13 @@ from specdec_jax import costs as costs_lib
 from specdec_jax import experimental
 from specdec_jax.batching import Batch, cycled_rows, padded_batches, random_prompts
 from specdec_jax.costs import CostTiming
-from specdec_jax.errors import BenchError
+from specdec_jax.io.reports import machine_info, utc_now
 from specdec_jax.loading import resolve_drafter
 from specdec_jax.rounds.engine import EXACT_WIDTH
 from specdec_jax.runs import Run, decode_corpus, same_output, stats_row
-from specdec_jax.runtime.report import machine_info, utc_now
 from specdec_jax.sampling import MODES, make_sampling
 from specdec_jax.timing import default_compile_workers, run_parallel, time_rounds, timed_call
+from specdec_jax_lab.errors import BenchError
 
 SCHEMA_VERSION = 1
 

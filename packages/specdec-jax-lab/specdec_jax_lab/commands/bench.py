@@ -10,21 +10,21 @@ import sys
 from typing import Any, Mapping
 
 import specdec_jax as sd
-from specdec_jax.cli.mesh_args import add_mesh_flag, check_batch, load_target, mesh_from_flag
-from specdec_jax.cli.options import (
+from specdec_jax.flags.common import (
   check_at_least_one,
   int_list,
   mode_list,
   parse_overrides,
 )
-from specdec_jax.cli.prompts import file_prompts
-from specdec_jax.errors import BenchError
+from specdec_jax.flags.mesh import add_mesh_flag, check_batch, load_target, mesh_from_flag
+from specdec_jax.io.prompts import file_prompts
+from specdec_jax.io.reports import check_output_dir, read_json, to_jsonable
+from specdec_jax.io.streams import emit
 from specdec_jax.loading import DRAFTER_KINDS, DTYPES, load_model, note
-from specdec_jax.runtime.report import check_output_dir, read_json, to_jsonable
-from specdec_jax.runtime.streams import emit
 from specdec_jax.sampling import MODES
 from specdec_jax_lab import bench
 from specdec_jax_lab.bench import method_specs
+from specdec_jax_lab.errors import BenchError
 
 DEFAULT_TARGET = "config:t5_1_1_small"
 DEFAULT_DRAFTER = "config:t5_1_1_tiny_drafter"

@@ -18,26 +18,23 @@ from typing import Any
 import numpy as np
 
 import specdec_jax as sd
-from specdec_jax.cli.args import add_drafter_flag, add_dtype_flag
-from specdec_jax.cli.mesh_args import (
+from specdec_jax.flags import FlagError
+from specdec_jax.flags.common import add_drafter_flag, add_dtype_flag, check_at_least_one
+from specdec_jax.flags.mesh import (
   add_mesh_flag,
   check_batch,
   load_target,
   mesh_from_flag,
 )
-from specdec_jax.cli.method_args import (
-  MethodChoice,
+from specdec_jax.flags.methods import (
   add_method_flags,
   method_from_args,
-  placed_method,
 )
-from specdec_jax.cli.options import check_at_least_one
-from specdec_jax.errors import CLIError
 from specdec_jax.io.prompts import encode_lm_prompts, read_texts
-from specdec_jax.loading import DRAFTER_KINDS, drafter_loader
+from specdec_jax.io.reports import fmt, to_jsonable
+from specdec_jax.io.streams import emit
+from specdec_jax.loading import DRAFTER_KINDS, MethodChoice, drafter_loader, placed_method
 from specdec_jax.runs import REPORTED
-from specdec_jax.runtime.report import fmt, to_jsonable
-from specdec_jax.runtime.streams import emit
 from specdec_jax_lab import evaluation
 from specdec_jax_lab.errors import EvaluationError
 
@@ -118,7 +115,7 @@ def from_args(args) -> tuple[MethodChoice | None, EvalRun]:
     given = [flag for flag, value in (("--drafter", args.drafter), ("--method", args.method))
              if value is not None]
     if given:
-      raise CLIError(f"{', '.join(given)}: --metric perplexity scores the model alone")
+      raise FlagError(f"{', '.join(given)}: --metric perplexity scores the model alone")
   else:
     choice = method_from_args(args)
   return choice, EvalRun(
@@ -131,7 +128,7 @@ def from_args(args) -> tuple[MethodChoice | None, EvalRun]:
 def _drafter_flag(choice: MethodChoice) -> str:
   """--drafter, which speculative and BiLD need (a `MethodChoice` built in code may lack it)."""
   if choice.drafter is None:
-    raise CLIError(f"--method {choice.name} needs --drafter")
+    raise FlagError(f"--method {choice.name} needs --drafter")
   return choice.drafter
 
 
@@ -161,7 +158,7 @@ def perplexity(run: EvalRun) -> dict[str, Any]:
   text encoded as a prompt is (BOS as the tokenizer has it, no EOS), cut at --max-length
   (default: the model's max_positions) tokens, every token after the first scored."""
   if not os.path.isfile(run.data):
-    raise CLIError(f"--data {run.data!r}: --metric perplexity reads a text file (one text "
+    raise FlagError(f"--data {run.data!r}: --metric perplexity reads a text file (one text "
                    "per line) or a .jsonl file (one JSON string or {\"text\": ...} per line)")
   texts = read_texts(run.data)[:run.limit]
   if not texts:
@@ -169,7 +166,7 @@ def perplexity(run: EvalRun) -> dict[str, Any]:
   tokenizer = sd.load_tokenizer(run.tokenizer) if run.tokenizer else None
   model = load_target(run.model, run.dtype, None, what="model")
   if not isinstance(model.config, sd.LMConfig):   # not decoder-only
-    raise CLIError("--metric perplexity scores decoder-only models (GPT-2, Llama); "
+    raise FlagError("--metric perplexity scores decoder-only models (GPT-2, Llama); "
                    f"{run.model} is a T5 encoder-decoder: score it with BLEU / chrF")
   limit = run.max_length or model.config.max_positions
   tokens, lengths = encode_lm_prompts(texts, tokenizer, model.config)
@@ -207,24 +204,24 @@ def evaluate(choice: MethodChoice | None, run: EvalRun) -> int:
   if run.metric == "perplexity":
     return _run_perplexity(run)
   if choice is None:
-    raise CLIError(f"--metric {run.metric} scores a decoding method: choice is None")
+    raise FlagError(f"--metric {run.metric} scores a decoding method: choice is None")
   mesh = mesh_from_flag(run.mesh)
   check_batch(run.batch_size, mesh)
   sampling = choice.sampling
   if evaluation.is_jsonl(run.data):
     if not os.path.isfile(run.data):
-      raise CLIError(f"--data {run.data!r}: no such file")
+      raise FlagError(f"--data {run.data!r}: no such file")
     if choice.drafter == "ngram" or dict(choice.models).get("--rescorer") == "data":
-      raise CLIError("the n-gram drafter / rescorer is fitted on a prepared data dir's train "
+      raise FlagError("the n-gram drafter / rescorer is fitted on a prepared data dir's train "
                      "split; a .jsonl file has none (use a model drafter, or --data DIR)")
   elif not os.path.isdir(run.data):
-    raise CLIError(f"--data {run.data!r} is neither a .jsonl file of pairs nor a directory "
+    raise FlagError(f"--data {run.data!r} is neither a .jsonl file of pairs nor a directory "
                    "(prepare one with `specdec train --stages data`)")
   evaluation.check_split(run.data, run.split)
   tokenizer = sd.load_tokenizer(run.tokenizer) if run.tokenizer else None
   model = load_target(run.model, run.dtype, mesh, what="model")
   if model.is_decoder_only:
-    raise CLIError(f"{run.model} is a decoder-only LM: BLEU / chrF score translations of a "
+    raise FlagError(f"{run.model} is a decoder-only LM: BLEU / chrF score translations of a "
                    "T5 data split; score an LM with --metric perplexity (or continuations "
                    "with specdec sweep-bild --tokenizer)")
   method = _method(choice, model, run, mesh)

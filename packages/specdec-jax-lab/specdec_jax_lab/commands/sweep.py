@@ -32,7 +32,7 @@ import argparse
 import sys
 from typing import Any
 
-from specdec_jax.runtime.streams import emit
+from specdec_jax.io.streams import emit
 from specdec_jax_lab.sweep.settings import EXACT, BildSweep, BlockwiseSweep, SweepSettings
 from specdec_jax_lab.sweep.sweeps import run_sweep
 

@@ -9,9 +9,9 @@ import sys
 import time
 from typing import Any, Sequence
 
-from specdec_jax.errors import CLIError
-from specdec_jax.runtime.report import read_json
-from specdec_jax.runtime.streams import emit
+from specdec_jax.flags import FlagError
+from specdec_jax.io.reports import read_json
+from specdec_jax.io.streams import emit
 from specdec_jax_lab import demo, training
 from specdec_jax_lab.data import prepare
 from specdec_jax_lab.errors import TrainingError
@@ -25,7 +25,7 @@ def parse_stages(text: str | None) -> tuple[str, ...] | None:
   names = [t.strip() for t in text.split(",") if t.strip()]
   unknown = [n for n in names if n not in demo.STAGES]
   if unknown or not names:
-    raise CLIError(f"unknown stage(s) {', '.join(map(repr, unknown)) or repr(text)}; "
+    raise FlagError(f"unknown stage(s) {', '.join(map(repr, unknown)) or repr(text)}; "
                    f"stages: {', '.join(demo.STAGES)} or all")
   return tuple(n for n in demo.STAGES if n in names)
 
@@ -34,28 +34,28 @@ def read_recipe(path: str, stages: Sequence[str]) -> dict[str, Any]:
   """The recipe JSON, checked to hold a section for every requested stage."""
   recipe = read_json(path, "recipe")
   if not isinstance(recipe, dict):
-    raise CLIError(f"recipe {path!r} must hold a JSON object")
+    raise FlagError(f"recipe {path!r} must hold a JSON object")
   needed = [s for s in stages if s != "bundle"]
   if "distilled" in stages or ("aligned" in stages
                                and "init" not in (recipe.get("aligned") or {})):
     needed += ["drafter"]   # their starting point and its architecture
   missing = sorted({s for s in needed if not isinstance(recipe.get(s), dict)})
   if missing:
-    raise CLIError(f"recipe {path!r} has no section for stage(s) {', '.join(missing)}")
+    raise FlagError(f"recipe {path!r} has no section for stage(s) {', '.join(missing)}")
   for name in demo.NEEDS_INIT:
     if name in needed and not isinstance(recipe[name].get("init"), str):
-      raise CLIError(f"recipe {path!r}: section {name!r} needs an \"init\" (the model it "
+      raise FlagError(f"recipe {path!r}: section {name!r} needs an \"init\" (the model it "
                      "starts from, e.g. \"demo-de-en/drafter\")")
   bundle = recipe.get("bundle", {})
   if "bundle" in stages and not isinstance(bundle, dict):
-    raise CLIError(f"recipe {path!r}: section 'bundle' must be a JSON object")
+    raise FlagError(f"recipe {path!r}: section 'bundle' must be a JSON object")
   if "bundle" in stages and set(bundle) - demo.BUNDLE_KEYS:
-    raise CLIError(f"recipe {path!r}, section 'bundle': unknown key(s) "
+    raise FlagError(f"recipe {path!r}, section 'bundle': unknown key(s) "
                    f"{', '.join(sorted(set(bundle) - demo.BUNDLE_KEYS))}; "
                    f"known: {', '.join(sorted(demo.BUNDLE_KEYS))}")
   for name in ("target", "drafter"):
     if name in needed and "config" not in recipe[name]:
-      raise CLIError(f"recipe {path!r}: section {name!r} needs a \"config\" (model config JSON)")
+      raise FlagError(f"recipe {path!r}: section {name!r} needs a \"config\" (model config JSON)")
   _check_recipe_arguments(path, recipe, needed)
   return recipe
 
@@ -69,17 +69,17 @@ def _check_recipe_arguments(path: str, recipe: dict[str, Any], sections: Sequenc
       try:
         inspect.signature(prepare.prepare_de_en).bind("out_dir", **recipe["data"])
       except TypeError as e:
-        raise CLIError(f"recipe {path!r}, section 'data': {e}") from None
+        raise FlagError(f"recipe {path!r}, section 'data': {e}") from None
       continue
     own = demo.STAGE_KEYS.get(name, set())
     unknown = sorted(set(recipe[name]) - fields - own)
     if unknown:     # a typo must not silently train with the default
-      raise CLIError(f"recipe {path!r}, section {name!r}: unknown key(s) {', '.join(unknown)}; "
+      raise FlagError(f"recipe {path!r}, section {name!r}: unknown key(s) {', '.join(unknown)}; "
                      f"known: {', '.join(sorted(own | fields))}")
     try:
       training.TrainConfig(**{k: v for k, v in recipe[name].items() if k in fields})
     except (TypeError, TrainingError) as e:   # the section's name makes the message useful
-      raise CLIError(f"recipe {path!r}, section {name!r}: {e}") from None
+      raise FlagError(f"recipe {path!r}, section {name!r}: {e}") from None
 
 
 def run(args) -> int:
@@ -87,20 +87,20 @@ def run(args) -> int:
   if stages is None:
     raw = read_json(args.recipe, "recipe")
     if not isinstance(raw, dict):
-      raise CLIError(f"recipe {args.recipe!r} must hold a JSON object")
+      raise FlagError(f"recipe {args.recipe!r} must hold a JSON object")
     stages = demo.recipe_stages(raw)
   recipe_path = args.recipe
   recipe = read_recipe(recipe_path, stages)
   if args.heads is not None:
     if args.heads < 2:
-      raise CLIError(f"--heads must be >= 2 (head 1 is the model itself), got {args.heads}")
+      raise FlagError(f"--heads must be >= 2 (head 1 is the model itself), got {args.heads}")
     if "heads" not in stages:
-      raise CLIError("--heads sets the heads stage's number of heads: add 'heads' to --stages")
+      raise FlagError("--heads sets the heads stage's number of heads: add 'heads' to --stages")
     recipe["heads"]["num_heads"] = args.heads
     recipe_path = _write_recipe(args.workdir, recipe)
   data_ready = os.path.isfile(os.path.join(args.workdir, "data", "meta.json"))
   if "data" not in stages and not data_ready:   # every stage reads the train split
-    raise CLIError(f"{os.path.join(args.workdir, 'data')!r} holds no prepared data: "
+    raise FlagError(f"{os.path.join(args.workdir, 'data')!r} holds no prepared data: "
                    "add the 'data' stage")
   start = time.perf_counter()
   results = demo.run_pipeline(recipe_path, args.workdir, stages=stages)
@@ -118,7 +118,7 @@ def run(args) -> int:
 
 def _write_recipe(workdir: str, recipe: dict[str, Any]) -> str:
   """The recipe as run (with --heads applied), written beside the stages it drives."""
-  from specdec_jax.runtime.report import write_json
+  from specdec_jax.io.reports import write_json
   path = os.path.join(workdir, "recipe.json")
   write_json(path, recipe)
   return path

@@ -14,13 +14,13 @@ import numpy as np
 
 import specdec_jax as sd
 from specdec_jax.batching import pad_rows, padded_batches
+from specdec_jax.io.reports import machine_info, utc_now
 from specdec_jax.runs import (
   Run,
   decode_corpus,
   finite,
   stats_row,
 )
-from specdec_jax.runtime.report import machine_info, utc_now
 from specdec_jax.timing import time_rounds
 from specdec_jax_lab.errors import CompareError
 from specdec_jax_lab.hf_compare.hf import (

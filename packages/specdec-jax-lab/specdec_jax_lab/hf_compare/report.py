@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from specdec_jax.runtime.report import atomic_write, created_line, fmt, write_json
+from specdec_jax.io.reports import atomic_write, created_line, fmt, write_json
 
 TABLE_COLUMNS = ("method", "batch", "γ", "ms/token", "tokens/s", "speedup vs HF greedy",
                  "speedup vs our greedy (B=1)", "speedup vs our greedy (same B)",

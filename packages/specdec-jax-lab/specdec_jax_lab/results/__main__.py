@@ -32,8 +32,8 @@ import os
 import shlex
 import sys
 
-from specdec_jax.cli.options import int_list
 from specdec_jax.errors import SpecdecError
+from specdec_jax.flags.common import int_list
 
 TABLES = ("theory", "kernels", "demo")
 #: The lab's committed tables, from the repository root (docs/hooks/results.py reads them).
@@ -106,7 +106,7 @@ def parser() -> argparse.ArgumentParser:
 def theory_table(out_dir: str, command: str) -> str:
   """results/theory/table1.{md,json}: the paper's Table 1 recomputed by `sd.theory`."""
   from specdec_jax import theory
-  from specdec_jax.runtime.report import atomic_write, utc_now, write_json
+  from specdec_jax.io.reports import atomic_write, utc_now, write_json
   rows = theory.table1()
   lines = [f"Created {utc_now()[:10]} by `{command}` (`sd.theory.table1()`: "
            "Theorem 10 with ĉ = 0, Theorem 8 with c = 0).", "",

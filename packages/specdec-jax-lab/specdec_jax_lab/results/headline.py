@@ -17,7 +17,7 @@ from typing import Any
 
 import specdec_jax as sd
 from specdec_jax.costs import VERIFY_NOISE_NOTE, shown_predictions, verify_cost_text
-from specdec_jax.runtime.report import fmt, read_json
+from specdec_jax.io.reports import fmt, read_json
 from specdec_jax_lab.errors import ResultsError
 
 

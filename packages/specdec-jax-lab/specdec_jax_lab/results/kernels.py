@@ -33,7 +33,7 @@ import sys
 import time
 from typing import Any
 
-from specdec_jax.runtime.report import atomic_write, fmt, machine_info, utc_now, write_json
+from specdec_jax.io.reports import atomic_write, fmt, machine_info, utc_now, write_json
 from specdec_jax_lab.errors import ResultsError
 
 KERNEL_ENV = "SPECDEC_CPU_KERNELS"

@@ -7,7 +7,7 @@ import pathlib
 from typing import Any, Sequence
 
 import specdec_jax as sd
-from specdec_jax.runtime.report import atomic_write, utc_now, write_json
+from specdec_jax.io.reports import atomic_write, utc_now, write_json
 from specdec_jax_lab import evaluation
 from specdec_jax_lab.errors import ResultsError
 from specdec_jax_lab.results.run import SCHEMA_VERSION, VARIANTS, find_variants

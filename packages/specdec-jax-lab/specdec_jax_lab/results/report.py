@@ -8,7 +8,7 @@ from typing import Any
 
 import specdec_jax as sd
 from specdec_jax.costs import VERIFY_NOISE_NOTE, shown_predictions, verify_cost_text
-from specdec_jax.runtime.report import atomic_write, fmt, read_text, write_json, write_plot
+from specdec_jax.io.reports import atomic_write, fmt, read_text, write_json, write_plot
 from specdec_jax_lab.errors import ResultsError
 from specdec_jax_lab.results.quality import quality_markdown
 

@@ -14,8 +14,8 @@ import numpy as np
 import specdec_jax as sd
 from specdec_jax import costs as costs_lib
 from specdec_jax.batching import padded_batches
+from specdec_jax.io.reports import machine_info, read_json, utc_now
 from specdec_jax.runs import Run, decode_corpus, stats_row
-from specdec_jax.runtime.report import machine_info, read_json, utc_now
 from specdec_jax.sampling import make_sampling
 from specdec_jax.timing import (
   default_compile_workers,

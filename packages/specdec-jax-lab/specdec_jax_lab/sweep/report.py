@@ -11,7 +11,7 @@ import os
 from typing import Any, Sequence
 
 import specdec_jax as sd
-from specdec_jax.runtime.report import (
+from specdec_jax.io.reports import (
   atomic_write,
   created_line,
   fmt,

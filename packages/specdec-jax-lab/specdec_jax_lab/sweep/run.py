@@ -25,6 +25,7 @@ import numpy as np
 
 import specdec_jax as sd
 from specdec_jax.batching import padded_batches
+from specdec_jax.io.reports import machine_info, utc_now
 from specdec_jax.runs import (
   Run,
   decode_corpus,
@@ -32,7 +33,6 @@ from specdec_jax.runs import (
   stats_row,
   totals,
 )
-from specdec_jax.runtime.report import machine_info, utc_now
 from specdec_jax.timing import is_exact, ms_per_token, time_rounds
 from specdec_jax_lab import evaluation
 from specdec_jax_lab.errors import SweepError

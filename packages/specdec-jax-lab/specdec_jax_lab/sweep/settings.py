@@ -12,7 +12,7 @@ import shlex
 from typing import Any, ClassVar
 
 import specdec_jax as sd
-from specdec_jax.errors import CLIError
+from specdec_jax.flags import FlagError
 from specdec_jax.sampling import SamplingSettings
 
 # The settings recorded in the results' `config` (those a sweep has, in this order), which
@@ -30,7 +30,7 @@ BATCH_POLICIES = ("wait", "sync")
 def _named(spec: str) -> tuple[str, str]:
   name, sep, path = spec.partition("=")
   if not sep or not name or not path:
-    raise CLIError(f"--small {spec!r} is not NAME=PATH (e.g. aligned=demo-de-en/drafter)")
+    raise FlagError(f"--small {spec!r} is not NAME=PATH (e.g. aligned=demo-de-en/drafter)")
   return name, path
 
 
@@ -80,9 +80,9 @@ class SweepSettings:
 
   def __post_init__(self):
     if self.limit is not None and self.limit < 1 or self.batch_size < 1 or self.repeats < 1:
-      raise CLIError("--limit, --batch-size and --repeats must be >= 1")
+      raise FlagError("--limit, --batch-size and --repeats must be >= 1")
     if self.exact not in EXACT:
-      raise CLIError(f"--exact {self.exact!r}: one of {', '.join(sorted(EXACT))}")
+      raise FlagError(f"--exact {self.exact!r}: one of {', '.join(sorted(EXACT))}")
 
   @property
   def exact_mode(self) -> bool | None:
@@ -123,11 +123,11 @@ class BildSweep(SweepSettings):
   def __post_init__(self):
     super().__post_init__()
     if not self.small and not self.early_exit:
-      raise CLIError("sweep-bild needs a small model to sweep: --small NAME=PATH (e.g. "
+      raise FlagError("sweep-bild needs a small model to sweep: --small NAME=PATH (e.g. "
                      "aligned=demo-de-en/drafter; repeatable) or --early-exit MODEL:K")
     bad = [p for p in self.batch_policies if p not in BATCH_POLICIES]
     if bad:
-      raise CLIError(f"--batch-policies: unknown policy {bad[0]!r} ({', '.join(BATCH_POLICIES)})")
+      raise FlagError(f"--batch-policies: unknown policy {bad[0]!r} ({', '.join(BATCH_POLICIES)})")
     self.smalls()
 
   def smalls(self) -> list[tuple[str, str]]:

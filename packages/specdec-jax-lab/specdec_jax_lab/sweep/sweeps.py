@@ -22,12 +22,12 @@ import numpy as np
 
 import specdec_jax as sd
 from specdec_jax.drafters.lattice import NGramLM
-from specdec_jax.errors import CLIError
+from specdec_jax.flags import FlagError
 from specdec_jax.io.prompts import encode_lm_prompts, read_texts
+from specdec_jax.io.reports import check_output_dir, read_json, to_jsonable
 from specdec_jax.loading import early_exit_layer, fit_ngram, load_model
 from specdec_jax.models.model import family
 from specdec_jax.runs import Run
-from specdec_jax.runtime.report import check_output_dir, read_json, to_jsonable
 from specdec_jax_lab import evaluation
 from specdec_jax_lab.data import prepare
 from specdec_jax_lab.sweep.report import write_outputs
@@ -82,7 +82,7 @@ def bild_points(s: BildSweep, target) -> list[Point]:
 def _same_kind(model, target, flag: str):
   """`model`, refused when it is not of the target's kind (T5 vs decoder-only)."""
   if model.is_decoder_only != target.is_decoder_only:
-    raise CLIError(f"{flag} is {family(model)} but --model is {family(target)}: an LM drafts "
+    raise FlagError(f"{flag} is {family(model)} but --model is {family(target)}: an LM drafts "
                    "for an LM, a T5 for a T5")
   return model
 
@@ -95,7 +95,7 @@ def lm_split(s: SweepSettings, tokenizer, config) -> Split:
   p, t = s.prompt_len, s.lm_new_tokens
   keep = np.flatnonzero(lengths >= p + t)[:s.limit]
   if not keep.size:
-    raise CLIError(f"--data {s.data!r}: no text has --prompt-len {p} + --max-new-tokens "
+    raise FlagError(f"--data {s.data!r}: no text has --prompt-len {p} + --max-new-tokens "
                    f"{t} tokens")
   references = tokenizer.decode(tokens[keep, p:p + t])
   return Split(tokens[keep, :p], tuple(references), t)
@@ -144,7 +144,7 @@ def _existing(s: SweepSettings, config: dict[str, Any]) -> dict[str, Any] | None
   now = to_jsonable(config)
   diff = [k for k in now if k != "command" and old.get("config", {}).get(k) != now[k]]
   if diff:
-    raise CLIError(f"--resume: {path} was made with other settings ({', '.join(diff)}); drop "
+    raise FlagError(f"--resume: {path} was made with other settings ({', '.join(diff)}); drop "
                    "--resume or choose another --out")
   return old
 
@@ -154,16 +154,16 @@ def _split(s: SweepSettings, target) -> tuple[SweepSettings, Split, Any]:
   tokenizer): a decoder-only model's texts (`lm_split`), or a T5 pair split."""
   if target.is_decoder_only:
     if not s.tokenizer:
-      raise CLIError("a decoder-only --model needs --tokenizer: --data holds texts")
+      raise FlagError("a decoder-only --model needs --tokenizer: --data holds texts")
     s = dataclasses.replace(s, max_new_tokens=s.lm_new_tokens)
     if s.lm_new_tokens < 1 or s.prompt_len < 1:
-      raise CLIError("--prompt-len and --max-new-tokens must be >= 1")
+      raise FlagError("--prompt-len and --max-new-tokens must be >= 1")
     tokenizer = sd.load_tokenizer(s.tokenizer)
     return s, lm_split(s, tokenizer, target.config), tokenizer
   given = [f for f, v in (("--tokenizer", s.tokenizer),
                           ("--max-new-tokens", s.max_new_tokens)) if v is not None]
   if given:
-    raise CLIError(f"{', '.join(given)}: only for a decoder-only --model (a prepared "
+    raise FlagError(f"{', '.join(given)}: only for a decoder-only --model (a prepared "
                    "split holds its tokenizer and target length)")
   return (s, load_split(s.data, s.split, s.limit),
           evaluation.data_tokenizer(s.data, pathlib.Path(s.data)))
@@ -183,7 +183,7 @@ def run_sweep(s: SweepSettings) -> dict[str, str]:
   those `s.out` holds from the same settings) and write the reports after each: the
   paths of the JSON, Markdown and PNG (keys "json", "md", "png")."""
   if not isinstance(s, (BildSweep, BlockwiseSweep)):
-    raise CLIError(f"no points to sweep for {type(s).__name__}: a BildSweep or BlockwiseSweep")
+    raise FlagError(f"no points to sweep for {type(s).__name__}: a BildSweep or BlockwiseSweep")
   check_output_dir(s.out, "--out")
   target = load_model(s.model, s.dtype, what="target")
   s, split, tokenizer = _split(s, target)

@@ -20,7 +20,7 @@ import jax
 from jax.sharding import Mesh
 
 import specdec_jax as sd
-from specdec_jax.errors import CLIError
+from specdec_jax.flags import FlagError
 from specdec_jax.loading import load_model
 from specdec_jax.sharding import MESH_AXES
 
@@ -28,7 +28,7 @@ from specdec_jax.sharding import MESH_AXES
 def parse_mesh(text: str) -> dict[str, int]:
   """"data=2,model=4" -> {"data": 2, "model": 4}; an axis left out has size 1.
 
-  CLIError: an axis other than "data" / "model", one given twice, a size that is not a
+  FlagError: an axis other than "data" / "model", one given twice, a size that is not a
   positive integer.
   """
   sizes: dict[str, int] = {}
@@ -38,18 +38,18 @@ def parse_mesh(text: str) -> dict[str, int]:
     axis, sep, value = item.partition("=")
     axis = axis.strip()
     if not sep:
-      raise CLIError(f"--mesh {text!r}: {item!r} is not AXIS=SIZE (e.g. data=2,model=4)")
+      raise FlagError(f"--mesh {text!r}: {item!r} is not AXIS=SIZE (e.g. data=2,model=4)")
     if axis not in MESH_AXES:
-      raise CLIError(f"--mesh {text!r}: unknown axis {axis!r}; the axes are "
+      raise FlagError(f"--mesh {text!r}: unknown axis {axis!r}; the axes are "
                      f"{', '.join(MESH_AXES)}")
     if axis in sizes:
-      raise CLIError(f"--mesh {text!r}: axis {axis!r} given twice")
+      raise FlagError(f"--mesh {text!r}: axis {axis!r} given twice")
     if not value.strip().isdigit() or int(value) < 1:
-      raise CLIError(f"--mesh {text!r}: the size of {axis!r} must be a positive integer, "
+      raise FlagError(f"--mesh {text!r}: the size of {axis!r} must be a positive integer, "
                      f"got {value!r}")
     sizes[axis] = int(value)
   if not sizes:
-    raise CLIError(f"--mesh {text!r}: expected AXIS=SIZE pairs, e.g. data=2,model=4")
+    raise FlagError(f"--mesh {text!r}: expected AXIS=SIZE pairs, e.g. data=2,model=4")
   return {axis: sizes.get(axis, 1) for axis in MESH_AXES}
 
 
@@ -70,7 +70,7 @@ def mesh_from_flag(mesh: str | None) -> Mesh | None:
   (`distributed`): D * M = `jax.device_count()`, every process's devices, is one GLOBAL
   mesh (a model split across hosts; every process runs every batch); D * M =
   `jax.local_device_count()` is a mesh of this process's devices (data-parallel across
-  processes: each decodes its own block of rows). Any other size is a CLIError naming both.
+  processes: each decodes its own block of rows). Any other size is a FlagError naming both.
   """
   if mesh is None:
     return None
@@ -82,15 +82,15 @@ def mesh_from_flag(mesh: str | None) -> Mesh | None:
     return sd.make_mesh(data=sizes["data"], model=sizes["model"])
   if wanted == local:
     return sd.make_mesh(**sizes, devices=jax.local_devices())
-  raise CLIError(f"--mesh {mesh}: data * model = {wanted}, but {jax.process_count()} "
+  raise FlagError(f"--mesh {mesh}: data * model = {wanted}, but {jax.process_count()} "
                  f"processes have {world} devices ({local} on this one): give {world} for "
                  f"one mesh over every process, or {local} for a mesh per process")
 
 
 def check_batch(batch: int, mesh: Mesh | None, flag: str = "--batch-size") -> None:
-  """CLIError when `batch` rows cannot be split evenly over the mesh's "data" axis."""
+  """FlagError when `batch` rows cannot be split evenly over the mesh's "data" axis."""
   if mesh is not None and batch % mesh.shape["data"]:
-    raise CLIError(f"{flag} {batch} is not divisible by the mesh's 'data' axis of size "
+    raise FlagError(f"{flag} {batch} is not divisible by the mesh's 'data' axis of size "
                    f"{mesh.shape['data']}: choose a multiple of {mesh.shape['data']}")
 
 

@@ -1,5 +1,7 @@
-"""Settings as users write them, parsed once for every tool.
+"""Flags several commands share, and settings as users write them, parsed once for every
+command (`specdec`'s and the lab's).
 
+    add_dtype_flag(parser); add_drafter_flag(parser, "what 'ngram' fits on")
     int_list("1,4-6")                             -> [1, 4, 5, 6]       (an argparse type)
     parse_overrides("vocab_size=300,num_heads=2") -> {"vocab_size": 300, "num_heads": 2}
 """
@@ -10,7 +12,8 @@ import argparse
 import json
 from typing import Any
 
-from specdec_jax.errors import OptionError
+from specdec_jax.flags import FlagError
+from specdec_jax.loading import DTYPES
 from specdec_jax.sampling import MODES
 
 
@@ -48,7 +51,7 @@ def parse_overrides(text: str | None) -> dict[str, Any]:
       continue
     key, sep, value = item.partition("=")
     if not sep or not key.strip():
-      raise OptionError(f"override {item!r} is not KEY=VALUE")
+      raise FlagError(f"override {item!r} is not KEY=VALUE")
     try:
       out[key.strip()] = json.loads(value)
     except json.JSONDecodeError:
@@ -57,8 +60,30 @@ def parse_overrides(text: str | None) -> dict[str, Any]:
 
 
 def check_at_least_one(**values) -> None:
-  """OptionError "--name must be an integer >= 1, got v" for the first value below 1 (None
+  """FlagError "--name must be an integer >= 1, got v" for the first value below 1 (None
   values are unset and pass): check_at_least_one(batch_size=args.batch_size)."""
   for name, value in values.items():
     if value is not None and value < 1:
-      raise OptionError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value}")
+      raise FlagError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value}")
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+  """Shows a flag's default unless it is None or a bool (unset, or a switch whose help
+  says which way it defaults)."""
+
+  def _get_help_string(self, action):
+    if action.default is None or isinstance(action.default, bool):
+      return action.help
+    return super()._get_help_string(action)
+
+
+def add_dtype_flag(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--dtype", choices=DTYPES, default="float32",
+                 help="compute dtype of parameters and activations (float32 as T5X and HF "
+                 "load; bfloat16 halves memory; logits stay float32)")
+
+
+def add_drafter_flag(p: argparse.ArgumentParser, extra: str) -> None:
+  p.add_argument("--drafter", metavar="PATH_OR_NAME",
+                 help=f"drafter model path/name, 'ngram' ({extra}) or 'prompt-lookup'; none: "
+                 "baseline decoding")

@@ -16,7 +16,8 @@ method greedy or sampled.
 
 The flags stop here: `method_from_args` checks them and returns a `MethodChoice` (the core
 method value with its settings, its models still None, the sampling, and the names of the
-models to load); `build_method` turns that into the tools method once the target is loaded.
+models to load: `loading.MethodChoice`); `loading.build_method` turns that into the run once
+the target is loaded.
 
 Everything here is derived from the method values (`sd.methods.METHODS`, then
 `specdec_jax.experimental.METHODS`), each the method's one home: `--method` takes their
@@ -35,22 +36,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
-from typing import Any, Callable, cast
+from typing import Any
 
-from jax.sharding import Mesh
-
-import specdec_jax as sd
 from specdec_jax import experimental
 from specdec_jax import methods as core
-from specdec_jax.errors import CLIError, InputError
-from specdec_jax.loading import EARLY_EXIT, early_exit_layer, fit_ngram
-from specdec_jax.runs import Run
+from specdec_jax.errors import InputError
+from specdec_jax.flags import FlagError
+from specdec_jax.loading import DRAFTER, EARLY_EXIT, MethodChoice
 from specdec_jax.sampling import MODES, make_sampling
 
 #: --method: each method value by its name, in `--help` order.
 CORE = {m.name: m for m in core.METHODS + experimental.METHODS}
 METHOD_NAMES = tuple(CORE)
-DRAFTER = "--drafter"
 
 
 _SCALARS = {"bool": bool, "int": int, "float": float, "str": str}
@@ -205,7 +202,7 @@ def _check_settings(args, method: str) -> core.Method:
     message = str(e)
     for flag, f in setting_flags(core_type) + model_flags(core_type):
       message = re.sub(rf"\b{f.name}\b(=(\S+))?", _as_flag(flag), message)
-    raise CLIError(message) from None
+    raise FlagError(message) from None
 
 
 def _as_flag(flag: str):
@@ -228,51 +225,23 @@ def check_method_flags(args) -> core.Method:
     verb = "applies" if len(bad) == 1 else "apply"
     drafted = all(CORE[o].drafter_role for o in owners) and args.drafter is None
     hint = ": add --drafter" if drafted and CORE[method].drafter_role is None else ""
-    raise CLIError(f"{', '.join(bad)} only {verb} to --method {' / '.join(owners)}, not "
+    raise FlagError(f"{', '.join(bad)} only {verb} to --method {' / '.join(owners)}, not "
                    f"--method {method}{hint}")
   drafter, role = args.drafter, CORE[method].drafter_role
   if drafter is not None and drafter.startswith(EARLY_EXIT) and role != "small model":
-    raise CLIError(f"--drafter {drafter} is BiLD's early-exit small model: add --method bild")
+    raise FlagError(f"--drafter {drafter} is BiLD's early-exit small model: add --method bild")
   if role is not None and drafter is None:
     kinds = "PATH_OR_NAME, ngram or prompt-lookup" if role == "drafter" else "PATH or early-exit:K"
-    raise CLIError(f"--method {method} needs {'a' if role == 'drafter' else 'the'} {role}: "
+    raise FlagError(f"--method {method} needs {'a' if role == 'drafter' else 'the'} {role}: "
                    f"--drafter {kinds}")
   if role is None and drafter is not None:
-    raise CLIError(f"--method {method} ({CORE[method].summary}) takes no --drafter: drop "
+    raise FlagError(f"--method {method} ({CORE[method].summary}) takes no --drafter: drop "
                    f"--drafter")
   if CORE[method].greedy_only and (args.sampling == "sample" or _given(
       args, ("temperature", "top_k", "top_p"))):
-    raise CLIError(f"--method {method} is deterministic ({CORE[method].summary}): drop "
+    raise FlagError(f"--method {method} is deterministic ({CORE[method].summary}): drop "
                    "--sampling sample, --temperature, --top-k and --top-p")
   return _check_settings(args, method)
-
-
-@dataclasses.dataclass(frozen=True)
-class MethodChoice:
-  """The decoding method the flags ask for, before any model is loaded.
-
-  Attributes:
-    value: the core method value (`sd.Speculative(None, gamma=4)`, ...): its settings set
-      and checked, its models None.
-    sampling: `sd.Greedy()` or `sd.Sampling(...)`.
-    drafter: --drafter: a model path/name, "ngram", "prompt-lookup" or "early-exit:K".
-    models: {flag: value} of the method's other model flags given (`--heads`, `--rescorer`).
-  """
-
-  value: core.Method
-  sampling: Any
-  drafter: str | None = None
-  models: tuple[tuple[str, str], ...] = ()
-
-  @property
-  def name(self) -> str:
-    """The --method name (the value's `name`)."""
-    return self.value.name
-
-  @property
-  def early_exit(self) -> bool:
-    """BiLD's small model is the target itself, read after K layers."""
-    return self.drafter is not None and self.drafter.startswith(EARLY_EXIT)
 
 
 def method_from_args(args) -> MethodChoice:
@@ -290,38 +259,5 @@ def sampling_from_method_args(args):
   if args.sampling == "greedy":
     given = _given(args, ("temperature", "top_k", "top_p"))
     if given:
-      raise CLIError(f"{', '.join(given)} only apply with --sampling sample")
+      raise FlagError(f"{', '.join(given)} only apply with --sampling sample")
   return make_sampling(args.sampling, args.temperature, args.top_k, args.top_p)
-
-
-def build_method(choice: MethodChoice, target: sd.Model, model: str, drafter: Any,
-                 load: Callable[[str], sd.Model]) -> Run:
-  """The run of `choice` on the loaded `target` (named `model`: blockwise reads its saved
-  heads); `drafter` is the resolved --drafter (None for early-exit:K), `load` reads a
-  model path/name (a neural rescorer). Each model field is filled from its flag."""
-  value, given = choice.value, dict(choice.models)
-  if choice.early_exit and choice.drafter is not None:
-    drafter = sd.early_exit(target, early_exit_layer(choice.drafter, target))
-  models: dict[str, Any] = {}
-  label = choice.drafter
-  for f in core.model_fields(type(value)):
-    flag = f.metadata.get("flag")
-    if flag == DRAFTER:
-      models[f.name] = drafter
-    elif flag == "--heads":
-      label = given.get(flag) or model
-      models[f.name] = sd.load_heads(label, target)
-    elif flag == "--rescorer" and flag in given:
-      rescoring = getattr(value, "rescoring", None)
-      models[f.name] = (load(given[flag]) if rescoring == "neural"
-                        else fit_ngram(given[flag], target.config.vocab_size))
-  built = dataclasses.replace(cast(Any, value), **models)   # a flax.struct dataclass
-  return Run(built, choice.sampling, label=label)
-
-
-def placed_method(choice: MethodChoice, target: sd.Model, model: str, drafter: Any,
-                  load: Callable[[str], sd.Model], mesh: Mesh | None) -> Run:
-  """`build_method` placed on `mesh` (`Run.on`; None: as it is); an early-exit small model
-  is the sharded target itself, left as it is."""
-  return build_method(choice, target, model, drafter, load).on(
-      mesh, keep=("small",) if choice.early_exit else ())

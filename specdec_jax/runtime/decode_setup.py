@@ -1,5 +1,10 @@
-"""What `specdec decode` decodes with: the mesh, the prompts read and encoded, the models
-loaded from the names typed and the method placed on the mesh (`Run.on`)."""
+"""`specdec decode` on typed settings, the one call its command makes between parsing and
+printing: the mesh, the prompts read and encoded, the models loaded from the names typed,
+the method placed on the mesh (`Run.on`), then the job decoded (`jobs.decode_job`) and,
+with `compare`, timed beside its baseline (`jobs.compare_job`).
+
+    setup, decoded, compared = decode_request(choice, DecodeRun(model="demo-de-en/target"))
+"""
 
 from __future__ import annotations
 
@@ -11,17 +16,15 @@ from typing import Any, NamedTuple
 import jax
 
 import specdec_jax as sd
-from specdec_jax.cli.mesh_args import check_batch, load_target, mesh_from_flag
-from specdec_jax.cli.method_args import MethodChoice, placed_method
-from specdec_jax.cli.options import check_at_least_one
-from specdec_jax.cli.prompts import isatty, read_prompt_lines
-from specdec_jax.errors import CLIError
-from specdec_jax.io.prompts import Prompts, output_text
-from specdec_jax.loading import drafter_loader, note, resolve_drafter
+from specdec_jax.flags import FlagError
+from specdec_jax.flags.common import check_at_least_one
+from specdec_jax.flags.mesh import check_batch, load_target, mesh_from_flag
+from specdec_jax.io.prompts import Prompts, isatty, output_text, read_prompt_lines
+from specdec_jax.loading import MethodChoice, drafter_loader, note, placed_method, resolve_drafter
 from specdec_jax.models.model import family
 from specdec_jax.runs import Run
 from specdec_jax.runtime.distributed import Processes
-from specdec_jax.runtime.jobs import Job
+from specdec_jax.runtime.jobs import Decoded, Job, compare_job, decode_job
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -69,7 +72,7 @@ class DecodeRun:
   def __post_init__(self):
     check_at_least_one(max_new_tokens=self.max_new_tokens, batch_size=self.batch_size)
     if self.resume and not self.output:
-      raise CLIError("--resume continues an --output file: give --output")
+      raise FlagError("--resume continues an --output file: give --output")
 
 
 class Setup(NamedTuple):
@@ -95,7 +98,7 @@ def _family_loader(load, target: sd.Model, flag: str):
   def checked(name: str) -> sd.Model:
     model = load(name)
     if isinstance(model, sd.Model) and model.is_decoder_only != target.is_decoder_only:
-      raise CLIError(f"{flag} {name} is {family(model)} but --model is {family(target)}: "
+      raise FlagError(f"{flag} {name} is {family(model)} but --model is {family(target)}: "
                      "an LM drafts for an LM, a T5 for a T5")
     return model
   return checked
@@ -144,3 +147,30 @@ def set_up(choice: MethodChoice, run: DecodeRun, job: Job) -> Setup:
                             format_row=lambda row: output_text(row, tokenizer))
   return Setup(run, choice.drafter, job, mesh, lines, prompts, tokenizer, target, method,
                time.perf_counter() - t_load)
+
+
+def job_of(run: DecodeRun) -> Job:
+  """The `Job` of the settings: batch, warm-up, output, resume, processes."""
+  return Job(max_new_tokens=run.max_new_tokens, seed=run.seed, batch_size=run.batch_size,
+             warmup=run.warmup, output=run.output, resume=run.resume,
+             processes=run.processes, stream=not (run.json or run.output),
+             progress=run.input_file is not None, compile_cache=run.compile_cache)
+
+
+class Request(NamedTuple):
+  """What `decode_request` did: its setup, the decoded job, the comparison (None: not asked
+  for, nothing decoded, or the method is its own baseline)."""
+
+  setup: Setup
+  decoded: Decoded
+  compared: dict[str, Any] | None
+
+
+def decode_request(choice: MethodChoice, run: DecodeRun) -> Request:
+  """Start the job (this process's side: compile cache, processes, output path), set it up
+  (`set_up`), decode it and, with `run.compare`, time it beside its baseline."""
+  s = set_up(choice, run, job_of(run).start(run.input_file, run.compare))
+  d = decode_job(s.method, s.target, s.prompts, s.job)
+  compared = (compare_job(s.method, s.target, d.plan, s.job)
+              if run.compare and d.corpus.outputs else None)
+  return Request(s, d, compared)
