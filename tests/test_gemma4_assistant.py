@@ -15,7 +15,7 @@ from test_distribution import P_FAIL, P_PASS, AcceptAll, counts_of, gof_pvalue, 
 
 import specdec_jax as sd
 from specdec_jax.io.checkpoints import hf_gemma_assistant
-from specdec_jax.rounds import engine
+from specdec_jax.rounds import engine, phases
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -271,3 +271,19 @@ def test_sampling_with_the_assistant_keeps_the_targets_distribution(small):
   assert all(0.05 < s["alpha"] < 0.95 for s in stats)     # both branches of the rule run
   wrong, _ = _samples(target, assistant, seed=201, accept=AcceptAll())
   assert gof_pvalue(counts_of(wrong), probs)[0] < P_FAIL   # the negative control
+
+
+def test_update_keeps_the_state_that_predicted_the_last_token(pair):
+  """After a round that kept m drafts, the next round drafts from the verify call's state
+  at position m (the one that predicted the token emitted last); a finished row's is kept."""
+  _, target, assistants = pair
+  assistant = assistants[None][1].for_target(target)
+  state = assistant.init(PROMPTS[:2], 16)
+  hidden = jax.random.normal(jax.random.PRNGKey(0), (2, GAMMA + 1, TARGET_DIM))
+  verified = phases.Verified(logits=None, hidden=hidden, cache=None, ran=True)
+  outcome = sd.RoundOutcome(live=jnp.asarray([True, False]), m=jnp.asarray([2, 1]),
+                            acceptance=None, verified=verified)
+  after = assistant.update(state, outcome)
+  np.testing.assert_array_equal(np.asarray(after.hidden[0]), np.asarray(hidden[0, 2]))
+  np.testing.assert_array_equal(np.asarray(after.hidden[1]), np.zeros(TARGET_DIM))
+  np.testing.assert_array_equal(np.asarray(after.ready), [True, False])
