@@ -108,7 +108,8 @@ def load(directory: str) -> tuple[GemmaAssistantConfig, dict[str, np.ndarray]]:
     order = flat["token_ordering"]
     if sorted(order.tolist()) != list(range(config.vocab_size)):
       raise CheckpointError(f"{source}: masked_embedding.token_ordering is not an ordering of "
-                            f"the {config.vocab_size} tokens")
+                            f"the {config.vocab_size} tokens (transformers initialises it to "
+                            "zeros; a trained assistant's is a permutation)")
     flat["token_ordering"] = order.astype(np.int32)
   return config, flat
 
