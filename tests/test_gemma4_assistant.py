@@ -7,10 +7,13 @@ output is the target's bitwise, batch-invariant with ragged prompts, and transfo
 assisted output; sampling is exact with the assistant's masked distribution as q (the
 distribution test, with its negative control); the refusals of a wrong target."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import struct
 from test_distribution import P_FAIL, P_PASS, AcceptAll, counts_of, gof_pvalue, sequence_index
 
 import specdec_jax as sd
@@ -261,16 +264,32 @@ def _samples(target, assistant, seed, accept=None):
   return np.concatenate(tokens), stats
 
 
+@struct.dataclass
+class UnmaskedQ(sd.GemmaAssistant):
+  """WRONG: drafts from the masked distribution but reports q as uniform over the whole
+  vocabulary (as if no centroid masked a token)."""
+
+  def propose(self, state, ctx, key):
+    proposal = super().propose(state, ctx, key)
+    return proposal.replace(q=jnp.full_like(proposal.q, 1.0 / self.vocab_size))
+
+
 @pytest.mark.slow
 def test_sampling_with_the_assistant_keeps_the_targets_distribution(small):
+  """The distribution test passes with the assistant's masked distribution as q; it
+  fails with every draft accepted, and with a q that is not the one drafted from."""
   target, assistant = small
   probs = _exact_probs(target)
   tokens, stats = _samples(target, assistant, seed=201)
   p_value, _, _ = gof_pvalue(counts_of(tokens), probs)
-  assert p_value > P_PASS
+  assert p_value > P_PASS, p_value
   assert all(0.05 < s["alpha"] < 0.95 for s in stats)     # both branches of the rule run
   wrong, _ = _samples(target, assistant, seed=201, accept=AcceptAll())
-  assert gof_pvalue(counts_of(wrong), probs)[0] < P_FAIL   # the negative control
+  assert gof_pvalue(counts_of(wrong), probs)[0] < P_FAIL
+  unmasked = UnmaskedQ(**{f.name: getattr(assistant, f.name)
+                          for f in dataclasses.fields(assistant)})
+  wrong, _ = _samples(target, unmasked, seed=201)
+  assert gof_pvalue(counts_of(wrong), probs)[0] < P_FAIL
 
 
 def test_update_keeps_the_state_that_predicted_the_last_token(pair):
@@ -287,3 +306,24 @@ def test_update_keeps_the_state_that_predicted_the_last_token(pair):
   np.testing.assert_array_equal(np.asarray(after.hidden[0]), np.asarray(hidden[0, 2]))
   np.testing.assert_array_equal(np.asarray(after.hidden[1]), np.zeros(TARGET_DIM))
   np.testing.assert_array_equal(np.asarray(after.ready), [True, False])
+
+
+def test_the_round_reads_the_targets_cache_where_it_is(pair):
+  """No second copy of the target's cache: the proposer's state between rounds holds none
+  of it, and the drafting loop takes the K/V it reads as loop constants (read-only
+  operands), never as loop carries (which XLA would copy while the cache is live)."""
+  _, target, assistants = pair
+  method = sd.Speculative(assistants[8][1], gamma=GAMMA)
+  proposer = method.proposer(target, sd.Greedy())
+  config = method.round_config(target, T, sd.Greedy(), EOS)
+  state = engine.init_state(target, proposer, jnp.asarray(PROMPTS), config,
+                            jax.random.PRNGKey(0), prompt_lengths=jnp.asarray([7, 4, 9]))
+  cache = {x.shape for x in state.cache.self_key + state.cache.self_value}
+  assert not cache & {x.shape for x in jax.tree_util.tree_leaves(state.proposer)}
+  jaxpr = jax.make_jaxpr(lambda s: proposer.propose(s.proposer, engine.context(s, config),
+                                                    jax.random.PRNGKey(1)))(state)
+  (loop,) = [e for e in jaxpr.eqns if e.primitive.name == "while"]
+  consts = loop.params["cond_nconsts"] + loop.params["body_nconsts"]
+  shapes = [v.aval.shape for v in loop.invars]
+  read = {state.cache.self_key[j].shape for j in proposer.reads}
+  assert read <= set(shapes[:consts]) and not cache & set(shapes[consts:])
