@@ -10,7 +10,8 @@
 
 A drafter name is a path or bundled name, "config:NAME", "ngram" or "prompt-lookup";
 an object (a Model or any drafter) passes through. The result is checked against the
-target's vocabulary.
+target's vocabulary; a Gemma 4 assistant's directory gives an `sd.GemmaAssistant` bound
+to the target (checked by its `for_target`).
 """
 
 from __future__ import annotations
@@ -101,6 +102,8 @@ def resolve_drafter(spec, target: sd.Model, *,
       raise OptionError(f"drafter must be a Model, a drafter object or one of "
                         f"{DRAFTER_KINDS}, got {spec!r}")
     drafter = load(spec)
+  if callable(getattr(drafter, "for_target", None)):   # a proposer that reads the target
+    return drafter.for_target(target)                  # (sd.GemmaAssistant), checked
   return drafters_lib.as_drafter(drafter, target)
 
 

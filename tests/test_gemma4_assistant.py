@@ -17,6 +17,7 @@ from flax import struct
 from test_distribution import P_FAIL, P_PASS, AcceptAll, counts_of, gof_pvalue, sequence_index
 
 import specdec_jax as sd
+from specdec_jax import costs, loading
 from specdec_jax.io.checkpoints import hf_gemma_assistant
 from specdec_jax.rounds import engine, phases
 
@@ -327,3 +328,16 @@ def test_the_round_reads_the_targets_cache_where_it_is(pair):
   shapes = [v.aval.shape for v in loop.invars]
   read = {state.cache.self_key[j].shape for j in proposer.reads}
   assert read <= set(shapes[:consts]) and not cache & set(shapes[consts:])
+
+
+def test_the_tools_take_an_assistant_dir(pair, tmp_path):
+  """`specdec decode --drafter DIR` resolves an assistant's directory to the assistant
+  bound to its target, and the statistics' cost timers time its draft step."""
+  _, target, assistants = pair
+  hf_assistant = assistants[None][0]
+  hf_assistant.save_pretrained(tmp_path)
+  drafter = loading.resolve_drafter(str(tmp_path), target, load=loading.drafter_loader(None))
+  assert isinstance(drafter, sd.GemmaAssistant) and drafter.reads == (1, 2)
+  timers = costs.cost_timers(target, {"drafter": drafter}, [GAMMA], inputs=PROMPTS,
+                             capacity=24, steps=2)
+  assert isinstance(timers[("drafter", "drafter")].compile(), costs.AssistantStepTimer)
