@@ -206,6 +206,8 @@ def test_a_target_it_cannot_read_is_refused(pair):
     sd.decode(cases[1][0], sd.Speculative(assistant, gamma=2), PROMPTS, T)
   with pytest.raises(sd.InputError, match="not bound to a target"):
     assistant.init(PROMPTS, 16)
+  with pytest.raises(sd.InputError, match="GemmaAssistant is a proposer.*sd.Speculative"):
+    sd.decode(target, sd.BiLD(assistant), PROMPTS, T)
 
 
 @pytest.mark.parametrize("key, value, message", [

@@ -37,6 +37,10 @@ def as_drafter(drafter: Any, target: Model) -> Drafter:
   members (`Drafter`), that they are pytrees, and the vocabulary."""
   if isinstance(drafter, Model):
     drafter = ModelDrafter(drafter)
+  if callable(getattr(drafter, "for_target", None)):
+    raise InputError(f"{type(drafter).__name__} is a proposer that drafts from its target's "
+                     "own cache and states, not a token-level drafter: use it with "
+                     "sd.Speculative(drafter, gamma=...)")
   check_drafter(drafter, target.is_decoder_only)
   check_same_vocabulary(target.config.vocab_size, drafter.vocab_size)
   check_same_family(target, getattr(drafter, "model", None))
