@@ -146,7 +146,8 @@ def _our_first_drafts(target, assistant, prompt):
   return np.asarray(proposal.tokens[0]), np.stack(logits)
 
 
-@pytest.mark.parametrize("centroids", [None, pytest.param(8, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("centroids", [None, 8])
 def test_drafts_equal_transformers_assistant(pair, centroids):
   """The first drafting round (the one where transformers reads exactly the target's
   committed cache: see docs/models/gemma4.md) gives transformers' logits and drafts; the
