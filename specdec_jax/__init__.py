@@ -14,6 +14,7 @@ lists the public names (`__all__`); the public modules are listed in docs/api/in
 """
 
 import os as _os
+from typing import Any as _Any
 
 import jax as _jax
 
@@ -22,7 +23,14 @@ from specdec_jax.batching import pad_to_bucket
 from specdec_jax.cache import DecoderCache
 from specdec_jax.compilation import use_persistent_cache as use_compilation_cache
 from specdec_jax.config import GemmaConfig, LMConfig, T5Config, available_configs, get_config
-from specdec_jax.drafters import Drafter, ModelDrafter, NGramDrafter, PromptLookupDrafter
+from specdec_jax.config.gemma import GemmaAssistantConfig as _GemmaAssistantConfig
+from specdec_jax.drafters import (
+  Drafter,
+  GemmaAssistant,
+  ModelDrafter,
+  NGramDrafter,
+  PromptLookupDrafter,
+)
 from specdec_jax.drafters.heads import Heads, init_heads, load_heads, save_heads
 from specdec_jax.errors import (
   CheckpointError,
@@ -69,7 +77,7 @@ from specdec_jax.sharding import make_mesh, shard
 __all__ = [
     "AdaptiveGamma", "Autoregressive", "Beam", "BeamOutput", "BiLD", "Blockwise",
     "CheckpointError", "ConfigError", "DecodeOutput", "DecodeStats", "DecoderCache",
-    "GemmaConfig", "Greedy", "Heads", "InputError", "LMConfig",
+    "GemmaAssistant", "GemmaConfig", "Greedy", "Heads", "InputError", "LMConfig",
     "Model", "ModelDrafter", "NGramDrafter", "PromptLookupDrafter", "Sampling", "SamplingError",
     "SpecdecError", "Speculative", "T5Config", "TokenizerError",
     "available_configs",
@@ -95,11 +103,14 @@ def __dir__() -> list[str]:
 
 
 def load(path_or_name: str, dtype="float32", config: T5Config | None = None, *,
-         mesh=None, rules=None, kernels: str = "auto", check_finite: bool = True) -> Model:
+         mesh=None, rules=None, kernels: str = "auto", check_finite: bool = True) -> _Any:
   """Load a model: T5X checkpoint (legacy or Orbax), HF T5 dir, our saved dir, a bundled
   name such as "demo-de-en/target" (the demo models ship in specdec-jax-demo-small, `pip
   install ./packages/specdec-jax-demo-small`), or a named config ("config:t5_1_1_tiny",
-  random weights).
+  random weights). A `Model`, except for a transformers Gemma 4 assistant dir
+  ("gemma4_assistant"): an `sd.GemmaAssistant`, the drafter `sd.Speculative(assistant,
+  gamma=...)` takes for its Gemma 4 target (its products run on XLA's ops whatever
+  `kernels` says: exactness rests on the target's; not on a mesh yet).
 
   dtype: the compute dtype, of the floating params AND the activations (attention and
   output logits, hence every acceptance test, stay float32 whatever it is). float32
@@ -149,6 +160,9 @@ def load(path_or_name: str, dtype="float32", config: T5Config | None = None, *,
   cfg, params = checkpoints.load_checkpoint(path_or_name, config=config)
   if check_finite:    # as stored, on the host, before any copy to a device
     finite.check_finite(params, _os.fspath(path_or_name))
+  if isinstance(cfg, _GemmaAssistantConfig):
+    assistant = GemmaAssistant(config=cfg, params=_jax.device_put(params))
+    return assistant if dtype is None else assistant.with_dtype(dtype)
   # Device arrays, not numpy: a jitted call would copy numpy params host -> device
   # on every call (for the demo target, ~8 ms per sentence on CPU).
   model = Model(config=cfg, params=_jax.device_put(params))

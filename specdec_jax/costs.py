@@ -9,7 +9,8 @@
 
 A model's step is a jitted `lax.fori_loop` of `steps` k-token `model.decode` calls on
 a started cache (`StepTimer`); a table drafter's (n-gram, prompt lookup) is a loop of
-its `next` (`TableStepTimer`). Each step includes an argmax over the vocabulary. The
+its `next` (`TableStepTimer`), a Gemma 4 assistant's a loop of its draft step over the
+target's started cache (`AssistantStepTimer`). Each step includes an argmax over the vocabulary. The
 timers compile on `compile()` (which may run in a worker thread); `time()` must not
 run concurrently with anything else.
 """
@@ -28,7 +29,7 @@ import numpy as np
 from specdec_jax import theory
 from specdec_jax.batching import cycled_rows, random_prompts
 from specdec_jax.compilation import compiling
-from specdec_jax.drafters import ModelDrafter
+from specdec_jax.drafters import GemmaAssistant, ModelDrafter
 from specdec_jax.errors import InputError
 from specdec_jax.methods import Speculative
 from specdec_jax.models.model import Model
@@ -60,6 +61,16 @@ def _table_loop(drafter, state, token, steps):
     logits, state = drafter.next(state, tok)
     return state, jnp.argmax(logits, axis=-1).astype(jnp.int32)
   _, tok = jax.lax.fori_loop(0, steps, body, (state, token))
+  return tok
+
+
+@functools.partial(jax.jit, static_argnames=("steps",))
+def _assistant_loop(assistant, cache, hidden, token, steps):
+  def body(_, carry):
+    hidden, tok = carry
+    logits, hidden = assistant.step(cache, tok, hidden)
+    return hidden, jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  _, tok = jax.lax.fori_loop(0, steps, body, (hidden, token))
   return tok
 
 
@@ -125,6 +136,23 @@ class TableStepTimer(_Timer):
     return jax.block_until_ready(_table_loop(self.drafter, self.state, self.token, self.steps))
 
 
+class AssistantStepTimer(_Timer):
+  """Like `TableStepTimer` for a Gemma 4 assistant bound to its target: `steps` draft steps
+  over the target's started `cache` (`GemmaAssistant.step`), each feeding its argmax and
+  its carried state to the next."""
+
+  def __init__(self, assistant: GemmaAssistant, cache, inputs, steps: int = 16):
+    self.assistant, self.cache, self.steps = assistant, cache, steps
+    tc = assistant._check_bound()
+    self.token = jnp.asarray(inputs, jnp.int32)[:, 0]
+    self.hidden = jnp.zeros((cache.batch_size, tc.emb_dim), tc.activation_dtype)
+    self.compiled = False
+
+  def _run(self):
+    return jax.block_until_ready(_assistant_loop(self.assistant, self.cache, self.hidden,
+                                                 self.token, self.steps))
+
+
 def started_cache(model, inputs, capacity: int):
   """`model.start` on `inputs` [B, Le] with `capacity` positions."""
   return model.start(jnp.asarray(inputs, jnp.int32), capacity)
@@ -148,7 +176,9 @@ def cost_timers(target, drafters: dict[str, Any], gammas: Iterable[int], *, inpu
   for g in sorted(set(gammas)):
     timers[("target", g + 1)] = StepTimer(target, t_cache, g + 1, steps)
   for name, d in drafters.items():
-    timers[("drafter", name)] = drafter_timer(d, inputs, capacity, steps)
+    timers[("drafter", name)] = (
+        AssistantStepTimer(d.for_target(target), t_cache, inputs, steps)
+        if isinstance(d, GemmaAssistant) else drafter_timer(d, inputs, capacity, steps))
   return timers
 
 

@@ -11,9 +11,11 @@
 
 A drafter name is a path or bundled name, "config:NAME", "ngram" or "prompt-lookup";
 an object (a Model or any drafter) passes through. The result is checked against the
-target's vocabulary. A `MethodChoice` (a method value whose models are still names, as
-`specdec_jax.flags.methods` reads them from the flags) becomes a `Run` once the target is
-loaded (`build_method`, `placed_method`): each model field filled from its name.
+target's vocabulary; a Gemma 4 assistant's directory gives an `sd.GemmaAssistant` bound
+to the target (checked by its `for_target`). A `MethodChoice` (a method value whose models
+are still names, as `specdec_jax.flags.methods` reads them from the flags) becomes a `Run`
+once the target is loaded (`build_method`, `placed_method`): each model field filled from
+its name.
 """
 
 from __future__ import annotations
@@ -110,6 +112,8 @@ def resolve_drafter(spec, target: sd.Model, *,
       raise InputError(f"drafter must be a Model, a drafter object or one of "
                         f"{DRAFTER_KINDS}, got {spec!r}")
     drafter = load(spec)
+  if callable(getattr(drafter, "for_target", None)):   # a proposer that reads the target
+    return drafter.for_target(target)                  # (sd.GemmaAssistant), checked
   return drafters_lib.as_drafter(drafter, target)
 
 

@@ -1,4 +1,5 @@
-"""Gemma 4 text decoders: `GemmaConfig`, an `LMConfig` with Gemma's layer types.
+"""Gemma 4 text decoders: `GemmaConfig`, an `LMConfig` with Gemma's layer types; its
+drafter, `GemmaAssistantConfig`.
 
 Gemma 4 (`Gemma4ForCausalLM`, the text decoder of `Gemma4ForConditionalGeneration`)
 interleaves sliding-window layers and full (global) layers, each type with its own rotary
@@ -149,3 +150,56 @@ def lm_config_from_dict(d: dict[str, Any]) -> Any:
   Gemma family, else an `LMConfig`."""
   cls = GemmaConfig if d.get("family") in GEMMA_FAMILIES else LMConfig
   return cls.from_dict(d)
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmaAssistantConfig:
+  """The Gemma 4 assistant (transformers' `Gemma4AssistantForCausalLM`, "gemma4_assistant"):
+  a drafter whose layers have queries only and read a Gemma 4 target's cached K/V.
+
+  Attributes:
+    decoder: its layers (`GemmaConfig`: emb_dim, heads, layer types, window, rotary
+      bases, norms; the key/value heads and head sizes are those of the target's layers
+      it reads). Its K/V projections do not exist; its output layer is tied to its
+      embedding and is not soft-capped.
+    backbone_dim: the target's hidden size E_t: it reads [the target's embedding of a
+      token, the target's final state] (2 E_t) and carries an E_t state between drafts.
+    num_centroids: None, or the centroids whose tokens alone get logits
+      (`use_ordered_embeddings`); the vocabulary splits into num_centroids equal blocks
+      of a stored token ordering.
+    centroid_top_k: the centroids kept per draft (`centroid_intermediate_top_k`).
+  """
+
+  decoder: GemmaConfig
+  backbone_dim: int
+  num_centroids: int | None = None
+  centroid_top_k: int = 32
+
+  def __post_init__(self):
+    if not isinstance(self.decoder, GemmaConfig):
+      raise ConfigError(f"GemmaAssistantConfig.decoder must be a GemmaConfig, got "
+                        f"{type(self.decoder).__name__}")
+    for name in ("backbone_dim", "centroid_top_k"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"GemmaAssistantConfig.{name} must be a positive integer, got "
+                          f"{value!r}")
+    c = self.num_centroids
+    if c is not None:
+      if not isinstance(c, int) or isinstance(c, bool) or c < 1 or self.vocab_size % c:
+        raise ConfigError(f"GemmaAssistantConfig.num_centroids must divide the vocabulary "
+                          f"({self.vocab_size}), got {c!r}")
+      if self.centroid_top_k > c:
+        raise ConfigError(f"GemmaAssistantConfig.centroid_top_k {self.centroid_top_k} exceeds "
+                          f"num_centroids {c}")
+
+  @property
+  def vocab_size(self) -> int:
+    return self.decoder.vocab_size
+
+  @property
+  def activation_dtype(self) -> Any:
+    return self.decoder.activation_dtype
+
+  def replace(self, **changes: Any) -> "GemmaAssistantConfig":
+    return dataclasses.replace(self, **changes)

@@ -45,6 +45,13 @@ from specdec_jax.models.layers import (
 Array = jax.Array
 
 
+def scale_embedding(x: Array, config: GemmaConfig) -> Array:
+  """Embedded tokens [..., E] times sqrt(emb_dim), in the activation dtype (as transformers'
+  does, in the weights'). The assistant scales its target's embedding by it too."""
+  dt = config.activation_dtype
+  return x.astype(dt) * jnp.asarray(config.emb_dim ** 0.5, dt)
+
+
 class GemmaAttention(MultiHeadAttention):
   """Grouped-query attention with RMSNorms over each head of the queries and keys
   (scaled) and of the values (unscaled); with `k_eq_v`, no value projection: the values
@@ -140,11 +147,8 @@ class GemmaDecoder(lm.Decoder):
       self.logits_dense = Dense(cfg.emb_dim, cfg.vocab_size, ("embed", "vocab"), jnp.float32)
 
   def embed(self, tokens: Array, positions: Array) -> Array:
-    """The embedding times sqrt(emb_dim), in the activation dtype (as transformers' does,
-    in the weights')."""
-    dt = self.config.activation_dtype
-    x = self.token_embedder(tokens).astype(dt)
-    return x * jnp.asarray(self.config.emb_dim ** 0.5, dt)
+    """The tokens' embedding, scaled (`scale_embedding`)."""
+    return scale_embedding(self.token_embedder(tokens), self.config)
 
   def rotary(self, positions: Array, num_slots: int) -> list:
     cfg = self.config

@@ -31,6 +31,7 @@ from specdec_jax.errors import ConfigError
 from specdec_jax.io.checkpoints import (
   hf,
   hf_gemma,
+  hf_gemma_assistant,
   hf_lm,
   leaves,
   native,
@@ -81,7 +82,9 @@ def _t5x_config(checkpoint_dir: str, flat: Mapping[str, np.ndarray]) -> tuple[T5
 
 def _hf_reader(hf_config: dict) -> Any:
   """The module that reads a Hugging Face dir of this config.json: Gemma 4 (`hf_gemma`),
-  the other decoder-only LMs (`hf_lm`) or T5 (`hf`)."""
+  its assistant (`hf_gemma_assistant`), the other decoder-only LMs (`hf_lm`) or T5 (`hf`)."""
+  if hf_gemma_assistant.handles(hf_config):
+    return hf_gemma_assistant
   if hf_gemma.handles(hf_config):
     return hf_gemma
   return hf_lm if hf_lm.handles(hf_config) and hf_config else hf

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from specdec_jax.config import GemmaConfig, T5Config, mlp_kernel_names
+from specdec_jax.config.gemma import GemmaAssistantConfig
 from specdec_jax.config.lm import LMConfig
 from specdec_jax.errors import ConfigError
 from specdec_jax.io.checkpoints.errors import CheckpointError
@@ -61,6 +62,9 @@ def _mlp_shapes(prefix: str, config: T5Config) -> dict[str, tuple[int, ...]]:
 
 def expected_shapes(config: T5Config | LMConfig) -> dict[str, tuple[int, ...]]:
   """Flat key -> shape of every parameter the config implies (T5X names, 2-D kernels)."""
+  if isinstance(config, GemmaAssistantConfig):
+    from specdec_jax.models import gemma_assistant
+    return gemma_assistant.param_shapes(config)
   if isinstance(config, GemmaConfig):
     from specdec_jax.models import gemma
     return gemma.param_shapes(config)
@@ -118,6 +122,10 @@ def validate(flat: Mapping[str, Any], config: T5Config | LMConfig, source: str) 
 
 
 def _describe(config) -> str:
+  if isinstance(config, GemmaAssistantConfig):
+    return (f"Gemma 4 assistant: {config.decoder.num_layers} layers of width "
+            f"{config.decoder.emb_dim}, backbone {config.backbone_dim}, centroids "
+            f"{config.num_centroids}")
   if getattr(config, "is_decoder_only", False):
     return (f"{config.family} LM: vocab {config.vocab_size}, emb {config.emb_dim}, heads "
             f"{config.num_heads}x{config.head_dim} (kv {config.num_kv_heads}), mlp "
