@@ -154,7 +154,8 @@ def job_of(run: DecodeRun) -> Job:
   return Job(max_new_tokens=run.max_new_tokens, seed=run.seed, batch_size=run.batch_size,
              warmup=run.warmup, output=run.output, resume=run.resume,
              processes=run.processes, stream=not (run.json or run.output),
-             progress=run.input_file is not None, compile_cache=run.compile_cache)
+             progress=run.input_file is not None or run.output is not None,
+             compile_cache=run.compile_cache)
 
 
 class Request(NamedTuple):

@@ -18,8 +18,9 @@ import time
 from typing import Any, Callable, NamedTuple, cast
 
 import jax
+import numpy as np
 
-from specdec_jax.batching import Batch, padded_batches
+from specdec_jax.batching import Batch
 from specdec_jax.compilation import announce_kernel_build, compiling, use_persistent_cache
 from specdec_jax.costs import explain_method
 from specdec_jax.errors import SpecdecError
@@ -29,6 +30,7 @@ from specdec_jax.io.streams import emit
 from specdec_jax.methods import Autoregressive
 from specdec_jax.runs import Corpus, Run, decode_corpus, same_output
 from specdec_jax.runtime import distributed, liveness, output_file
+from specdec_jax.runtime.output_file import OutputFile
 from specdec_jax.runtime.progress import Progress, deferred_signals, interrupts_kept
 from specdec_jax.sharding import spans_processes
 from specdec_jax.timing import is_exact, ms_per_token, time_rounds
@@ -47,7 +49,7 @@ class Job:
     resume: continue an interrupted `output` file.
     processes: how this process joins others (`jax.distributed`).
     stream: print each batch's rows (`format_row`) on stdout as it finishes.
-    progress: a progress line on stderr (prompts from a file).
+    progress: a progress line on stderr (prompts from a file, or an `output` file).
     format_row: a row's tokens as its output (text, or the ids themselves).
     lines: the input lines, fingerprinted in `output`'s sidecar with `settings`.
     settings: the run's settings, recorded in `output`'s sidecar.
@@ -83,16 +85,41 @@ class Job:
 
 
 class Plan(NamedTuple):
-  """A job's batches: `batch` rows each (this process's own block of rows when `split`),
-  an LM's prompt lengths per batch (None: T5), the key index of the first batch; `spans`:
-  the mesh spans every process's devices (one program over all of them)."""
+  """A job's batches and which process decodes which. `batches`: every batch of `batch`
+  rows, their real rows the input's in order; `lengths`: an LM's prompt lengths per batch
+  (None: T5). In step s, the `shares` processes decode batches `s * stride[0] + q *
+  stride[1]` (q = 0 .. shares - 1; this process is q = `me`; past the end: the last batch
+  again, its rows all padding), each keyed by its index, and gather them in q's order.
+  `spans`: the mesh spans every process's devices (one program over all of them).
+
+  Two layouts: a file's batches dealt out, batch g to process g mod P (`stride` (P, 1):
+  a step's batches are consecutive rows, written as they finish); stdout's split by
+  blocks of rows, each process decoding its own (`stride` (1, steps)). One process, or a
+  mesh over all of them (`shares` 1): every batch in turn."""
 
   batch: int
   batches: list[Batch]
   lengths: list | None
-  first_key: int = 0
-  split: bool = False
+  steps: int
+  stride: tuple[int, int] = (1, 0)
+  shares: int = 1
+  me: int = 0
   spans: bool = False
+
+  @property
+  def split(self) -> bool:
+    """Several processes, each decoding batches of its own."""
+    return self.shares > 1
+
+  def step(self, s: int) -> list[int]:
+    """The indices of step s's batches, one per process, in the order they are gathered."""
+    return [s * self.stride[0] + q * self.stride[1] for q in range(self.shares)]
+
+  def first_step(self, row: int) -> int:
+    """The first step that decodes a row from `row` on (`steps`: none does)."""
+    ends = np.cumsum([b.real for b in self.batches])
+    return min((s for s in range(self.steps)
+                for g in self.step(s) if g < len(ends) and ends[g] > row), default=self.steps)
 
 
 class Decoded(NamedTuple):
@@ -107,25 +134,99 @@ class Decoded(NamedTuple):
   resumed: int | None = None
 
 
-def plan(run: Run, prompts: Prompts, job: Job, file: bool = False) -> Plan:
+def plan(run: Run, prompts: Prompts, job: Job) -> Plan:
   """The batches of `job.batch_size` rows, or of all of them rounded up to a multiple of
   the mesh's "data" (the last rows repeat, as `padded_batches` pads). With several
   processes splitting the rows (each on a mesh of its own devices, or none; on a mesh over
-  every process's devices all decode every batch as one program), each decodes its own
-  block of rows, keyed apart; a `file`'s batches are every row's (`output_file` deals
-  them out to the processes)."""
-  n, processes, process = len(prompts), jax.process_count(), jax.process_index()
+  every process's devices all decode every batch as one program), a file's batches are
+  dealt out (`output_file`), stdout's are each process's own block of rows."""
+  n, processes = len(prompts), jax.process_count()
   spans = spans_processes(run.mesh)
-  split = processes > 1 and not spans
-  rows = distributed.process_rows(n, 0, processes)[2] if split else n
+  shares = processes if processes > 1 and not spans else 1
   data = 1 if run.mesh is None else run.mesh.shape["data"]
-  batch = job.batch_size or -(-rows // data) * data
-  own = split and not file
-  blocks = ((lambda x, b: distributed.local_batches(x, b, process, processes)) if own
-            else padded_batches)
-  batches, lengths = prompts.batches(batch, blocks)
-  return Plan(batch, batches, lengths, process * len(batches) if own else 0,   # keyed apart
-              split, spans)
+  batch = job.batch_size or -(-distributed.process_rows(n, 0, shares)[2] // data) * data
+  me = jax.process_index() if shares > 1 else 0
+  if shares > 1 and not job.output:    # stdout: process q decodes its block of rows
+    blocks = lambda x, b: [c for q in range(shares)
+                           for c in distributed.local_batches(x, b, q, shares)]
+    batches, lengths = prompts.batches(batch, blocks)
+    steps = len(batches) // shares
+    return Plan(batch, batches, lengths, steps, (1, steps), shares, me, spans)
+  batches, lengths = prompts.batches(batch)
+  return Plan(batch, batches, lengths, -(-len(batches) // shares), (shares, 1), shares, me,
+              spans)
+
+
+class Stdout:
+  """stdout as a job's rows' sink (`OutputFile`'s twin): each output on a line of its
+  own as it finishes, `rows` of the `total` printed."""
+
+  def __init__(self, total: int):
+    self.total, self.rows = total, 0
+
+  def append(self, lines: list[str]) -> None:
+    with deferred_signals():             # the rows written and counted together
+      for line in lines:
+        emit(line)
+      self.rows += len(lines)
+
+  @staticmethod
+  def line(output: str | list[int]) -> str:
+    return output if isinstance(output, str) else " ".join(map(str, output))
+
+  def kept(self) -> str:
+    return (f"{self.rows} of {self.total} rows kept (written above); --output FILE writes "
+            "rows as they finish and --resume continues where a run stopped")
+
+
+def decode_plan(run: Run, target, p: Plan, job: Job, sink: Stdout | OutputFile | None,
+                start: int = 0) -> tuple[Corpus, float]:
+  """(the corpus of this plan's batches from the one holding row `start`, in input order;
+  its wall seconds): each step's batch decoded (keyed by its index), the processes'
+  gathered, the rows that complete the input's next rows handed to `sink` (`append`;
+  rows before `start` and `sink.rows` skipped) as they finish. An interrupt says what
+  `sink` kept."""
+  rng = jax.random.PRNGKey(job.seed)
+  first, last = p.first_step(start), len(p.batches) - 1
+  starts = np.cumsum([0] + [b.real for b in p.batches])     # each batch's first row
+  progress = (Progress(int(starts[-1]), "specdec decode", done=start)
+              if job.progress and jax.process_index() == 0 and len(p.batches) > 1 else None)
+
+  def part(g: int) -> Corpus:     # batch g, keyed by its index (past the end: padding)
+    c = decode_corpus(run, target, [p.batches[min(g, last)]], max_new_tokens=job.max_new_tokens,
+                      rng=rng, first_key=min(g, last),
+                      prompt_lengths=None if p.lengths is None else [p.lengths[min(g, last)]])
+    return c if g <= last else Corpus(c.outputs, (0,))
+  if job.warmup and not job.output:   # each shape's first batch once, untimed
+    shapes = {(p.batches[g].tokens.shape, None if p.lengths is None else p.lengths[g].shape): g
+              for g in reversed([p.step(s)[p.me] for s in range(first, p.steps)]) if g <= last}
+    with compiling(f"the decode programs for batch {p.batch}", job.compile_cache_dir,
+                   quiet=jax.process_index() != 0):
+      for g in sorted(shapes.values()):
+        part(g)
+  done: dict[int, Corpus] = {}
+  following = p.step(first)[0] if first < p.steps else 0
+  t0 = time.perf_counter()
+  with interrupts_kept(lambda: None if sink is None else sink.kept()):
+    for s in range(first, p.steps):
+      decoded = part(p.step(s)[p.me])
+      if p.split:
+        decoded = distributed.gather_corpus(decoded)     # the step's batches, in q's order
+      done.update((g, Corpus((o,), (r,))) for g, o, r in
+                  zip(p.step(s), decoded.outputs, decoded.real_rows, strict=True))
+      if sink is not None:     # the input's next rows, once every row before them is in
+        lines = []
+        while following in done and following <= last:
+          lines += [sink.line(job.format_row(row))
+                    for i, row in enumerate(done[following].token_rows())
+                    if starts[following] + i >= sink.rows]
+          following += 1
+        sink.append(lines)
+      if progress is not None:
+        progress.update(sum(decoded.real_rows), decoded.generated)
+  corpus = [done[g] for g in sorted(done)]
+  return (Corpus(tuple(c.outputs[0] for c in corpus), tuple(c.real_rows[0] for c in corpus)),
+          time.perf_counter() - t0)
 
 
 def _timing(run: Run, prompts: Prompts, job: Job, corpus: Corpus, wall: float,
@@ -142,93 +243,31 @@ def _timing(run: Run, prompts: Prompts, job: Job, corpus: Corpus, wall: float,
 
 
 def decode_job(run: Run, target, prompts: Prompts, job: Job) -> Decoded:
-  """Decode `prompts` with `run` (placed on its mesh: `Run.on`) as `job` says: to its
-  output file, or batch by batch (rows streamed as each finishes); the corpus and its
-  timing. With several processes, a failure that is no `SpecdecError` (a lost peer) is
-  named by `liveness`, not a trace."""
+  """Decode `prompts` with `run` (placed on its mesh: `Run.on`) as `job` says (`plan`,
+  `decode_plan`): to its output file (opened, or resumed, by `output_file.open_shared`), or
+  batch by batch with each batch's rows streamed as it finishes; the corpus and its timing.
+  With several processes, a failure that is no `SpecdecError` (a lost peer) is named by
+  `liveness`, not a trace."""
   try:
-    p = plan(run, prompts, job, file=bool(job.output))
+    p = plan(run, prompts, job)
+    sink: Stdout | OutputFile | None = (
+        Stdout(len(prompts)) if job.stream and not p.split else None)
+    start = 0
     if job.output:
-      corpus, wall, streamed, resumed = _to_file(run, target, p, job, len(prompts))
-    else:
-      corpus, wall, streamed, resumed = _in_batches(run, target, p, job, len(prompts))
+      sink, start = output_file.open_shared(
+          str(job.output), job.lines, {**job.settings, "batch_size": p.batch},
+          (target.params, run), job.resume)
+    corpus, wall = decode_plan(run, target, p, job, sink, start)
     if p.split:     # the slowest process's
-      corpus, wall = (corpus if job.output else distributed.gather_corpus(corpus),
-                      distributed.gather_max(wall))
+      wall = distributed.gather_max(wall)
+    if isinstance(sink, OutputFile):
+      sink.finish()
   except Exception as e:
     if not isinstance(e, SpecdecError):
       liveness.after_failure()
     raise
-  return Decoded(corpus, _timing(run, prompts, job, corpus, wall, p), p, streamed,
-                 resumed)
-
-
-def _in_batches(run: Run, target, p: Plan, job: Job, n: int):
-  """(the corpus, wall seconds, streamed, None) of the `n` rows: batch by batch, each
-  batch's rows streamed as it finishes (not with the rows split over processes), a
-  progress line, an interrupt saying how many rows were kept."""
-  rng = jax.random.PRNGKey(job.seed)
-
-  def part(i: int) -> Corpus:     # batch i, with the key it has in the whole corpus
-    return decode_corpus(run, target, [p.batches[i]], max_new_tokens=job.max_new_tokens,
-                         rng=rng, prompt_lengths=None if p.lengths is None else [p.lengths[i]],
-                         first_key=p.first_key + i)
-  if job.warmup:    # each shape's first batch once, untimed: every program compiled
-    shapes: dict[tuple, int] = {}
-    for i, b in enumerate(p.batches):
-      shapes.setdefault((b.tokens.shape, None if p.lengths is None else p.lengths[i].shape), i)
-    with compiling(f"the decode programs for batch {p.batch}", job.compile_cache_dir,
-                   quiet=jax.process_index() != 0):
-      for i in sorted(shapes.values()):
-        part(i)
-  stream = job.stream and not p.split
-  progress = (Progress(n, "specdec decode") if job.progress and jax.process_index() == 0
-              and len(p.batches) > 1 else None)
-  parts: list[Corpus] = []
-  done = 0                                 # rows written (stdout) so far
-  t0 = time.perf_counter()
-  with interrupts_kept(lambda: None if not stream else (
-      f"{done} of {n} rows kept (written above); --output FILE writes rows as they finish "
-      "and --resume continues where a run stopped")):
-    for i in range(len(p.batches)):
-      decoded = part(i)
-      with deferred_signals():             # its rows written and counted together
-        parts.append(decoded)
-        if stream:
-          for row in decoded.token_rows():
-            o = job.format_row(row)
-            emit(o if isinstance(o, str) else " ".join(map(str, o)))
-          done += decoded.real_rows[0]
-      if progress is not None:
-        progress.update(decoded.real_rows[0], decoded.generated)
-  corpus = Corpus(tuple(o for c in parts for o in c.outputs),
-                  tuple(r for c in parts for r in c.real_rows))
-  return corpus, time.perf_counter() - t0, stream, None
-
-
-def _to_file(run: Run, target, p: Plan, job: Job, n: int):
-  """(the corpus, wall seconds, False, the row it started at) of the `n` rows, to
-  `job.output` (`output_file`): the file's batches (keyed by their index in it), each
-  decoded once and appended to the file as it finishes."""
-  output, start = output_file.open_shared(
-      str(job.output), job.lines, {**job.settings, "batch_size": p.batch},
-      (target.params, run), job.resume)
-  progress = (Progress(n, "specdec decode", done=output.rows) if output is not None
-              and len(p.batches) > 1 else None)
-  t0 = time.perf_counter()
-  with interrupts_kept(lambda: None if output is None else (
-      f"{output.rows} of {n} rows kept in {job.output!r}; the same command with --resume "
-      "continues from there")):
-    corpus = output_file.decode_to_file(
-        run, target, p.batches, p.lengths, output, start,
-        output_file.FileDecode(job.max_new_tokens, jax.random.PRNGKey(job.seed), p.split),
-        format_row=job.format_row,
-        on_batch=None if progress is None else
-        lambda c: progress.update(sum(c.real_rows), c.generated))
-  wall = time.perf_counter() - t0
-  if output is not None:
-    output.finish()
-  return corpus, wall, False, start
+  return Decoded(corpus, _timing(run, prompts, job, corpus, wall, p), p,
+                 isinstance(sink, Stdout), start if job.output else None)
 
 
 def compare_job(run: Run, target, p: Plan, job: Job,

@@ -11,6 +11,7 @@ import pytest
 import specdec_jax as sd
 from specdec_jax.io.prompts import Prompts
 from specdec_jax.runs import Run
+from specdec_jax.runtime import jobs
 from specdec_jax.runtime.jobs import Job, plan
 
 pytestmark = pytest.mark.unit
@@ -27,7 +28,7 @@ def test_plan_sizes_the_batch_once():
   run = Run(sd.Autoregressive())
   whole = plan(run, prompts, Job(max_new_tokens=4))
   assert whole.batch == 3 and [b.real for b in whole.batches] == [3]
-  assert whole.lengths is None and whole.first_key == 0 and not whole.split
+  assert whole.lengths is None and whole.step(0) == [0] and not whole.split
   two = plan(run, prompts, Job(max_new_tokens=4, batch_size=2))
   assert two.batch == 2 and [b.real for b in two.batches] == [2, 1]
   # each batch trimmed to its own longest prompt's bucket, never past the input
@@ -48,3 +49,21 @@ def test_t5_ids_without_eos_are_noted():
   assert Prompts.encode(["5 6 1"], None, T5).fit(4, T5) == (4, None)
   budget, note = Prompts.encode(["5 6 1", "5 6", "7"], None, T5).fit(4, T5)
   assert budget == 4 and note.startswith("prompts 2, 3 do not end in EOS (1)")
+
+
+def test_plan_deals_a_files_batches_and_splits_stdout_by_blocks(monkeypatch):
+  # process 1 of 2, 5 rows in batches of 2; each batch keyed by its index in `batches`
+  monkeypatch.setattr(jobs.jax, "process_count", lambda: 2)
+  monkeypatch.setattr(jobs.jax, "process_index", lambda: 1)
+  prompts = Prompts(np.arange(1, 6, dtype=np.int32)[:, None])
+  run = Run(sd.Autoregressive())
+  file = plan(run, prompts, Job(max_new_tokens=4, batch_size=2, output="out.txt"))
+  rows = lambda p: [b.tokens[:b.real, 0].tolist() for b in p.batches]
+  # the file's batches dealt out: step s decodes batches 2s (process 0) and 2s + 1
+  assert rows(file) == [[1, 2], [3, 4], [5]] and file.steps == 2 and file.me == 1
+  assert [file.step(s) for s in range(2)] == [[0, 1], [2, 3]]     # 3: past the end
+  assert [file.first_step(r) for r in (0, 3, 4, 5)] == [0, 0, 1, 2]
+  # stdout's: each process its block of rows (process 1: rows 4, 5), keyed after process 0's
+  out = plan(run, prompts, Job(max_new_tokens=4, batch_size=2))
+  assert rows(out) == [[1, 2], [3], [4, 5], []] and out.steps == 2
+  assert [out.step(s) for s in range(2)] == [[0, 2], [1, 3]] and out.split
