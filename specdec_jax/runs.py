@@ -90,6 +90,13 @@ class Run:
   def exact(self) -> bool | None:
     return getattr(self.method, "exact", None)
 
+  @property
+  def exact_mode(self) -> bool:
+    """Whether it decodes in exact mode (`exact` None: the library's default, exact for
+    greedy). Speedups divide by the plain baseline (`exact=False`); an exact method's
+    padding cost is reported beside it, as the exact baseline over the plain one."""
+    return self.sampling.is_greedy if self.exact is None else bool(self.exact)
+
   def on(self, mesh, keep: tuple[str, ...] = ()) -> Run:
     """This run on `mesh` (None: as it is): the models its method carries copied to every
     device (`sharding.replicate`; `keep`: model fields left as they are, e.g. BiLD's

@@ -33,7 +33,7 @@ from specdec_jax.runtime import distributed, liveness, output_file
 from specdec_jax.runtime.output_file import OutputFile
 from specdec_jax.runtime.progress import Progress, deferred_signals, interrupts_kept
 from specdec_jax.sharding import spans_processes
-from specdec_jax.timing import is_exact, ms_per_token, time_rounds
+from specdec_jax.timing import ms_per_token, time_rounds
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -286,7 +286,7 @@ def compare_job(run: Run, target, p: Plan, job: Job,
   alone = lambda exact: Run(dataclasses.replace(cast(Any, base), exact=exact),
                             run.sampling).on(run.mesh)
   runs = {"method": run, "baseline": alone(False)}
-  if is_exact(run):
+  if run.exact_mode:
     runs["exact baseline"] = alone(True)
   calls = {name: functools.partial(decode_corpus, r, target, p.batches,
                                    max_new_tokens=job.max_new_tokens,
@@ -310,7 +310,7 @@ def compare_job(run: Run, target, p: Plan, job: Job,
   if run.mesh is None:     # the theory of its 'why' line, on one device
     costs = explain_method(target, run.method, p.batches[0].tokens,
                            timed["method"]["output"].stats, job.max_new_tokens,
-                           exact=is_exact(run), cache_dir=job.compile_cache_dir)
+                           exact=run.exact_mode, cache_dir=job.compile_cache_dir)
     if costs is not None:
       out["costs"] = costs
   return out
