@@ -122,8 +122,9 @@ class Run:
                        prompt_lengths=prompt_lengths)
 
   def settings(self) -> dict[str, Any]:
-    """JSON-friendly settings: {"method": name, "label": ..., "sampling": repr, <setting>:
-    value, ...} (the models themselves left out)."""
+    """JSON values: {"method": name, "label": ..., "sampling": repr, <setting>: value, ...}
+    (the models themselves left out; a float that is not finite, e.g. BiLD's
+    rollback_threshold inf, as None: JSON has none)."""
     out: dict[str, Any] = {"method": self.kind}
     if self.label is not None:
       out["label"] = self.label
@@ -131,7 +132,7 @@ class Run:
     for f in core.settings_fields(type(self.method)):
       value = getattr(self.method, f.name)
       if isinstance(value, (bool, int, float, str, type(None))):
-        out[f.name] = value
+        out[f.name] = finite(value) if isinstance(value, float) else value
     return out
 
   def describe(self) -> str:

@@ -45,7 +45,7 @@ import numpy as np
 
 from specdec_jax.errors import FileAccessError, SpecdecError
 from specdec_jax.flags import FlagError
-from specdec_jax.io.reports import atomic_write, read_json, to_jsonable
+from specdec_jax.io.reports import atomic_write, read_json
 from specdec_jax.runtime.progress import deferred_signals
 
 FORMAT = 1
@@ -112,9 +112,10 @@ def weights_digest(*trees: Any) -> str:
 
 
 def fingerprint(inputs: Sequence[str], settings: dict[str, Any], weights: str) -> dict[str, Any]:
-  """What OUT answers: the input lines (digest and count), the settings, the weights."""
+  """What OUT answers: the input lines (digest and count), the settings (JSON values, as
+  `Run.settings` gives them), the weights."""
   text = "\n".join(inputs).encode("utf-8", "surrogatepass")
-  settings = json.loads(json.dumps(to_jsonable(settings), sort_keys=True))
+  settings = json.loads(json.dumps(settings, sort_keys=True))   # as the sidecar reads back
   return {"format": FORMAT, "input_sha256": hashlib.sha256(text).hexdigest(),
           "input_rows": len(inputs), "settings": settings, "weights_sha256": weights}
 
@@ -221,19 +222,6 @@ def _write_sidecar(out: str, meta: dict[str, Any], complete: bool) -> None:
   atomic_write(sidecar_path(out), json.dumps({**meta, "complete": complete}, indent=1) + "\n")
 
 
-def shared_start(output: OutputFile | None, error: Exception | None) -> int:
-  """Process 0's count of final rows, on every process (-1 on the others when process 0
-  could not open OUT: they stop too, instead of waiting for it in a collective)."""
-  if jax.process_count() == 1:
-    return -1 if output is None else output.rows
-  from jax.experimental import multihost_utils
-  mine = np.int64(-1 if output is None else output.rows)
-  rows = int(multihost_utils.broadcast_one_to_all(mine))
-  if rows < 0 and error is None:
-    raise FlagError("process 0 could not open --output (see its error): stopping")
-  return rows
-
-
 def open_shared(out: str, lines: Sequence[str], settings: dict[str, Any], weights: tuple,
                 resume: bool) -> tuple[OutputFile | None, int]:
   """(OUT opened or resumed by process 0, None on the others; the row decoding starts at,
@@ -246,7 +234,12 @@ def open_shared(out: str, lines: Sequence[str], settings: dict[str, Any], weight
       output = open_output(out, meta, resume)
     except SpecdecError as e:
       error = e
-  start = shared_start(output, error)
+  start = -1 if output is None else output.rows
+  if jax.process_count() > 1:    # process 0's count, on every process (-1: it failed)
+    from jax.experimental import multihost_utils
+    start = int(multihost_utils.broadcast_one_to_all(np.int64(start)))
+    if start < 0 and error is None:   # the others stop too, not waiting in a collective
+      raise FlagError("process 0 could not open --output (see its error): stopping")
   if error is not None:
     raise error
   return output, start
