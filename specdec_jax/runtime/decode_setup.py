@@ -140,10 +140,12 @@ def set_up(choice: MethodChoice, run: DecodeRun, job: Job) -> Setup:
     note(said)
   run = dataclasses.replace(run, max_new_tokens=budget)
   method = _place(choice, run, target, prompts, mesh)
-  settings = {**method.settings(), "model": run.model, "drafter": choice.drafter,
-              "tokenizer": run.tokenizer, "max_new_tokens": budget, "seed": run.seed,
-              "dtype": run.dtype, "mesh": run.mesh}    # what reports and --output record
+  settings, description = method.settings(), method.describe()
+  settings.update(model=run.model, drafter=choice.drafter, tokenizer=run.tokenizer,
+                  max_new_tokens=budget, seed=run.seed, dtype=run.dtype,
+                  mesh=run.mesh)    # what reports and --output record
   job = dataclasses.replace(job, max_new_tokens=budget, lines=tuple(lines), settings=settings,
+                            description=description,
                             format_row=lambda row: output_text(row, tokenizer))
   return Setup(run, choice.drafter, job, mesh, lines, prompts, tokenizer, target, method,
                time.perf_counter() - t_load)

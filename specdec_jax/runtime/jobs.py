@@ -20,7 +20,7 @@ from typing import Any, Callable, NamedTuple, cast
 import jax
 import numpy as np
 
-from specdec_jax.batching import Batch
+from specdec_jax.batching import Batch, padded_batches, prompt_batches
 from specdec_jax.compilation import announce_kernel_build, compiling, use_persistent_cache
 from specdec_jax.costs import explain_method
 from specdec_jax.errors import SpecdecError
@@ -55,6 +55,7 @@ class Job:
     settings: the run's settings, recorded in `output`'s sidecar.
     compile_cache: keep compiled programs in JAX's persistent cache.
     compile_cache_dir: where (`start` sets it; None: off).
+    description: the run as the timing report names it (`Run.describe`).
   """
 
   max_new_tokens: int
@@ -71,6 +72,7 @@ class Job:
   settings: dict[str, Any] = dataclasses.field(default_factory=dict)
   compile_cache: bool = True
   compile_cache_dir: str | None = None
+  description: str = ""
 
   def start(self, input_file: str | None = None, compare: bool = False) -> Job:
     """This process's side, before any prompt or model: the compile cache (the job with its
@@ -87,39 +89,26 @@ class Job:
 class Plan(NamedTuple):
   """A job's batches and which process decodes which. `batches`: every batch of `batch`
   rows, their real rows the input's in order; `lengths`: an LM's prompt lengths per batch
-  (None: T5). In step s, the `shares` processes decode batches `s * stride[0] + q *
-  stride[1]` (q = 0 .. shares - 1; this process is q = `me`; past the end: the last batch
-  again, its rows all padding), each keyed by its index, and gather them in q's order.
-  `spans`: the mesh spans every process's devices (one program over all of them).
+  (None: T5). At step s the processes decode batches `steps[s]` (this process the one at
+  `me`; past the end: the last batch again, its rows all padding), each keyed by its
+  index, and gather them in that order. `spans`: the mesh spans every process's devices
+  (one program over all of them).
 
-  Two layouts: a file's batches dealt out, batch g to process g mod P (`stride` (P, 1):
-  a step's batches are consecutive rows, written as they finish); stdout's split by
-  blocks of rows, each process decoding its own (`stride` (1, steps)). One process, or a
-  mesh over all of them (`shares` 1): every batch in turn."""
+  Two layouts: a file's batches dealt out, batch g to process g mod P (a step's batches
+  are consecutive rows, written as they finish); stdout's split by blocks of rows, each
+  process decoding its own. One process, or a mesh over all of them: every batch in turn."""
 
   batch: int
   batches: list[Batch]
   lengths: list | None
-  steps: int
-  stride: tuple[int, int] = (1, 0)
-  shares: int = 1
+  steps: list[tuple[int, ...]]
   me: int = 0
   spans: bool = False
 
   @property
   def split(self) -> bool:
     """Several processes, each decoding batches of its own."""
-    return self.shares > 1
-
-  def step(self, s: int) -> list[int]:
-    """The indices of step s's batches, one per process, in the order they are gathered."""
-    return [s * self.stride[0] + q * self.stride[1] for q in range(self.shares)]
-
-  def first_step(self, row: int) -> int:
-    """The first step that decodes a row from `row` on (`steps`: none does)."""
-    ends = np.cumsum([b.real for b in self.batches])
-    return min((s for s in range(self.steps)
-                for g in self.step(s) if g < len(ends) and ends[g] > row), default=self.steps)
+    return len(self.steps[0]) > 1 if self.steps else False
 
 
 class Decoded(NamedTuple):
@@ -149,20 +138,20 @@ def plan(run: Run, prompts: Prompts, job: Job) -> Plan:
   if shares > 1 and not job.output:    # stdout: process q decodes its block of rows
     blocks = lambda x, b: [c for q in range(shares)
                            for c in distributed.local_batches(x, b, q, shares)]
-    batches, lengths = prompts.batches(batch, blocks)
-    steps = len(batches) // shares
-    return Plan(batch, batches, lengths, steps, (1, steps), shares, me, spans)
-  batches, lengths = prompts.batches(batch)
-  return Plan(batch, batches, lengths, -(-len(batches) // shares), (shares, 1), shares, me,
-              spans)
+    batches, lengths = prompt_batches(prompts.tokens, prompts.lengths, batch, blocks)
+    count = len(batches) // shares
+    return Plan(batch, batches, lengths,
+                [tuple(q * count + s for q in range(shares)) for s in range(count)], me, spans)
+  batches, lengths = prompt_batches(prompts.tokens, prompts.lengths, batch, padded_batches)
+  return Plan(batch, batches, lengths,
+              [tuple(range(s, s + shares)) for s in range(0, len(batches), shares)], me, spans)
 
 
 class Stdout:
   """stdout as a job's rows' sink (`OutputFile`'s twin): each output on a line of its
-  own as it finishes, `rows` of the `total` printed."""
+  own as it finishes; `rows` printed."""
 
-  def __init__(self, total: int):
-    self.total, self.rows = total, 0
+  rows = 0
 
   def append(self, lines: list[str]) -> None:
     with deferred_signals():             # the rows written and counted together
@@ -174,23 +163,54 @@ class Stdout:
   def line(output: str | list[int]) -> str:
     return output if isinstance(output, str) else " ".join(map(str, output))
 
-  def kept(self) -> str:
-    return (f"{self.rows} of {self.total} rows kept (written above); --output FILE writes "
-            "rows as they finish and --resume continues where a run stopped")
+  def kept(self, total: int) -> str:
+    return (f"{self.rows} of {total} rows kept (written above); --output FILE writes rows "
+            "as they finish and --resume continues where a run stopped")
 
 
-def decode_plan(run: Run, target, p: Plan, job: Job, sink: Stdout | OutputFile | None,
-                start: int = 0) -> tuple[Corpus, float]:
-  """(the corpus of this plan's batches from the one holding row `start`, in input order;
-  its wall seconds): each step's batch decoded (keyed by its index), the processes'
-  gathered, the rows that complete the input's next rows handed to `sink` (`append`;
-  rows before `start` and `sink.rows` skipped) as they finish. An interrupt says what
-  `sink` kept."""
+def decode_job(run: Run, target, prompts: Prompts, job: Job) -> Decoded:
+  """Decode `prompts` with `run` (placed on its mesh: `Run.on`) as `job` says (`plan`):
+  to its output file (opened, or resumed, by `output_file.open_shared`), or batch by batch
+  with each batch's rows streamed as it finishes (`decode_plan`); the corpus and its
+  timing (one timed run; with `output` batch by batch, compiling included). With several
+  processes, a failure that is no `SpecdecError` (a lost peer) is named by `liveness`,
+  not a trace."""
+  try:
+    corpus, wall, p, sink, start = decode_plan(run, target, prompts, job)
+  except Exception as e:
+    if not isinstance(e, SpecdecError):
+      liveness.after_failure()
+    raise
+  generated = corpus.generated if corpus.outputs else 0    # --resume of a complete file: 0
+  return Decoded(corpus, {
+      "method": job.description, "prompts": len(prompts), "batch_size": p.batch,
+      "generated_tokens": generated, "wall_s": wall,
+      "warmup": bool(job.warmup and not job.output),
+      "includes_compile": not job.warmup or bool(job.output),
+      "processes": jax.process_count(), "mesh_spans_processes": p.spans,
+      "tokens_per_s": generated / wall if wall > 0 else None,
+      "ms_per_token": 1e3 * wall / generated if generated else None},
+      p, isinstance(sink, Stdout), start if job.output else None)
+
+
+def decode_plan(run: Run, target, prompts: Prompts, job: Job):
+  """(the corpus of the job's batches from the one holding its first row not yet written,
+  in input order; its wall seconds; its `plan`; the sink its rows went to; that row):
+  each step's batch decoded (keyed by its index), the processes' gathered, the rows that
+  complete the input's next rows handed to the sink (`Stdout`, unless the rows are split
+  over processes; the `output` file) as they finish. An interrupt says what it kept."""
+  p = plan(run, prompts, job)
+  sink: Stdout | OutputFile | None = Stdout() if job.stream and not p.split else None
+  start = 0
+  if job.output:
+    sink, start = output_file.open_shared(
+        str(job.output), job.lines, {**job.settings, "batch_size": p.batch},
+        (target.params, run), job.resume)
   rng = jax.random.PRNGKey(job.seed)
-  first, last = p.first_step(start), len(p.batches) - 1
+  last = len(p.batches) - 1
   starts = np.cumsum([0] + [b.real for b in p.batches])     # each batch's first row
-  progress = (Progress(int(starts[-1]), "specdec decode", done=start)
-              if job.progress and jax.process_index() == 0 and len(p.batches) > 1 else None)
+  first = next((s for s, gs in enumerate(p.steps)   # the first step with a row to write
+                if any(g <= last and starts[g + 1] > start for g in gs)), len(p.steps))
 
   def part(g: int) -> Corpus:     # batch g, keyed by its index (past the end: padding)
     c = decode_corpus(run, target, [p.batches[min(g, last)]], max_new_tokens=job.max_new_tokens,
@@ -199,21 +219,23 @@ def decode_plan(run: Run, target, p: Plan, job: Job, sink: Stdout | OutputFile |
     return c if g <= last else Corpus(c.outputs, (0,))
   if job.warmup and not job.output:   # each shape's first batch once, untimed
     shapes = {(p.batches[g].tokens.shape, None if p.lengths is None else p.lengths[g].shape): g
-              for g in reversed([p.step(s)[p.me] for s in range(first, p.steps)]) if g <= last}
+              for g in reversed([gs[p.me] for gs in p.steps[first:]]) if g <= last}
     with compiling(f"the decode programs for batch {p.batch}", job.compile_cache_dir,
                    quiet=jax.process_index() != 0):
       for g in sorted(shapes.values()):
         part(g)
   done: dict[int, Corpus] = {}
-  following = p.step(first)[0] if first < p.steps else 0
+  following = p.steps[first][0] if first < len(p.steps) else 0
+  progress = (Progress(len(prompts), "specdec decode", done=start)
+              if job.progress and jax.process_index() == 0 and len(p.batches) > 1 else None)
   t0 = time.perf_counter()
-  with interrupts_kept(lambda: None if sink is None else sink.kept()):
-    for s in range(first, p.steps):
-      decoded = part(p.step(s)[p.me])
+  with interrupts_kept(lambda: None if sink is None else sink.kept(len(prompts))):
+    for gs in p.steps[first:]:
+      decoded = part(gs[p.me])
       if p.split:
-        decoded = distributed.gather_corpus(decoded)     # the step's batches, in q's order
+        decoded = distributed.gather_corpus(decoded)     # the step's batches, in order
       done.update((g, Corpus((o,), (r,))) for g, o, r in
-                  zip(p.step(s), decoded.outputs, decoded.real_rows, strict=True))
+                  zip(gs, decoded.outputs, decoded.real_rows, strict=True))
       if sink is not None:     # the input's next rows, once every row before them is in
         lines = []
         while following in done and following <= last:
@@ -224,50 +246,14 @@ def decode_plan(run: Run, target, p: Plan, job: Job, sink: Stdout | OutputFile |
         sink.append(lines)
       if progress is not None:
         progress.update(sum(decoded.real_rows), decoded.generated)
+  wall = time.perf_counter() - t0
+  if p.split:     # the slowest process's
+    wall = distributed.gather_max(wall)
+  if isinstance(sink, OutputFile):
+    sink.finish()
   corpus = [done[g] for g in sorted(done)]
   return (Corpus(tuple(c.outputs[0] for c in corpus), tuple(c.real_rows[0] for c in corpus)),
-          time.perf_counter() - t0)
-
-
-def _timing(run: Run, prompts: Prompts, job: Job, corpus: Corpus, wall: float,
-            p: Plan) -> dict[str, Any]:
-  """The job's timing report: one timed run (`output`: batch by batch, compiling included)."""
-  generated = corpus.generated if corpus.outputs else 0    # --resume of a complete file: 0
-  return {"method": run.describe(), "prompts": len(prompts), "batch_size": p.batch,
-          "generated_tokens": generated, "wall_s": wall,
-          "warmup": bool(job.warmup and not job.output),
-          "includes_compile": not job.warmup or bool(job.output),
-          "processes": jax.process_count(), "mesh_spans_processes": p.spans,
-          "tokens_per_s": generated / wall if wall > 0 else None,
-          "ms_per_token": 1e3 * wall / generated if generated else None}
-
-
-def decode_job(run: Run, target, prompts: Prompts, job: Job) -> Decoded:
-  """Decode `prompts` with `run` (placed on its mesh: `Run.on`) as `job` says (`plan`,
-  `decode_plan`): to its output file (opened, or resumed, by `output_file.open_shared`), or
-  batch by batch with each batch's rows streamed as it finishes; the corpus and its timing.
-  With several processes, a failure that is no `SpecdecError` (a lost peer) is named by
-  `liveness`, not a trace."""
-  try:
-    p = plan(run, prompts, job)
-    sink: Stdout | OutputFile | None = (
-        Stdout(len(prompts)) if job.stream and not p.split else None)
-    start = 0
-    if job.output:
-      sink, start = output_file.open_shared(
-          str(job.output), job.lines, {**job.settings, "batch_size": p.batch},
-          (target.params, run), job.resume)
-    corpus, wall = decode_plan(run, target, p, job, sink, start)
-    if p.split:     # the slowest process's
-      wall = distributed.gather_max(wall)
-    if isinstance(sink, OutputFile):
-      sink.finish()
-  except Exception as e:
-    if not isinstance(e, SpecdecError):
-      liveness.after_failure()
-    raise
-  return Decoded(corpus, _timing(run, prompts, job, corpus, wall, p), p,
-                 isinstance(sink, Stdout), start if job.output else None)
+          wall, p, sink, start)
 
 
 def compare_job(run: Run, target, p: Plan, job: Job,

@@ -159,9 +159,9 @@ class OutputFile:
 
   line = staticmethod(output_line)
 
-  def kept(self) -> str:
-    """What an interrupt kept: the rows in OUT, and how to go on."""
-    return (f"{self.rows} of {self.meta['input_rows']} rows kept in {self.path!r}; the same "
+  def kept(self, total: int) -> str:
+    """What an interrupt kept: the `rows` of `total` in OUT, and how to go on."""
+    return (f"{self.rows} of {total} rows kept in {self.path!r}; the same "
             "command with --resume continues from there")
 
   def finish(self) -> None:

@@ -28,7 +28,7 @@ def test_plan_sizes_the_batch_once():
   run = Run(sd.Autoregressive())
   whole = plan(run, prompts, Job(max_new_tokens=4))
   assert whole.batch == 3 and [b.real for b in whole.batches] == [3]
-  assert whole.lengths is None and whole.step(0) == [0] and not whole.split
+  assert whole.lengths is None and whole.steps == [(0,)] and not whole.split
   two = plan(run, prompts, Job(max_new_tokens=4, batch_size=2))
   assert two.batch == 2 and [b.real for b in two.batches] == [2, 1]
   # each batch trimmed to its own longest prompt's bucket, never past the input
@@ -60,10 +60,9 @@ def test_plan_deals_a_files_batches_and_splits_stdout_by_blocks(monkeypatch):
   file = plan(run, prompts, Job(max_new_tokens=4, batch_size=2, output="out.txt"))
   rows = lambda p: [b.tokens[:b.real, 0].tolist() for b in p.batches]
   # the file's batches dealt out: step s decodes batches 2s (process 0) and 2s + 1
-  assert rows(file) == [[1, 2], [3, 4], [5]] and file.steps == 2 and file.me == 1
-  assert [file.step(s) for s in range(2)] == [[0, 1], [2, 3]]     # 3: past the end
-  assert [file.first_step(r) for r in (0, 3, 4, 5)] == [0, 0, 1, 2]
+  assert rows(file) == [[1, 2], [3, 4], [5]] and file.me == 1
+  assert file.steps == [(0, 1), (2, 3)]      # 3: past the end
   # stdout's: each process its block of rows (process 1: rows 4, 5), keyed after process 0's
   out = plan(run, prompts, Job(max_new_tokens=4, batch_size=2))
-  assert rows(out) == [[1, 2], [3], [4, 5], []] and out.steps == 2
-  assert [out.step(s) for s in range(2)] == [[0, 2], [1, 3]] and out.split
+  assert rows(out) == [[1, 2], [3], [4, 5], []]
+  assert out.steps == [(0, 2), (1, 3)] and out.split
