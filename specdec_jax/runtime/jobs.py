@@ -2,12 +2,14 @@
 
     job = Job(max_new_tokens=32, batch_size=8, output="out.txt").start()
     decoded = decode_job(run.on(mesh), target, Prompts.encode(lines, tok, target.config), job)
-    decoded.corpus.stats, decoded.wall, decoded.batch      # the outputs and their timing
-    compared = compare_job(run, target, prompts, job)       # vs its baseline, timed
+    decoded.corpus.stats, decoded.timing["wall_s"]     # the outputs and their timing
+    compared = compare_job(run, target, decoded.plan, job)     # vs its baseline, timed
 
 `Job` holds how the prompts are decoded beside the run: the batch size (None: all rows,
 rounded to the mesh's "data" axis), the seed, the warm-up pass, the --output file and its
-resume, the processes. The batch is sized here alone (`batch_size`), for every path.
+resume, the processes. The batch is sized here alone (`plan`), for every path, and one
+loop (`decode_plan`) decodes to stdout and to the file alike: the plan says which batch
+each process decodes at each step and keys every batch by its index.
 """
 
 from __future__ import annotations
