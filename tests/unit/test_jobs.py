@@ -3,14 +3,17 @@ their model (`Prompts.fit`): the budget an LM's positions leave, the note on T5 
 
 from __future__ import annotations
 
+import dataclasses
 import types
+from typing import NamedTuple
 
+import jax
 import numpy as np
 import pytest
 
 import specdec_jax as sd
 from specdec_jax.io.prompts import Prompts
-from specdec_jax.runs import Run
+from specdec_jax.runs import Corpus, Run
 from specdec_jax.runtime import jobs
 from specdec_jax.runtime.jobs import Job, plan
 
@@ -66,3 +69,35 @@ def test_plan_deals_a_files_batches_and_splits_stdout_by_blocks(monkeypatch):
   out = plan(run, prompts, Job(max_new_tokens=4, batch_size=2))
   assert rows(out) == [[1, 2], [3], [4, 5], []]
   assert out.steps == [(0, 2), (1, 3)] and out.split
+
+
+class _Out(NamedTuple):
+  tokens: np.ndarray
+  lengths: np.ndarray
+
+
+def test_one_loop_keys_each_batch_by_its_index_to_stdout_and_to_a_file(monkeypatch, tmp_path,
+                                                                        capsys):
+  seen = []
+
+  def decode_corpus(run, target, batches, *, max_new_tokens, rng, prompt_lengths, first_key):
+    (b,) = batches            # one batch a step; its output row: the prompt + 100 * its key
+    seen.append((int(b.tokens[0, 0]), first_key, np.array_equal(rng, jax.random.PRNGKey(7))))
+    return Corpus((_Out(b.tokens[:, :1] + 100 * first_key, np.ones(2, np.int32)),), (b.real,))
+  monkeypatch.setattr(jobs, "decode_corpus", decode_corpus)
+  prompts = Prompts(np.arange(1, 6, dtype=np.int32)[:, None])     # batches [1 2] [3 4] [5]
+  run, target = Run(sd.Autoregressive()), types.SimpleNamespace(params={})
+  job = Job(max_new_tokens=1, seed=7, batch_size=2, warmup=False, stream=True,
+            lines=tuple("abcde"))
+  keyed = [(1, 0, True), (3, 1, True), (5, 2, True)]
+  corpus, _, _, sink, start = jobs.decode_plan(run, target, prompts, job)
+  assert seen == keyed and corpus.token_rows() == [[1], [2], [103], [104], [205]]
+  assert capsys.readouterr().out == "1\n2\n103\n104\n205\n" and (sink.rows, start) == (5, 0)
+  out, seen[:] = tmp_path / "out.txt", []
+  to_file = dataclasses.replace(job, stream=False, output=str(out))
+  jobs.decode_plan(run, target, prompts, to_file)
+  assert seen == keyed and out.read_text() == "1\n2\n103\n104\n205\n"
+  out.write_text("1\n2\n103\n")       # resumed: from the batch holding row 3, with its key
+  seen[:] = []
+  *_, start = jobs.decode_plan(run, target, prompts, dataclasses.replace(to_file, resume=True))
+  assert seen == keyed[1:] and start == 3 and out.read_text() == "1\n2\n103\n104\n205\n"
