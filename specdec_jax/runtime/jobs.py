@@ -195,7 +195,8 @@ def decode_job(run: Run, target, prompts: Prompts, job: Job) -> Decoded:
       p, isinstance(sink, Stdout), start if job.output else None)
 
 
-def decode_plan(run: Run, target, prompts: Prompts, job: Job):
+def decode_plan(run: Run, target, prompts: Prompts, job: Job
+                ) -> tuple[Corpus, float, Plan, Stdout | OutputFile | None, int]:
   """(the corpus of the job's batches from the one holding its first row not yet written,
   in input order; its wall seconds; its `plan`; the sink its rows went to; that row):
   each step's batch decoded (keyed by its index), the processes' gathered, the rows that
