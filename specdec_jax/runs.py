@@ -90,6 +90,13 @@ class Run:
   def exact(self) -> bool | None:
     return getattr(self.method, "exact", None)
 
+  @property
+  def exact_mode(self) -> bool:
+    """Whether it decodes in exact mode (`exact` None: the library's default, exact for
+    greedy). Speedups divide by the plain baseline (`exact=False`); an exact method's
+    padding cost is reported beside it, as the exact baseline over the plain one."""
+    return self.sampling.is_greedy if self.exact is None else bool(self.exact)
+
   def on(self, mesh, keep: tuple[str, ...] = ()) -> Run:
     """This run on `mesh` (None: as it is): the models its method carries copied to every
     device (`sharding.replicate`; `keep`: model fields left as they are, e.g. BiLD's
@@ -115,8 +122,9 @@ class Run:
                        prompt_lengths=prompt_lengths)
 
   def settings(self) -> dict[str, Any]:
-    """JSON-friendly settings: {"method": name, "label": ..., "sampling": repr, <setting>:
-    value, ...} (the models themselves left out)."""
+    """JSON values: {"method": name, "label": ..., "sampling": repr, <setting>: value, ...}
+    (the models themselves left out; a float that is not finite, e.g. BiLD's
+    rollback_threshold inf, as None: JSON has none)."""
     out: dict[str, Any] = {"method": self.kind}
     if self.label is not None:
       out["label"] = self.label
@@ -124,7 +132,7 @@ class Run:
     for f in core.settings_fields(type(self.method)):
       value = getattr(self.method, f.name)
       if isinstance(value, (bool, int, float, str, type(None))):
-        out[f.name] = value
+        out[f.name] = finite(value) if isinstance(value, float) else value
     return out
 
   def describe(self) -> str:

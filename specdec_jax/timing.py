@@ -60,13 +60,6 @@ def ms_per_token(timed: dict[str, Any]) -> float:
   return 1e3 * timed["median_s"] / max(timed["output"].generated, 1)
 
 
-def is_exact(method: Any) -> bool:
-  """Whether a decode method runs in exact mode (None: the library's default, exact for
-  greedy). Speedups divide by the plain baseline (`exact=False`); an exact method's
-  padding cost is reported beside it, as the exact baseline over the plain one."""
-  return method.sampling.is_greedy if method.exact is None else bool(method.exact)
-
-
 def default_compile_workers() -> int:
   """Concurrent warm-up calls: up to 4 on CPU; 1 on accelerators (each holds device memory)."""
   return max(1, min(4, os.cpu_count() or 1)) if jax.default_backend() == "cpu" else 1

@@ -19,7 +19,6 @@ from helpers import REPO_DIR
 import specdec_jax as sd
 from specdec_jax import cli, compilation
 from specdec_jax.batching import prompt_batches
-from specdec_jax.io.prompts import Prompts
 from specdec_jax.kernels import build, dispatch
 from specdec_jax.models import packing
 
@@ -90,7 +89,7 @@ def test_nearby_prompt_lengths_share_one_compiled_width():
   tokens = np.zeros((4, 13), np.int32)
   for i, n in enumerate((8, 13, 9, 9)):           # README's main command's prompt lengths
     tokens[i, :n - 1], tokens[i, n - 1] = 5, 1
-  widths = {b.tokens.shape[1] for b in Prompts(tokens).batches(1)[0]}
+  widths = {b.tokens.shape[1] for b in prompt_batches(tokens, None, 1)[0]}
   assert widths == {8, 13}                         # not {8, 9, 13}; never past the input
   lm, _ = prompt_batches(tokens, np.array([3, 9, 10, 11]), 1)
   assert [b.tokens.shape[1] for b in lm] == [8, 13, 13, 13]

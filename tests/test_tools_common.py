@@ -201,6 +201,8 @@ def test_run_settings_and_description(pair):
   assert alone.describe() == "autoregressive, greedy" and alone.kind == "autoregressive"
   assert methods.Run(sd.Autoregressive(), sd.Sampling()).settings()["method"] == "autoregressive"
   assert methods.Run(sd.Autoregressive(exact=False)).settings()["exact"] is False
+  never = methods.Run(sd.BiLD(None, rollback_threshold=float("inf")))   # JSON has no inf
+  assert never.settings()["rollback_threshold"] is None
   assert spec.method.drafter_role == "drafter" and alone.method.drafter_role is None
   with pytest.raises(TypeError, match="a method value"):
     methods.Run("speculative")

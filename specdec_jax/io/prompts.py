@@ -4,7 +4,6 @@ tokens of a T5 model or a decoder-only model's right-padded prompts and their le
     prompts = Prompts.encode(["5 17 42 1"], tokenizer=None, config=t5.config)  # tokens [B, L]
     prompts = Prompts.encode(texts, tokenizer, lm.config)    # tokens [B, P], lengths [B]
     budget, note = prompts.fit(64, lm.config)                # new tokens that fit the model
-    batches, lengths = prompts.batches(8)                    # padded, trimmed batches
     lines = read_prompt_lines(["5 17 42 1"], input_file=None)   # arguments, a file or stdin
     tokens = file_prompts("prompts.txt", 32, tokenizer, 512)     # [N, 32], padded or cut
 
@@ -21,11 +20,11 @@ import dataclasses
 import json
 import os
 import sys
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from specdec_jax.batching import Batch, pad_rows, padded_batches, prompt_batches, rows_without_eos
+from specdec_jax.batching import pad_rows, rows_without_eos
 from specdec_jax.errors import FileAccessError, PromptError
 from specdec_jax.io.reports import read_text
 from specdec_jax.io.tokenizer import check_tokenizer
@@ -206,13 +205,6 @@ class Prompts:
         f"({config.eos_id}): token ids are used verbatim, and T5 reads EOS-terminated inputs "
         f"(the tokenizer appends it), so the output differs from the same prompt ending in "
         f"{config.eos_id}")
-
-  def batches(self, batch: int, split: Callable[[np.ndarray, int], list[Batch]] = padded_batches
-              ) -> tuple[list[Batch], list | None]:
-    """Padded batches of `batch` rows (`split`: `padded_batches`, or one process's block of
-    them), each trimmed to its longest prompt, and for a decoder-only model their int32
-    [batch] lengths (`batching.prompt_batches`)."""
-    return prompt_batches(self.tokens, self.lengths, batch, split)
 
   def ngram_rows(self) -> list[np.ndarray]:
     """Each prompt's own tokens: a T5 row's nonzero ids, an LM's cut at its length (what

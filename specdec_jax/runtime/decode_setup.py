@@ -140,10 +140,12 @@ def set_up(choice: MethodChoice, run: DecodeRun, job: Job) -> Setup:
     note(said)
   run = dataclasses.replace(run, max_new_tokens=budget)
   method = _place(choice, run, target, prompts, mesh)
-  settings = {**method.settings(), "model": run.model, "drafter": choice.drafter,
-              "tokenizer": run.tokenizer, "max_new_tokens": budget, "seed": run.seed,
-              "dtype": run.dtype, "mesh": run.mesh}    # what reports and --output record
+  settings, description = method.settings(), method.describe()
+  settings.update(model=run.model, drafter=choice.drafter, tokenizer=run.tokenizer,
+                  max_new_tokens=budget, seed=run.seed, dtype=run.dtype,
+                  mesh=run.mesh)    # what reports and --output record
   job = dataclasses.replace(job, max_new_tokens=budget, lines=tuple(lines), settings=settings,
+                            description=description,
                             format_row=lambda row: output_text(row, tokenizer))
   return Setup(run, choice.drafter, job, mesh, lines, prompts, tokenizer, target, method,
                time.perf_counter() - t_load)
@@ -154,7 +156,8 @@ def job_of(run: DecodeRun) -> Job:
   return Job(max_new_tokens=run.max_new_tokens, seed=run.seed, batch_size=run.batch_size,
              warmup=run.warmup, output=run.output, resume=run.resume,
              processes=run.processes, stream=not (run.json or run.output),
-             progress=run.input_file is not None, compile_cache=run.compile_cache)
+             progress=run.input_file is not None or run.output is not None,
+             compile_cache=run.compile_cache)
 
 
 class Request(NamedTuple):

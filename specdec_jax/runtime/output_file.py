@@ -37,17 +37,15 @@ import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
-from specdec_jax.batching import Batch
 from specdec_jax.errors import FileAccessError, SpecdecError
 from specdec_jax.flags import FlagError
-from specdec_jax.io.reports import atomic_write, read_json, to_jsonable
-from specdec_jax.runs import Corpus, decode_corpus
+from specdec_jax.io.reports import atomic_write, read_json
 from specdec_jax.runtime.progress import deferred_signals
 
 FORMAT = 1
@@ -114,9 +112,10 @@ def weights_digest(*trees: Any) -> str:
 
 
 def fingerprint(inputs: Sequence[str], settings: dict[str, Any], weights: str) -> dict[str, Any]:
-  """What OUT answers: the input lines (digest and count), the settings, the weights."""
+  """What OUT answers: the input lines (digest and count), the settings (JSON values, as
+  `Run.settings` gives them), the weights."""
   text = "\n".join(inputs).encode("utf-8", "surrogatepass")
-  settings = json.loads(json.dumps(to_jsonable(settings), sort_keys=True))
+  settings = json.loads(json.dumps(settings, sort_keys=True))   # as the sidecar reads back
   return {"format": FORMAT, "input_sha256": hashlib.sha256(text).hexdigest(),
           "input_rows": len(inputs), "settings": settings, "weights_sha256": weights}
 
@@ -157,6 +156,13 @@ class OutputFile:
       except OSError as e:
         raise FileAccessError(f"cannot write --output {self.path!r}: {e.strerror or e}") from None
       self.rows += len(lines)
+
+  line = staticmethod(output_line)
+
+  def kept(self, total: int) -> str:
+    """What an interrupt kept: the `rows` of `total` in OUT, and how to go on."""
+    return (f"{self.rows} of {total} rows kept in {self.path!r}; the same "
+            "command with --resume continues from there")
 
   def finish(self) -> None:
     """Mark OUT complete in its sidecar."""
@@ -216,19 +222,6 @@ def _write_sidecar(out: str, meta: dict[str, Any], complete: bool) -> None:
   atomic_write(sidecar_path(out), json.dumps({**meta, "complete": complete}, indent=1) + "\n")
 
 
-def shared_start(output: OutputFile | None, error: Exception | None) -> int:
-  """Process 0's count of final rows, on every process (-1 on the others when process 0
-  could not open OUT: they stop too, instead of waiting for it in a collective)."""
-  if jax.process_count() == 1:
-    return -1 if output is None else output.rows
-  from jax.experimental import multihost_utils
-  mine = np.int64(-1 if output is None else output.rows)
-  rows = int(multihost_utils.broadcast_one_to_all(mine))
-  if rows < 0 and error is None:
-    raise FlagError("process 0 could not open --output (see its error): stopping")
-  return rows
-
-
 def open_shared(out: str, lines: Sequence[str], settings: dict[str, Any], weights: tuple,
                 resume: bool) -> tuple[OutputFile | None, int]:
   """(OUT opened or resumed by process 0, None on the others; the row decoding starts at,
@@ -241,65 +234,12 @@ def open_shared(out: str, lines: Sequence[str], settings: dict[str, Any], weight
       output = open_output(out, meta, resume)
     except SpecdecError as e:
       error = e
-  start = shared_start(output, error)
+  start = -1 if output is None else output.rows
+  if jax.process_count() > 1:    # process 0's count, on every process (-1: it failed)
+    from jax.experimental import multihost_utils
+    start = int(multihost_utils.broadcast_one_to_all(np.int64(start)))
+    if start < 0 and error is None:   # the others stop too, not waiting in a collective
+      raise FlagError("process 0 could not open --output (see its error): stopping")
   if error is not None:
     raise error
   return output, start
-
-
-@dataclasses.dataclass(frozen=True)
-class FileDecode:
-  """How `decode_to_file` decodes.
-
-  Attributes:
-    max_new_tokens: tokens decoded per row at most.
-    rng: the PRNG key of sampling (batch g decodes with `batch_key(rng, g)`).
-    split: several processes, each decoding every P-th batch (batch g on process
-      g mod P); False: every process decodes every batch (one process, or a mesh over
-      every process's devices).
-  """
-
-  max_new_tokens: int
-  rng: Any
-  split: bool
-
-
-def decode_to_file(method, target, batches: Sequence[Batch], lengths: Sequence | None,
-                   output: OutputFile | None, start_row: int, settings: FileDecode, *,
-                   format_row: Callable[[list[int]], str | list[int]],
-                   on_batch: Callable[[Corpus], None] | None = None) -> Corpus:
-  """Decode the file's `batches` (equal row counts; batch g keyed by g) from the one
-  holding row `start_row`, appending each finished batch's rows past `start_row` to
-  `output` (process 0's; None elsewhere); the corpus of the batches decoded here.
-  `settings`: the decode budget, PRNG key and whether the processes split the batches
-  (`FileDecode`); `on_batch`: called with each round's corpus once it is written."""
-  from specdec_jax.runtime.distributed import gather_corpus
-  if start_row >= sum(b.real for b in batches):
-    return Corpus((), ())                  # all written already
-  size = len(batches[0].tokens)
-  first = start_row // size
-  split = settings.split
-  processes, process = (jax.process_count(), jax.process_index()) if split else (1, 0)
-  decoded = []
-  for r in range(first // processes, -(-len(batches) // processes)):
-    g = r * processes + process
-    mine = min(g, len(batches) - 1)     # past the end: a copy whose rows are all padding
-    corpus = decode_corpus(method, target, [batches[mine]],
-                           max_new_tokens=settings.max_new_tokens, rng=settings.rng,
-                           first_key=mine,
-                           prompt_lengths=None if lengths is None else [lengths[mine]])
-    if g >= len(batches):
-      corpus = Corpus(corpus.outputs, (0,))
-    if split:
-      corpus = gather_corpus(corpus)       # this round's P batches, in file order
-    decoded.append(corpus)
-    if output is not None:
-      # a round's real rows are consecutive rows of the file (only its last batch is short)
-      row0 = r * processes * size
-      output.append([output_line(format_row(row)) for i, row in enumerate(corpus.token_rows())
-                     if row0 + i >= output.rows])
-    if on_batch is not None:
-      on_batch(corpus)
-  return Corpus(tuple(o for c in decoded for o in c.outputs),
-                tuple(n for c in decoded for n in c.real_rows))
-

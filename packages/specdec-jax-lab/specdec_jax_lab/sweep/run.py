@@ -33,7 +33,7 @@ from specdec_jax.runs import (
   stats_row,
   totals,
 )
-from specdec_jax.timing import is_exact, ms_per_token, time_rounds
+from specdec_jax.timing import ms_per_token, time_rounds
 from specdec_jax_lab import evaluation
 from specdec_jax_lab.errors import SweepError
 
@@ -119,7 +119,7 @@ def _entry(point: Point, timed: dict[str, Any], base_timed: dict[str, Any], scor
           "sampling": sampling_label(point.method.sampling), **scores,
           "baseline_bleu": baseline["bleu"], "bleu_drop": baseline["bleu"] - scores["bleu"],
           "ms_per_token": ms, "baseline_ms_per_token": base_ms, "speedup": base_ms / ms,
-          "exact": is_exact(point.method), "exact_baseline_ms_per_token": exact_ms,
+          "exact": point.method.exact_mode, "exact_baseline_ms_per_token": exact_ms,
           "exact_cost": None if exact_ms is None else exact_ms / base_ms,
           "generated_tokens": corpus.generated, "wall_s": timed["times_s"],
           "baseline_wall_s": base_timed["times_s"], **row}
@@ -140,7 +140,7 @@ def measure_point(point: Point, target, split: Split, tokenizer, timing: Timing 
   plain = Run(sd.Autoregressive(exact=False), point.method.sampling)
   calls = {"baseline": _corpus_call(plain, target, batches, split.max_new_tokens, seed),
            point.label: _corpus_call(point.method, target, batches, split.max_new_tokens, seed)}
-  if is_exact(point.method):
+  if point.method.exact_mode:
     exact = Run(sd.Autoregressive(exact=True), point.method.sampling)
     calls[EXACT_BASELINE] = _corpus_call(exact, target, batches, split.max_new_tokens, seed)
   for call in calls.values():   # compile (the baselines' once: jit caches them)
@@ -176,7 +176,7 @@ def run_points(target, split: Split, tokenizer, points: Sequence[Point],
              "definitions": DEFINITIONS, "baselines": dict((existing or {}).get("baselines", {})),
              "points": list(done.values())}
   todo = [p for p in points if p.label not in done]
-  calls = sum(3 if is_exact(p.method) else 2 for p in todo)
+  calls = sum(3 if p.method.exact_mode else 2 for p in todo)
   bar = tqdm(total=calls * (1 + timing.repeats), desc="sweep", unit="call",
              disable=not timing.progress, file=sys.stderr, dynamic_ncols=True)
   try:
