@@ -68,18 +68,21 @@ def run(tmp_path_factory):
   assistant = _randomized(transformers.Gemma4AssistantForCausalLM(config), 1)
   assert assistant.generation_config.num_assistant_tokens is None
   assistant.save_pretrained(root / "assistant")
+  assistant.generation_config.num_assistant_tokens = 2        # a dir that sets it
+  assistant.save_pretrained(root / "assistant_set")
   out = root / "out"
   code = _script().main(["--target", str(root / "target"), "--drafter", str(root / "assistant"),
                       "--limit", str(PROMPTS), "--prompt-len", "6", "--gamma", str(GAMMA),
                       "--max-new-tokens", str(NEW), "--batch-sizes", "1", "--repeats", "1",
                       "--no-progress", "--out", str(out)])
   assert code == 0
-  # ragged prompts padded to the script's width (6): the same compiled programs
+  # ragged prompts padded to the script's width (6): the same compiled programs; HF
+  # assisted also with the dir's own num_assistant_tokens
   ragged = hf_compare.compare(
-      str(root / "target"), str(root / "assistant"),
+      str(root / "target"), str(root / "assistant_set"),
       [np.array([5, 17, 33, 8, 91, 40]), np.array([64, 7, 7, 21]), np.array([3, 50, 11, 88, 9])],
       hf_compare.CompareSettings(gamma=GAMMA, max_new_tokens=NEW, batch_sizes=(), repeats=1,
-                                 hf_default_assisted=False, progress=False))
+                                 progress=False))
   return (json.loads((out / "hf_compare.json").read_text()),
           (out / "hf_compare.md").read_text(), ragged)
 
@@ -89,13 +92,17 @@ def test_the_same_tokens_as_transformers_greedy_and_assisted(run):
   results, _, ragged = run
   for result in (results, ragged):
     rows = {r["name"]: r for r in result["methods"]}
-    assert set(rows) == {"hf_greedy", "hf_assisted", "ours_greedy", "ours_speculative"}
+    assert set(rows) - {"hf_assisted_default"} == {"hf_greedy", "hf_assisted", "ours_greedy",
+                                                   "ours_speculative"}
     for name, r in rows.items():
       assert r["error"] is None, (name, r["error"])
       assert r["identical_per_prompt"] == [True] * PROMPTS, (name, r.get("mismatches"))
       assert r["identical_to_hf_greedy"] is True and r["ms_per_token"] > 0
     assert result["summary"]["all_greedy_identical_to_hf"] is True
   assert ragged["config"]["prompt_lengths"] == [6, 4, 5] and ragged["errors"] == {}
+  default = {r["name"]: r for r in ragged["methods"]}["hf_assisted_default"]
+  assert ragged["config"]["hf_default_assisted"]["num_assistant_tokens"] == 2
+  assert default["gamma"] == 2 and "the drafter dir's generation config" in default["label"]
   rows = {r["name"]: r for r in results["methods"]}
   # the prompts' tokens are not in the output: HF's rows are cut after the prompt
   assert 0 < rows["ours_greedy"]["generated_tokens"] <= PROMPTS * NEW

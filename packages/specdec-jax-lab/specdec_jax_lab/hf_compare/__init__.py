@@ -17,7 +17,8 @@ output rows are cut after the prompt; EOS and pad are the target's, passed to
   `assistant_confidence_threshold=0` (no early stop of a draft), so that each round
   drafts exactly gamma tokens as ours does;
 * `hf_assisted_default`: assisted generation with transformers' own defaults (a
-  fresh assistant; the values in use are recorded under config.hf_default_assisted);
+  fresh assistant; the values in use are recorded under config.hf_default_assisted; a
+  decoder-only drafter: the settings its directory's generation config holds);
 * `ours_greedy` / `ours_speculative` at batch 1: `sd.generate` and
   `sd.speculative_generate(gamma)` on each prompt alone (prompts 0-padded to one
   length, so one compiled shape; padding is masked and does not change outputs);

@@ -190,7 +190,7 @@ def _hf_methods(hf_models, rows, max_new_tokens, eos_id, gamma, config,
     out["hf_assisted_default"] = _method(
         hf_method(target, rows, max_new_tokens, eos_id, hf_models["drafter_default"], pad_id),
         1,
-        "hf", "assisted", "HF assisted, transformers defaults ("
+        "hf", "assisted", f"HF assisted, {config['hf_default_assisted_source']} ("
         f"num_assistant_tokens={d.get('num_assistant_tokens')}, "
         f"{d.get('num_assistant_tokens_schedule')}, "
         f"threshold {d.get('assistant_confidence_threshold')})", d.get("num_assistant_tokens"))
@@ -256,7 +256,8 @@ class CompareSettings:
     max_new_tokens: tokens generated per prompt at most.
     batch_sizes: extra batch sizes for our methods (HF assisted is batch 1 only).
     repeats: timed rounds; the median is reported.
-    hf_default_assisted: also time HF assisted generation with transformers' defaults.
+    hf_default_assisted: also time HF assisted generation with transformers' defaults (a
+      decoder-only drafter: with the settings its directory's generation config holds).
     progress: show a progress bar (stderr).
   """
 
@@ -300,6 +301,8 @@ def compare(target, drafter, prompts, settings: CompareSettings = CompareSetting
             "repeats": repeats, "batch_sizes": batch_sizes, "num_prompts": len(rows),
             "prompt_lengths": [len(r) for r in rows], "padded_prompt_length": int(padded.shape[1]),
             "torch_dtype": "float32", "hf_assisted": None, "hf_default_assisted": None,
+            "hf_default_assisted_source": ("the drafter dir's generation config" if decoder_only
+                                           else "transformers defaults"),
             "notes": [ASSISTANT_NOTE] if isinstance(drafter_m, sd.GemmaAssistant) else []}
   config["target"] = _describe(config.pop("target_source", target), target_m)
   config["drafter"] = _describe(config.pop("drafter_source", drafter), drafter_m)

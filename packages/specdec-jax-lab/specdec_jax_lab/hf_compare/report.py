@@ -57,7 +57,8 @@ def markdown_report(results: dict[str, Any]) -> str:
       f"- {cfg['num_prompts']} prompts (lengths {min(cfg['prompt_lengths'])}–"
       f"{max(cfg['prompt_lengths'])}), max_new_tokens {cfg['max_new_tokens']}, gamma "
       f"{cfg['gamma']}; median of {cfg['repeats']} alternating rounds after a warm-up call",
-      f"- HF assisted settings: {cfg.get('hf_assisted')}; transformers defaults: "
+      f"- HF assisted settings: {cfg.get('hf_assisted')}; "
+      f"{cfg.get('hf_default_assisted_source', 'transformers defaults')}: "
       f"{cfg.get('hf_default_assisted')}",
       f"- machine: jax {m['jax_version']} ({m['backend']}), torch {m.get('torch_version')} "
       f"({m.get('torch_num_threads')} threads), transformers {m.get('transformers_version')}, "
