@@ -204,17 +204,20 @@ def cache_slots(config: PlanConfig, capacity: int, max_input_len: int) -> int:
   return min(slots, config.max_positions) if config.positions == "learned" else slots
 
 
-def cache_layout(config: T5Config, batch: int, mesh, split_heads: bool = True
+def cache_layout(config: T5Config | LMConfig, batch: int, mesh, split_heads: bool = True
                  ) -> DecoderCache:
   """The `PartitionSpec` of every leaf of a `DecoderCache` in the planned layout: K/V
-  [B, H, *, Dh] by batch over "data" and (`split_heads`) heads over "model", the encoder
-  mask [B, Le] by batch, the lengths [B] whole. Place a cache with it, e.g.
-  `jax.jit(model.start, out_shardings=...)` with `NamedSharding(mesh, spec)` per leaf."""
+  [B, Hkv, *, Dh] by batch over "data" and (`split_heads`) each layer's heads over "model"
+  (whole where the axis does not divide them), the encoder mask [B, Le] by batch, the
+  lengths [B] whole; a decoder-only model's cache has no cross-attention. Place a cache
+  with it, e.g. `jax.jit(model.start, out_shardings=...)` with `NamedSharding(mesh, spec)`
+  per leaf."""
   b = _split(batch, mesh, "data")
-  h = _split(config.num_heads, mesh, "model") if split_heads else None
-  kv = (PartitionSpec(b, h),) * config.num_decoder_layers
+  kv = tuple(PartitionSpec(b, _split(heads, mesh, "model") if split_heads else None)
+             for heads, _ in kv_shapes(config))
   # (ignored arg-type: the cache's tree with a PartitionSpec at each array's place)
-  cross = CrossKV(key=kv, value=kv, mask=PartitionSpec(b))  # type: ignore[arg-type]
+  cross = (None if isinstance(config, LMConfig) else
+           CrossKV(key=kv, value=kv, mask=PartitionSpec(b)))  # type: ignore[arg-type]
   return DecoderCache(self_key=kv, self_value=kv, length=PartitionSpec(),  # type: ignore[arg-type]
                       cross=cross)
 
