@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 
+from specdec_jax.plan import config_of
 from specdec_jax_lab import hf_compare
 
 torch = pytest.importorskip("torch", reason="needs the interop extra (torch, transformers)")
@@ -84,12 +85,12 @@ def run(tmp_path_factory):
       hf_compare.CompareSettings(gamma=GAMMA, max_new_tokens=NEW, batch_sizes=(), repeats=1,
                                  progress=False))
   return (json.loads((out / "hf_compare.json").read_text()),
-          (out / "hf_compare.md").read_text(), ragged)
+          (out / "hf_compare.md").read_text(), ragged, root)
 
 
 @pytest.mark.slow
 def test_the_same_tokens_as_transformers_greedy_and_assisted(run):
-  results, _, ragged = run
+  results, _, ragged, _ = run
   for result in (results, ragged):
     rows = {r["name"]: r for r in result["methods"]}
     assert set(rows) - {"hf_assisted_default"} == {"hf_greedy", "hf_assisted", "ours_greedy",
@@ -118,7 +119,7 @@ def test_the_same_tokens_as_transformers_greedy_and_assisted(run):
 
 @pytest.mark.slow
 def test_the_report_says_what_was_compared(run):
-  results, md, _ = run
+  results, md, _, root = run
   # transformers' defaults for this assistant: no num_assistant_tokens, so not run, said so
   assert "sets no num_assistant_tokens" in results["errors"]["hf_drafter_default_load"]
   assert "Same tokens as HF greedy, per prompt:" in md
@@ -127,6 +128,10 @@ def test_the_report_says_what_was_compared(run):
   assert len(per_prompt) == PROMPTS and all(line.count("| yes") == 4 for line in per_prompt)
   assert "reads keys of the rejected drafts" in md
   assert np.all(np.asarray(results["config"]["prompt_lengths"]) == 6)
+  # `specdec plan` reads the same dirs (the script takes the vocabulary from it)
+  target, assistant = (config_of(str(root / d)) for d in ("target", "assistant"))
+  assert target.layer_types == ("sliding", "sliding", "full") and target.vocab_size == VOCAB
+  assert assistant.backbone_dim == TARGET_DIM and assistant.num_centroids == 8
 
 
 def test_text_prompts_are_the_tokenizers(tmp_path):
