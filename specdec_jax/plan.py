@@ -125,10 +125,6 @@ def _split(size: int, mesh, axis: str) -> str | None:
   return axis if size % mesh.shape[axis] == 0 else None
 
 
-def _is_lm(config) -> bool:
-  return isinstance(config, LMConfig)
-
-
 def _decoder_only(config) -> bool:
   return isinstance(config, GemmaAssistantConfig) or config.is_decoder_only
 
@@ -153,7 +149,7 @@ def abstract_params(config: T5Config | LMConfig
                     ) -> tuple[tuple[str, tuple[int, ...], tuple], ...]:
   """(path, shape, logical axes) of every parameter, from `jax.eval_shape` of the init."""
   dummy = jnp.ones((1, 2), jnp.int32)
-  tokens = (dummy,) if _is_lm(config) else (dummy, dummy)
+  tokens = (dummy,) if isinstance(config, LMConfig) else (dummy, dummy)
   boxed = jax.eval_shape(module_for(config).init, jax.random.PRNGKey(0), *tokens)["params"]
   shapes = flatten_dict(nn.unbox(boxed), sep="/")
   axes = flatten_dict(nn.get_partition_spec(boxed), sep="/")
@@ -236,7 +232,7 @@ def cache_bytes(config: PlanConfig, batch: int, capacity: int, max_input_len: in
                                (b, _split(heads, mesh, "model") if split_heads else None),
                                mesh) * itemsize for heads, dim in kv_shapes(config))
 
-  if _is_lm(config):   # the prompt sits in the self-attention cache; no encoder
+  if isinstance(config, LMConfig):   # the prompt sits in the self-attention cache; no encoder
     return {"self_kv": kv(capacity), "cross_kv": 0, "other": 4 * batch}
   return {"self_kv": kv(capacity), "cross_kv": kv(max_input_len),
           "other": _per_device((batch, max_input_len), (b,), mesh) + 4 * batch}
