@@ -359,7 +359,7 @@ def measured_adaptive_gamma(target, drafter, inputs, gamma_max: int, *,
 
 
 #: The acceptance rates `projections` evaluates (the issue's "alpha 0.6-0.9").
-PROJECTION_ALPHAS = (0.6, 0.7, 0.8, 0.9)
+PROJECTION_ALPHAS = theory.PROJECTION_ALPHAS
 
 
 def projections(costs: dict[str, Any], alphas=PROJECTION_ALPHAS) -> list[dict[str, Any]]:

@@ -56,6 +56,7 @@ __all__ = [
     "beam_walltime_improvement",
     "operations_factor",
     "optimal_gamma",
+    "PROJECTION_ALPHAS",
     "OptimalGamma",
     "improvement_bound_zero_cost",
     "lenient_alpha",
@@ -82,6 +83,11 @@ TABLE1_SETTINGS: tuple[tuple[float, int], ...] = (
 # --------------------------------------------------------------------------- #
 # validation helpers
 # --------------------------------------------------------------------------- #
+#: The acceptance rates a projection evaluates when none is measured (`costs.projections`,
+#: `plan.speedup_projection`).
+PROJECTION_ALPHAS = (0.6, 0.7, 0.8, 0.9)
+
+
 def _scalar_or_array(x: np.ndarray):
     x = np.asarray(x)
     return float(x) if x.ndim == 0 else x

@@ -8,6 +8,7 @@ import pathlib
 from types import SimpleNamespace
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
@@ -287,3 +288,26 @@ def test_plan_is_close_to_the_compiled_decode(data, model):
       max_input_len=le, max_new_tokens=t, gamma=g, mesh={"data": data, "model": model}))
   assert plan.cache_bytes > 0.5 * plan.total_bytes        # a cache-dominated shape
   assert abs(plan.total_bytes - total) <= 0.15 * total, (plan.total_bytes, total)
+
+
+@pytest.mark.slow
+def test_plan_equals_the_bytes_of_a_sharded_gemma4_and_its_cache():
+  """A Gemma 4 target on data=4, model=2: its parameters split by the rules and its prefilled
+  cache placed in the plan's layout (the sliding layers' 2 K/V heads split over "model",
+  the full layer's 1 head whole), measured on the devices, equal the plan's bytes."""
+  config = sd.get_config("gemma4_tiny")
+  b, prompt, new, gamma = 8, 6, 10, 3
+  on = sd.make_mesh(data=4, model=2)
+  plan = plan_lib.memory_plan(config, None, b, plan_lib.PlanSettings(
+      max_input_len=prompt, max_new_tokens=new, gamma=gamma, mesh={"data": 4, "model": 2}))
+  target = sd.shard(sd.init_model(config, 0), on)
+  layout = plan_lib.cache_layout(config, b, plan_lib.abstract_mesh(4, 2))
+  assert [spec[1] for spec in layout.self_key] == ["model", "model", None]
+  out = jax.tree_util.tree_map(lambda spec: NamedSharding(on, spec), layout,
+                               is_leaf=lambda x: isinstance(x, PartitionSpec))
+  tokens = sd.sharding.shard_batch(np.full((b, prompt), 5, np.int32), on)
+  lengths = jnp.full((b,), prompt, jnp.int32)
+  cache = jax.jit(lambda m, t, n: m.start(t, plan.slots, n), out_shardings=out)(target, tokens,
+                                                                              lengths)
+  assert per_device_bytes(target.params) == plan.target_params < plan.target_params_whole
+  assert per_device_bytes(cache) == sum(plan.target_cache.values())

@@ -154,3 +154,90 @@ def test_plan_command(capsys):
                         (["--mesh", "data=3"], "batch 4 is not divisible")]:
     code, out, err = run(capsys, *common, *argv)
     assert code == 1 and err.startswith("specdec plan: error: ") and message in err, err
+
+
+# ----------------------------------------------------------------------------- Gemma 4
+
+GEMMA, G31, G31_ASSISTANT = (sd.get_config("gemma4_tiny"), sd.get_config("gemma4_31b"),
+                             sd.get_config("gemma4_31b_assistant"))
+
+
+def test_decoder_only_params_and_cache_are_the_real_arrays():
+  """A Gemma 4 model (sliding and full layers of their own K/V shapes): the planned
+  parameter bytes are its arrays', the planned cache (the prompt first) a real prefill's."""
+  model = sd.init_model(GEMMA, 0)
+  assert plan_lib.param_bytes(GEMMA, "float32", ONE) == sum(
+      x.nbytes for x in jax.tree_util.tree_leaves(model.params))
+  prompt = np.full((3, 7), 5, np.int32)
+  slots = plan_lib.cache_slots(GEMMA, 20, 7)
+  assert slots == model.decode_capacity(20, 7) == 27
+  planned = plan_lib.cache_bytes(GEMMA, 3, slots, 7, "float32", ONE)
+  assert planned["cross_kv"] == 0
+  assert sum(planned.values()) == real_cache_bytes(model.start(prompt, slots))
+
+
+def test_gemma4_31b_and_its_assistant_from_the_published_shapes():
+  """The named configs reproduce the published parameter counts (30.7B; 0.47B for the
+  assistant), and the plan splits the target by its own heads per layer type."""
+  assert G31.num_params() == pytest.approx(30.7e9, rel=2e-3)
+  assert plan_lib.param_bytes(G31_ASSISTANT, "bfloat16", ONE) == pytest.approx(0.47e9 * 2,
+                                                                               rel=2e-3)
+  assert G31_ASSISTANT.backbone_dim == G31.emb_dim and G31_ASSISTANT.num_centroids is None
+  shape = plan_lib.PlanSettings(max_input_len=1024, max_new_tokens=256, gamma=4,
+                                dtype="bfloat16", mesh={"model": 8})
+  plan = plan_lib.memory_plan(G31, G31_ASSISTANT, 8, shape)
+  assert plan.slots == 1024 + 256 + 4 + 1 and plan.target_split == "split"
+  assert plan.target_params_whole == G31.num_params() * 2
+  # sliding layers: 16 K/V heads of 256, split 8 ways; full layers: 4 heads of 512, whole
+  per_slot = 2 * 8 * plan.slots * 2
+  assert plan.target_cache["self_kv"] == per_slot * (50 * 16 * 256 // 8 + 10 * 4 * 512)
+  assert plan.drafter_cache == {"state": 8 * 5376 * 2 + 8}    # the assistant caches nothing
+  assert plan.drafter_params == plan_lib.param_bytes(G31_ASSISTANT, "bfloat16", ONE)
+  best = plan_lib.largest_batch(80 << 30, G31, G31_ASSISTANT, shape)
+  assert plan_lib.memory_plan(G31, G31_ASSISTANT, best, shape).total_bytes <= 80 << 30
+  assert plan_lib.memory_plan(G31, G31_ASSISTANT, best + 1, shape).total_bytes > 80 << 30
+  with pytest.raises(ConfigError, match="a Gemma 4 assistant is a drafter"):
+    plan_lib.memory_plan(G31_ASSISTANT, None, 1, shape)
+  with pytest.raises(ConfigError, match="the target is an encoder-decoder"):
+    plan_lib.memory_plan(TINY, G31_ASSISTANT, 1, shape)
+
+
+def test_speedup_projection_is_theorem_8_at_the_weight_ratio():
+  projection = plan_lib.speedup_projection(G31, G31_ASSISTANT, 4)
+  c = plan_lib.draft_macs_per_step(G31_ASSISTANT) / G31.decode_macs_per_token()
+  assert projection["kind"] == "projection" and projection["c"] == c and 0 < c < 0.05
+  # the assistant's step: projections, 4 query-only layers, logits over the vocabulary
+  dec = G31_ASSISTANT.decoder
+  layers = 3 * (2 * 1024 * 32 * 256) + 2 * 1024 * 32 * 512 + 4 * 3 * 1024 * dec.mlp_dim
+  assert plan_lib.draft_macs_per_step(G31_ASSISTANT) == (3 * 5376 * 1024 + layers
+                                                         + 1024 * dec.vocab_size)
+  rows = projection["rows"]
+  assert [r["alpha"] for r in rows] == list(sd.theory.PROJECTION_ALPHAS)
+  for r in rows:
+    assert r["speedup"] == pytest.approx(sd.theory.walltime_improvement(r["alpha"], 4, c))
+    assert r["best_speedup"] >= r["speedup"]
+  assert [r["speedup"] for r in rows] == sorted(r["speedup"] for r in rows)
+  centroids = G31_ASSISTANT.replace(num_centroids=2048, centroid_top_k=32)
+  assert (plan_lib.draft_macs_per_step(G31_ASSISTANT) - plan_lib.draft_macs_per_step(centroids)
+          == 1024 * (dec.vocab_size - 2048 - 32 * 128))
+
+
+def test_plan_command_for_gemma4_31b_and_its_assistant(capsys):
+  common = ["plan", "--target", "config:gemma4_31b", "--drafter", "config:gemma4_31b_assistant",
+            "--dtype", "bfloat16", "--batch", 8, "--max-input-len", 1024, "--max-new-tokens",
+            256, "--gamma", 4, "--mesh", "model=8", "--device-memory", "h100-80g"]
+  code, out, err = run(capsys, *common, "--json")
+  assert code == 0, err
+  result = json.loads(out)
+  assert result["projection"]["kind"] == "projection"
+  assert result["projection"]["rows"][0]["speedup"] == pytest.approx(
+      plan_lib.speedup_projection(G31, G31_ASSISTANT, 4)["rows"][0]["speedup"])
+  assert result["rows"][0]["plan"]["slots"] == 1285
+  code, out, err = run(capsys, *common)
+  assert code == 0, err
+  assert "at 1285 slots)" in out and "cross K/V" not in out
+  assert "PROJECTED speedup over the baseline (not measured)" in out
+  code, out, err = run(capsys, "plan", "--target", "config:gemma4_31b", "--dtype", "bfloat16")
+  assert code == 0 and "PROJECTED" not in out
+  code, out, err = run(capsys, "plan", "--target", "config:gemma4_31b_assistant")
+  assert code == 1 and "--target is a Gemma 4 assistant: give it as --drafter" in err, err

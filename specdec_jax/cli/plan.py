@@ -4,10 +4,15 @@
         --batch 8 --max-input-len 512 --max-new-tokens 64 --gamma 5 --mesh model=8 \\
         --device-memory tpu-v5e
 
+    specdec plan --target config:gemma4_31b --drafter config:gemma4_31b_assistant \\
+        --dtype bfloat16 --batch 8 --max-input-len 1024 --max-new-tokens 256 --gamma 4 \\
+        --mesh model=4 --mesh model=8 --device-memory h100-80g
+
 Shapes only (`tools.plan`): no weight is read or made, and no device is needed, so any
 mesh can be planned from any machine. Several --mesh or a comma list of
 --device-memory print a Markdown table: one row per mesh, one "largest batch" column
-per device.
+per device. With a drafter, a projection of the pair's speedup from the same shapes
+(`plan.speedup_projection`: the theory at assumed acceptance rates, nothing measured).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import json
 from typing import Any, Sequence
 
 from specdec_jax import plan as plan_lib
+from specdec_jax.config.gemma import GemmaAssistantConfig
 from specdec_jax.flags import FlagError
 from specdec_jax.flags.common import check_at_least_one
 from specdec_jax.flags.mesh import parse_mesh
@@ -80,11 +86,12 @@ def _text(args, rows) -> str:
     row = rows[0]
     p = row["plan"]
     tc, dc = p["target_cache"], p["drafter_cache"]
+    cross = f", cross K/V {gib(tc['cross_kv'])}" if tc["cross_kv"] else ""
     lines = [f"specdec plan: {what}, mesh {row['mesh']} (bytes per device)",
              f"target parameters    {gib(p['target_params'])}   ({_split_text(p, row)})",
              f"drafter parameters   {gib(p['drafter_params'])}   (replicated)",
              f"target caches        {gib(sum(tc.values()))}   (self K/V {gib(tc['self_kv'])}"
-             f" at capacity {p['capacity']}, cross K/V {gib(tc['cross_kv'])})",
+             f" at {p['slots']} slots{cross})",
              f"drafter caches       {gib(sum(dc.values()))}",
              f"transients           {gib(p['transient_bytes'])}   (largest: "
              f"{max(p['transients'], key=p['transients'].get)})",
@@ -110,20 +117,39 @@ def _text(args, rows) -> str:
   return "\n".join(lines)
 
 
+def _projection_text(projection: dict[str, Any] | None) -> str:
+  if projection is None:
+    return ""
+  lines = ["", "", f"PROJECTED speedup over the baseline (not measured): c = "
+           f"{projection['c']:.4f}; {projection['basis']}", "",
+           "| alpha (assumed) | tokens/target call | speedup at gamma | best gamma (1-16) "
+           "| its speedup |",
+           "|---|---|---|---|---|"]
+  lines += [f"| {r['alpha']:.1f} | {r['tokens_per_target_call']:.2f} | {r['speedup']:.2f}x "
+            f"(gamma {r['gamma']}) | {r['best_gamma']} | {r['best_speedup']:.2f}x |"
+            for r in projection["rows"]]
+  return "\n".join(lines)
+
+
 def run(args) -> int:
   check_at_least_one(batch=args.batch, max_input_len=args.max_input_len,
                      max_new_tokens=args.max_new_tokens, gamma=args.gamma)
   if not 0.0 <= args.headroom < 1.0:
     raise FlagError(f"--headroom must be in [0, 1), got {args.headroom}")
   target = plan_lib.config_of(args.target)
+  if isinstance(target, GemmaAssistantConfig):
+    raise FlagError("--target is a Gemma 4 assistant: give it as --drafter beside its Gemma 4 "
+                    "target")
   drafter = plan_lib.config_of(args.drafter) if args.drafter else None
   rows = _rows(args, target, drafter)
+  projection = (None if drafter is None else
+                plan_lib.speedup_projection(target, drafter, args.gamma))
   if args.json:
     emit(json.dumps(to_jsonable({"settings": {k: v for k, v in vars(args).items()
                                               if k not in ("func", "argv")},
-                                 "rows": rows})))
+                                 "rows": rows, "projection": projection})))
   else:
-    emit(_text(args, rows))
+    emit(_text(args, rows) + _projection_text(projection))
   return 0
 
 
@@ -132,9 +158,12 @@ def add(subparsers) -> None:
       "plan", help="per-device memory of a decode on a mesh, and the largest batch that fits",
       description="Per-device bytes of each model's parameters (split by T5X's rules; the "
       "drafter replicated), the decoder caches (self-attention K/V at capacity "
-      "max_new_tokens + gamma + 1, cross K/V over the input) and the largest transients "
-      "(float32 logits and attention scores), from shapes alone: nothing is loaded and no "
-      "device is needed. Framework overhead is not counted: keep a margin (--headroom).")
+      "max_new_tokens + gamma + 1, cross K/V over the input; a decoder-only model's cache "
+      "also holds its prompt) and the largest transients (float32 logits and attention "
+      "scores), from shapes alone: nothing is loaded and no device is needed. Framework "
+      "overhead is not counted: keep a margin (--headroom). With a drafter (a model, or a "
+      "Gemma 4 assistant), a PROJECTION of the speedup from the cost model at assumed "
+      "acceptance rates.")
   p.add_argument("--target", required=True, metavar="NAME_OR_PATH",
                  help="config:NAME, a named config, a config JSON, or a checkpoint dir / "
                  "bundled name (its stored config)")
@@ -142,7 +171,8 @@ def add(subparsers) -> None:
                  help="the drafter, as --target (none: the baseline's memory)")
   p.add_argument("--batch", type=int, default=1, help="rows per decode call (default 1)")
   p.add_argument("--max-input-len", type=int, default=512,
-                 help="encoder tokens per row (default 512)")
+                 help="encoder tokens per row, or a decoder-only model's prompt tokens "
+                 "(default 512)")
   p.add_argument("--max-new-tokens", type=int, default=64, help="default 64")
   p.add_argument("--gamma", type=int, default=5, help="drafts per round (default 5)")
   p.add_argument("--dtype", choices=DTYPES, default="float32",

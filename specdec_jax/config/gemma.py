@@ -203,3 +203,17 @@ class GemmaAssistantConfig:
 
   def replace(self, **changes: Any) -> "GemmaAssistantConfig":
     return dataclasses.replace(self, **changes)
+
+
+def assistant_config_from_dict(d: dict[str, Any]) -> GemmaAssistantConfig:
+  """A `GemmaAssistantConfig` of a JSON dict: {"decoder": {GemmaConfig's keys},
+  "backbone_dim": E_t, "num_centroids": C or null, "centroid_top_k": k}; "name" and
+  "comment" are dropped."""
+  keys = {f.name for f in dataclasses.fields(GemmaAssistantConfig)}
+  unknown = sorted(set(d) - keys - {"name", "comment"})
+  if unknown:
+    raise ConfigError(f"GemmaAssistantConfig: unknown keys {unknown}; expected {sorted(keys)}")
+  if not isinstance(d.get("decoder"), dict):
+    raise ConfigError("GemmaAssistantConfig: 'decoder' must be an object of GemmaConfig's keys")
+  return GemmaAssistantConfig(decoder=GemmaConfig.from_dict(d["decoder"]),
+                              **{k: v for k, v in d.items() if k in keys - {"decoder"}})

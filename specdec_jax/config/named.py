@@ -1,7 +1,8 @@
 """Named configs: the JSON files shipped as package data, and config files on disk.
 
 ``sd.get_config("t5_1_1_small")`` reads ``specdec_jax/configs/models/t5_1_1_small.json``; a
-file with a "family" key is a decoder-only `LMConfig`, any other a `T5Config`.
+file with a "family" key is a decoder-only `LMConfig`, one with a "backbone_dim" key a Gemma 4
+assistant's `GemmaAssistantConfig`, any other a `T5Config`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import pathlib
 import re
 
 from specdec_jax import package_data
-from specdec_jax.config.gemma import lm_config_from_dict
+from specdec_jax.config.gemma import assistant_config_from_dict, lm_config_from_dict
 from specdec_jax.config.t5 import T5Config
 from specdec_jax.errors import ConfigError
 
@@ -28,8 +29,9 @@ def available_configs() -> list[str]:
 
 
 def get_config(name_or_path: str | pathlib.Path, **overrides):
-  """A named config (``"t5_1_1_small"``) or a path to a JSON config file: a `T5Config`, or an
-  `LMConfig` (decoder-only) for a file with a "family" key (``"gpt2_tiny"``)."""
+  """A named config (``"t5_1_1_small"``) or a path to a JSON config file: a `T5Config`, an
+  `LMConfig` (decoder-only) for a file with a "family" key (``"gpt2_tiny"``), or a
+  `GemmaAssistantConfig` for one with a "backbone_dim" key (``"gemma4_31b_assistant"``)."""
   path = pathlib.Path(name_or_path)
   if path.suffix == ".json" and path.is_file():
     source, text = str(path), _read_text(path)
@@ -48,6 +50,8 @@ def get_config(name_or_path: str | pathlib.Path, **overrides):
   if not isinstance(d, dict):
     raise ConfigError(f"config file {source} must hold a JSON object, got {type(d).__name__}")
   d.update(overrides)
+  if "backbone_dim" in d:   # a Gemma 4 assistant: a drafter, not a model of its own
+    return assistant_config_from_dict(d)
   if "family" in d:   # a decoder-only language model
     return lm_config_from_dict(d)
   return T5Config.from_dict(d)

@@ -82,7 +82,8 @@ def test_compare_hf_greedy_assisted_and_ours_identical(tmp_path, models):
   assert saved["summary"]["all_greedy_identical_to_hf"] is True
   md = open(paths["md"]).read()
   assert "| method | batch | γ | ms/token |" in md
-  assert md.count("| yes |") == 4
+  assert hf_compare.markdown_table(results).count("| yes |") == 4
+  assert "| 2 | yes | yes | yes | yes |" in md     # the per-prompt table: 3 prompts
 
 
 @pytest.mark.slow

@@ -24,11 +24,13 @@ from specdec_jax.runs import (
 from specdec_jax.timing import time_rounds
 from specdec_jax_lab.errors import CompareError
 from specdec_jax_lab.hf_compare.hf import (
+  assisted_settings_of,
   count_target_calls,
   error_text,
   hf_default_assisted_settings,
   hf_method,
   load_models,
+  load_models_from_dirs,
   set_assisted_settings,
 )
 
@@ -50,6 +52,7 @@ DEFINITIONS = {
     "tokens_per_target_call": "generated tokens / target calls: ours from our statistics, HF's "
                               "from hf_target_calls",
     "identical_to_hf_greedy": "every prompt's greedy tokens equal hf_greedy's, token for token",
+    "identical_per_prompt": "for each prompt, whether its tokens equal hf_greedy's",
     "mismatching_prompts": "number of prompts whose tokens differ from hf_greedy's",
 }
 
@@ -88,23 +91,34 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
 
 
 def our_method(method: Run, target, padded: np.ndarray, batch: int,
-               max_new_tokens: int) -> Callable[[], Any]:
-  """One call: `method` on all prompts `padded` [N, L] in padded batches of `batch` rows."""
+               max_new_tokens: int, lengths: np.ndarray | None = None) -> Callable[[], Any]:
+  """One call: `method` on all prompts `padded` [N, L] in padded batches of `batch` rows
+  (`lengths` [N]: a decoder-only target's prompt lengths)."""
   batches = padded_batches(padded, batch)
-  return lambda: decode_corpus(method, target, batches, max_new_tokens=max_new_tokens)
+  kw = ({} if lengths is None else
+        {"prompt_lengths": [b.tokens[:, 0] for b in padded_batches(lengths[:, None], batch)]})
+  return lambda: decode_corpus(method, target, batches, max_new_tokens=max_new_tokens, **kw)
 
 
 # ----------------------------------------------------------------------------- setup
 
 
 def _as_model(x, what: str):
-  if isinstance(x, sd.Model):
+  """`x` (a Model, a Gemma 4 assistant, or a path `sd.load` reads) in float32."""
+  if isinstance(x, (sd.Model, sd.GemmaAssistant)):
     model = x
   elif isinstance(x, (str, os.PathLike)):
     model = sd.load(os.fspath(x))
   else:
     raise CompareError(f"{what}: expected a Model or a path, got {type(x).__name__}")
-  dtypes = {str(leaf.dtype) for leaf in jax.tree_util.tree_leaves(model.params)}
+  floats = [leaf for leaf in jax.tree_util.tree_leaves(model.params)
+            if jax.numpy.issubdtype(leaf.dtype, jax.numpy.floating)]
+  if isinstance(model, sd.GemmaAssistant):
+    if any(leaf.dtype != np.float32 for leaf in floats) or (
+        model.config.activation_dtype != np.float32):
+      model = model.with_dtype("float32")
+    return model
+  dtypes = {str(leaf.dtype) for leaf in floats}
   if dtypes != {"float32"} or model.config.dtype != "float32":
     # HF runs float32: compare the same float32 weights and activations
     model = model.astype("float32")
@@ -114,8 +128,29 @@ def _as_model(x, what: str):
 
 
 def _describe(x, model) -> dict[str, Any]:
+  config = model.config
   return {"source": os.fspath(x) if isinstance(x, (str, os.PathLike)) else "Model object",
-          "params": int(model.num_params()), "config": model.config.to_dict()}
+          "params": sum(int(np.size(leaf)) for leaf in jax.tree_util.tree_leaves(model.params)),
+          "config": config.to_dict() if hasattr(config, "to_dict") else dataclasses.asdict(config)}
+
+
+def _directory(x, what: str) -> str:
+  """A decoder-only pair is compared on its transformers dirs: transformers loads the same
+  files as `sd.load` did."""
+  if not isinstance(x, (str, os.PathLike)) or not os.path.isdir(x):
+    raise CompareError(f"{what}: a decoder-only pair (e.g. Gemma 4 and its assistant) is "
+                       f"compared from its transformers directories; give the {what}'s "
+                       f"directory, got {x!r}")
+  return os.fspath(x)
+
+
+#: What the report says of a Gemma 4 assistant's side by side with transformers.
+ASSISTANT_NOTE = (
+    "transformers' Gemma 4 assistant reads the target's keys as ours does in the first "
+    "drafting round and after a round that kept every draft; after a rejection it also "
+    "reads keys of the rejected drafts (docs/models/gemma4.md). Its output is the target's "
+    "greedy output either way, so the tokens are compared; its drafts, hence its acceptance "
+    "and tokens per target call, may differ from ours.")
 
 
 def _machine(errors: dict[str, str]) -> dict[str, Any]:
@@ -139,38 +174,40 @@ def _method(fn, batch, impl, kind, label, gamma) -> dict[str, Any]:
           "gamma": gamma if kind != "greedy" else None}
 
 
-def _hf_methods(hf_models, rows, max_new_tokens, eos_id, gamma, config) -> dict[str, dict]:
+def _hf_methods(hf_models, rows, max_new_tokens, eos_id, gamma, config,
+                pad_id=None) -> dict[str, dict]:
   if "target" not in hf_models:
     return {}
   target = hf_models["target"]
-  out = {"hf_greedy": _method(hf_method(target, rows, max_new_tokens, eos_id), 1, "hf",
-                              "greedy", "HF greedy generate", None)}
+  out = {"hf_greedy": _method(hf_method(target, rows, max_new_tokens, eos_id, pad_id=pad_id), 1,
+                              "hf", "greedy", "HF greedy generate", None)}
   if "drafter" in hf_models:
     out["hf_assisted"] = _method(
-        hf_method(target, rows, max_new_tokens, eos_id, hf_models["drafter"]), 1, "hf",
+        hf_method(target, rows, max_new_tokens, eos_id, hf_models["drafter"], pad_id), 1, "hf",
         "assisted", f"HF assisted (num_assistant_tokens={gamma}, constant, threshold 0)", gamma)
   if "drafter_default" in hf_models:
     d = config["hf_default_assisted"]
     out["hf_assisted_default"] = _method(
-        hf_method(target, rows, max_new_tokens, eos_id, hf_models["drafter_default"]), 1,
-        "hf", "assisted", "HF assisted, transformers defaults ("
+        hf_method(target, rows, max_new_tokens, eos_id, hf_models["drafter_default"], pad_id),
+        1,
+        "hf", "assisted", f"HF assisted, {config['hf_default_assisted_source']} ("
         f"num_assistant_tokens={d.get('num_assistant_tokens')}, "
         f"{d.get('num_assistant_tokens_schedule')}, "
         f"threshold {d.get('assistant_confidence_threshold')})", d.get("num_assistant_tokens"))
   return out
 
 
-def _our_methods(target, drafter, padded, batch_sizes, max_new_tokens, gamma) -> dict:
+def _our_methods(target, drafter, padded, batch_sizes, max_new_tokens, gamma,
+                 lengths=None) -> dict:
   out = {}
   for b in batch_sizes:
     suffix = "" if b == 1 else f"_b{b}"
     out[f"ours_greedy{suffix}"] = _method(
-        our_method(Run(sd.Autoregressive()), target, padded, b, max_new_tokens), b, "ours",
-        "greedy",
-        f"ours sd.generate, batch {b}", None)
+        our_method(Run(sd.Autoregressive()), target, padded, b, max_new_tokens, lengths), b,
+        "ours", "greedy", f"ours sd.generate, batch {b}", None)
     out[f"ours_speculative{suffix}"] = _method(
         our_method(Run(sd.Speculative(drafter, gamma=gamma)), target, padded, b,
-                   max_new_tokens),
+                   max_new_tokens, lengths),
         b, "ours", sd.Speculative.name, f"ours sd.speculative_generate gamma={gamma}, batch {b}",
         gamma)
   return out
@@ -219,7 +256,8 @@ class CompareSettings:
     max_new_tokens: tokens generated per prompt at most.
     batch_sizes: extra batch sizes for our methods (HF assisted is batch 1 only).
     repeats: timed rounds; the median is reported.
-    hf_default_assisted: also time HF assisted generation with transformers' defaults.
+    hf_default_assisted: also time HF assisted generation with transformers' defaults (a
+      decoder-only drafter: with the settings its directory's generation config holds).
     progress: show a progress bar (stderr).
   """
 
@@ -236,7 +274,10 @@ def compare(target, drafter, prompts, settings: CompareSettings = CompareSetting
   """Run the comparison; returns the results dict (see the package docstring).
 
   Args:
-    target, drafter: our `Model`s or paths for `sd.load` (cast to float32 if needed).
+    target, drafter: our `Model`s or paths for `sd.load` (cast to float32 if needed). A
+      decoder-only pair (a Gemma 4 target and its assistant, or a smaller Gemma 4) is
+      given as its transformers directories: transformers loads the same files
+      (`AutoModelForCausalLM`, float32) and its output rows are cut after the prompt.
     prompts: encoder token arrays (a list of 1-D arrays, or [N, L] 0-padded).
     settings: what is timed and how (`CompareSettings`).
     config: descriptive entries stored under "config" (e.g. "command"; "target_source"
@@ -249,25 +290,36 @@ def compare(target, drafter, prompts, settings: CompareSettings = CompareSetting
   hf_default_assisted, progress = s.hf_default_assisted, s.progress
   batch_sizes = [1, *sorted({int(b) for b in s.batch_sizes if int(b) > 1})]
   target_m, drafter_m = _as_model(target, "target"), _as_model(drafter, "drafter")
+  decoder_only = target_m.is_decoder_only
+  if decoder_only:
+    dirs = _directory(target, "target"), _directory(drafter, "drafter")
   rows = prompt_rows(prompts)
   padded = pad_rows(rows)
+  lengths = np.asarray([len(r) for r in rows], np.int32) if decoder_only else None
   errors: dict[str, str] = {}
   config = {**(config or {}), "gamma": gamma, "max_new_tokens": max_new_tokens,
             "repeats": repeats, "batch_sizes": batch_sizes, "num_prompts": len(rows),
             "prompt_lengths": [len(r) for r in rows], "padded_prompt_length": int(padded.shape[1]),
-            "torch_dtype": "float32", "hf_assisted": None, "hf_default_assisted": None}
+            "torch_dtype": "float32", "hf_assisted": None, "hf_default_assisted": None,
+            "hf_default_assisted_source": ("the drafter dir's generation config" if decoder_only
+                                           else "transformers defaults"),
+            "notes": [ASSISTANT_NOTE] if isinstance(drafter_m, sd.GemmaAssistant) else []}
   config["target"] = _describe(config.pop("target_source", target), target_m)
   config["drafter"] = _describe(config.pop("drafter_source", drafter), drafter_m)
   machine = _machine(errors)
   with tempfile.TemporaryDirectory(prefix="specdec_hf_") as tmp:
-    hf_models = load_models(target_m, drafter_m, tmp, hf_default_assisted, errors)
+    hf_models = (load_models_from_dirs(*dirs, hf_default_assisted, errors) if decoder_only
+                 else load_models(target_m, drafter_m, tmp, hf_default_assisted, errors))
     if "drafter" in hf_models:
       config["hf_assisted"] = set_assisted_settings(hf_models["drafter"], gamma)
-    if "drafter_default" in hf_models:
-      config["hf_default_assisted"] = hf_default_assisted_settings()
+    if "drafter_default" in hf_models:   # a dir's own generation config may set them
+      config["hf_default_assisted"] = (assisted_settings_of(hf_models["drafter_default"])
+                                       if decoder_only else hf_default_assisted_settings())
+    pad_id = target_m.config.pad_id if decoder_only else None
     methods = {**_hf_methods(hf_models, rows, max_new_tokens, target_m.config.eos_id, gamma,
-                             config),
-               **_our_methods(target_m, drafter_m, padded, batch_sizes, max_new_tokens, gamma)}
+                             config, pad_id),
+               **_our_methods(target_m, drafter_m, padded, batch_sizes, max_new_tokens, gamma,
+                              lengths)}
     timed, first, hf_calls = _run(methods, hf_models, repeats, progress, errors)
     hf_models.clear()
   results = _assemble(methods, timed, first, hf_calls)
@@ -309,6 +361,7 @@ def _compare_tokens(r: dict[str, Any], key: str, base: dict[str, Any] | None) ->
   r[f"identical_to_{key}"] = not bad
   r[f"mismatching_prompts_vs_{key}"] = len(bad)
   if key == "hf_greedy":
+    r["identical_per_prompt"] = [d is None for d in diffs]
     r["mismatches"] = [{"prompt": i, "first_differing_token": diffs[i],
                         "tokens": r["_tokens"][i], "hf_greedy": base["_tokens"][i]}
                        for i in bad[:5]]

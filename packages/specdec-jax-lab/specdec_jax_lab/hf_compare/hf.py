@@ -32,9 +32,10 @@ class HFDecoded:
     return self.rows
 
 
-def hf_row_tokens(seq, eos_id: int) -> list[int]:
-  """Generated tokens of one HF output row: decoder start dropped, cut after the first EOS."""
-  seq = [int(t) for t in np.asarray(seq).reshape(-1)[1:]]
+def hf_row_tokens(seq, eos_id: int, skip: int = 1) -> list[int]:
+  """Generated tokens of one HF output row: its first `skip` tokens dropped (T5's decoder
+  start; a decoder-only model's prompt), cut after the first EOS."""
+  seq = [int(t) for t in np.asarray(seq).reshape(-1)[skip:]]
   if eos_id in seq:
     seq = seq[:seq.index(eos_id) + 1]
   return seq
@@ -72,6 +73,20 @@ def load_hf_from_dir(path: str):
   return hf.eval()
 
 
+def load_causal_lm_from_dir(path: str):
+  """A decoder-only transformers dir (a Gemma 4 target or its assistant, or any causal LM)
+  by `AutoModelForCausalLM`, float32, eval mode."""
+  import torch
+  import transformers
+  cls = transformers.AutoModelForCausalLM
+  with _quiet_transformers():
+    try:
+      hf = cls.from_pretrained(path, dtype=torch.float32)
+    except TypeError:  # pragma: no cover - transformers < 4.56 spells it torch_dtype
+      hf = cls.from_pretrained(path, torch_dtype=torch.float32)
+  return hf.eval()
+
+
 def load_hf(model, path: str):
   """Export our `model` to a HF T5 dir at `path`; load it float32, eval mode."""
   from specdec_jax.io import checkpoints
@@ -98,6 +113,15 @@ def hf_default_assisted_settings() -> dict[str, Any]:
   return out
 
 
+def assisted_settings_of(hf_drafter) -> dict[str, Any]:
+  """The assisted-generation settings an HF drafter's own generation config holds (what
+  its directory sets, where it sets them)."""
+  gc = hf_drafter.generation_config
+  return {k: getattr(gc, k, None) for k in ("num_assistant_tokens",
+                                             "num_assistant_tokens_schedule",
+                                             "assistant_confidence_threshold")}
+
+
 def set_assisted_settings(hf_drafter, gamma: int) -> dict[str, Any]:
   """Make transformers' assistant draft exactly `gamma` tokens per round (our algorithm)."""
   gc = hf_drafter.generation_config
@@ -106,6 +130,31 @@ def set_assisted_settings(hf_drafter, gamma: int) -> dict[str, Any]:
   gc.assistant_confidence_threshold = 0.0   # ConfidenceCriteria is only added when > 0
   return {"num_assistant_tokens": int(gamma), "num_assistant_tokens_schedule": "constant",
           "assistant_confidence_threshold": 0.0}
+
+
+def load_models_from_dirs(target_dir: str, drafter_dir: str, default_assisted: bool,
+                          errors: dict[str, str]) -> dict[str, Any]:
+  """HF copies of a decoder-only pair from the transformers dirs ours were loaded from (and
+  the drafter again as its dir configures it, for transformers' defaults); a failure is
+  recorded in `errors`, not raised."""
+  models: dict[str, Any] = {}
+  if "hf" in errors:
+    return models
+  for name, path in (("target", target_dir), ("drafter", drafter_dir),
+                     *((("drafter_default", drafter_dir),) if default_assisted else ())):
+    try:
+      models[name] = load_causal_lm_from_dir(path)
+    except Exception as e:  # noqa: BLE001 - reported, not raised
+      errors[f"hf_{name}_load"] = error_text(e)
+  default = models.get("drafter_default")
+  if default is not None and default.generation_config.num_assistant_tokens is None:
+    # transformers' assisted generation fails on it (a fresh Gemma 4 assistant's default)
+    del models["drafter_default"]
+    errors["hf_drafter_default_load"] = (
+        f"{drafter_dir}: its generation_config sets no num_assistant_tokens, and "
+        "transformers' assisted generation needs it; HF assisted with the dir's own settings "
+        "is not run")
+  return models
 
 
 def load_models(target_m, drafter_m, tmp: str, default_assisted: bool,
@@ -147,10 +196,13 @@ class CallCounter:
 
 
 def hf_method(hf_target, rows: Sequence[np.ndarray], max_new_tokens: int, eos_id: int,
-              assistant=None) -> Callable[[], HFDecoded]:
-  """One call: HF greedy (or assisted) generate on every prompt at batch 1."""
+              assistant=None, pad_id: int | None = None) -> Callable[[], HFDecoded]:
+  """One call: HF greedy (or assisted) generate on every prompt at batch 1. `pad_id` given:
+  a decoder-only target (its output starts with the prompt; EOS and pad are ours, passed
+  explicitly: a dir's generation config may list several EOS ids)."""
   import torch
   inputs = [torch.as_tensor(r[None].astype(np.int64)) for r in rows]
+  decoder_only = pad_id is not None
 
   def run():
     out = []
@@ -158,10 +210,13 @@ def hf_method(hf_target, rows: Sequence[np.ndarray], max_new_tokens: int, eos_id
       for ids in inputs:
         kw = dict(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
                   num_beams=1, max_new_tokens=max_new_tokens)
+        if decoder_only:
+          kw.update(eos_token_id=eos_id, pad_token_id=pad_id)
         if assistant is not None:
           kw["assistant_model"] = assistant
         seq = hf_target.generate(**kw)
-        out.append(hf_row_tokens(seq[0].numpy(), eos_id))
+        out.append(hf_row_tokens(seq[0].numpy(), eos_id,
+                                 skip=ids.shape[1] if decoder_only else 1))
     return HFDecoded(out)
   return run
 

@@ -33,6 +33,20 @@ def markdown_table(results: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
+def per_prompt_table(results: dict[str, Any]) -> str:
+  """One row per prompt, one column per timed method: its tokens equal HF greedy's (yes/no);
+  empty when HF greedy did not run."""
+  timed = [r for r in results["methods"] if r.get("identical_per_prompt") is not None]
+  if not timed:
+    return ""
+  lines = ["| prompt | " + " | ".join(r["name"] for r in timed) + " |",
+           "|" + "---|" * (len(timed) + 1)]
+  for i in range(results["config"]["num_prompts"]):
+    lines.append(f"| {i} | " + " | ".join("yes" if r["identical_per_prompt"][i] else "no"
+                                         for r in timed) + " |")
+  return "\n".join(lines)
+
+
 def markdown_report(results: dict[str, Any]) -> str:
   cfg, m = results["config"], results["machine"]
   lines = [
@@ -43,7 +57,8 @@ def markdown_report(results: dict[str, Any]) -> str:
       f"- {cfg['num_prompts']} prompts (lengths {min(cfg['prompt_lengths'])}–"
       f"{max(cfg['prompt_lengths'])}), max_new_tokens {cfg['max_new_tokens']}, gamma "
       f"{cfg['gamma']}; median of {cfg['repeats']} alternating rounds after a warm-up call",
-      f"- HF assisted settings: {cfg.get('hf_assisted')}; transformers defaults: "
+      f"- HF assisted settings: {cfg.get('hf_assisted')}; "
+      f"{cfg.get('hf_default_assisted_source', 'transformers defaults')}: "
       f"{cfg.get('hf_default_assisted')}",
       f"- machine: jax {m['jax_version']} ({m['backend']}), torch {m.get('torch_version')} "
       f"({m.get('torch_num_threads')} threads), transformers {m.get('transformers_version')}, "
@@ -54,6 +69,11 @@ def markdown_report(results: dict[str, Any]) -> str:
       "its own target forward passes (batch 1). HF assisted generation supports batch 1 only; "
       "batch > 1 rows are ours alone.",
   ]
+  table = per_prompt_table(results)
+  if table:
+    lines += ["", "Same tokens as HF greedy, per prompt:", "", table]
+  if cfg.get("notes"):
+    lines += ["", "Notes:", ""] + [f"- {note}" for note in cfg["notes"]]
   if results.get("errors"):
     lines += ["", "Errors:", ""]
     lines += [f"- `{k}`: {v}" for k, v in results["errors"].items()]
