@@ -7,8 +7,9 @@ The tree is a nested dict of arrays with exactly T5X's names and 2-D kernels, e.
 - T5X legacy: ``checkpoint_<step>/checkpoint`` (flax msgpack) + zarr arrays (``t5x_legacy``),
   local or gs:// (tensorstore file/gcs kvstore);
 - T5X Orbax: ``checkpoint_<step>/state/`` (``t5x_orbax``);
-- Hugging Face T5/mT5 dirs with safetensors weights, or hub ids "org/name" (``hf``), and
-  decoder-only GPT-2 / Llama dirs (``hf_lm``, an `LMConfig` and the LM tree);
+- Hugging Face T5/mT5 dirs with safetensors weights, or hub ids "org/name" (``hf``),
+  T5Gemma 2 dirs (``hf_t5gemma2``), and decoder-only GPT-2 / Llama / Gemma 4 dirs
+  (``hf_lm``, ``hf_gemma``, an `LMConfig` and the LM tree);
 - this package's own format written by ``save_checkpoint`` (``native``);
 - bundled names such as "demo-de-en/target", shipped by the demo distributions
   (``packages/specdec-jax-demo-small``, ...; see ``specdec_jax.package_data``).
@@ -32,6 +33,7 @@ from specdec_jax.io.checkpoints import (
   hf,
   hf_gemma,
   hf_lm,
+  hf_t5gemma2,
   leaves,
   native,
   resolve,
@@ -81,9 +83,11 @@ def _t5x_config(checkpoint_dir: str, flat: Mapping[str, np.ndarray]) -> tuple[T5
 
 def _hf_reader(hf_config: dict) -> Any:
   """The module that reads a Hugging Face dir of this config.json: Gemma 4 (`hf_gemma`),
-  the other decoder-only LMs (`hf_lm`) or T5 (`hf`)."""
+  T5Gemma 2 (`hf_t5gemma2`), the other decoder-only LMs (`hf_lm`) or T5 (`hf`)."""
   if hf_gemma.handles(hf_config):
     return hf_gemma
+  if hf_t5gemma2.handles(hf_config):
+    return hf_t5gemma2
   return hf_lm if hf_lm.handles(hf_config) and hf_config else hf
 
 
