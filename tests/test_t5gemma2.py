@@ -3,8 +3,9 @@ loaded with `sd.load`; logits and greedy tokens against transformers' `generate`
 windows shorter than input + output, grouped heads, soft-capped logits, a linear global
 rope, the end-of-image token's own embedding, ragged inputs at batch > 1); the vision
 tower skipped with a note; every method of the registry equals its baseline with a
-smaller T5Gemma 2 drafting (on XLA's ops); a tree decode, the own format's round trip,
-the tokenizer; the loader's refusals. (Every method lowers for TPU and CUDA:
+smaller T5Gemma 2 drafting (on XLA's ops); a decode on the cpu kernels alone (and, in the
+device tier, on the gpu and tpu kernels); a tree decode, the own format's round trip, the
+tokenizer; the loader's refusals. (Every method lowers for TPU and CUDA:
 tests/test_lower.py's "t5gemma2" kind.)"""
 
 import json
@@ -17,19 +18,18 @@ import pytest
 import specdec_jax as sd
 from specdec_jax import testing
 from specdec_jax.io.checkpoints import hf_t5gemma2
+from specdec_jax.kernels import build
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-# T5's tokenizer ends its inputs in EOS, and the engine warns of inputs that do not; these
-# end in 1 (the inputs are as a T5Gemma 2 tokenizer gives them, not T5's).
-pytestmark = pytest.mark.filterwarnings("ignore:inputs row")
 
 VOCAB, EOS, EOI, T = 96, 27, 90, 8
 WINDOW = 3
-# Right-padded ragged inputs (pad 0); row 0 holds the end-of-image token.
-INPUTS = np.array([[5, 17, 33, 8, EOI, 40, 12, 1, 0],
-                   [64, 7, 7, 21, 1, 0, 0, 0, 0],
-                   [3, 50, 11, 87, 9, 70, 26, 45, 1]], np.int32)
+# Right-padded ragged inputs (pad 0) ending in EOS, as T5Gemma's preprocessing ends them;
+# row 0 holds the end-of-image token.
+INPUTS = np.array([[5, 17, 33, 8, EOI, 40, 12, EOS, 0],
+                   [64, 7, 7, 21, EOS, 0, 0, 0, 0],
+                   [3, 50, 11, 87, 9, 70, 26, 45, EOS]], np.int32)
 
 
 def _text(layers, **extra):
@@ -130,7 +130,7 @@ def test_logits_and_greedy_tokens_match_transformers(pair):
   for b in range(len(INPUTS)):
     n = int(lengths[b])
     np.testing.assert_array_equal(np.asarray(out.tokens[b, :n]), hf[b, :n])
-  assert lengths.tolist() == [1, 6, T] and T + 1 > WINDOW   # EOS at two steps, and the cap
+  assert lengths.tolist() == [5, 1, T] and T + 1 > WINDOW   # EOS at two steps, and the cap
 
 
 def test_a_tree_decode_equals_the_plain_call(pair):
@@ -163,6 +163,31 @@ def test_every_method_equals_its_baseline_with_a_smaller_sibling_drafting(pair):
     np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(base[ref].lengths),
                                   err_msg=name)
   assert isinstance(testing.examples(target, drafter)["speculative"], sd.Speculative)
+
+
+@pytest.mark.skipif(not build.available(), reason="the C++ kernels are unavailable here")
+def test_a_decode_runs_every_product_on_the_cpu_kernels(pair):
+  """The merged attention's mask and window are its bias: the cpu attention kernel takes
+  them, every product is packed, and the decode is XLA's."""
+  _, _, target, _ = pair
+  packed = sd.pack(target, kernels="cpu")
+  assert packed.decode_weights.xla == () and packed.width_invariant_decode
+  on_kernels = sd.decode(packed, sd.Autoregressive(), INPUTS, T)
+  on_xla = sd.decode(sd.pack(target, kernels="xla"), sd.Autoregressive(), INPUTS, T)
+  np.testing.assert_array_equal(np.asarray(on_kernels.tokens), np.asarray(on_xla.tokens))
+
+
+@pytest.mark.device
+@pytest.mark.slow
+@pytest.mark.parametrize("kernels", ["gpu", "tpu"])
+def test_the_gpu_and_tpu_kernels_decode_it(pair, kernels):
+  """In Pallas's interpret mode: no window reaches their attention (it is in the bias)."""
+  _, _, target, _ = pair
+  packed = sd.pack(target, kernels=kernels)
+  assert packed.decode_weights.xla == ()
+  out = sd.decode(packed, sd.Autoregressive(), INPUTS, T)
+  on_xla = sd.decode(sd.pack(target, kernels="xla"), sd.Autoregressive(), INPUTS, T)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(on_xla.tokens))
 
 
 def test_our_own_format_round_trips(pair, tmp_path):
