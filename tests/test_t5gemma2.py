@@ -218,6 +218,13 @@ def test_the_tokenizer_json_beside_it_is_read(pair):
   assert np.asarray(loaded.encode(["hello w9 x"], add_eos=True)).tolist() == [[4, 9, 3, EOS]]
 
 
+def test_export_to_transformers_is_refused(pair, tmp_path):
+  _, _, target, _ = pair
+  with pytest.raises(sd.CheckpointError, match="not implemented for T5Gemma 2"):
+    sd.io.checkpoints.export_hf(tmp_path / "hf", target.config, target.params)
+  assert not (tmp_path / "hf").exists()
+
+
 def _dict(**decoder):
   text = _text(2)
   return {"model_type": "t5gemma2", "encoder": {"text_config": text},

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from specdec_jax.config import GemmaConfig, T5Config
+from specdec_jax.config import GemmaConfig, T5Config, T5Gemma2Config
 from specdec_jax.config.lm import LMConfig
 from specdec_jax.errors import ConfigError
 from specdec_jax.io.checkpoints import (
@@ -183,7 +183,12 @@ def export_hf(path: str | os.PathLike, config: T5Config | LMConfig,
               params: Mapping[str, Any]) -> str:
   """Write a transformers dir (config.json + model.safetensors): T5 for a T5Config
   (`hf.export_hf`), Gemma 4 for a GemmaConfig (`hf_gemma.export_hf`), GPT-2 or Llama for
-  another LMConfig (`hf_lm.export_hf`). Returns its path."""
+  another LMConfig (`hf_lm.export_hf`). Returns its path. A T5Gemma 2 is refused (a
+  `CheckpointError`): transformers' class needs a vision tower, which it does not have."""
+  if isinstance(config, T5Gemma2Config):
+    raise CheckpointError("export to a transformers directory is not implemented for "
+                          "T5Gemma 2 (its class needs the vision tower, which is not "
+                          "loaded); save it in our own format (sd.save)")
   if isinstance(config, GemmaConfig):
     return hf_gemma.export_hf(path, config, params)
   if isinstance(config, LMConfig):
