@@ -231,6 +231,16 @@ def _dict(**decoder):
           "decoder": dict(text, **decoder)}
 
 
+def test_the_start_token_and_eos_are_read():
+  """The decoder starts from generation_config.json's decoder_start_token_id, else the
+  decoder's bos_token_id; a list of EOS ids stops at its first."""
+  d = _dict(eos_token_id=[EOS, 106])
+  assert hf_t5gemma2.config_from_hf_dict(d).eos_id == EOS
+  assert hf_t5gemma2.config_from_hf_dict(d).decoder_start_id == 2
+  assert hf_t5gemma2.config_from_hf_dict(d, generation={"decoder_start_token_id": 5,
+                                                        "bos_token_id": 2}).decoder_start_id == 5
+
+
 @pytest.mark.parametrize("setting, message", [
     (dict(attn_logit_softcapping=50.0), "attn_logit_softcapping"),
     (dict(attention_bias=True), "attention_bias"),
