@@ -73,12 +73,14 @@ def _randomized(model, seed):
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
   """(HF target, its dir, our target, our drafter): the target 3 + 2 layers in one file,
-  the drafter 1 + 1 layers in shards and their index."""
+  the drafter 3 + 1 layers in shards and their index, its weights the target's where the
+  names match (a truncated sibling: it agrees with the target often, not always)."""
   hf_target = _randomized(transformers.T5Gemma2ForConditionalGeneration(_hf_config(3, 2)), 4)
   target_dir = tmp_path_factory.mktemp("t5gemma2_target")
   hf_target.save_pretrained(target_dir)
-  hf_drafter = _randomized(
-      transformers.T5Gemma2ForConditionalGeneration(_hf_config(1, 1)), 1)
+  hf_drafter = _randomized(transformers.T5Gemma2ForConditionalGeneration(_hf_config(3, 1)), 1)
+  hf_drafter.load_state_dict({k: v for k, v in hf_target.state_dict().items()
+                              if k in hf_drafter.state_dict()}, strict=False)
   drafter_dir = tmp_path_factory.mktemp("t5gemma2_drafter")
   hf_drafter.save_pretrained(drafter_dir, max_shard_size="20KB")
   assert (drafter_dir / "model.safetensors.index.json").is_file()
@@ -102,7 +104,7 @@ def test_config_is_read(pair):
   text = sum(p.numel() for n, p in hf_target.named_parameters()
              if not n.startswith(("model.encoder.vision_tower", "model.encoder.multi_modal")))
   assert target.num_params() == cfg.num_params() == text
-  assert (drafter.config.num_encoder_layers, drafter.config.num_decoder_layers) == (1, 1)
+  assert (drafter.config.num_encoder_layers, drafter.config.num_decoder_layers) == (3, 1)
 
 
 def test_the_vision_tower_is_not_loaded_and_says_so(pair):
@@ -148,8 +150,9 @@ def test_a_tree_decode_equals_the_plain_call(pair):
 
 @pytest.mark.slow
 def test_every_method_equals_its_baseline_with_a_smaller_sibling_drafting(pair):
-  """On XLA's ops; speculative decoding with the 1 + 1 layer T5Gemma 2 drafting for the
-  3 + 2 layer one gives the larger one's greedy tokens bitwise (its baseline's)."""
+  """On XLA's ops; speculative decoding with the 3 + 1 layer T5Gemma 2 drafting for the
+  3 + 2 layer one gives the larger one's greedy tokens bitwise (its baseline's), some of
+  its drafts accepted and some rejected."""
   _, _, target, drafter = pair
   target, drafter = sd.pack(target, kernels="xla"), sd.pack(drafter, kernels="xla")
   base = {}
@@ -162,7 +165,8 @@ def test_every_method_equals_its_baseline_with_a_smaller_sibling_drafting(pair):
                                   err_msg=name)
     np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(base[ref].lengths),
                                   err_msg=name)
-  assert isinstance(testing.examples(target, drafter)["speculative"], sd.Speculative)
+    if name == "speculative":
+      assert 0 < out.stats["accepted"] < out.stats["drafted"]
 
 
 @pytest.mark.skipif(not build.available(), reason="the C++ kernels are unavailable here")
