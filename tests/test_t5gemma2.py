@@ -245,6 +245,16 @@ def test_the_start_token_and_eos_are_read():
                                                         "bos_token_id": 2}).decoder_start_id == 5
 
 
+def test_the_older_rope_keys_are_read():
+  d = _dict(rope_parameters=None, rope_theta=5e5, rope_local_base_freq=50.0,
+            rope_scaling={"rope_type": "linear", "factor": 8.0})
+  d["encoder"]["text_config"] = dict(d["encoder"]["text_config"], rope_parameters=None,
+                                     rope_theta=5e5, rope_local_base_freq=50.0,
+                                     rope_scaling={"rope_type": "linear", "factor": 8.0})
+  cfg = hf_t5gemma2.config_from_hf_dict(d)
+  assert (cfg.rope_theta, cfg.global_rope_theta, cfg.global_rope_factor) == (50.0, 5e5, 8.0)
+
+
 @pytest.mark.parametrize("setting, message", [
     (dict(attn_logit_softcapping=50.0), "attn_logit_softcapping"),
     (dict(attention_bias=True), "attention_bias"),

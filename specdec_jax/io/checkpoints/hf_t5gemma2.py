@@ -71,8 +71,17 @@ def _stacks(hf_config: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[st
 
 
 def _rope(stack: Mapping[str, Any], kind: str, source: str) -> tuple[float, float]:
-  """(theta, linear factor) of one layer type's rope parameters."""
+  """(theta, linear factor) of one layer type's rope parameters: `rope_parameters`, or
+  the older keys transformers still reads (`rope_theta` and `rope_scaling` for the full
+  layers, `rope_local_base_freq` for the sliding ones)."""
   spec: dict[str, Any] = dict(_ROPE_DEFAULTS[kind])
+  if stack.get("rope_parameters") is None:
+    legacy = {"full_attention": ("rope_theta", "rope_scaling"),
+              "sliding_attention": ("rope_local_base_freq", None)}
+    theta, scaling = legacy[kind]
+    if stack.get(theta) is not None:
+      spec["rope_theta"] = stack[theta]
+    spec.update((stack.get(scaling) if scaling else None) or {})
   spec.update((stack.get("rope_parameters") or {}).get(kind) or {})
   rope_type = spec.get("rope_type", "default")
   factor = float(spec.get("factor", 1.0)) if rope_type == "linear" else 1.0
