@@ -1,14 +1,17 @@
 """T5Gemma 2 encoder-decoders (`config.t5gemma2.T5Gemma2Config`), text only.
 
-The entry points and the cache are T5's (`models.t5.Transformer`): `encode` +
-`init_cache` once per request (the cross K/V in `cache.cross`, the decoder's own K/V in
-fixed-shape buffers), `decode(tokens [B, k], cache)` at per-row offsets, trees of drafts
-and early exits alike. What differs is inside the layers (Gemma 3's: see the config's
-docstring) and the decoder's MERGED attention: each decoder query attends, in one
-softmax, to the encoder's keys [B, Hkv, Le, Dh] (normed, not rotated) followed by its own
-cached keys [B, Hkv, C, Dh]; the cross mask and a sliding layer's window (which narrows
-the decoder's own keys only) are the attention seam's bias (`layers.Keys`), the causal
-bound its row lengths (Le + the query's slot + 1). The parameter tree::
+The entry points are T5's (`models.t5.Transformer`): `encode` + `init_cache` once per
+request, `decode(tokens [B, k], cache)` at per-row offsets, trees of drafts and early
+exits alike. What differs is inside the layers (Gemma 3's: see the config's docstring)
+and the decoder's MERGED attention: each decoder query attends, in one softmax, to the
+encoder's keys (normed, not rotated) followed by its own cached keys. So each layer's
+cache buffer [B, Hkv, Le + C, Dh] holds the cross K/V at slots [0, Le), written once by
+`init_cache`, and the decoder's own after them: the cache is offset by Le
+(`DecoderCache.offset`, as a decoder-only model's is by its prompt; `length` counts the
+decoded tokens) and `cache.cross` keeps only the encoder's mask. The cross mask and a
+sliding layer's window (which narrows the own keys only) are the attention seam's bias
+(`layers.Keys`), the causal bound its row lengths (Le + the query's position + 1). The
+teacher-forced pass joins the cross K/V and its own likewise. The parameter tree::
 
     token_embedder/{embedding [V, E], eoi_embedding [E]}       shared and tied
     {encoder, decoder}/layers_i/pre_self_attention_layer_norm/scale   (Gemma 3 norms:
@@ -100,7 +103,8 @@ class T5GemmaAttention(MultiHeadAttention):
 class T5GemmaLayer(nn.Module):
   """transformers' `T5Gemma2EncoderLayer` / `T5Gemma2DecoderLayer`: norm -> attention ->
   norm, residual; norm -> gated MLP -> norm, residual. A decoder layer's attention reads
-  the cross K/V before its own (`__call__`'s `cross_kv`)."""
+  the cross K/V before its own: joined to them (`__call__`'s `cross_kv`, the full pass),
+  or already in its cache buffer (a decode)."""
 
   config: T5Gemma2Config
   fuse: bool                      # decode steps fuse their products (`fused_dense`)
@@ -124,8 +128,8 @@ class T5GemmaLayer(nn.Module):
   def __call__(self, x: Array, keys: Keys, rope, dropout: Callable,
                cross_kv: tuple[Array, Array] | None = None, kv_cache=None, write_pos=None):
     """x [B, T, E], `keys`, rope (cos, sin) -> (x, (k, v)). With `cross_kv` (a decoder
-    layer) the keys are the cross keys then the own (with `kv_cache`, the buffers with
-    the new K/V written at `write_pos` [B, T])."""
+    layer's full pass) the keys are the cross keys then the own; with `kv_cache`, the
+    buffers with the new K/V written at `write_pos` [B, T] (a decode)."""
     h = self.pre_self_attention_layer_norm(x)
     q, k, v = self.self_attention.project_qkv(h, fuse=self.fuse)
     q, k = lm.apply_rope(q, *rope), lm.apply_rope(k, *rope)
@@ -288,7 +292,10 @@ class T5GemmaDecoder(nn.Module):
     if cross is None:
       raise InputError("a T5Gemma 2 decode needs the cache `start` made (its encoder keys "
                        "and values)")
-    k, capacity = tokens.shape[1], cache.capacity
+    # The buffers hold the cross K/V at slots [0, Le) (`init_cache`, offset Le); the own
+    # keys' slots below count from Le, as `length` does.
+    le = cross.mask.shape[1]
+    k, capacity = tokens.shape[1], cache.capacity - le
     slots = cache_lib.query_positions(cache.length, k)
     if positions is None:
       positions = slots
@@ -303,10 +310,9 @@ class T5GemmaDecoder(nn.Module):
       key_pos = cache_lib.key_positions(slots, positions, capacity)
     keys = self._keys(cross.mask, positions, own, ends, key_pos)
     exits = None if num_layers is None else (num_layers,)
-    (hidden,), new = self._run(tokens, positions, list(zip(cross.key, cross.value, strict=True)),
-                               keys, lambda y: y, capacity,
-                               list(zip(cache.self_key, cache.self_value, strict=True)), slots,
-                               exits)
+    (hidden,), new = self._run(tokens, positions, [None] * len(self.layers), keys, lambda y: y,
+                               capacity, list(zip(cache.self_key, cache.self_value, strict=True)),
+                               slots + le, exits)
     run = len(new)
     cache = cache.replace(self_key=tuple(k for k, _ in new) + cache.self_key[run:],
                           self_value=tuple(v for _, v in new) + cache.self_value[run:],
@@ -336,16 +342,20 @@ class T5Gemma2(nn.Module):
     return self.encoder(encoder_input_tokens)
 
   def init_cache(self, encoded: Array, encoder_input_tokens: Array, capacity: int):
-    """Cross K/V of `encoded` [B, Le, E] and empty own K/V buffers [B, Hkv, capacity, Dh]."""
+    """The cache of a request: per layer one K/V buffer [B, Hkv, Le + capacity, Dh] holding
+    the cross K/V of `encoded` [B, Le, E] at slots [0, Le), then `capacity` empty slots for
+    the decoder's own; offset Le (`DecoderCache.next_slot`), length 0. The merged attention
+    reads each buffer as it is (no copy per call); `cross` keeps only the encoder's mask."""
+    batch, le = encoded.shape[:2]
     cfg = self.config
+    empty = jnp.zeros((batch, cfg.num_kv_heads, capacity, cfg.head_dim), cfg.activation_dtype)
+    join = lambda x: jnp.concatenate([x.astype(cfg.activation_dtype), empty], axis=2)
     cross = self.decoder.cross_kvs(encoded)
-    self_k, self_v = cache_lib.empty_self_kv(encoded.shape[0], capacity, cfg.num_kv_heads,
-                                             cfg.head_dim, cfg.activation_dtype,
-                                             cfg.num_decoder_layers)
     return cache_lib.DecoderCache(
-        self_key=self_k, self_value=self_v, length=jnp.zeros((encoded.shape[0],), jnp.int32),
-        cross=cache_lib.CrossKV(key=tuple(k for k, _ in cross), value=tuple(v for _, v in cross),
-                                mask=encoder_input_tokens > 0))
+        self_key=tuple(join(k) for k, _ in cross), self_value=tuple(join(v) for _, v in cross),
+        length=jnp.zeros((batch,), jnp.int32),
+        cross=cache_lib.CrossKV(key=(), value=(), mask=encoder_input_tokens > 0),
+        offset=jnp.full((batch,), le, jnp.int32))
 
   def decode(self, tokens: Array, cache: cache_lib.DecoderCache, num_layers: int | None = None,
              positions: Array | None = None, visible: Array | None = None):
