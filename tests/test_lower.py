@@ -51,12 +51,15 @@ def cpu_only(text: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def models():
-  """{"t5": (target, encoder tokens), "lm" / "gemma4": (target, prompts)}, on XLA's ops."""
+  """{"t5" / "t5gemma2": (target, encoder tokens), "lm" / "gemma4": (target, prompts)}, on
+  XLA's ops."""
   t5 = sd.load("config:t5_1_1_tiny", kernels="xla")
   lm = sd.load("config:llama_tiny", kernels="xla")
   gemma = sd.load("config:gemma4_tiny", kernels="xla")   # sliding windows, on XLA's ops only
+  t5gemma2 = sd.load("config:t5gemma2_tiny", kernels="xla")
   return {"t5": (t5, tokens(t5.vocab_size, 6)), "lm": (lm, tokens(lm.vocab_size, 5)),
-          "gemma4": (gemma, tokens(gemma.vocab_size, 5))}
+          "gemma4": (gemma, tokens(gemma.vocab_size, 5)),
+          "t5gemma2": (t5gemma2, tokens(t5gemma2.vocab_size, 6))}
 
 
 def on_kernels(models, kind: str, kernels: str) -> sd.Model:
@@ -76,7 +79,8 @@ def method(name: str, target: sd.Model):
 
 
 @pytest.mark.parametrize("name", METHOD_NAMES)
-@pytest.mark.parametrize("kind", ["t5", "lm", pytest.param("gemma4", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("kind", ["t5", "lm", pytest.param("gemma4", marks=pytest.mark.slow),
+                                  pytest.param("t5gemma2", marks=pytest.mark.slow)])
 def test_every_method_lowers_for_tpu_and_cuda(models, kind, name):
   """One lowering for both platforms: JAX runs each platform's lowering rules in it."""
   target, enc = models[kind]

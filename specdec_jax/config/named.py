@@ -1,8 +1,9 @@
 """Named configs: the JSON files shipped as package data, and config files on disk.
 
 ``sd.get_config("t5_1_1_small")`` reads ``specdec_jax/configs/models/t5_1_1_small.json``; a
-file with a "family" key is a decoder-only `LMConfig`, one with a "backbone_dim" key a Gemma 4
-assistant's `GemmaAssistantConfig`, any other a `T5Config`.
+file with a "family" key is a decoder-only `LMConfig` (a `T5Gemma2Config` for the family
+"t5gemma2"), one with a "backbone_dim" key a Gemma 4 assistant's `GemmaAssistantConfig`,
+any other a `T5Config`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import re
 from specdec_jax import package_data
 from specdec_jax.config.gemma import assistant_config_from_dict, lm_config_from_dict
 from specdec_jax.config.t5 import T5Config
+from specdec_jax.config.t5gemma2 import T5Gemma2Config
 from specdec_jax.errors import ConfigError
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -50,8 +52,17 @@ def get_config(name_or_path: str | pathlib.Path, **overrides):
   if not isinstance(d, dict):
     raise ConfigError(f"config file {source} must hold a JSON object, got {type(d).__name__}")
   d.update(overrides)
+  return config_from_dict(d)
+
+
+def config_from_dict(d: dict):
+  """The config of a JSON dict: a Gemma 4 assistant's for a "backbone_dim" key, a
+  `T5Gemma2Config` for the family "t5gemma2", a decoder-only config for another "family"
+  key (`lm_config_from_dict`), else a `T5Config`."""
   if "backbone_dim" in d:   # a Gemma 4 assistant: a drafter, not a model of its own
     return assistant_config_from_dict(d)
+  if d.get("family") == "t5gemma2":
+    return T5Gemma2Config.from_dict(d)
   if "family" in d:   # a decoder-only language model
     return lm_config_from_dict(d)
   return T5Config.from_dict(d)

@@ -123,7 +123,7 @@ def initializer_for(path: tuple[str, ...], head_dim: int) -> Callable:
     return kernel_init(head_dim ** -0.5 if path[-2] == "query" else 1.0)
   table = {"embedding": EMBEDDING_INIT, "scale": NORM_SCALE_INIT,
            "rel_embedding": REL_EMBEDDING_INIT, "bias": BIAS_INIT,
-           "layer_scalar": NORM_SCALE_INIT}
+           "layer_scalar": NORM_SCALE_INIT, "eoi_embedding": BIAS_INIT}
   if name not in table:
     raise KeyError(f"no initializer known for parameter {'/'.join(path)}")
   return table[name]

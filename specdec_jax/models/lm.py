@@ -76,27 +76,32 @@ def first_tokens(tokens: Array, lengths: Array) -> Array:
 # ----------------------------------------------------------------------------- rotary positions
 
 
-def rope_inverse_frequencies(head_dim: int, theta: float, fraction: float = 1.0) -> np.ndarray:
+def rope_inverse_frequencies(head_dim: int, theta: float, fraction: float = 1.0,
+                             factor: float = 1.0) -> np.ndarray:
   """[Dh / 2] float32: theta ** (-2i / Dh), computed as Hugging Face's Llama does; with
   `fraction` < 1 only the first int(fraction * Dh // 2) pairs turn, the rest get 0
-  (transformers' "proportional" rope, Gemma 4's full layers)."""
+  (transformers' "proportional" rope, Gemma 4's full layers); divided by `factor`
+  (transformers' "linear" rope scaling, Gemma 3's global layers)."""
   turning = int(fraction * head_dim // 2)
   exponent = np.arange(0, 2 * turning, 2, dtype=np.float32) / np.float32(head_dim)
   turned = (np.float32(1.0) / np.power(np.float32(theta), exponent)).astype(np.float32)
+  if factor != 1.0:
+    turned = (turned / np.float32(factor)).astype(np.float32)
   return np.concatenate([turned, np.zeros(head_dim // 2 - turning, np.float32)])
 
 
 def rope_tables(positions: Array, head_dim: int, theta: float,
-                num_positions: int, fraction: float = 1.0) -> tuple[Array, Array]:
+                num_positions: int, fraction: float = 1.0,
+                factor: float = 1.0) -> tuple[Array, Array]:
   """positions [B, T] in [0, num_positions) -> cos, sin [B, 1, T, Dh] float32 (the angles
-  repeated over both halves; `fraction`: `rope_inverse_frequencies`).
+  repeated over both halves; `fraction`, `factor`: `rope_inverse_frequencies`).
 
   cos and sin are computed for every slot 0..num_positions-1 (the cache capacity), fenced
   off from XLA's fusions, and gathered: their computation never depends on T, so a k-token
   call rotates each token by the bits a 1-token call does, whatever XLA fuses around them.
   """
   slots = jnp.arange(num_positions, dtype=jnp.float32)[:, None]
-  angles = slots * rope_inverse_frequencies(head_dim, theta, fraction)    # [N, Dh/2]
+  angles = slots * rope_inverse_frequencies(head_dim, theta, fraction, factor)   # [N, Dh/2]
   cos, sin = jax.lax.optimization_barrier((jnp.cos(angles), jnp.sin(angles)))
 
   def gather(table):

@@ -42,9 +42,10 @@ from specdec_jax import cache as cache_lib
 from specdec_jax.config import T5Config
 from specdec_jax.config.gemma import GemmaConfig
 from specdec_jax.config.lm import LMConfig
+from specdec_jax.config.t5gemma2 import T5Gemma2Config
 from specdec_jax.errors import ConfigError, InputError
 from specdec_jax.kernels import dispatch
-from specdec_jax.models import gemma, layers, lm
+from specdec_jax.models import gemma, layers, lm, t5gemma2
 from specdec_jax.models.t5 import Transformer
 
 Array = jax.Array
@@ -52,8 +53,10 @@ Config = T5Config | LMConfig
 
 
 @functools.lru_cache(maxsize=None)
-def module_for(config: Config, partitioner: Any = None) -> Transformer | lm.DecoderOnly:
-  """The flax module of `config`: T5's `Transformer`, or `lm.DecoderOnly` for an LMConfig.
+def module_for(config: Config, partitioner: Any = None
+               ) -> Transformer | t5gemma2.T5Gemma2 | lm.DecoderOnly:
+  """The flax module of `config`: T5's `Transformer` (`t5gemma2.T5Gemma2` for a
+  T5Gemma2Config), or `lm.DecoderOnly` for an LMConfig.
 
   partitioner: a `sd.sharding.Partitioner` its layers constrain their activations by
   (None: no constraint, the one-device program).
@@ -62,6 +65,8 @@ def module_for(config: Config, partitioner: Any = None) -> Transformer | lm.Deco
     return gemma.GemmaLM(config, partitioner)
   if isinstance(config, LMConfig):
     return lm.DecoderOnly(config, partitioner)
+  if isinstance(config, T5Gemma2Config):
+    return t5gemma2.T5Gemma2(config, partitioner)
   return Transformer(config, partitioner)
 
 
@@ -362,8 +367,8 @@ def init_model(config: Config, rng: Array | int = 0, dtype=None, shardings: Any 
                    out_shardings=shardings)
     return Model(config=config, params=init(rng))
   abstract = flatten_dict(nn.unbox(jax.eval_shape(module.init, rng, *dummy)["params"]))
-  # LMs scale queries in the attention (query init scale 1), T5 in the query init.
-  query_dim = 1 if isinstance(config, LMConfig) else config.head_dim
+  # LMs and T5Gemma 2 scale queries in the attention (query init scale 1), T5 in the init.
+  query_dim = 1 if isinstance(config, (LMConfig, T5Gemma2Config)) else config.head_dim
   where = flatten_dict(shardings) if shardings is not None else {}
   params = {}
   for key, (path, leaf) in zip(jax.random.split(rng, len(abstract)), sorted(abstract.items()),

@@ -7,8 +7,9 @@ The tree is a nested dict of arrays with exactly T5X's names and 2-D kernels, e.
 - T5X legacy: ``checkpoint_<step>/checkpoint`` (flax msgpack) + zarr arrays (``t5x_legacy``),
   local or gs:// (tensorstore file/gcs kvstore);
 - T5X Orbax: ``checkpoint_<step>/state/`` (``t5x_orbax``);
-- Hugging Face T5/mT5 dirs with safetensors weights, or hub ids "org/name" (``hf``), and
-  decoder-only GPT-2 / Llama dirs (``hf_lm``, an `LMConfig` and the LM tree);
+- Hugging Face T5/mT5 dirs with safetensors weights, or hub ids "org/name" (``hf``),
+  T5Gemma 2 dirs (``hf_t5gemma2``), and decoder-only GPT-2 / Llama / Gemma 4 dirs
+  (``hf_lm``, ``hf_gemma``, an `LMConfig` and the LM tree);
 - this package's own format written by ``save_checkpoint`` (``native``);
 - bundled names such as "demo-de-en/target", shipped by the demo distributions
   (``packages/specdec-jax-demo-small``, ...; see ``specdec_jax.package_data``).
@@ -25,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from specdec_jax.config import GemmaConfig, T5Config
+from specdec_jax.config import GemmaConfig, T5Config, T5Gemma2Config
 from specdec_jax.config.lm import LMConfig
 from specdec_jax.errors import ConfigError
 from specdec_jax.io.checkpoints import (
@@ -33,6 +34,7 @@ from specdec_jax.io.checkpoints import (
   hf_gemma,
   hf_gemma_assistant,
   hf_lm,
+  hf_t5gemma2,
   leaves,
   native,
   resolve,
@@ -82,11 +84,14 @@ def _t5x_config(checkpoint_dir: str, flat: Mapping[str, np.ndarray]) -> tuple[T5
 
 def _hf_reader(hf_config: dict) -> Any:
   """The module that reads a Hugging Face dir of this config.json: Gemma 4 (`hf_gemma`),
-  its assistant (`hf_gemma_assistant`), the other decoder-only LMs (`hf_lm`) or T5 (`hf`)."""
+  its assistant (`hf_gemma_assistant`), T5Gemma 2 (`hf_t5gemma2`), the other decoder-only
+  LMs (`hf_lm`) or T5 (`hf`)."""
   if hf_gemma_assistant.handles(hf_config):
     return hf_gemma_assistant
   if hf_gemma.handles(hf_config):
     return hf_gemma
+  if hf_t5gemma2.handles(hf_config):
+    return hf_t5gemma2
   return hf_lm if hf_lm.handles(hf_config) and hf_config else hf
 
 
@@ -182,7 +187,12 @@ def export_hf(path: str | os.PathLike, config: T5Config | LMConfig,
               params: Mapping[str, Any]) -> str:
   """Write a transformers dir (config.json + model.safetensors): T5 for a T5Config
   (`hf.export_hf`), Gemma 4 for a GemmaConfig (`hf_gemma.export_hf`), GPT-2 or Llama for
-  another LMConfig (`hf_lm.export_hf`). Returns its path."""
+  another LMConfig (`hf_lm.export_hf`). Returns its path. A T5Gemma 2 is refused (a
+  `CheckpointError`): transformers' class needs a vision tower, which it does not have."""
+  if isinstance(config, T5Gemma2Config):
+    raise CheckpointError("export to a transformers directory is not implemented for "
+                          "T5Gemma 2 (its class needs the vision tower, which is not "
+                          "loaded); save it in our own format (sd.save)")
   if isinstance(config, GemmaConfig):
     return hf_gemma.export_hf(path, config, params)
   if isinstance(config, LMConfig):

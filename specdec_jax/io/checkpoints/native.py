@@ -17,6 +17,7 @@ import numpy as np
 
 from specdec_jax.config import T5Config
 from specdec_jax.config.lm import LMConfig
+from specdec_jax.config.named import config_from_dict
 from specdec_jax.errors import ConfigError
 from specdec_jax.io.checkpoints import files, hf, resolve, tree
 from specdec_jax.io.checkpoints.errors import CheckpointError
@@ -127,10 +128,7 @@ def read_config(directory: str) -> T5Config:
   if not isinstance(meta.get("config"), dict):
     raise CheckpointError(f"{source}: no 'config' object")
   try:
-    if "family" in meta["config"]:   # a decoder-only LM (models.lm_config)
-      from specdec_jax.config.gemma import lm_config_from_dict
-      return lm_config_from_dict(meta["config"])
-    return T5Config.from_dict(meta["config"])
+    return config_from_dict(meta["config"])
   except (ConfigError, TypeError) as e:
     raise CheckpointError(f"{source}: invalid config: {e}") from e
 

@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from specdec_jax.config import GemmaConfig, T5Config, mlp_kernel_names
+from specdec_jax.config import GemmaConfig, T5Config, T5Gemma2Config, mlp_kernel_names
 from specdec_jax.config.gemma import GemmaAssistantConfig
 from specdec_jax.config.lm import LMConfig
 from specdec_jax.errors import ConfigError
@@ -71,6 +71,9 @@ def expected_shapes(config: T5Config | LMConfig) -> dict[str, tuple[int, ...]]:
   if isinstance(config, LMConfig):   # its module's tree
     from specdec_jax.models import lm
     return lm.param_shapes(config)
+  if isinstance(config, T5Gemma2Config):
+    from specdec_jax.models import t5gemma2
+    return t5gemma2.param_shapes(config)
   e, hkv = config.emb_dim, config.joined_kv
   rel = (config.num_heads, config.relative_attention_num_buckets)
   shapes: dict[str, tuple[int, ...]] = {
