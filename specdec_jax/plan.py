@@ -25,9 +25,13 @@ them whole, an upper bound (XLA may split them over parts of "model", docs/scale
 A decoder-only model (`LMConfig`, Gemma 4's `GemmaConfig`) has no encoder: its cache
 holds the prompt (max_input_len tokens) before the decode, C + max_input_len slots
 (`Model.decode_capacity`), each layer's K/V of its own [key/value heads, head size]
-(Gemma 4's full layers differ from its sliding ones), and no cross-attention. A Gemma 4
-assistant (`GemmaAssistantConfig`) caches nothing: it reads the target's cache; it keeps
-the target's state [B, E_t] between rounds.
+(Gemma 4's full layers differ from its sliding ones), and no cross-attention. A T5Gemma 2
+model (`T5Gemma2Config`) caches grouped K/V [B, Hkv, Le + C, Dh] per decoder layer: one
+buffer holding the cross K/V at slots [0, Le) and its own after them (its merged
+attention, `models.t5gemma2`), its first Le slots counted as "cross_kv", the rest as
+"self_kv", plus the mask, the lengths and the offset; its verify call's scores span the
+same Le + C keys. A Gemma 4 assistant (`GemmaAssistantConfig`) caches nothing: it reads
+the target's cache; it keeps the target's state [B, E_t] between rounds.
 
 Transients, the largest live at once (an estimate: XLA may fuse or rematerialise):
 the verify call's float32 logits [B, gamma + 1, V] (vocab over "model") with its
@@ -62,6 +66,7 @@ from specdec_jax import sharding, theory
 from specdec_jax.cache import CrossKV, DecoderCache
 from specdec_jax.config import LMConfig, T5Config, get_config
 from specdec_jax.config.gemma import GemmaAssistantConfig, GemmaConfig
+from specdec_jax.config.t5gemma2 import T5Gemma2Config
 from specdec_jax.errors import ConfigError
 from specdec_jax.models import gemma_assistant
 from specdec_jax.models.model import module_for
@@ -141,6 +146,8 @@ def kv_shapes(config: T5Config | LMConfig) -> tuple[tuple[int, int], ...]:
     return tuple(map(config.layer_shape, range(config.num_layers)))
   if isinstance(config, LMConfig):
     return ((config.num_kv_heads, config.head_dim),) * config.num_layers
+  if isinstance(config, T5Gemma2Config):   # grouped K/V heads, as the decoder's buffers hold
+    return ((config.num_kv_heads, config.head_dim),) * config.num_decoder_layers
   return ((config.num_heads, config.head_dim),) * config.num_decoder_layers
 
 
@@ -205,17 +212,21 @@ def cache_layout(config: T5Config | LMConfig, batch: int, mesh, split_heads: boo
   """The `PartitionSpec` of every leaf of a `DecoderCache` in the planned layout: K/V
   [B, Hkv, *, Dh] by batch over "data" and (`split_heads`) each layer's heads over "model"
   (whole where the axis does not divide them), the encoder mask [B, Le] by batch, the
-  lengths [B] whole; a decoder-only model's cache has no cross-attention. Place a cache
-  with it, e.g. `jax.jit(model.start, out_shardings=...)` with `NamedSharding(mesh, spec)`
-  per leaf."""
+  lengths [B] whole; a decoder-only model's cache has no cross-attention; a T5Gemma 2
+  cache keeps the cross K/V in its own buffers (`cross` the mask alone; the offset [B]
+  whole). Place a cache with it, e.g. `jax.jit(model.start, out_shardings=...)` with
+  `NamedSharding(mesh, spec)` per leaf."""
   b = _split(batch, mesh, "data")
   kv = tuple(PartitionSpec(b, _split(heads, mesh, "model") if split_heads else None)
              for heads, _ in kv_shapes(config))
+  merged = isinstance(config, T5Gemma2Config)
+  cross_kv = () if merged else kv
   # (ignored arg-type: the cache's tree with a PartitionSpec at each array's place)
   cross = (None if isinstance(config, LMConfig) else
-           CrossKV(key=kv, value=kv, mask=PartitionSpec(b)))  # type: ignore[arg-type]
+           CrossKV(key=cross_kv, value=cross_kv, mask=PartitionSpec(b)))  # type: ignore[arg-type]
+  offset = PartitionSpec() if merged else None
   return DecoderCache(self_key=kv, self_value=kv, length=PartitionSpec(),  # type: ignore[arg-type]
-                      cross=cross)
+                      cross=cross, offset=offset)  # type: ignore[arg-type]
 
 
 def cache_bytes(config: PlanConfig, batch: int, capacity: int, max_input_len: int, dtype: str,
@@ -234,8 +245,11 @@ def cache_bytes(config: PlanConfig, batch: int, capacity: int, max_input_len: in
 
   if isinstance(config, LMConfig):   # the prompt sits in the self-attention cache; no encoder
     return {"self_kv": kv(capacity), "cross_kv": 0, "other": 4 * batch}
+  # T5Gemma 2: one buffer per layer, Le cross slots then `capacity` own (bytes are linear in
+  # the slots, so the split sums to the buffer), and an offset [B] beside the lengths
+  counters = 8 * batch if isinstance(config, T5Gemma2Config) else 4 * batch
   return {"self_kv": kv(capacity), "cross_kv": kv(max_input_len),
-          "other": _per_device((batch, max_input_len), (b,), mesh) + 4 * batch}
+          "other": _per_device((batch, max_input_len), (b,), mesh) + counters}
 
 
 def transient_bytes(config: T5Config | LMConfig, batch: int, width: int, capacity: int,

@@ -7,6 +7,7 @@ import json
 import jax
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding, PartitionSpec
 
 import specdec_jax as sd
 from specdec_jax import cli
@@ -241,3 +242,107 @@ def test_plan_command_for_gemma4_31b_and_its_assistant(capsys):
   assert code == 0 and "PROJECTED" not in out
   code, out, err = run(capsys, "plan", "--target", "config:gemma4_31b_assistant")
   assert code == 1 and "--target is a Gemma 4 assistant: give it as --drafter" in err, err
+
+
+# ----------------------------------------------------------------------------- T5Gemma 2
+
+T5G_TINY, T5G_4B, T5G_270M = (sd.get_config("t5gemma2_tiny"), sd.get_config("t5gemma2_4b_4b"),
+                              sd.get_config("t5gemma2_270m_270m"))
+
+
+def _stack_params(config, stack: str) -> int:
+  """Parameters of one stack ("encoder" / "decoder"), the shared embedding left out."""
+  return sum(int(np.prod(shape)) for path, shape, _ in plan_lib.abstract_params(config)
+             if path.startswith(stack + "/"))
+
+
+def test_t5gemma2_named_configs_from_the_published_shapes():
+  """The totals published for T5Gemma 2 (~370M, ~7B without the vision tower; Google
+  Developers Blog, 2025-12-18) within half a unit of their last digit, and each stack, the
+  embedding left out, Gemma 3's published non-embedding count: 4B 3,209M (Gemma 3 Technical
+  Report, Table 1) and 270M's 100M (its model card), to the nearest million."""
+  assert abs(T5G_270M.num_params() - 370e6) <= 5e6
+  assert abs(T5G_4B.num_params() - 7e9) <= 0.5e9
+  for config, published in ((T5G_4B, 3_209e6), (T5G_270M, 100e6)):
+    for stack in ("encoder", "decoder"):
+      assert abs(_stack_params(config, stack) - published) <= 0.5e6, (stack, published)
+  assert T5G_4B.decoder_layer_types.count("full") == 5   # five sliding, then one full
+  assert plan_lib.param_bytes(T5G_4B, "bfloat16", ONE) == T5G_4B.num_params() * 2
+  assert T5G_270M.vocab_size == T5G_4B.vocab_size          # one tokenizer: a sibling drafts
+
+
+def test_t5gemma2_plan_sizes_grouped_heads_and_the_merged_cache():
+  """4B-4B drafted by 270M-270M: the target's cache per decoder layer is its 4 grouped K/V
+  heads over Le + C slots (the cross K/V at [0, Le), then its own), split over "model" where
+  it divides them; the drafter's 1 head, whole (replicated)."""
+  b, le, new, gamma = 8, 2048, 256, 4
+  shape = plan_lib.PlanSettings(max_input_len=le, max_new_tokens=new, gamma=gamma,
+                                dtype="bfloat16", mesh={"model": 4})
+  plan = plan_lib.memory_plan(T5G_4B, T5G_270M, b, shape)
+  c = new + gamma + 1
+  assert plan.slots == plan.capacity == c and plan.target_split == "split"
+  per_head_slot = 2 * 34 * b * 256 * 2      # K and V, 34 layers, head size 256, bfloat16
+  assert plan.target_cache["self_kv"] == per_head_slot * (4 // 4) * c
+  assert plan.target_cache["cross_kv"] == per_head_slot * (4 // 4) * le
+  assert plan.target_cache["other"] == b * le + 8 * b       # mask; lengths and offsets
+  assert plan.drafter_cache["self_kv"] == 2 * 18 * b * 1 * c * 256 * 2
+  assert plan.drafter_params == T5G_270M.num_params() * 2
+  wide = plan_lib.memory_plan(T5G_4B, T5G_270M, b, dataclasses.replace(shape, mesh={"model": 8}))
+  assert wide.target_cache["self_kv"] == per_head_slot * 4 * c   # 8 does not divide 4 heads
+  best = plan_lib.largest_batch(80 << 30, T5G_4B, T5G_270M, shape)
+  assert plan_lib.memory_plan(T5G_4B, T5G_270M, best, shape).total_bytes <= 80 << 30
+  assert plan_lib.memory_plan(T5G_4B, T5G_270M, best + 1, shape).total_bytes > 80 << 30
+  projection = plan_lib.speedup_projection(T5G_4B, T5G_270M, gamma)
+  assert projection["kind"] == "projection"
+  assert projection["c"] == T5G_270M.decode_macs_per_token() / T5G_4B.decode_macs_per_token()
+
+
+@pytest.mark.slow
+def test_plan_equals_the_bytes_of_a_sharded_t5gemma2_and_its_caches():
+  """A tiny T5Gemma 2 target on data=4, model=2, split by the rules, and a smaller sibling
+  replicated: their parameters and their caches placed in the plan's layout (the target's
+  2 K/V heads split over "model"), measured on device 0, equal the plan's bytes."""
+  drafter_config = sd.get_config("t5gemma2_tiny", num_encoder_layers=1, num_decoder_layers=1,
+                                 encoder_layer_types=["full"], decoder_layer_types=["sliding"])
+  b, le, new, gamma = 8, 6, 10, 3
+  on = sd.make_mesh(data=4, model=2)
+  plan = plan_lib.memory_plan(T5G_TINY, drafter_config, b, plan_lib.PlanSettings(
+      max_input_len=le, max_new_tokens=new, gamma=gamma, mesh={"data": 4, "model": 2}))
+  target = sd.shard(sd.init_model(T5G_TINY, 0), on)
+  drafter = sd.sharding.replicate(sd.init_model(drafter_config, 1), on)
+  tokens = sd.sharding.shard_batch(np.full((b, le), 5, np.int32), on)
+
+  def placed(model, config, split_heads):
+    layout = plan_lib.cache_layout(config, b, plan_lib.abstract_mesh(4, 2), split_heads)
+    out = jax.tree_util.tree_map(lambda spec: NamedSharding(on, spec), layout,
+                                 is_leaf=lambda x: isinstance(x, PartitionSpec))
+    return jax.jit(lambda m, t: m.start(t, plan.slots), out_shardings=out)(model, tokens)
+
+  def device_bytes(tree):
+    return sum(x.addressable_shards[0].data.nbytes for x in jax.tree_util.tree_leaves(tree))
+
+  target_cache = placed(target, T5G_TINY, True)
+  assert target_cache.self_key[0].shape == (b, 2, le + plan.slots, 16)
+  assert device_bytes(target.params) == plan.target_params < plan.target_params_whole
+  assert device_bytes(target_cache) == sum(plan.target_cache.values())
+  assert device_bytes(drafter.params) == plan.drafter_params
+  assert device_bytes(placed(drafter, drafter_config, False)) == sum(plan.drafter_cache.values())
+
+
+def test_plan_command_for_t5gemma2(capsys):
+  common = ["plan", "--target", "config:t5gemma2_4b_4b", "--drafter", "config:t5gemma2_270m_270m",
+            "--dtype", "bfloat16", "--batch", 8, "--max-input-len", 2048, "--max-new-tokens", 256,
+            "--gamma", 4, "--mesh", "model=4", "--device-memory", "h100-80g"]
+  code, out, err = run(capsys, *common, "--json")
+  assert code == 0, err
+  result = json.loads(out)
+  shape = plan_lib.PlanSettings(max_input_len=2048, max_new_tokens=256, gamma=4,
+                                dtype="bfloat16", mesh={"model": 4})
+  assert result["rows"][0]["plan"]["total_bytes"] == plan_lib.memory_plan(
+      T5G_4B, T5G_270M, 8, shape).total_bytes
+  assert result["rows"][0]["largest_batch"] == plan_lib.largest_batch(80 << 30, T5G_4B,
+                                                                      T5G_270M, shape)
+  code, out, err = run(capsys, *common)
+  assert code == 0, err
+  assert "at 261 slots, cross K/V" in out
+  assert "PROJECTED speedup over the baseline (not measured)" in out

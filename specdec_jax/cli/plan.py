@@ -8,6 +8,10 @@
         --dtype bfloat16 --batch 8 --max-input-len 1024 --max-new-tokens 256 --gamma 4 \\
         --mesh model=4 --mesh model=8 --device-memory h100-80g
 
+    specdec plan --target config:t5gemma2_4b_4b --drafter config:t5gemma2_270m_270m \\
+        --dtype bfloat16 --batch 8 --max-input-len 2048 --max-new-tokens 256 --gamma 4 \\
+        --mesh model=4 --device-memory h100-80g
+
 Shapes only (`tools.plan`): no weight is read or made, and no device is needed, so any
 mesh can be planned from any machine. Several --mesh or a comma list of
 --device-memory print a Markdown table: one row per mesh, one "largest batch" column
