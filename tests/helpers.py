@@ -100,6 +100,24 @@ def perturbed(model: sd.Model, noise: float, seed: int) -> sd.Model:
   return model.replace(params=jax.tree_util.tree_unflatten(tree, leaves))
 
 
+def randomized_torch(model, seed: int, scale: float = 1.0):
+  """A transformers model with every weight random (unit scale: transformers' 0.02 init makes
+  near-ties of every logit, and a wrong name or a missing norm must change the logits), its
+  norms and layer scalars near 1 and any `token_ordering` buffer a permutation (transformers
+  initialises it to zeros, which the loader refuses); `scale` multiplies the weights. Eval mode."""
+  import torch
+  torch.manual_seed(seed)
+  with torch.no_grad():
+    for name, p in list(model.named_parameters()) + list(model.named_buffers()):
+      if name.endswith("token_ordering"):
+        p.copy_(torch.randperm(p.numel()))
+      elif name.endswith(("norm.weight", "layer_scalar")):
+        p.copy_(1.0 + 0.2 * torch.randn_like(p))
+      elif p.ndim == 2:
+        p.copy_(torch.randn_like(p) * scale * (0.3 if "embed" in name else p.shape[-1] ** -0.5))
+  return model.eval()
+
+
 def ragged_tokens(batch: int, length: int, vocab: int, seed: int = 0) -> np.ndarray:
   """Random encoder inputs [B, L] with different lengths per row, EOS-terminated, 0-padded."""
   rng = np.random.RandomState(seed)

@@ -10,6 +10,7 @@ tests/test_lower.py's "gemma4" kind.)"""
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import randomized_torch
 
 import specdec_jax as sd
 from specdec_jax import testing
@@ -42,29 +43,16 @@ def _hf_config(layers, **extra):
                              "rope_theta": 1000.0}}, **extra)
 
 
-def _randomized(model, seed):
-  """Every weight and buffer random, norms and layer scalars near 1: a wrong name or a
-  missing norm changes the logits."""
-  torch.manual_seed(seed)
-  with torch.no_grad():
-    for name, p in list(model.named_parameters()) + list(model.named_buffers()):
-      if name.endswith(("norm.weight", "layer_scalar")):
-        p.copy_(1.0 + 0.2 * torch.randn_like(p))
-      elif p.ndim == 2:
-        p.copy_(torch.randn_like(p) * (0.3 if "embed" in name else p.shape[-1] ** -0.5))
-  return model.eval()
-
-
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
   """(HF target, our target, our drafter): the target a `Gemma4ForCausalLM` (3 layers) in
   one file, the drafter a text-only `Gemma4ForConditionalGeneration` (2 layers) in shards."""
-  hf_target = _randomized(transformers.Gemma4ForCausalLM(_hf_config(3)), 0)
+  hf_target = randomized_torch(transformers.Gemma4ForCausalLM(_hf_config(3)), 0)
   target_dir = tmp_path_factory.mktemp("gemma4_target")
   hf_target.save_pretrained(target_dir)
   full = transformers.Gemma4Config(text_config=_hf_config(2).to_dict(), vision_config=None,
                                    audio_config=None)
-  hf_drafter = _randomized(transformers.Gemma4ForConditionalGeneration(full), 1)
+  hf_drafter = randomized_torch(transformers.Gemma4ForConditionalGeneration(full), 1)
   drafter_dir = tmp_path_factory.mktemp("gemma4_drafter")
   hf_drafter.save_pretrained(drafter_dir, max_shard_size="20KB")
   assert (drafter_dir / "model.safetensors.index.json").is_file()

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import struct
+from helpers import randomized_torch
 from test_distribution import P_FAIL, P_PASS, AcceptAll, counts_of, gof_pvalue, sequence_index
 
 import specdec_jax as sd
@@ -47,28 +48,13 @@ def _text_config(layers, hidden, vocab=VOCAB, **extra):
                              "rope_theta": 1000.0}}, **extra)
 
 
-def _randomized(model, seed, scale=1.0):
-  """Every weight random, norms and layer scalars near 1; a token ordering permuted."""
-  torch.manual_seed(seed)
-  with torch.no_grad():
-    for name, p in list(model.named_parameters()) + list(model.named_buffers()):
-      if name.endswith("token_ordering"):
-        p.copy_(torch.randperm(p.numel()))
-      elif name.endswith(("norm.weight", "layer_scalar")):
-        p.copy_(1.0 + 0.2 * torch.randn_like(p))
-      elif p.ndim == 2:
-        p.copy_(torch.randn_like(p) * scale
-                * (0.3 if "embed" in name else p.shape[-1] ** -0.5))
-  return model.eval()
-
-
 def _assistant(vocab, centroids, seed, scale=1.0, target_dim=TARGET_DIM):
   extra = (dict(use_ordered_embeddings=True, num_centroids=centroids,
                 centroid_intermediate_top_k=2) if centroids else {})
   config = transformers.Gemma4AssistantConfig(
       text_config=_text_config(2, 24, vocab).to_dict(), backbone_hidden_size=target_dim,
       **extra)
-  model = _randomized(transformers.Gemma4AssistantForCausalLM(config), seed, scale)
+  model = randomized_torch(transformers.Gemma4AssistantForCausalLM(config), seed, scale)
   model.generation_config.num_assistant_tokens = GAMMA
   return model
 
@@ -77,7 +63,7 @@ def _assistant(vocab, centroids, seed, scale=1.0, target_dim=TARGET_DIM):
 def pair(tmp_path_factory):
   """(HF target, our target, {centroids: (HF assistant, ours)}): the target a 3-layer
   `Gemma4ForCausalLM`, the assistants 2 layers (sliding, full), one with 8 centroids."""
-  hf_target = _randomized(transformers.Gemma4ForCausalLM(_text_config(3, TARGET_DIM)), 0)
+  hf_target = randomized_torch(transformers.Gemma4ForCausalLM(_text_config(3, TARGET_DIM)), 0)
   target_dir = tmp_path_factory.mktemp("gemma4_target")
   hf_target.save_pretrained(target_dir)
   assistants = {}
@@ -233,14 +219,14 @@ T1 = sd.Sampling(temperature=1.0)
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-  hf_target = _randomized(transformers.Gemma4ForCausalLM(_text_config(2, TARGET_DIM, V8)), 2,
-                          scale=3.0)
+  hf_target = randomized_torch(transformers.Gemma4ForCausalLM(_text_config(2, TARGET_DIM, V8)),
+                               2, scale=3.0)
   target_dir = tmp_path_factory.mktemp("gemma4_target8")
   hf_target.save_pretrained(target_dir)
   config = transformers.Gemma4AssistantConfig(
       text_config=_text_config(2, 24, V8).to_dict(), backbone_hidden_size=TARGET_DIM,
       use_ordered_embeddings=True, num_centroids=4, centroid_intermediate_top_k=2)
-  hf_assistant = _randomized(transformers.Gemma4AssistantForCausalLM(config), 3, scale=2.0)
+  hf_assistant = randomized_torch(transformers.Gemma4AssistantForCausalLM(config), 3, scale=2.0)
   assistant_dir = tmp_path_factory.mktemp("gemma4_assistant8")
   hf_assistant.save_pretrained(assistant_dir)
   return sd.load(str(target_dir), kernels="xla"), sd.load(str(assistant_dir))

@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import randomized_torch
 
 from specdec_jax.plan import config_of
 from specdec_jax_lab import hf_compare
@@ -32,21 +33,6 @@ def _text_config(layers, hidden):
       max_position_embeddings=64, pad_token_id=0, eos_token_id=EOS, bos_token_id=1)
 
 
-def _randomized(model, seed):
-  """Weights of unit scale (transformers' 0.02 init makes near-ties of every logit), norms
-  and layer scalars near 1, the token ordering a permutation (transformers' is zeros)."""
-  torch.manual_seed(seed)
-  with torch.no_grad():
-    for name, p in list(model.named_parameters()) + list(model.named_buffers()):
-      if name.endswith("token_ordering"):
-        p.copy_(torch.randperm(p.numel()))
-      elif name.endswith(("norm.weight", "layer_scalar")):
-        p.copy_(1.0 + 0.2 * torch.randn_like(p))
-      elif p.ndim == 2:
-        p.copy_(torch.randn_like(p) * (0.3 if "embed" in name else p.shape[-1] ** -0.5))
-  return model.eval()
-
-
 def _script():
   spec = importlib.util.spec_from_file_location("compare_hf", SCRIPT)
   assert spec is not None and spec.loader is not None
@@ -61,12 +47,12 @@ def run(tmp_path_factory):
   """The script's results on a 3-layer target and a 2-layer assistant with 8 centroids; the
   assistant's dir sets no num_assistant_tokens (transformers' own default)."""
   root = tmp_path_factory.mktemp("gemma4_pair")
-  _randomized(transformers.Gemma4ForCausalLM(_text_config(3, TARGET_DIM)), 0).save_pretrained(
-      root / "target")
+  target = randomized_torch(transformers.Gemma4ForCausalLM(_text_config(3, TARGET_DIM)), 0)
+  target.save_pretrained(root / "target")
   config = transformers.Gemma4AssistantConfig(
       text_config=_text_config(2, 24).to_dict(), backbone_hidden_size=TARGET_DIM,
       use_ordered_embeddings=True, num_centroids=8, centroid_intermediate_top_k=2)
-  assistant = _randomized(transformers.Gemma4AssistantForCausalLM(config), 1)
+  assistant = randomized_torch(transformers.Gemma4AssistantForCausalLM(config), 1)
   assert assistant.generation_config.num_assistant_tokens is None
   assistant.save_pretrained(root / "assistant")
   assistant.generation_config.num_assistant_tokens = 2        # a dir that sets it
