@@ -60,31 +60,28 @@ def _quiet_transformers():
       log.enable_progress_bar()
 
 
-def load_hf_from_dir(path: str):
-  """`T5ForConditionalGeneration.from_pretrained(path)` in float32, eval mode."""
+def _from_pretrained(class_name: str, path: str):
+  """`transformers.<class_name>.from_pretrained(path)` in float32, eval mode."""
   import torch
   import transformers
-  cls = transformers.T5ForConditionalGeneration
+  cls = getattr(transformers, class_name)
   with _quiet_transformers():
     try:
       hf = cls.from_pretrained(path, dtype=torch.float32)
     except TypeError:  # pragma: no cover - transformers < 4.56 spells it torch_dtype
       hf = cls.from_pretrained(path, torch_dtype=torch.float32)
   return hf.eval()
+
+
+def load_hf_from_dir(path: str):
+  """`T5ForConditionalGeneration.from_pretrained(path)` in float32, eval mode."""
+  return _from_pretrained("T5ForConditionalGeneration", path)
 
 
 def load_causal_lm_from_dir(path: str):
   """A decoder-only transformers dir (a Gemma 4 target or its assistant, or any causal LM)
   by `AutoModelForCausalLM`, float32, eval mode."""
-  import torch
-  import transformers
-  cls = transformers.AutoModelForCausalLM
-  with _quiet_transformers():
-    try:
-      hf = cls.from_pretrained(path, dtype=torch.float32)
-    except TypeError:  # pragma: no cover - transformers < 4.56 spells it torch_dtype
-      hf = cls.from_pretrained(path, torch_dtype=torch.float32)
-  return hf.eval()
+  return _from_pretrained("AutoModelForCausalLM", path)
 
 
 def load_hf(model, path: str):
