@@ -209,9 +209,13 @@ def test_packed_shape_is_checked():
 # ----------------------------------------------------------------------------- attention
 
 
-def _xla_attention(q, k, v, bias):
-  """The reference: XLA's softmax attention at highest precision, q [B, T, H, D]."""
-  logits = jnp.einsum("bthd,bhsd->bhts", q, k.astype(jnp.float32), precision="highest") + bias
+def _xla_attention(q, k, v, bias, softcap=None):
+  """The reference: XLA's softmax attention at highest precision, q [B, T, H, D]; the
+  logits soft-capped before the bias where `softcap`."""
+  logits = jnp.einsum("bthd,bhsd->bhts", q, k.astype(jnp.float32), precision="highest")
+  if softcap is not None:
+    logits = jnp.tanh(logits / softcap) * softcap
+  logits = logits + bias
   probs = jax.nn.softmax(logits, axis=-1)
   if k.dtype == jnp.bfloat16:
     probs = probs.astype(jnp.bfloat16).astype(jnp.float32)
@@ -228,10 +232,12 @@ def _attention_inputs(b, t, h, s, d, dtype, bias_shape, seed=0):
   return q, k, v, bias
 
 
-ATTENTION_CASES = [  # b, t, h, s, d, dtype, bias: self-attention [B, H, T, S] / cross [B, 1, 1, S]
-    (1, 5, 4, 36, 64, jnp.float32, "self"), (3, 4, 2, 13, 20, jnp.bfloat16, "cross"),
-    (2, 1, 3, 7, 5, jnp.float32, "self"), (2, 3, 2, 40, 128, jnp.bfloat16, "self"),
-    (2, 2, 2, 9, 8, jnp.float16, "cross")]
+ATTENTION_CASES = [  # b, t, h, s, d, dtype, bias: self-attention [B, H, T, S] / cross [B, 1, 1, S],
+    # softcap (the logits soft-capped; None: the rows the kernel computed before it took one)
+    (1, 5, 4, 36, 64, jnp.float32, "self", None), (3, 4, 2, 13, 20, jnp.bfloat16, "cross", None),
+    (2, 1, 3, 7, 5, jnp.float32, "self", None), (2, 3, 2, 40, 128, jnp.bfloat16, "self", None),
+    (1, 5, 4, 36, 64, jnp.float32, "self", 5.0), (2, 3, 2, 40, 128, jnp.bfloat16, "cross", 5.0),
+    (2, 2, 2, 9, 8, jnp.float16, "cross", None)]
 
 
 def _bias_shape(b, t, h, s, kind):
@@ -239,35 +245,36 @@ def _bias_shape(b, t, h, s, kind):
 
 
 @needs_kernels
-@pytest.mark.parametrize("b,t,h,s,d,dtype,kind", ATTENTION_CASES)
-def test_attention_matches_xla(b, t, h, s, d, dtype, kind):
+@pytest.mark.parametrize("b,t,h,s,d,dtype,kind,cap", ATTENTION_CASES)
+def test_attention_matches_xla(b, t, h, s, d, dtype, kind, cap):
   q, k, v, bias = _attention_inputs(b, t, h, s, d, dtype, _bias_shape(b, t, h, s, kind))
-  out = kernels.attention(q, k, v, bias)
+  out = kernels.attention(q, k, v, bias, softcap=cap)
   assert out.shape == (b, t, h, d) and out.dtype == jnp.float32
   ref = _xla_attention(q, k.astype(jnp.float32) if dtype == jnp.float16 else k,
-                       v.astype(jnp.float32) if dtype == jnp.float16 else v, bias)
+                       v.astype(jnp.float32) if dtype == jnp.float16 else v, bias, cap)
   # bfloat16 probabilities may round the other way where the two softmaxes differ by an ulp
   tol = 2e-2 if dtype == jnp.bfloat16 else 2e-5
   assert float(jnp.max(jnp.abs(out - ref))) <= tol * float(jnp.max(jnp.abs(ref)))
 
 
 @needs_kernels
-@pytest.mark.parametrize("b,t,h,s,d,dtype,kind", ATTENTION_CASES[:4])
+@pytest.mark.parametrize("b,t,h,s,d,dtype,kind,cap", ATTENTION_CASES[:-1])
 def test_attention_rows_are_bitwise_independent_of_t_and_b(monkeypatch, b, t, h, s, d, dtype,
-                                                           kind):
+                                                           kind, cap):
   from specdec_jax.kernels import work
   q, k, v, bias = _attention_inputs(b, t, h, s, d, dtype, _bias_shape(b, t, h, s, kind), seed=1)
   monkeypatch.setattr(work, "PARALLEL_BYTES", 1)   # the whole call split over the pool
-  out = np.asarray(kernels.attention(q, k, v, bias))
+  out = np.asarray(kernels.attention(q, k, v, bias, softcap=cap))
   monkeypatch.undo()
   for i in range(t):        # each query row alone
     row_bias = bias[:, :, i:i + 1] if bias.shape[2] > 1 else bias
-    alone = kernels.attention(q[:, i:i + 1], k, v, row_bias)
+    alone = kernels.attention(q[:, i:i + 1], k, v, row_bias, softcap=cap)
     np.testing.assert_array_equal(np.asarray(alone)[:, 0], out[:, i])
   for j in range(b):        # each batch row alone
-    alone = kernels.attention(q[j:j + 1], k[j:j + 1], v[j:j + 1], bias[j:j + 1])
+    alone = kernels.attention(q[j:j + 1], k[j:j + 1], v[j:j + 1], bias[j:j + 1], softcap=cap)
     np.testing.assert_array_equal(np.asarray(alone)[0], out[j])
-  mapped = jax.vmap(lambda *a: kernels.attention(*(x[None] for x in a))[0])(q, k, v, bias)
+  mapped = jax.vmap(lambda *a: kernels.attention(*(x[None] for x in a), softcap=cap)[0])(
+      q, k, v, bias)
   np.testing.assert_array_equal(np.asarray(mapped), out)
 
 

@@ -5,7 +5,9 @@
 //   with g = h / (H / Hkv): grouped-query attention reads each K/V head for H / Hkv query heads,
 //   and n = lengths[b, t] clipped to 1..S: the keys past a row's length are never read; with
 //   the attribute window > 0 (a sliding-window layer) the row reads the keys s in
-//   [max(n - window, 0), n) only (window 0: all n)
+//   [max(n - window, 0), n) only (window 0: all n); with the attribute softcap > 0 (Gemma 2's
+//   attention-logit soft-cap) the dot products q . k become softcap * tanh(q . k / softcap)
+//   before the bias is added (softcap 0: none)
 //
 //   q    [B, T, H, D] float32       (the new tokens' queries; T = tokens in the call)
 //   k, v [B, Hkv, S, D] f32|bf16    (the heads-major decoder caches, or the encoder's K/V;
@@ -28,7 +30,8 @@
 // zeros, their lanes' partial sums unchanged), whatever S. (A row whose keys are all masked
 // gets near-uniform weights over its n keys, as XLA's softmax does when n = S.)
 //   logit[s] = hsum8(acc), acc = fma(q[d0..d0+7], k[s, d0..d0+7], acc) for d0 = 0, 8, ...
-//              (a partial last group is zero-padded), then + bias[s];
+//              (a partial last group is zero-padded); with a softcap c > 0, then
+//              tanh1(logit / c) * c (tanh1: a fixed rational function); then + bias[s];
 //   e[s]     = exp8(logit[s] - max_s logit) (a fixed polynomial; arguments below
 //              ln(FLT_MIN) give 0), sum = hsum8 of the 8-lane running sum over s;
 //   p[s]     = e[s] / sum, rounded to bfloat16 (to nearest even) when v is bfloat16 (as
@@ -37,7 +40,8 @@
 // Row r of a T-row call is therefore bitwise the 1-row call on that row. NaN in q, k or
 // bias gives NaN, as XLA's softmax does. A window is bitwise the same row with the keys
 // before it masked in the bias: their logits are -inf (exp8 gives 0, the lanes' partial
-// sums unchanged) and their terms of the weighted sum (exact zeros) are skipped.
+// sums unchanged) and their terms of the weighted sum (exact zeros) are skipped. Without a
+// softcap a row's operations are those of the kernel before it had one (the same bits).
 //
 // Threads: (b, h) pairs are split into chunks over XLA's intra-op pool (pool.h); the T rows
 // of a pair run one after another on one thread, so its K/V stay in cache between them.
@@ -45,6 +49,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <new>
@@ -90,6 +95,26 @@ inline V8 exp8(V8 x) {
   return _mm256_andnot_ps(underflow, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
 }
 
+// tanh(x) as Eigen's and XLA:CPU's float approximation computes it: an odd rational function
+// of degrees 13/6 in fma Horner form (Eigen's coefficients), x itself for |x| < 0.0004, and
+// the argument clamped to +-7.99881172 (where the function reaches +-1 under fma). At most 5
+// ulp from tanh; NaN stays NaN. Scalar, with one operation sequence on every build.
+inline float tanh1(float x) {
+  if (!(std::fabs(x) >= 0.0004f)) return x;  // tiny, or NaN
+  const float c = std::min(7.99881172180175781f, std::max(-7.99881172180175781f, x));
+  const float x2 = c * c;
+  float p = __builtin_fmaf(x2, -2.76076847742355e-16f, 2.00018790482477e-13f);
+  p = __builtin_fmaf(x2, p, -8.60467152213735e-11f);
+  p = __builtin_fmaf(x2, p, 5.12229709037114e-08f);
+  p = __builtin_fmaf(x2, p, 1.48572235717979e-05f);
+  p = __builtin_fmaf(x2, p, 6.37261928875436e-04f);
+  p = __builtin_fmaf(x2, p, 4.89352455891786e-03f);
+  float q = __builtin_fmaf(x2, 1.19825839466702e-06f, 1.18534705686654e-04f);
+  q = __builtin_fmaf(x2, q, 2.26843463243900e-03f);
+  q = __builtin_fmaf(x2, q, 4.89352518554385e-03f);
+  return c * p / q;
+}
+
 // Eight values at src as float32 (bfloat16 widened exactly by a 16-bit shift).
 inline V8 load8(const float* src) { return _mm256_loadu_ps(src); }
 inline V8 load8(const uint16_t* src) {
@@ -122,6 +147,7 @@ struct Attention {
   int64_t bias_b, bias_h, bias_t;  // bias strides; 0 along a broadcast dimension
   const int32_t* lengths;          // [B, T]
   int64_t window;                  // keys before length - window are not read; 0: none
+  float softcap;                   // logits soft-capped at it (before the bias); 0: none
   float* out;
   bool bf16;                       // k and v are bfloat16 (else float32)
 };
@@ -154,7 +180,9 @@ void row(const Attention& a, int64_t b, int64_t h, int64_t t, float* scratch) {
       for (int64_t d = D8; d < D; ++d) k_tail[d - D8] = load1(ks + d);
       acc = _mm256_fmadd_ps(_mm256_load_ps(q_tail), _mm256_load_ps(k_tail), acc);
     }
-    logit[s] = bias ? hsum8(acc) + bias[s] : hsum8(acc);
+    float dot = hsum8(acc);
+    if (a.softcap > 0.0f) dot = tanh1(dot / a.softcap) * a.softcap;
+    logit[s] = bias ? dot + bias[s] : dot;
     top = std::max(top, logit[s]);
   }
   for (int64_t s = S; s < S8; ++s) logit[s] = -__builtin_inff();  // exp8 gives 0
@@ -211,7 +239,8 @@ void pairs(const Attention& a, int64_t p0, int64_t p1, float* scratch) {
 ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k,
                          ffi::AnyBuffer v, ffi::Buffer<ffi::F32> bias,
                          ffi::Buffer<ffi::S32> lengths, ffi::ResultBuffer<ffi::F32> out,
-                         int64_t nthreads, int64_t chunks_per_thread, int64_t window) {
+                         int64_t nthreads, int64_t chunks_per_thread, int64_t window,
+                         float softcap) {
   const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(),
              bd = bias.dimensions(), ld = lengths.dimensions();
   if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4 || bd.size() != 4)
@@ -231,7 +260,7 @@ ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Any
     return ffi::Error::InvalidArgument("decode_attention: bias must be [B|1, H|1, T|1, S]");
   Attention a{B, T, H, S, D, H / Hkv, q.typed_data(), k.untyped_data(), v.untyped_data(),
               has_bias ? bias.typed_data() : nullptr, 0, 0, 0, lengths.typed_data(),
-              std::max<int64_t>(window, 0), out->typed_data(),
+              std::max<int64_t>(window, 0), softcap > 0.0f ? softcap : 0.0f, out->typed_data(),
               k.element_type() == ffi::DataType::BF16};
   a.bias_t = bd[2] == 1 ? 0 : S;
   a.bias_h = bd[1] == 1 ? 0 : bd[2] * S;
@@ -268,4 +297,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecdecDecodeAttention, AttentionImpl,
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("nthreads")
                                   .Attr<int64_t>("chunks")
-                                  .Attr<int64_t>("window"));
+                                  .Attr<int64_t>("window")
+                                  .Attr<float>("softcap"));

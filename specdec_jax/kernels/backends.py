@@ -81,8 +81,9 @@ class Backend:
   sum_squares: (x [..., K], packed ones) -> [..., 1] float32.
   attention: (q [B, T, H, D], grouped k/v [B, Hkv, S, D], bias None | [B|1, H|1, T|1, S],
     lengths None | [B, T]) -> [B, T, H, D] float32 (the seam: `kernels.shapes`); with
-    `windows`, also window= (a sliding window).
+    `windows`, also window= (a sliding window); with `softcaps`, also softcap=.
   windows: its attention kernel takes a sliding window (Gemma's sliding layers).
+  softcaps: its attention kernel takes an attention-logit soft-cap (Gemma 2's).
   platform: the JAX backend its kernels run compiled on ("cpu", "gpu", "tpu"; None: xla).
   compiles_for: the lowering platforms its compiled kernels target ("cpu", "cuda",
     "tpu"); () for xla, which lowers for any.
@@ -105,6 +106,7 @@ class Backend:
   interprets: bool = False
   checked: bool = False
   windows: bool = False
+  softcaps: bool = False
   unsupported: Callable[[Any], str | None] | None = dataclasses.field(default=None,
                                                                        compare=False)
 
@@ -147,7 +149,8 @@ def _cpu() -> Backend:
   return Backend("cpu", frozenset(KINDS), frozenset(KINDS),
                  (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)), pack, skinny.dot,
                  lambda x, ones: skinny.dot(jnp.square(x), ones, 1),
-                 row_attention.attention, platform="cpu", compiles_for=("cpu",), windows=True)
+                 row_attention.attention, platform="cpu", compiles_for=("cpu",), windows=True,
+                 softcaps=True)
 
 
 def mosaic_gpu_unsupported(device) -> str | None:

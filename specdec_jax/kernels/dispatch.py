@@ -287,25 +287,30 @@ def mean_square(module, x: Array, scale: str | None = "scale") -> Array:
 
 
 def attention(module, q: Array, k: Array, v: Array, bias: Array | None, lengths: Array, dtype,
-              xla: Callable[[], Array], window: int | None = None) -> Array:
+              xla: Callable[[], Array], window: int | None = None,
+              softcap: float | None = None) -> Array:
   """q [B, H, T, Dh], grouped k/v [B, Hkv, S, Dh] (query head h reads K/V head
   h // (H / Hkv)), bias None | [B|1, H|1, T|1, S], lengths [B, T] (row (b, t) reads keys
-  s < lengths[b, t], and s >= lengths[b, t] - `window` with one: `kernels.shapes`) ->
-  [B, T, H, Dh] `dtype`; the attention kernel when packed (every query row computed
-  alike), else `xla()`. A window on a backend whose kernel takes none (gpu, tpu) is
-  refused (`InputError`)."""
+  s < lengths[b, t], and s >= lengths[b, t] - `window` with one; logits soft-capped at
+  `softcap` with one: `kernels.shapes`) -> [B, T, H, Dh] `dtype`; the attention kernel
+  when packed (every query row computed alike), else `xla()`. A window or a softcap on a
+  backend whose kernel takes none (gpu, tpu) is refused (`InputError`)."""
   product = Product(tuple(module.scope.path) + ("attention",), "attention", (), jnp.dtype(dtype))
   marker = _packed(module, product)
   if marker is None:
     return xla()
   backend = backends.get(marker.backend)
   attend = backend.kernel("attention")
-  if window is not None:
-    if not backend.windows:
-      raise InputError(f"the {marker.backend} attention kernel takes no sliding window "
-                       f"(window {window} at {'/'.join(product.key)}): pack the model for "
+  for name, value, takes, what in (("window", window, backend.windows, "sliding window"),
+                                   ("softcap", softcap, backend.softcaps,
+                                    "attention-logit soft-cap")):
+    if value is None:
+      continue
+    if not takes:
+      raise InputError(f"the {marker.backend} attention kernel takes no {what} "
+                       f"({name} {value} at {'/'.join(product.key)}): pack the model for "
                        "kernels='xla' or 'cpu'")
-    attend = functools.partial(attend, window=window)
+    attend = functools.partial(attend, **{name: value})
   q = jnp.swapaxes(q, 1, 2)
   if marker.layout is not None:
     return _attention_on_mesh(attend, q, k, v, bias, lengths, marker.layout).astype(dtype)

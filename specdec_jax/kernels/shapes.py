@@ -4,6 +4,7 @@ once, and what per-row lengths mean.
     out = attention(q, k, v, bias=None, lengths=None)
     # q [B, T, H, D], grouped k/v [B, Hkv, S, D], bias None | [B|1, H|1, T|1, S],
     # lengths None | [B, T] int32 -> out [B, T, H, D] float32
+    # (and, where a backend takes them, window= and softcap=: below)
 
 Row (b, t) attends to the keys s < lengths[b, t] (clipped to 1..S; None: all S) and adds
 `bias` to their logits: what a model's masks cannot say by a length (T5's relative
@@ -17,12 +18,19 @@ A sliding window (Gemma's sliding layers, `window`) narrows each row to the keys
 masked in the bias. XLA's path (`dense_bias`) and the cpu kernel implement it; the gpu
 and tpu kernels take no window and refuse it (`kernels.dispatch.attention`,
 `models.packing`).
+
+An attention-logit soft-cap (Gemma 2's, `softcap` c > 0) turns each logit q . k (the
+queries already scaled) into c * tanh(q . k / c) before the bias and the mask are added
+(`soft_cap`; transformers' `eager_attention_forward` order). XLA's path and the cpu kernel
+implement it; the gpu and tpu kernels take none and refuse it, as they refuse a window.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from specdec_jax.errors import InputError
 
 Array = jax.Array
 
@@ -52,6 +60,21 @@ def check_attention(q: Array, k: Array, v: Array, bias: Array | None = None,
     raise ValueError(f"attention: lengths {list(lengths.shape)} {lengths.dtype} are not "
                      f"[B, T] = [{b}, {t}] integers")
   return b, t, h, d, s, hkv
+
+
+def check_softcap(softcap: float | None) -> None:
+  """An `InputError` unless `softcap` is None or a positive number."""
+  if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
+                              or not softcap > 0):
+    raise InputError(f"attention: softcap must be a positive number or None, got {softcap!r}")
+
+
+def soft_cap(logits: Array, softcap: float | None) -> Array:
+  """Attention logits [..., S] (scaled, before the bias and the mask) -> softcap *
+  tanh(logits / softcap), Gemma 2's soft-capping; `logits` as they are for None."""
+  if softcap is None:
+    return logits
+  return jnp.tanh(logits / softcap) * softcap
 
 
 def additive(mask: Array, bias: Array | None = None) -> Array:
