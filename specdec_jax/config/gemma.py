@@ -64,6 +64,8 @@ class GemmaConfig(LMConfig):
     attention_k_eq_v: full layers have no value projection: values are the projected
       keys before their norm and rotation.
     final_logit_softcap: logits become cap * tanh(logits / cap); None: none.
+    attn_logit_softcap: each attention logit q . k becomes cap * tanh(q . k / cap)
+      before the mask (Gemma 2's soft-capping, `kernels.shapes`); None: none (Gemma 4).
   """
 
   family: str = "gemma4"
@@ -76,6 +78,7 @@ class GemmaConfig(LMConfig):
   global_rope_fraction: float = 1.0
   attention_k_eq_v: bool = False
   final_logit_softcap: float | None = None
+  attn_logit_softcap: float | None = None
 
   FAMILIES: ClassVar[dict[str, dict[str, Any]]] = GEMMA_FAMILIES
 
@@ -109,9 +112,10 @@ class GemmaConfig(LMConfig):
     if not self.global_rope_theta > 0:
       raise ConfigError(f"GemmaConfig.global_rope_theta must be positive, got "
                         f"{self.global_rope_theta}")
-    cap = self.final_logit_softcap
-    if cap is not None and not (isinstance(cap, (int, float)) and cap > 0):
-      raise ConfigError(f"GemmaConfig.final_logit_softcap must be positive or null, got {cap!r}")
+    for name in ("final_logit_softcap", "attn_logit_softcap"):
+      cap = getattr(self, name)
+      if cap is not None and not (isinstance(cap, (int, float)) and cap > 0):
+        raise ConfigError(f"GemmaConfig.{name} must be positive or null, got {cap!r}")
 
   def layer_shape(self, layer: int) -> tuple[int, int]:
     """(key/value heads, head size) of layer `layer` (its K/V cache's [Hkv, Dh])."""

@@ -60,6 +60,8 @@ class T5Gemma2Config(T5Config):
     global_rope_factor: the full layers' linear rope scaling (positions divided by it).
     query_pre_attn_scalar: queries are scaled by its inverse square root.
     final_logit_softcap: logits become cap * tanh(logits / cap); None: none.
+    attn_logit_softcap: each attention logit (queries scaled) becomes cap * tanh(logit /
+      cap) before the mask (Gemma 2's soft-capping, `kernels.shapes`); None: none.
     eoi_id: the end-of-image token, embedded by a vector of its own.
   """
 
@@ -76,6 +78,7 @@ class T5Gemma2Config(T5Config):
   global_rope_factor: float = 1.0
   query_pre_attn_scalar: float = 256.0
   final_logit_softcap: float | None = None
+  attn_logit_softcap: float | None = None
   eoi_id: int = 256_000
 
   def __post_init__(self):
@@ -114,10 +117,10 @@ class T5Gemma2Config(T5Config):
       value = getattr(self, name)
       if not isinstance(value, (int, float)) or not value > 0:
         raise ConfigError(f"T5Gemma2Config.{name} must be positive, got {value!r}")
-    cap = self.final_logit_softcap
-    if cap is not None and not (isinstance(cap, (int, float)) and cap > 0):
-      raise ConfigError(f"T5Gemma2Config.final_logit_softcap must be positive or null, got "
-                        f"{cap!r}")
+    for name in ("final_logit_softcap", "attn_logit_softcap"):
+      cap = getattr(self, name)
+      if cap is not None and not (isinstance(cap, (int, float)) and cap > 0):
+        raise ConfigError(f"T5Gemma2Config.{name} must be positive or null, got {cap!r}")
 
   def to_dict(self) -> dict[str, Any]:
     d = super().to_dict()

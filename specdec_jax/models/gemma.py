@@ -101,7 +101,8 @@ class GemmaLayer(nn.Module):
     self.pre_self_attention_layer_norm = norm()
     self.self_attention = GemmaAttention(
         cfg.num_heads, head_dim, cfg.emb_dim, dt, num_kv_heads=heads, query_init_scale=1.0,
-        partitioner=self.partitioner, epsilon=cfg.norm_epsilon,
+        logit_softcap=cfg.attn_logit_softcap, partitioner=self.partitioner,
+        epsilon=cfg.norm_epsilon,
         k_eq_v=cfg.attention_k_eq_v and not self.sliding)
     self.post_self_attention_layer_norm = norm()
     self.pre_mlp_layer_norm = norm()

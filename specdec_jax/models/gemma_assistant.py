@@ -90,6 +90,7 @@ class AssistantLayer(nn.Module):
     self.pre_self_attention_layer_norm = norm()
     self.self_attention = QueryAttention(cfg.num_heads, head_dim, cfg.emb_dim, dt,
                                          num_kv_heads=heads, query_init_scale=1.0,
+                                         logit_softcap=cfg.attn_logit_softcap,
                                          epsilon=cfg.norm_epsilon)
     self.post_self_attention_layer_norm = norm()
     self.pre_mlp_layer_norm = norm()

@@ -29,7 +29,7 @@ from flax import struct
 
 from specdec_jax.config import mlp_kernel_names
 from specdec_jax.kernels import dispatch
-from specdec_jax.kernels.shapes import additive, dense_bias
+from specdec_jax.kernels.shapes import additive, dense_bias, soft_cap
 
 Array = jax.Array
 
@@ -352,6 +352,26 @@ def tree_keys(length: Array, num_new: int, mask: Array, bias: Array | None = Non
   return Keys(lengths, additive(mask, bias))
 
 
+def xla_attention(q: Array, k: Array, v: Array, bias: Array, dtype,
+                  softcap: float | None = None) -> Array:
+  """XLA's attention: q [B, H, T, Dh], k/v [B, Hkv, S, Dh] (Hkv divides H: query head h
+  reads K/V head h // (H / Hkv), not copied), bias [B|1, H|1, T|1, S] -> [B, H, T, Dh]:
+  softmax(soft_cap(q . k, softcap) + bias) @ v, the logits and softmax in float32, the
+  probabilities cast to `dtype` (`kernels.shapes.soft_cap`: Gemma 2's soft-capping)."""
+  b, h, t, d = q.shape
+  hkv = k.shape[1]
+  if hkv == h:
+    logits = jnp.einsum("bhtd,bhsd->bhts", q, k, preferred_element_type=jnp.float32)
+    weights = jax.nn.softmax(soft_cap(logits, softcap) + bias, axis=-1).astype(dtype)
+    return jnp.einsum("bhts,bhsd->bhtd", weights, v)
+  qg = q.reshape(b, hkv, h // hkv, t, d)
+  bias = (bias[:, :, None] if bias.shape[1] == 1
+          else bias.reshape(bias.shape[0], hkv, h // hkv, *bias.shape[2:]))
+  logits = jnp.einsum("bkgtd,bksd->bkgts", qg, k, preferred_element_type=jnp.float32)
+  weights = jax.nn.softmax(soft_cap(logits, softcap) + bias, axis=-1).astype(dtype)
+  return jnp.einsum("bkgts,bksd->bkgtd", weights, v).reshape(b, h, t, d)
+
+
 class MultiHeadAttention(nn.Module):
   """T5 attention: no biases, no 1/sqrt(d) scaling (it lives in the query init).
 
@@ -359,7 +379,8 @@ class MultiHeadAttention(nn.Module):
   of the decoder caches, so attending over a cache needs no transposed copy.
   Decoder-only LMs set `num_kv_heads` < num_heads (grouped-query attention: keys and
   values [B, Hkv, S, Dh], each shared by num_heads / Hkv query heads), `use_bias`, and
-  `query_init_scale` 1 (they scale the queries in the attention instead).
+  `query_init_scale` 1 (they scale the queries in the attention instead). Gemma's
+  attention may soft-cap its logits (`logit_softcap`, `kernels.shapes.soft_cap`).
   """
 
   num_heads: int
@@ -369,6 +390,7 @@ class MultiHeadAttention(nn.Module):
   num_kv_heads: int | None = None      # None: num_heads
   use_bias: bool = False
   query_init_scale: float | None = None  # None: head_dim ** -0.5 (T5)
+  logit_softcap: float | None = None     # None: no attention-logit soft-cap
   partitioner: Any = None                # `with_logical_constraint`
 
   @property
@@ -409,12 +431,6 @@ class MultiHeadAttention(nn.Module):
     q, k, v = fused_dense(self, "qkv", x, [self.query, self.key, self.value], self.dtype, fuse)
     return self._split(q), self._split(k, self.kv_heads), self._split(v, self.kv_heads)
 
-  def _weighted_values(self, q: Array, k: Array, v: Array, bias: Array) -> Array:
-    """q [B, H, T, Dh], k/v [B, H, S, Dh], bias [B|1, H|1, T|1, S] -> [B, H, T, Dh]."""
-    logits = jnp.einsum("bhtd,bhsd->bhts", q, k, preferred_element_type=jnp.float32) + bias
-    weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
-    return jnp.einsum("bhts,bhsd->bhtd", weights, v)
-
   def attend(self, q: Array, k: Array, v: Array, keys: Keys) -> Array:
     """q [B, H, T, Dh], k/v [B, Hkv, S, Dh], `keys` (lengths [B, T], bias) -> [B, T, E].
 
@@ -426,28 +442,16 @@ class MultiHeadAttention(nn.Module):
     than T = 1: the rows of a k-token call would round differently from 1-token calls,
     and a sentence's encoding would depend on the padded length of its batch.
     """
-    grouped = k.shape[1] != self.num_heads
-    weighted = self._grouped_weighted_values if grouped else self._weighted_values
     # XLA's ops read every key: the lengths become the mask of the bias.
-    xla = lambda: weighted(q, k, v, dense_bias(keys.bias, keys.lengths, q.shape[0], q.shape[2],
-                                               k.shape[2], keys.window))
+    xla = lambda: xla_attention(q, k, v, dense_bias(keys.bias, keys.lengths, q.shape[0],
+                                                    q.shape[2], k.shape[2], keys.window),
+                                self.dtype, self.logit_softcap)
     # [B, T, H, Dh]: the transposes around it cancel with `_split`'s. The kernels take the
     # K/V grouped as cached (query head h reads K/V head h // (H / Hkv)): no repeated copy.
     y = dispatch.attention(self, q, k, v, keys.bias, keys.lengths, self.dtype,
-                           lambda: jnp.swapaxes(xla(), 1, 2), keys.window)
+                           lambda: jnp.swapaxes(xla(), 1, 2), keys.window, self.logit_softcap)
     return self.out(y.reshape(y.shape[:2] + (self.num_heads * self.head_dim,)))
 
-  def _grouped_weighted_values(self, q: Array, k: Array, v: Array, bias: Array) -> Array:
-    """`_weighted_values` with k/v [B, Hkv, S, Dh] shared by groups of G = H / Hkv query
-    heads, without copying them G times: -> [B, H, T, Dh]."""
-    b, h, t, d = q.shape
-    hkv = k.shape[1]
-    qg = q.reshape(b, hkv, h // hkv, t, d)
-    bias = (bias[:, :, None] if bias.shape[1] == 1
-            else bias.reshape(bias.shape[0], hkv, h // hkv, *bias.shape[2:]))
-    logits = jnp.einsum("bkgtd,bksd->bkgts", qg, k, preferred_element_type=jnp.float32) + bias
-    weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
-    return jnp.einsum("bkgts,bksd->bkgtd", weights, v).reshape(b, h, t, d)
 
 
 class MlpBlock(nn.Module):

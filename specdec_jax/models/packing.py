@@ -71,6 +71,17 @@ def products(config: Config) -> tuple[dispatch.Product, ...]:
   return tuple({p.key: p for p in found}.values())
 
 
+def _untaken(config: Any, backend: backends.Backend) -> tuple[str, str] | None:
+  """(what the backend's attention kernel lacks, what of `config` needs it) for an
+  attention `config` has and the kernel does not take (`kernels.shapes`); None if none."""
+  if getattr(config, "windowed", False) and not backend.windows:
+    return "sliding window", "sliding-window layers (Gemma 4)"
+  cap = getattr(config, "attn_logit_softcap", None)
+  if cap is not None and not backend.softcaps:
+    return "attention-logit soft-cap", f"soft-capped attention logits (attn_logit_softcap {cap})"
+  return None
+
+
 def pack(tree: Any, policy: dispatch.Policy | None = None, *, kernels: str = "auto") -> Any:
   """Every `Model` in `tree` packed for the kernels (see `pack_model`); the rest as is."""
   return jax.tree_util.tree_map(
@@ -85,9 +96,10 @@ def pack_model(model: Model, policy: dispatch.Policy | None = None, *,
   packed; the others listed with the reason in `.xla`.
 
   A Model packed under the same policy already comes back as is; under another, it is
-  repacked from its params. A model with sliding-window layers (Gemma 4) packs only for
-  a backend whose attention takes a window (cpu): "auto" chooses "xla" instead of another,
-  and naming another (gpu, tpu) is an `InputError`.
+  repacked from its params. A model with sliding-window layers (Gemma 4) or soft-capped
+  attention logits (`attn_logit_softcap`) packs only for a backend whose attention takes
+  them (cpu): "auto" chooses "xla" instead of another, and naming another (gpu, tpu) is
+  an `InputError`.
   Raises `InputError` for params that are tracers or abstract
   (pack outside a traced function) and for a backend that cannot run here.
   """
@@ -98,15 +110,15 @@ def pack_model(model: Model, policy: dispatch.Policy | None = None, *,
                      "of it (a jit argument's params are tracers)")
   named = policy is not None or kernels != "auto"
   policy = dispatch.policy(kernels, model.params) if policy is None else policy
-  if (getattr(model.config, "windowed", False) and policy.kernels
-      and not backends.get(policy.backend).windows):
-    # Its attention kernel takes no sliding window (`kernels.shapes`).
+  untaken = _untaken(model.config, backends.get(policy.backend)) if policy.kernels else None
+  if untaken is not None:
+    takes_no, has = untaken
     if named:
       raise InputError(f"kernels={policy.backend!r}: the {policy.backend} attention kernel "
-                       "takes no sliding window, and this model has sliding-window layers "
-                       "(Gemma 4): use kernels='cpu', 'xla' or 'auto'")
-    policy = dispatch.Policy("xla", f"auto: sliding-window attention (the {policy.backend} "
-                             "kernel takes no window)", policy.xla)
+                       f"takes no {takes_no}, and this model has {has}: use kernels='cpu', "
+                       "'xla' or 'auto'")
+    policy = dispatch.Policy("xla", f"auto: {has} (the {policy.backend} attention kernel "
+                             f"takes no {takes_no})", policy.xla)
   if model.decode_weights is not None and model.decode_weights.policy == policy:
     return model
   backend = backends.get(policy.backend)

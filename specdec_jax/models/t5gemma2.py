@@ -115,7 +115,8 @@ class T5GemmaLayer(nn.Module):
     self.pre_self_attention_layer_norm = _norm(cfg)
     self.self_attention = T5GemmaAttention(
         cfg.num_heads, cfg.head_dim, cfg.emb_dim, dt, num_kv_heads=cfg.num_kv_heads,
-        query_init_scale=1.0, partitioner=self.partitioner, epsilon=cfg.layer_norm_epsilon)
+        query_init_scale=1.0, logit_softcap=cfg.attn_logit_softcap,
+        partitioner=self.partitioner, epsilon=cfg.layer_norm_epsilon)
     self.post_self_attention_layer_norm = _norm(cfg)
     self.pre_mlp_layer_norm = _norm(cfg)
     self.mlp = MlpBlock(cfg.mlp_dim, cfg.mlp_activations, True, dt, self.fuse,

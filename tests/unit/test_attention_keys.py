@@ -2,7 +2,8 @@
 lengths back into a mask (`kernels.shapes.dense_bias`), gives bitwise the attention the
 dense masks gave (T5X's `make_attention_mask` rules): causal decode, an encoder's padding
 (leading pads, a hole inside a row, a row of pads, masked query rows), cross-attention,
-and a draft tree after prefixes of 0 up to the cache's capacity."""
+and a draft tree after prefixes of 0 up to the cache's capacity. Soft-capped logits
+(`models.layers.xla_attention`) are Gemma 2's formula, computed here in numpy."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import specdec_jax as sd
 from specdec_jax import cache as cache_lib
 from specdec_jax.kernels.shapes import additive, dense_bias
-from specdec_jax.models.layers import causal_keys, padded_keys, tree_keys
+from specdec_jax.models.layers import causal_keys, padded_keys, tree_keys, xla_attention
 
 pytestmark = pytest.mark.unit
 
@@ -88,3 +90,32 @@ def test_a_tree_after_any_prefix_as_lengths(prefix):
   logits = _logits(2, k, capacity, seed=5)
   np.testing.assert_array_equal(_softmax(logits, _as_mask(keys, 2, k, capacity)),
                                 _softmax(logits, additive(tree, relpos)))
+
+
+@pytest.mark.parametrize("hkv", [H, 1])      # one K/V head per query head, and grouped
+def test_soft_capped_attention_is_gemma_2s_formula(hkv):
+  """softmax(c * tanh(q . k / c) + bias) @ v (the cap before the bias, as transformers'
+  `eager_attention_forward`), in float64 by hand; the control: uncapped, it is not."""
+  rng = np.random.default_rng(6)
+  b, t, s, d, cap = 2, 3, 5, 4, 2.0
+  q, k, v = (rng.standard_normal(shape).astype(np.float32) * 2
+             for shape in ((b, H, t, d), (b, hkv, s, d), (b, hkv, s, d)))
+  bias = rng.standard_normal((b, 1, t, s)).astype(np.float32)
+  bias[..., 1:][rng.random((b, 1, t, s - 1)) < 0.3] = -1e10      # masked keys; key 0 kept
+  kr, vr = (np.repeat(x.astype(np.float64), H // hkv, axis=1) for x in (k, v))  # repeat_kv
+  logits = cap * np.tanh(np.einsum("bhtd,bhsd->bhts", q.astype(np.float64), kr) / cap) + bias
+  p = np.exp(logits - logits.max(-1, keepdims=True))
+  want = np.einsum("bhts,bhsd->bhtd", p / p.sum(-1, keepdims=True), vr)
+  args = [jnp.asarray(x) for x in (q, k, v, bias)]
+  np.testing.assert_allclose(np.asarray(xla_attention(*args, jnp.float32, cap)), want,
+                             rtol=1e-5, atol=1e-5)
+  uncapped = np.asarray(xla_attention(*args, jnp.float32))
+  assert np.abs(uncapped - want).max() > 0.1
+
+
+@pytest.mark.parametrize("cls", [sd.GemmaConfig, sd.config.T5Gemma2Config])
+@pytest.mark.parametrize("cap", [0.0, "50"])
+def test_attn_logit_softcap_must_be_positive(cls, cap):
+  assert cls(attn_logit_softcap=50.0).attn_logit_softcap == 50.0
+  with pytest.raises(sd.ConfigError, match="attn_logit_softcap must be positive or null"):
+    cls(attn_logit_softcap=cap)
