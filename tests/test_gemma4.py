@@ -4,7 +4,8 @@ prompt + output, soft-capped logits, grouped heads, full layers of their own hea
 keys as values, ragged prompts at batch > 1); every greedy method of the registry equals its
 baseline with a smaller Gemma 4 drafter (on XLA's ops); the cpu attention kernel takes the
 window (bitwise the masked row) and a decode runs on the cpu kernels alone; the gpu and
-tpu kernels refuse it; the loader's refusals. (Every method lowers for TPU and CUDA:
+tpu kernels refuse it; the loader's refusals (attn_logit_softcapping among them: Gemma 4's
+text attention has no soft-cap), and the export's. (Every method lowers for TPU and CUDA:
 tests/test_lower.py's "gemma4" kind.)"""
 
 import jax.numpy as jnp
@@ -160,12 +161,19 @@ def test_gpu_and_tpu_kernels_refuse_a_sliding_window(pair):
     ("hidden_size_per_layer_input", 16, "per-layer inputs"),
     ("num_kv_shared_layers", 1, "K/V"),
     ("enable_moe_block", True, "mixture-of-experts"),
+    ("attn_logit_softcapping", 50.0, "attn_logit_softcapping=50.0: transformers' Gemma 4"),
 ])
 def test_unimplemented_settings_are_refused(key, value, message):
   d = {"model_type": "gemma4_text", "num_hidden_layers": 2, "hidden_size_per_layer_input": 0,
        key: value}
   with pytest.raises(sd.CheckpointError, match=message):
     hf_gemma.config_from_hf_dict(d)
+
+
+def test_soft_capped_attention_is_not_exported():
+  """transformers' Gemma 4 has no attention-logit soft-cap to write it to."""
+  with pytest.raises(sd.CheckpointError, match="no attention-logit soft-cap"):
+    hf_gemma.config_to_hf_dict(sd.GemmaConfig(attn_logit_softcap=50.0))
 
 
 def test_the_gemma_3_norm_scales_by_one_plus_its_weight():

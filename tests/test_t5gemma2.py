@@ -5,10 +5,12 @@ rope, the end-of-image token's own embedding, ragged inputs at batch > 1); the v
 tower skipped with a note; every method of the registry equals its baseline with a
 smaller T5Gemma 2 drafting (on XLA's ops); a decode on the cpu kernels alone (and, in the
 device tier, on the gpu and tpu kernels); a tree decode, the own format's round trip, the
-tokenizer; the loader's refusals. (Every method lowers for TPU and CUDA:
-tests/test_lower.py's "t5gemma2" kind.)"""
+tokenizer; attention-logit soft-capping loaded and applied (the gpu and tpu kernels refuse
+it); the loader's refusals. (Every method lowers for TPU and CUDA: tests/test_lower.py's
+"t5gemma2" kind.)"""
 
 import json
+import shutil
 import warnings
 
 import jax.numpy as jnp
@@ -229,6 +231,36 @@ def test_export_to_transformers_is_refused(pair, tmp_path):
   assert not (tmp_path / "hf").exists()
 
 
+def test_attention_logit_softcapping_is_loaded_and_applied(pair, tmp_path):
+  """transformers' T5Gemma 2 stores attn_logit_softcapping without applying it; we apply it:
+  the same weights' logits move, a cached decode call on the cpu kernels is XLA's, and
+  the gpu and tpu attention kernels, which take no soft-cap, refuse the model."""
+  _, target_dir, target, _ = pair
+  capped_dir = tmp_path / "capped"
+  shutil.copytree(target_dir, capped_dir)
+  d = json.loads((capped_dir / "config.json").read_text())
+  for stack in (d["encoder"]["text_config"], d["decoder"]):
+    stack["attn_logit_softcapping"] = 1.0
+  (capped_dir / "config.json").write_text(json.dumps(d))
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", sd.InputWarning)
+    capped = sd.load(str(capped_dir), kernels="xla")
+  assert capped.config.attn_logit_softcap == 1.0
+  tokens = jnp.asarray([[2, 30, 31, 32]] * 3, jnp.int32)
+  calls = {}
+  # the plain call is test_a_tree_decode_equals_the_plain_call's (on the kernels "auto" chose)
+  for name, model in (("plain", target), ("capped", capped)) + (
+      (("cpu", sd.pack(capped, kernels="cpu")),) if build.available() else ()):
+    _, cache, _ = model.begin(INPUTS, T)
+    calls[name] = np.asarray(model.decode(tokens, cache)[0])
+  assert np.abs(calls["capped"] - calls["plain"]).max() > 0.1
+  if "cpu" in calls:
+    np.testing.assert_allclose(calls["cpu"], calls["capped"], atol=1e-5)
+  for kernels in ("gpu", "tpu"):
+    with pytest.raises(sd.InputError, match="takes no attention-logit soft-cap"):
+      sd.pack(capped, kernels=kernels)
+
+
 def _dict(**decoder):
   text = _text(2)
   return {"model_type": "t5gemma2", "encoder": {"text_config": text},
@@ -256,7 +288,7 @@ def test_the_older_rope_keys_are_read():
 
 
 @pytest.mark.parametrize("setting, message", [
-    (dict(attn_logit_softcapping=50.0), "attn_logit_softcapping"),
+    (dict(attn_logit_softcapping=50.0), "attn_logit_softcapping differs between the encoder"),
     (dict(attention_bias=True), "attention_bias"),
     (dict(head_dim=16), "head_dim differs between the encoder"),
     (dict(rope_parameters={"full_attention": {"rope_type": "yarn", "factor": 2.0,

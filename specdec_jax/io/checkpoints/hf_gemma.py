@@ -21,7 +21,9 @@ text). Names (nn.Linear weights [out, in], transposed)::
 Refused (`CheckpointError`, naming the setting): per-layer inputs
 (``hidden_size_per_layer_input``), shared K/V layers (``num_kv_shared_layers``),
 mixture-of-experts blocks, bidirectional attention, attention biases, rope types other than
-"default" and "proportional" (unscaled). `export_hf` writes a "gemma4_text" directory back.
+"default" and "proportional" (unscaled), a non-null ``attn_logit_softcapping`` (transformers'
+Gemma 4 text attention has no soft-cap: `attn_logit_softcap` stays None). `export_hf`
+writes a "gemma4_text" directory back.
 """
 
 from __future__ import annotations
@@ -123,6 +125,11 @@ def config_from_hf_dict(hf_config: Mapping[str, Any], source: str = hf.CONFIG_NA
     if get(key):
       raise CheckpointError(f"{source}: {key}={get(key)!r}: {what} are not implemented for "
                             "Gemma 4 (supported: the dense text decoders)")
+  if text.get("attn_logit_softcapping") is not None:
+    raise CheckpointError(f"{source}: attn_logit_softcapping="
+                          f"{text['attn_logit_softcapping']!r}: transformers' Gemma 4 text "
+                          "attention applies no attention-logit soft-cap, so this key's meaning "
+                          "is unknown; remove it or set it to null")
   if get("hidden_activation") not in ("gelu_pytorch_tanh", "gelu_new"):
     raise CheckpointError(f"{source}: hidden_activation {get('hidden_activation')!r} is not "
                           "supported (the tanh gelu, 'gelu_pytorch_tanh')")
@@ -240,7 +247,12 @@ def open_leaves(directory: str) -> tuple[GemmaConfig, dict[str, leaves.Leaf]]:
 
 
 def config_to_hf_dict(config: GemmaConfig, dtype: str | None = None) -> dict[str, Any]:
-  """A transformers `Gemma4TextConfig` config.json dict ("gemma4_text") for `config`."""
+  """A transformers `Gemma4TextConfig` config.json dict ("gemma4_text") for `config`; a
+  `CheckpointError` for soft-capped attention logits, which transformers' Gemma 4 lacks."""
+  if config.attn_logit_softcap is not None:
+    raise CheckpointError(f"attn_logit_softcap {config.attn_logit_softcap}: transformers' "
+                          "Gemma 4 has no attention-logit soft-cap; such a model cannot be "
+                          "exported to it")
   def rope(theta: float, fraction: float) -> dict[str, Any]:
     if fraction == 1.0:
       return {"rope_type": "default", "rope_theta": theta}
@@ -283,8 +295,9 @@ def export_hf(path: str | os.PathLike, config: GemmaConfig, params: Mapping[str,
   if not config.tie_embeddings:
     state["lm_head.weight"] = np.ascontiguousarray(flat["decoder/logits_dense/kernel"].T)
   dtypes = {str(v.dtype) for v in state.values()}
+  hf_config = config_to_hf_dict(config, dtypes.pop() if len(dtypes) == 1 else None)  # or refused
   os.makedirs(path, exist_ok=True)
   files.write_safetensors(state, os.path.join(path, hf.WEIGHTS_NAME), metadata={"format": "pt"})
   with open(os.path.join(path, hf.CONFIG_NAME), "w") as f:
-    json.dump(config_to_hf_dict(config, dtypes.pop() if len(dtypes) == 1 else None), f, indent=2)
+    json.dump(hf_config, f, indent=2)
   return path

@@ -19,10 +19,11 @@ model without its ``text_model.``, and reads either)::
     lm_head.out_proj                                     decoder/logits_dense (untied only)
 
 (<s>: encoder, decoder). The decoder's embedding, where stored, is the encoder's (tied).
-Refused (`CheckpointError`, naming the setting): an encoder and a decoder that differ in
-anything but their layers (heads, sizes, window, rope), attention biases, attention logit
-soft-capping (which transformers' T5Gemma 2 does not apply), rope types other than
-"default" and "linear", a pad id other than 0.
+``attn_logit_softcapping`` loads as `attn_logit_softcap`, which our attention applies;
+transformers 5.24's T5Gemma 2 stores it but never applies it, so where it is set the two
+differ. Refused (`CheckpointError`, naming the setting): an encoder and a decoder that
+differ in anything but their layers (heads, sizes, window, rope, soft-caps), attention
+biases, rope types other than "default" and "linear", a pad id other than 0.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ _ROPE_DEFAULTS = {"sliding_attention": {"rope_type": "default", "rope_theta": 10
 # Settings the encoder and the decoder must share (the model has one of each).
 _SHARED = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
            "num_key_value_heads", "head_dim", "hidden_activation", "rms_norm_eps",
-           "query_pre_attn_scalar", "sliding_window", "pad_token_id")
+           "query_pre_attn_scalar", "sliding_window", "pad_token_id", "attn_logit_softcapping")
 # Tensors of the checkpoint that are not the text model.
 _TOWERS = ("model.encoder.vision_tower.", "model.encoder.multi_modal_projector.")
 
@@ -122,11 +123,6 @@ def config_from_hf_dict(hf_config: Mapping[str, Any], source: str = hf.CONFIG_NA
     if get(stack, "attention_bias"):
       raise CheckpointError(f"{source}: {name} attention_bias=true: attention biases are not "
                             "implemented for T5Gemma 2")
-    if get(stack, "attn_logit_softcapping") is not None:
-      raise CheckpointError(f"{source}: {name} attn_logit_softcapping="
-                            f"{get(stack, 'attn_logit_softcapping')!r}: attention logit "
-                            "soft-capping is not implemented (transformers' T5Gemma 2 does not "
-                            "apply it either)")
     for kind in _ROPE_DEFAULTS:
       if _rope(stack, kind, source) != _rope(decoder, kind, source):
         raise CheckpointError(f"{source}: the {kind} rope differs between the encoder and the "
@@ -148,6 +144,7 @@ def config_from_hf_dict(hf_config: Mapping[str, Any], source: str = hf.CONFIG_NA
   eoi = hf_config.get("eoi_token_index") or (hf_config.get("encoder") or {}).get(
       "eoi_token_index") or 256_000
   cap = get(decoder, "final_logit_softcapping")
+  attn_cap = get(decoder, "attn_logit_softcapping")
   enc_layers, dec_layers = get(encoder, "num_hidden_layers"), get(decoder, "num_hidden_layers")
   try:
     return T5Gemma2Config(
@@ -162,6 +159,7 @@ def config_from_hf_dict(hf_config: Mapping[str, Any], source: str = hf.CONFIG_NA
         global_rope_theta=global_theta, global_rope_factor=factor,
         query_pre_attn_scalar=float(get(decoder, "query_pre_attn_scalar")),
         final_logit_softcap=None if cap is None else float(cap),
+        attn_logit_softcap=None if attn_cap is None else float(attn_cap),
         layer_norm_epsilon=float(get(decoder, "rms_norm_eps")),
         logits_via_embedding=bool(hf_config.get("tie_word_embeddings", True)),
         eos_id=eos, decoder_start_id=start, eoi_id=eoi)
