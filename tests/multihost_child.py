@@ -6,11 +6,11 @@
 Two processes on loopback (`jax.distributed` on 127.0.0.1), 4 CPU devices each, one
 8-device mesh over both. Per mesh, the sharpened t5_1_1_tiny target is loaded straight
 into its shards (`sd.load(..., mesh=)`), the drafter replicated, the encoder tokens split
-by batch; `generate` and speculative greedy run, and their tokens, gathered to every
-process (`process_allgather`), must be this process's single-device run's. An empty row
-held by one process only must raise the same error on both. The checks are asserted
-here (a failure exits non-zero with its traceback); the last line of stdout names the
-checks that passed.
+by batch; speculative greedy runs, and its tokens, gathered to every process
+(`process_allgather`), must be this process's single-device run's (`generate` on a mesh
+is one device's: tests/test_sharding.py). An empty row held by one process only must
+raise the same error on both. The checks are asserted here (a failure exits non-zero
+with its traceback); the last line of stdout names the checks that passed.
 """
 
 import sys
@@ -72,8 +72,7 @@ def check_mesh(name: str, mesh, path: str, drafter, single: dict) -> None:
   kernel = t.params["decoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
   assert list(kernel.sharding.spec) == [None, "model"]
   assert kernel.addressable_shards[0].data.shape == (kernel.shape[0], kernel.shape[1] // 4)
-  runs = {"generate": sd.generate(t, enc, max_new_tokens=T),
-          "speculative": sd.speculative_generate(t, sd.sharding.replicate(drafter, mesh), enc,
+  runs = {"speculative": sd.speculative_generate(t, sd.sharding.replicate(drafter, mesh), enc,
                                                  gamma=GAMMA, max_new_tokens=T)}
   for method, out in runs.items():
     tokens, lengths = single[method]
@@ -91,8 +90,7 @@ def main() -> None:
   with tempfile.TemporaryDirectory() as tmp:
     path, target = sharp_target(tmp)
     drafter = sd.load("config:t5_1_1_tiny_drafter")
-    outs = {"generate": sd.generate(target, ENC, max_new_tokens=T),
-            "speculative": sd.speculative_generate(target, drafter, ENC, gamma=GAMMA,
+    outs = {"speculative": sd.speculative_generate(target, drafter, ENC, gamma=GAMMA,
                                                    max_new_tokens=T)}
     single: dict = {k: (np.asarray(v.tokens), np.asarray(v.lengths)) for k, v in outs.items()}
     single["speculative_tokens"] = outs["speculative"].stats["tokens"]

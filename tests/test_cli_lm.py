@@ -267,31 +267,3 @@ def test_convert_lm_to_hf_and_back_with_its_tokenizer(capsys, gpt2, tmp_path, ki
   assert sum(p.numel() for p in hf_model.parameters()) == model.num_params()
   np.testing.assert_array_equal(hf_model.get_input_embeddings().weight.detach().numpy(),
                                 _flat(model)["token_embedder/embedding"])
-
-
-# ----------------------------------------------------------------------------- processes
-
-
-@pytest.mark.slow     # two processes on loopback, as tests/test_cli_distributed.py
-@pytest.mark.parametrize("mesh, spans", [("data=2", False)])   # spanning: test_multihost_mesh
-def test_two_processes_continue_a_file_as_one(capsys, gpt2, tmp_path, mesh, spans):
-  """Ragged prompts with their lengths, on a mesh per process (each decodes its block of
-  rows) or on one global mesh (rows split over "data" across both processes): the
-  continuations on process 0 are one process's."""
-  import sys
-
-  from loopback import run_processes
-  target, drafter, tok = gpt2
-  prompts = tmp_path / "prompts.txt"
-  prompts.write_text("\n".join(GPT2_PROMPTS + ["A cat likes the big house", "dogs"]) + "\n")
-  argv = ["decode", "--model", str(target), "--tokenizer", str(tok), "--drafter", str(drafter),
-          "--gamma", "3", *COMMON, "--input-file", str(prompts), "--json"]
-  one = json.loads(ok(capsys, *argv))
-  outs = run_processes(lambda i, port: [
-      sys.executable, "-m", "specdec_jax.cli", *argv, "--mesh", mesh,
-      "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)],
-      processes=2, devices=2)
-  printed = [line for line in outs[0].splitlines() if line.startswith('{"outputs"')]
-  two = json.loads(printed[0])
-  assert two["timing"]["mesh_spans_processes"] is spans
-  assert two["outputs"] == one["outputs"] and two["lengths"] == one["lengths"]

@@ -147,27 +147,20 @@ def demo_bf16():
   target = sd.load("demo-de-en/target", dtype="bfloat16")
   drafter = sd.load("demo-de-en/drafter", dtype="bfloat16")
   enc = np.asarray(tok.encode([p["de"] for p in PAIRS]))
-  refs = [t[t > 0] for t in np.asarray(tok.encode([p["en"] for p in PAIRS]))]
-  drafters = {"model": drafter, "ngram": sd.NGramDrafter.fit(refs, target.config.vocab_size),
-              "prompt-lookup": sd.PromptLookupDrafter(target.config.vocab_size)}
-  return target, drafters, enc
+  return target, drafter, enc
 
 
 @pytest.mark.slow
 def test_demo_pair_bf16_speculative_equals_baseline(demo_bf16):
   """The real models' smoke: bfloat16 params and activations, every held-out sentence in
-  batches of 8, every drafter; the model drafter at gamma 1 and 8, the table drafters at 4
-  (each gamma is its own compiled program; gamma's own exactness is the every-method test's
-  and tests/test_speculative.py's)."""
-  target, drafters, enc = demo_bf16
+  batches of 8, the model drafter at gamma 8 (each gamma and drafter is its own compiled
+  program; their exactness is the every-method test's and tests/test_speculative.py's)."""
+  target, drafter, enc = demo_bf16
   assert target.config.dtype == "bfloat16"
   batch = 8
   base = np.concatenate([np.asarray(sd.generate(target, enc[i:i + batch], 20).tokens)
                          for i in range(0, len(enc), batch)])
-  for name, drafter in drafters.items():
-    gammas = (1, 8) if name == "model" else (4,)
-    for gamma in gammas:
-      spec = np.concatenate([np.asarray(sd.speculative_generate(
-          target, drafter, enc[i:i + batch], gamma=gamma, max_new_tokens=20).tokens)
-                             for i in range(0, len(enc), batch)])
-      np.testing.assert_array_equal(spec, base, err_msg=f"{name} gamma {gamma}")
+  spec = np.concatenate([np.asarray(sd.speculative_generate(
+      target, drafter, enc[i:i + batch], gamma=8, max_new_tokens=20).tokens)
+                         for i in range(0, len(enc), batch)])
+  np.testing.assert_array_equal(spec, base)

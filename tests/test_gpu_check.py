@@ -25,6 +25,7 @@ def _run(tmp_path, *sections):
   return rc, result, (tmp_path / "gpu_check.md").read_text()
 
 
+@pytest.mark.device
 @pytest.mark.slow
 def test_invariance_section_on_tiny_shapes(tmp_path):
   rc, result, md = _run(tmp_path, "invariance")

@@ -96,8 +96,9 @@ def layouts(model: sd.Model) -> SimpleNamespace:
 
 # ----------------------------------------------------------------------------- the factor
 
-@pytest.mark.parametrize("backend_name", [pytest.param("cpu", marks=needs_cpu_kernels),
-                                          pytest.param("tpu", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("backend_name", [
+    pytest.param("cpu", marks=needs_cpu_kernels),
+    pytest.param("tpu", marks=[pytest.mark.slow, pytest.mark.device])])
 def test_products_on_the_mesh_are_the_kernels_blocks(backend_name):
   """On a 1 x 2 mesh: a column-split dot and the attention split by grouped heads (per-row
   lengths, with a bias and without) are bitwise the kernel on one device; a row-split dot
@@ -211,23 +212,6 @@ def test_a_method_on_the_kernels_on_a_mesh_is_one_devices(cpu_t5, monkeypatch):
   assert seen == GREEDY_WIDTHS.get(name, seen)
 
 
-@pytest.mark.slow
-@needs_cpu_kernels
-def test_a_decoder_only_target_on_the_kernels_on_a_mesh_is_one_devices(monkeypatch):
-  """llama_tiny on 4 x 2 (grouped K/V heads split over "model"): autoregressive decoding
-  on the cpu kernels gives one device's tokens, one token a call."""
-  mesh = sd.make_mesh(data=4, model=2)
-  model = sd.load("config:llama_tiny", kernels="xla")
-  x = prompts(model.vocab_size, 4)
-  target = sd.pack(sd.shard(model, mesh), kernels="cpu")
-  widths = record_widths(monkeypatch)
-  got = sd.decode(target, sd.Autoregressive(), sd.sharding.shard_batch(x, mesh),
-                  max_new_tokens=NEW)
-  assert sorted(set(widths)) == [1] and got.stats["exact"]
-  want = sd.decode(sd.pack(model, kernels="cpu"), sd.Autoregressive(), x, max_new_tokens=NEW)
-  assert same_output(got, want)
-
-
 def lowered(target: sd.Model, method, enc, platforms) -> SimpleNamespace:
   """The program of `method` on `target`, lowered for `platforms`: its custom calls, the
   cpu-only ones among them, whether it holds Python callbacks or a manual (shard_map)
@@ -250,6 +234,7 @@ def test_the_mesh_program_calls_the_kernels_inside_shard_map(cpu_t5):
   assert got.manual and got.partitions == 8
 
 
+@pytest.mark.device
 @pytest.mark.slow
 @pytest.mark.parametrize("backend,platform,call", [("tpu", "tpu", "tpu_custom_call"),
                                                    ("gpu", "cuda", "mosaic_gpu_v2")])

@@ -300,8 +300,30 @@ def test_wheel_install_runs_the_quickstart_command(venv, tmp_path):
 LAB = REPO / "packages" / "specdec-jax-lab"
 
 
+#: Every lab command, each a `specdec` subcommand once the lab is installed.
+LAB_COMMANDS = ("bench", "train", "eval", "sweep-bild", "sweep-blockwise")
+
+#: Each command's --help in one process: the usage line each prints, or its error.
+HELP_SCRIPT = """
+import contextlib, io, json, sys
+from specdec_jax import cli
+usages = {}
+for command in sys.argv[1:]:
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    try:
+      code = cli.main([command, "--help"])
+    except SystemExit as e:
+      code = e.code
+  assert code in (0, None), (command, code)
+  usages[command] = out.getvalue().splitlines()[0]
+print(json.dumps(usages))
+"""
+
+
 @pytest.mark.slow
-def test_the_lab_is_a_wheel_whose_commands_join_specdec(wheel, tmp_path_factory, tmp_path):
+def test_the_lab_is_a_wheel_whose_commands_join_specdec(wheel, bare_venv, tmp_path_factory,
+                                                         tmp_path):
   """specdec-jax-lab builds a wheel of every lab module with its entry points; installed
   beside the library its commands are `specdec` subcommands, and the library alone says
   how to get them (exit 1, one line)."""
@@ -317,8 +339,7 @@ def test_the_lab_is_a_wheel_whose_commands_join_specdec(wheel, tmp_path_factory,
   assert "[specdec_jax.commands]" in points and "bench = specdec_jax_lab.commands.bench" in points
   env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
   env["JAX_PLATFORMS"] = "cpu"
-  alone = _make_venv(tmp_path_factory.mktemp("library-alone") / "fresh", [wheel])
-  proc = subprocess.run([str(alone / "bin" / "specdec"), "bench", "--target", "config:x"],
+  proc = subprocess.run([str(bare_venv / "bin" / "specdec"), "bench", "--target", "config:x"],
                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 1 and "Traceback" not in proc.stderr
   assert proc.stderr.strip().splitlines() == [
@@ -326,7 +347,9 @@ def test_the_lab_is_a_wheel_whose_commands_join_specdec(wheel, tmp_path_factory,
       "installed (or cannot be imported): pip install ./packages/specdec-jax-lab "
       "(docs/install.md)"]
   both = _make_venv(tmp_path_factory.mktemp("with-lab") / "fresh", [wheel, lab])
-  for command in ("bench", "train", "eval", "sweep-bild", "sweep-blockwise"):
-    proc = subprocess.run([str(both / "bin" / "specdec"), command, "--help"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and f"usage: specdec {command}" in proc.stdout, proc.stderr
+  proc = subprocess.run([str(both / "bin" / "python"), "-c", HELP_SCRIPT, *LAB_COMMANDS],
+                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  usages = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert {c: u.split()[:3] for c, u in usages.items()} == {
+      c: ["usage:", "specdec", c] for c in LAB_COMMANDS}, usages

@@ -216,6 +216,7 @@ def test_the_xla_and_cpu_backends_pass_the_self_check():
   assert selfcheck.run(cpu) == ""
 
 
+@pytest.mark.device
 @pytest.mark.slow
 def test_the_gpu_kernels_pass_the_self_check_in_interpret_mode():
   assert selfcheck.run(backends.get("gpu"), dtypes=(jnp.bfloat16,)) == ""

@@ -308,6 +308,7 @@ def test_a_decode_request_on_tpu_kernels_lowers_for_tpu(tiny, monkeypatch):
   jax.clear_caches()
 
 
+@pytest.mark.device
 @pytest.mark.slow
 def test_verify_call_and_batch_rows_are_bitwise_the_single_steps_alone(tiny):
   """Model level: a 4-token decode call on tpu kernels gives bitwise the logits of four
