@@ -66,6 +66,7 @@ def lm_tok():
 # ----------------------------------------------------------------------------- lengths
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family, scheme", [("llama_tiny", "rotary"), ("gpt2_tiny", "learned")])
 def test_prompt_and_new_tokens_past_the_positions_at_decode(no_trace, family, scheme):
   """Every decoder-only position scheme: P + max_new_tokens past max_positions is refused
@@ -90,6 +91,7 @@ def test_relative_positions_are_capped_by_max_encoder_length(t5, no_trace):
     sd.decode(capped, sd.Autoregressive(), enc[:, 1:], max_new_tokens=4)
 
 
+@pytest.mark.slow
 def test_cli_prompt_past_the_bundled_lm_positions_is_an_error(capsys, lm_tok):
   """161 tokens on the bundled LM (64 positions): was an empty output and exit 0."""
   n = len(lm_tok.encode_one(LONG_TEXT))
@@ -151,6 +153,7 @@ def test_lone_surrogate_in_a_text_is_a_tokenizer_error(capsys, lm_tok):
 # ----------------------------------------------------------------------------- files
 
 
+@pytest.mark.slow
 def test_convert_force_replaces_another_checkpoint(capsys, tmp_path):
   """`convert --force` into a folder holding another model: its checkpoint and tokenizer
   are removed first (was a mixed folder from which `sd.load` read the OLD model); other
@@ -307,6 +310,7 @@ def test_settings_out_of_range_found_by_the_sweep(t5, no_trace):
                             drafter_inputs=enc[:1])
 
 
+@pytest.mark.slow
 def test_cli_flags_found_by_the_sweep(capsys):
   """Each exited 0 before: a 0 of another method's flag read as not given, beam with a
   drafter (ignored), --compile-workers 0."""

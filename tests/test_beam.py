@@ -300,6 +300,7 @@ def test_one_beam_is_greedy(t5x_model, t5x_reference):
   np.testing.assert_array_equal(out.lengths, [10, 10, 10])
 
 
+@pytest.mark.slow
 def test_batch_and_padding_invariance(t5x_model, t5x_reference, beam_reference):
   """A row alone, its padding cut, gives the batch's beams (the fixture's shortest row)."""
   enc = t5x_reference["encoder_input_tokens"]
@@ -365,6 +366,7 @@ def test_cli_flags_come_from_the_fields(capsys):
     assert code != 0 and message in capsys.readouterr().err, argv
 
 
+@pytest.mark.slow
 def test_bfloat16_one_program_per_shape(t5x_model, t5x_reference, beam_reference):
   """bfloat16 params and activations: one compiled program for new prompt contents, scores
   float32 and ascending, 0 after each beam's EOS, and the beams close to float32's (the

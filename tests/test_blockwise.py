@@ -247,6 +247,7 @@ def test_lattice_top_k_is_not_a_full_sort_in_the_decode_loop(model, trained, big
   assert " sort(" not in hlo and "TopK" in hlo
 
 
+@pytest.mark.slow
 def test_save_load_and_wrong_model(model, trained, tmp_path):
   path = sd.save_heads(tmp_path / "model_dir", trained)
   assert path.name == "heads.safetensors"
@@ -264,6 +265,7 @@ def test_save_load_and_wrong_model(model, trained, tmp_path):
     sd.load_heads(tmp_path / "bad.safetensors", model)
 
 
+@pytest.mark.slow
 def test_bad_settings_give_clear_errors(model, trained, bigram):
   enc = ragged_tokens(1, 5, 512)
   for kwargs, message in [

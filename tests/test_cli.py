@@ -88,6 +88,7 @@ def test_json_and_stats(capsys):
   assert "tokens/s" in err and "ms/token" in err and "target calls" in err
 
 
+@pytest.mark.slow
 def test_greedy_speculative_equals_baseline(capsys):
   base, _ = decode_json(capsys, *PROMPTS)
   spec, err = decode_json(capsys, "--drafter", DRAFTER, "--gamma", "2", "--stats", *PROMPTS)
@@ -137,6 +138,7 @@ def test_compare_times_the_baseline_on_the_same_inputs(capsys):
   assert "compare" not in base["timing"] and "speedup" not in err
 
 
+@pytest.mark.slow
 def test_compare_divides_by_the_plain_baseline_and_reports_exact_cost(capsys, monkeypatch):
   """The speedup's baseline is the target alone at its natural width (exact=False); exact
   mode's own cost is a separate figure (the exact baseline over the plain one)."""
@@ -269,6 +271,7 @@ def test_drafter_only_flags_need_a_drafter(capsys, flag):
           "autoregressive: add --drafter") in err
 
 
+@pytest.mark.slow
 def test_batches_merge_into_one_run(capsys):
   """--batch-size 1 decodes two calls; their statistics merge to the one-call statistics."""
   one, _ = decode_json(capsys, "--drafter", DRAFTER, "--gamma", "2", *PROMPTS)
@@ -324,6 +327,7 @@ sys.exit(code)
 """
 
 
+@pytest.mark.slow
 def test_stdout_carries_only_the_results():
   """In a process of its own (stdout a pipe: descriptor 1 itself), every log lands on
   stderr, also one a C library writes to descriptor 1, before or after the results."""
@@ -394,6 +398,7 @@ def test_demo_models_say_what_they_are(capsys):
   assert code == 0 and "demo" not in out + err, err
 
 
+@pytest.mark.slow
 def test_table_drafters(capsys):
   # Decoding with table drafters is the library's business (tests/test_generate.py); here
   # only what the CLI builds: n-gram tables fitted on the prompts, prompt lookup.
@@ -542,6 +547,7 @@ def _flat(params):
           for path, v in jax.tree_util.tree_flatten_with_path(params)[0]}
 
 
+@pytest.mark.slow
 def test_convert_round_trip(capsys, tmp_path):
   original = _flat(models.load_model(TARGET).params)
   code, _, err = run(capsys, "convert", TARGET, tmp_path / "ours")

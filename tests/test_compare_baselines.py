@@ -52,6 +52,7 @@ def test_a_sampled_run_is_compared_with_the_target_sampling_alike(capsys, decode
   assert "sampled with the same settings" in err and "same tokens: NO" not in err
 
 
+@pytest.mark.slow
 def test_a_method_that_is_its_own_baseline_prints_no_comparison(capsys):
   code, out, err = run(capsys, "decode", "--model", TARGET, *BEAM, "--compare", "--json",
                        *PROMPTS)

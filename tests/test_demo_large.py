@@ -54,6 +54,7 @@ def test_speculative_translation_equals_greedy_and_the_drafter_is_aligned(pair):
   assert all(t.strip() for t in tok.decode(base.tokens))
 
 
+@pytest.mark.docs
 @pytest.mark.slow
 def test_readme_main_command(capsys):
   """README's main command, as written there: the translations on stdout, then the

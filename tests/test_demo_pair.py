@@ -64,6 +64,7 @@ def test_speculative_translation_equals_greedy(pair, gamma):
   assert all(t.strip() for t in texts)
 
 
+@pytest.mark.slow
 def test_main_command_prints_translation_and_stats(capsys, pair):
   """`specdec decode --json` on the demo pair: the translations and statistics are exactly
   what sd.speculative_generate returns for the same input."""

@@ -244,6 +244,7 @@ def _record(name: str, text: str) -> None:
 # ----------------------------------------------------------------------------- tests
 
 
+@pytest.mark.slow
 def test_models_are_peaked_and_differ_strongly():
   """The setup is meaningful: peaked target, very different drafter, moderate alpha."""
   target, drafter = models()
@@ -295,6 +296,7 @@ def test_rows_are_independent():
   assert p_value > P_PASS
 
 
+@pytest.mark.slow
 def test_autoregressive_positive_control():
   """The harness passes plain target sampling (same transform, same test)."""
   results = []
@@ -394,6 +396,7 @@ def test_lenient_sampling_is_lossy_and_labelled():
   assert p_value < P_FAIL
 
 
+@pytest.mark.slow
 def test_rule_passed_as_argument_is_the_one_used():
   """Passing the exact rule explicitly reproduces the default: same keys, same samples."""
   a, _ = speculative_samples(T1, 3, 3, seed=11, n=ROWS_PER_CALL)

@@ -41,6 +41,7 @@ def test_the_blocks_that_cannot_run_are_listed_with_a_reason():
     assert why and needs, key
 
 
+@pytest.mark.docs
 @pytest.mark.slow
 @pytest.mark.parametrize("page", RUNNABLE, ids=name)
 def test_page_python_blocks_run_as_written(page, capsys):

@@ -32,6 +32,7 @@ def test_every_page_has_runnable_examples():
     assert found == len(PROMPT.findall(page.read_text(encoding="utf-8"))) and found, page
 
 
+@pytest.mark.docs
 @pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES, ids=[p.stem for p in PAGES])
 def test_page_examples_run(page):

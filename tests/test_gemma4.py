@@ -88,6 +88,7 @@ def test_logits_and_greedy_tokens_match_transformers(pair):
     assert n == len(expected) and len(prompt) + n > WINDOW
 
 
+@pytest.mark.slow
 def test_a_tree_decode_windows_keys_by_position(pair):
   """A chain of drafts given as a tree (positions and a visibility mask, as blockwise
   verification calls it) reads what the plain k-token call reads: a sliding layer hides
@@ -124,6 +125,7 @@ def test_the_cpu_attention_kernel_takes_a_window():
   np.testing.assert_array_equal(np.asarray(out), np.asarray(jnp.concatenate(rows, axis=1)))
 
 
+@pytest.mark.slow
 @needs_cpu_kernels
 def test_a_decode_runs_every_product_on_the_cpu_kernels(pair):
   _, target, _ = pair
@@ -134,6 +136,7 @@ def test_a_decode_runs_every_product_on_the_cpu_kernels(pair):
   np.testing.assert_array_equal(np.asarray(on_kernels.tokens), np.asarray(on_xla.tokens))
 
 
+@pytest.mark.slow
 def test_gpu_and_tpu_kernels_refuse_a_sliding_window(pair):
   _, target, _ = pair
   for kernels in ("gpu", "tpu"):

@@ -75,6 +75,7 @@ def pair(tmp_path_factory):
   return hf_target, sd.load(str(target_dir), kernels="xla"), assistants
 
 
+@pytest.mark.slow
 def test_the_assistant_loads(pair):
   _, target, assistants = pair
   plain, masked = assistants[None][1], assistants[8][1]
@@ -282,6 +283,7 @@ def test_sampling_with_the_assistant_keeps_the_targets_distribution(small):
   assert gof_pvalue(counts_of(wrong), probs)[0] < P_FAIL
 
 
+@pytest.mark.slow
 def test_update_keeps_the_state_that_predicted_the_last_token(pair):
   """After a round that kept m drafts, the next round drafts from the verify call's state
   at position m (the one that predicted the token emitted last); a finished row's is kept."""
@@ -298,6 +300,7 @@ def test_update_keeps_the_state_that_predicted_the_last_token(pair):
   np.testing.assert_array_equal(np.asarray(after.ready), [True, False])
 
 
+@pytest.mark.slow
 def test_the_round_reads_the_targets_cache_where_it_is(pair):
   """No second copy of the target's cache: the proposer's state between rounds holds none
   of it, and the drafting loop takes the K/V it reads as loop constants (read-only
@@ -319,6 +322,7 @@ def test_the_round_reads_the_targets_cache_where_it_is(pair):
   assert read <= set(shapes[:consts]) and not cache & set(shapes[consts:])
 
 
+@pytest.mark.slow
 def test_the_tools_take_an_assistant_dir(pair, tmp_path):
   """`specdec decode --drafter DIR` resolves an assistant's directory to the assistant
   bound to its target, and the statistics' cost timers time its draft step."""

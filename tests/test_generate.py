@@ -50,6 +50,7 @@ def test_t5x_compat_sampling_matches_fixture_rng_stream(t5x_model, t5x_reference
   np.testing.assert_allclose(logp[:, 0], t5x_reference["sample_logprobs"], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_t5x_compat_forced_prompt_and_num_decodes(t5x_model, t5x_reference):
   enc = jnp.asarray(t5x_reference["encoder_input_tokens"])
   inputs = jnp.zeros((3, 10), jnp.int32).at[:, 1].set(7).at[0, 2].set(1)

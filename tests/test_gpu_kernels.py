@@ -22,6 +22,10 @@ from specdec_jax import testing
 from specdec_jax.kernels import backends, gpu, shapes
 from specdec_jax.kernels.gpu import matmul, tiles
 
+# An accelerator backend in interpret mode: the full suite's (README's command), not the
+# fast tier's, which proves the factors on XLA and the cpu kernels (CONTRIBUTING).
+pytestmark = pytest.mark.slow
+
 K, N = 70, 130                    # odd: both edges padded at packing
 MS = (1, 2, 5, 16, 64, 512)
 

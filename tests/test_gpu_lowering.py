@@ -15,6 +15,10 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from specdec_jax.kernels import gpu
 from specdec_jax.kernels.gpu import matmul, tiles
 
+# An accelerator backend in interpret mode: the full suite's (README's command), not the
+# fast tier's, which proves the factors on XLA and the cpu kernels (CONTRIBUTING).
+pytestmark = pytest.mark.slow
+
 
 def _lowers(f, *args) -> str:
   return gpu.lower_for_cuda(f, *args).as_text()

@@ -48,6 +48,7 @@ def pair(request, tmp_path_factory):
   return hf, sd.load(str(path)), request.param[1]
 
 
+@pytest.mark.slow
 def test_loaded_variant(pair):
   _, ours, tied = pair   # (transformers 5 rewrites tie_word_embeddings; use what we asked for)
   assert ours.config.logits_via_embedding == tied
@@ -55,6 +56,7 @@ def test_loaded_variant(pair):
                                          else ("gelu", "linear"))
 
 
+@pytest.mark.slow
 def test_logits_match_hf(pair):
   hf, ours, _ = pair
   enc, dec = _inputs()
@@ -69,6 +71,7 @@ def test_logits_match_hf(pair):
   np.testing.assert_allclose(np.asarray(step), expected, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_greedy_generate_matches_hf(pair):
   hf, ours, _ = pair
   enc, _ = _inputs()
@@ -82,6 +85,7 @@ def test_greedy_generate_matches_hf(pair):
   assert np.all(np.asarray(out.tokens)[:, hf_tokens.shape[1]:] == 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["legacy", "orbax"])
 def test_sd_load_t5x_fixture_reproduces_reference(layout, t5x_reference):
   model = sd.load(str(FIXTURE_DIR / layout))
@@ -93,6 +97,7 @@ def test_sd_load_t5x_fixture_reproduces_reference(layout, t5x_reference):
   np.testing.assert_array_equal(out.tokens, t5x_reference["greedy_tokens"])
 
 
+@pytest.mark.slow
 def test_save_load_round_trip_and_hf_export(tmp_path, t5x_model):
   sd.save(tmp_path / "ours", t5x_model)
   again = sd.load(str(tmp_path / "ours"))
@@ -110,6 +115,7 @@ def test_save_load_round_trip_and_hf_export(tmp_path, t5x_model):
                              expected, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_load_with_dtype_casts_params():
   model = sd.load(str(FIXTURE_DIR / "legacy"), dtype="bfloat16")
   leaf = model.params["decoder"]["logits_dense"]["kernel"]

@@ -27,6 +27,7 @@ def no_trace(monkeypatch):
   monkeypatch.setattr(engine, "run", reached)
 
 
+@pytest.mark.slow
 def test_sampling_without_rng_is_an_error_naming_rng(model, no_trace):
   with pytest.raises(sd.InputError, match=r"needs rng"):
     sd.generate(model, ENC, 4, sampling=sd.Sampling(temperature=1.0))

@@ -102,6 +102,7 @@ def test_env_var_disables_and_decode_falls_back_to_dot(monkeypatch, demo):
     sd.pack(target, kernels="cpu")              # asked for by name: an error, not a fallback
 
 
+@pytest.mark.slow
 def test_decode_uses_kernel_exactly_when_available(demo):
   target, enc = demo
   cache = _prefilled(target, enc[:1])
@@ -382,6 +383,7 @@ def test_attention_takes_grouped_kv_and_checks_shapes():
 # ----------------------------------------------------------------------------- the model
 
 
+@pytest.mark.slow
 @needs_kernels
 def test_decode_with_kernels_matches_dot(demo):
   target, enc = demo

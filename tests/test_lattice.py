@@ -13,6 +13,10 @@ import pytest
 from specdec_jax.drafters import lattice as L
 from specdec_jax.errors import InputError, SpecdecError
 
+# The lattice's rescoring is blockwise decoding's: the full suite's, not the fast tier's
+# (CONTRIBUTING's tiers).
+pytestmark = pytest.mark.slow
+
 # The hand-worked corpus: V = 5, D = 1/2, epsilon = 1 (add-one unigrams).
 CORPUS = [[1, 2, 1], [1, 3], [2, 3]]
 
@@ -149,6 +153,7 @@ def test_log_prob_broadcasts_and_checks_arity(lms):
     lm.log_prob(1, 2, 3)
 
 
+@pytest.mark.slow
 def test_large_vocabulary_is_sparse():
   rng = np.random.default_rng(3)
   lm = L.NGramLM.fit([rng.integers(0, 32128, 500)], 32128, order=3)
@@ -239,6 +244,7 @@ def test_best_paths_match_brute_force(lms, dense_lms, batch, width, k, p, order)
                                       np.broadcast_to(arcs[b, 0], (p - real, width)))
 
 
+@pytest.mark.slow
 def test_best_paths_are_the_tokens_of_best_arcs(lms):
   head, tokens, prev, _ = random_lattice(5, 2, 3, 4)
   arcs, scores = L.best_arcs(head, tokens, prev, 5, lms[2], 0.5)
@@ -249,6 +255,7 @@ def test_best_paths_are_the_tokens_of_best_arcs(lms):
   np.testing.assert_array_equal(scores, scores2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lm_order", [None, 2, 3])
 def test_exact_ties_follow_the_documented_rule(lms, lm_order):
   # Integer head log-probs tie exactly; weight 0 keeps the LM's terms exactly zero.
@@ -329,6 +336,7 @@ def test_inside_while_loop_without_recompiling(lms):
   assert len(traces) == 1
 
 
+@pytest.mark.slow
 def test_inside_scan_with_a_trigram(lms):
   traces = []
 
@@ -385,6 +393,7 @@ def test_timing_bpd_lattice(capsys):
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_errors(lms):
   head, tokens, prev, prev2 = random_lattice(0, 1, 2, 3)
   for bad in (0, -1, 1.5, True):

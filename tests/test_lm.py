@@ -93,6 +93,7 @@ def test_packed_decode_is_width_invariant(model):
   assert model.width_invariant_decode, model.decode_weights.xla
 
 
+@pytest.mark.slow
 def test_ragged_prompts_equal_each_row_alone(model):
   """Right-padded prompts of different lengths in one batch: each row's prefill, logits and
   greedy continuation are those of the row alone."""
@@ -201,6 +202,7 @@ def test_tied_and_untied_output(tie):
                              atol=1e-3)
 
 
+@pytest.mark.slow
 def test_tree_of_drafts_equals_each_branch_decoded_alone(model):
   """Two drafts [a1] and [b1, b2] after one shared token, in one call (positions/visible):
   each new token's logits are those of decoding its own branch."""
@@ -291,6 +293,7 @@ def test_bad_prompts_are_input_errors():
     model.encode(seq)
 
 
+@pytest.mark.slow
 def test_rope_matches_the_rotate_half_formula():
   """HF's convention: dimension i pairs with i + Dh/2, angle pos * theta ** (-2i / Dh)."""
   dh, theta = 8, 10000.0
@@ -328,6 +331,7 @@ def test_sharding_rules_place_the_lm(model):
   np.testing.assert_allclose(np.asarray(a), np.asarray(b), **TOL)
 
 
+@pytest.mark.slow
 def test_prefill_and_greedy_loop_inside_jit(model):
   """The engine's use: start and decode traced in one jitted function (lengths given), the
   same tokens as the eager calls; without lengths, a traced prompt is a clear error."""

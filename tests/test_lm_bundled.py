@@ -46,6 +46,7 @@ def test_speculative_greedy_continuations_are_the_targets(pair):
   assert all(isinstance(s, str) for s in tok.decode_continuations(out.tokens))
 
 
+@pytest.mark.slow
 def test_convert_to_hf_carries_the_groups_tokenizer(tmp_path, capsys):
   """`specdec convert demo-en-lm/drafter DST --to hf`: the bundled group's tokenizer.json
   and tokenizer_config.json go along, so DST loads as model and tokenizer alike."""

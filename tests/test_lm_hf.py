@@ -137,6 +137,7 @@ def test_greedy_tokens_match_generate(pair):
     np.testing.assert_array_equal(ours[b], out[0, len(prompt):].numpy(), err_msg=f"row {b}")
 
 
+@pytest.mark.slow
 def test_export_round_trips_through_transformers(pair, tmp_path):
   kind, hf_model, model, _ = pair
   out = checkpoints.export_hf(tmp_path / "hf", model.config, model.params)
@@ -156,6 +157,7 @@ def test_export_round_trips_through_transformers(pair, tmp_path):
     np.testing.assert_array_equal(np.asarray(a[1]), np.asarray(b[1]), err_msg=a[0])
 
 
+@pytest.mark.slow
 def test_sharded_safetensors_load(tmp_path):
   hf_model = _hf_model("llama", seed=3)
   hf_model.save_pretrained(tmp_path, safe_serialization=True, max_shard_size="20KB")
@@ -204,6 +206,7 @@ def test_loader_errors(tmp_path):
     sd.load(str(tmp_path / "gelu"))
 
 
+@pytest.mark.slow
 def test_export_refuses_configs_without_a_hf_equivalent(tmp_path):
   cfg = sd.get_config("gpt2_tiny").replace(positions="rope")
   model = sd.init_model(cfg)
@@ -211,6 +214,7 @@ def test_export_refuses_configs_without_a_hf_equivalent(tmp_path):
     checkpoints.export_hf(tmp_path / "x", cfg, model.params)
 
 
+@pytest.mark.slow
 def test_bfloat16_checkpoint_loads_as_stored_and_exports_bitwise(tmp_path):
   hf_model = _hf_model("llama", seed=4).to(torch.bfloat16)
   hf_model.save_pretrained(tmp_path / "bf16", safe_serialization=True)
@@ -231,6 +235,7 @@ def test_bfloat16_checkpoint_loads_as_stored_and_exports_bitwise(tmp_path):
   assert np.max(np.abs(got - want32)) < TOL
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt2_tiny", "llama_tiny"])
 def test_export_then_load_keeps_a_config_without_bos(tmp_path, name):
   """A model without BOS exports `bos_token_id: null`; loading it back must not fill in

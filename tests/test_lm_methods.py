@@ -117,6 +117,7 @@ def test_prompt_lookup_copies_from_the_prompt_within_its_length():
   assert np.all(np.asarray(logits[1]) == 0)             # slot 3 is padding: no proposal
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("small", ["model", "early-exit"])
 def test_bild_drafts_with_an_lm_small_model(small):
   """A decoder-only small model (or the target's first layer) drafts while confident; the
@@ -155,6 +156,7 @@ def test_blockwise_greedy_equals_baseline(name):
     assert np.all(oracle >= 1) and np.all(oracle <= np.asarray(out.lengths))
 
 
+@pytest.mark.slow
 def test_anchored_cache_counts_after_the_prompt():
   """`anchored` moves the prefill's length into the offset; decoding k tokens then equals
   decoding them unanchored, and `cache.move` copies slots counted after the offset."""
@@ -192,6 +194,7 @@ def test_ragged_batch_equals_each_row_alone():
     np.testing.assert_array_equal(np.asarray(alone.tokens)[0], np.asarray(batch.tokens)[b])
 
 
+@pytest.mark.slow
 def test_prompt_lengths_given_explicitly():
   """A prompt whose last token is the pad id needs prompt_lengths; with them the row is
   the same as when its prompt is stored with another pad id."""
@@ -225,6 +228,7 @@ def test_learned_positions_up_to_the_table():
 # ----------------------------------------------------------------------------- sampling
 
 
+@pytest.mark.slow
 def test_sampling_is_reproducible_with_a_fixed_rng():
   target, drafter = pair()
   method = sd.Speculative(drafter, gamma=3)
@@ -236,6 +240,7 @@ def test_sampling_is_reproducible_with_a_fixed_rng():
   assert not np.array_equal(np.asarray(a.tokens), np.asarray(c.tokens))
 
 
+@pytest.mark.slow
 def test_generate_temperature_top_k_top_p():
   """Top-k 1 and a tiny top-p keep only the argmax: greedy output; temperature sampling
   is reproducible and leaves the argmax somewhere."""

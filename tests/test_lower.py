@@ -78,9 +78,9 @@ def method(name: str, target: sd.Model):
   return testing.examples(target, target, sd.init_heads(target, 2))[name]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", METHOD_NAMES)
-@pytest.mark.parametrize("kind", ["t5", "lm", pytest.param("gemma4", marks=pytest.mark.slow),
-                                  pytest.param("t5gemma2", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("kind", ["t5", "lm", "gemma4", "t5gemma2"])
 def test_every_method_lowers_for_tpu_and_cuda(models, kind, name):
   """One lowering for both platforms: JAX runs each platform's lowering rules in it."""
   target, enc = models[kind]
@@ -115,7 +115,8 @@ def _values(tree):
 
 
 @pytest.mark.parametrize("kind,name", [
-    ("t5", "autoregressive"), pytest.param("t5", "speculative", marks=pytest.mark.slow),
+    pytest.param("t5", "autoregressive", marks=pytest.mark.slow),
+    pytest.param("t5", "speculative", marks=pytest.mark.slow),
     pytest.param("t5", "beam", marks=pytest.mark.slow),
     pytest.param("lm", "autoregressive", marks=pytest.mark.slow)])
 def test_lower_builds_exactly_the_call_decode_makes(models, monkeypatch, kind, name):

@@ -79,6 +79,7 @@ def test_each_methods_stats_keys_are_exactly_its_own(target, drafter, heads, nam
   assert set(merged) - set(info) == statistics
 
 
+@pytest.mark.slow
 def test_summary_of_another_methods_counters_keeps_its_own_names():
   """The filter is by the run's method (its value's `statistics`), not by which counters
   happen to be nonzero."""

@@ -30,6 +30,7 @@ def test_fixture_logits_match_t5x(t5x_model, t5x_reference):
   assert np.max(np.abs(np.asarray(logits) - ref)) <= 1e-4 * np.max(np.abs(ref))
 
 
+@pytest.mark.slow
 def test_one_token_decode_equals_full_forward(model):
   enc = ragged_tokens(3, 12, model.vocab_size)
   dec = _decoder_inputs(3, 10, model.vocab_size)
@@ -88,6 +89,7 @@ def test_rollback_overwrites_stale_entries(model):
   np.testing.assert_allclose(logits_b, full_b[:, 3:], atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_writes_past_capacity_are_dropped(model):
   enc = ragged_tokens(1, 6, model.vocab_size)
   cache = model.start(enc, capacity=4)
@@ -177,6 +179,7 @@ def test_config_errors(tmp_path):
     sd.get_config(bad)
 
 
+@pytest.mark.slow
 def test_every_named_config_parses():
   names = sd.available_configs()
   for required in ["t5_1_1_small", "t5_1_1_xxl", "t5_1_0_11b", "mt5_xxl", "t5_1_1_tiny"]:

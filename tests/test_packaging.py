@@ -181,6 +181,7 @@ def test_repo_layout_keeps_top_level_configs():
   assert (REPO / "configs" / "demo" / "train.json").is_file()
 
 
+@pytest.mark.slow
 def test_wheel_is_code_with_configs_and_kernel_sources(wheel):
   with zipfile.ZipFile(wheel) as z:
     names = set(z.namelist())

@@ -113,6 +113,7 @@ def test_bad_plans():
     plan_lib.abstract_mesh(1, 0)
 
 
+@pytest.mark.slow
 def test_config_of(tmp_path):
   assert plan_lib.config_of("config:t5_1_1_tiny") == TINY
   assert plan_lib.config_of("t5_1_1_tiny") == TINY
@@ -163,6 +164,7 @@ GEMMA, G31, G31_ASSISTANT = (sd.get_config("gemma4_tiny"), sd.get_config("gemma4
                              sd.get_config("gemma4_31b_assistant"))
 
 
+@pytest.mark.slow
 def test_decoder_only_params_and_cache_are_the_real_arrays():
   """A Gemma 4 model (sliding and full layers of their own K/V shapes): the planned
   parameter bytes are its arrays', the planned cache (the prompt first) a real prefill's."""
@@ -177,6 +179,7 @@ def test_decoder_only_params_and_cache_are_the_real_arrays():
   assert sum(planned.values()) == real_cache_bytes(model.start(prompt, slots))
 
 
+@pytest.mark.slow
 def test_gemma4_31b_and_its_assistant_from_the_published_shapes():
   """The named configs reproduce the published parameter counts (30.7B; 0.47B for the
   assistant), and the plan splits the target by its own heads per layer type."""
@@ -203,6 +206,7 @@ def test_gemma4_31b_and_its_assistant_from_the_published_shapes():
     plan_lib.memory_plan(TINY, G31_ASSISTANT, 1, shape)
 
 
+@pytest.mark.slow
 def test_speedup_projection_is_theorem_8_at_the_weight_ratio():
   projection = plan_lib.speedup_projection(G31, G31_ASSISTANT, 4)
   c = plan_lib.draft_macs_per_step(G31_ASSISTANT) / G31.decode_macs_per_token()
@@ -223,6 +227,7 @@ def test_speedup_projection_is_theorem_8_at_the_weight_ratio():
           == 1024 * (dec.vocab_size - 2048 - 32 * 128))
 
 
+@pytest.mark.slow
 def test_plan_command_for_gemma4_31b_and_its_assistant(capsys):
   common = ["plan", "--target", "config:gemma4_31b", "--drafter", "config:gemma4_31b_assistant",
             "--dtype", "bfloat16", "--batch", 8, "--max-input-len", 1024, "--max-new-tokens",
@@ -256,6 +261,7 @@ def _stack_params(config, stack: str) -> int:
              if path.startswith(stack + "/"))
 
 
+@pytest.mark.slow
 def test_t5gemma2_named_configs_from_the_published_shapes():
   """The totals published for T5Gemma 2 (~370M, ~7B without the vision tower; Google
   Developers Blog, 2025-12-18) within half a unit of their last digit, and each stack, the
@@ -271,6 +277,7 @@ def test_t5gemma2_named_configs_from_the_published_shapes():
   assert T5G_270M.vocab_size == T5G_4B.vocab_size          # one tokenizer: a sibling drafts
 
 
+@pytest.mark.slow
 def test_t5gemma2_plan_sizes_grouped_heads_and_the_merged_cache():
   """4B-4B drafted by 270M-270M: the target's cache per decoder layer is its 4 grouped K/V
   heads over Le + C slots (the cross K/V at [0, Le), then its own), split over "model" where
@@ -329,6 +336,7 @@ def test_plan_equals_the_bytes_of_a_sharded_t5gemma2_and_its_caches():
   assert device_bytes(placed(drafter, drafter_config, False)) == sum(plan.drafter_cache.values())
 
 
+@pytest.mark.slow
 def test_plan_command_for_t5gemma2(capsys):
   common = ["plan", "--target", "config:t5gemma2_4b_4b", "--drafter", "config:t5gemma2_270m_270m",
             "--dtype", "bfloat16", "--batch", 8, "--max-input-len", 2048, "--max-new-tokens", 256,

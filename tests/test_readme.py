@@ -40,6 +40,7 @@ def test_the_t5x_snippet_names_the_placeholders_the_test_fills():
     assert placeholder in code, placeholder
 
 
+@pytest.mark.docs
 @pytest.mark.slow
 def test_readme_python_examples_run(capsys):
   pytest.importorskip("tokenizers")

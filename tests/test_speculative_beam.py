@@ -445,26 +445,6 @@ def test_token_level_drafters():
 
 
 @pytest.mark.slow
-def test_cli_method_beam_with_a_drafter_is_speculative_beam_search(capsys):
-  """`specdec decode --method beam --drafter X` runs experimental.SpeculativeBeam (its value
-  says so: `with_drafter_for`), and prints the same beams' best tokens as `--method beam`."""
-  import json
-
-  from specdec_jax.cli import main
-  argv = ["decode", "--model", "config:t5_1_1_tiny", "--method", "beam", "--num-beams", "2",
-          "--max-new-tokens", "6", "--json", "5 6 7 1", "9 8 1"]
-  assert main(argv) == 0
-  plain = json.loads(capsys.readouterr().out)
-  assert main([*argv, "--drafter", "config:t5_1_1_tiny", "--gamma", "2"]) == 0
-  drafted = json.loads(capsys.readouterr().out)
-  assert plain["settings"]["method"] == "beam"
-  assert drafted["settings"]["method"] == "speculative-beam"
-  assert drafted["outputs"] == plain["outputs"]
-  # the target drafting itself: fewer target calls than beam steps
-  assert drafted["stats"]["steps_per_target_call"] > 1.0
-
-
-@pytest.mark.slow
 def test_a_tree_wider_than_the_call_is_drafted_and_replayed():
   """K=4 beams, gamma=2: the tree's first level (2K=8 nodes) is wider than the call
   (gamma+1=3 tokens); the two widths are separate settings (a bug once drew the tree at the
@@ -486,8 +466,10 @@ def test_a_tree_wider_than_the_call_is_drafted_and_replayed():
 
 
 @pytest.mark.slow
-def test_cli_json_statistics_merge_the_batches(capsys):
-  """`--json` over two batches (--batch-size 1) carries the method's own statistics: steps
+def test_cli_method_beam_with_a_drafter_is_speculative_beam_search(capsys):
+  """`specdec decode --method beam --drafter X` runs experimental.SpeculativeBeam (its value
+  says so: `with_drafter_for`) and prints the same beams' best tokens as `--method beam`.
+  `--json` over two batches (--batch-size 1) carries the method's own statistics: steps
   are `--method beam`'s calls over the corpus, steps per target call total steps over
   total rounds, drafted nodes per round the tree's (2K + K (gamma - 1)), acceptance by
   depth one per drafted depth (the statistics once dropped the per-call ones)."""
@@ -498,9 +480,13 @@ def test_cli_json_statistics_merge_the_batches(capsys):
           "--max-new-tokens", "8", "--batch-size", "1", "--no-warmup", "--json", "5 6 7 1",
           "9 8 1"]
   assert main(argv) == 0
-  plain = json.loads(capsys.readouterr().out)["stats"]
+  plain = json.loads(capsys.readouterr().out)
   assert main([*argv, "--drafter", "config:t5_1_1_tiny", "--gamma", "2"]) == 0
-  stats = json.loads(capsys.readouterr().out)["stats"]
+  drafted = json.loads(capsys.readouterr().out)
+  assert plain["settings"]["method"] == "beam"
+  assert drafted["settings"]["method"] == "speculative-beam"
+  assert drafted["outputs"] == plain["outputs"]
+  plain, stats = plain["stats"], drafted["stats"]
   assert stats["steps"] == plain["rounds"] and stats["rounds"] < stats["steps"]
   assert stats["steps_per_target_call"] == stats["steps"] / stats["rounds"]
   assert stats["drafted_nodes_per_round"] == 2 * 2 + 2 * (2 - 1)

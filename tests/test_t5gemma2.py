@@ -137,6 +137,7 @@ def test_logits_and_greedy_tokens_match_transformers(pair):
   assert lengths.tolist() == [5, 1, T] and T + 1 > WINDOW   # EOS at two steps, and the cap
 
 
+@pytest.mark.slow
 def test_a_tree_decode_equals_the_plain_call(pair):
   """A chain of drafts given as a tree (positions and a visibility mask, as blockwise
   verification calls it) reads what the plain k-token call reads: a sliding layer hides
@@ -171,6 +172,7 @@ def test_every_method_equals_its_baseline_with_a_smaller_sibling_drafting(pair):
       assert 0 < out.stats["accepted"] < out.stats["drafted"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not build.available(), reason="the C++ kernels are unavailable here")
 def test_a_decode_runs_every_product_on_the_cpu_kernels(pair):
   """The merged attention's mask and window are its bias: the cpu attention kernel takes
@@ -183,6 +185,7 @@ def test_a_decode_runs_every_product_on_the_cpu_kernels(pair):
   np.testing.assert_array_equal(np.asarray(on_kernels.tokens), np.asarray(on_xla.tokens))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernels", ["gpu", "tpu"])
 def test_the_gpu_and_tpu_kernels_take_every_product(pair, kernels):
   """Every product of its decode is dispatched to the gpu and tpu kernels (no window
@@ -193,6 +196,7 @@ def test_the_gpu_and_tpu_kernels_take_every_product(pair, kernels):
   assert sd.pack(target, kernels=kernels).decode_weights.xla == ()
 
 
+@pytest.mark.slow
 def test_our_own_format_round_trips(pair, tmp_path):
   _, _, target, _ = pair
   sd.save(str(tmp_path / "ours"), target)
@@ -228,6 +232,7 @@ def test_export_to_transformers_is_refused(pair, tmp_path):
   assert not (tmp_path / "hf").exists()
 
 
+@pytest.mark.slow
 def test_attention_logit_softcapping_is_loaded_and_applied(pair, tmp_path):
   """transformers' T5Gemma 2 stores attn_logit_softcapping without applying it; we apply it:
   the same weights' logits move, a cached decode call on the cpu kernels is XLA's, and
@@ -274,6 +279,7 @@ def test_the_start_token_and_eos_are_read():
                                                         "bos_token_id": 2}).decoder_start_id == 5
 
 
+@pytest.mark.slow
 def test_the_older_rope_keys_are_read():
   d = _dict(rope_parameters=None, rope_theta=5e5, rope_local_base_freq=50.0,
             rope_scaling={"rope_type": "linear", "factor": 8.0})

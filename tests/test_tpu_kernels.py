@@ -26,6 +26,10 @@ from specdec_jax.errors import InputError
 from specdec_jax.kernels import backends, selfcheck, shapes, tpu
 from specdec_jax.kernels.tpu import decode_attention, matmul
 
+# An accelerator backend in interpret mode: the full suite's (README's command), not the
+# fast tier's, which proves the factors on XLA and the cpu kernels (CONTRIBUTING).
+pytestmark = pytest.mark.slow
+
 K, N = 70, 130                    # odd: both edges padded at packing
 BLOCK_RULE = "divisible by 8 and 128"
 #: The baselines' outputs of the end-to-end decode, by method value (decoded once).
