@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 from helpers import REPO_DIR, WITH_DEFAULT_SIGINT
 
+from specdec_jax import cli
+
 TARGET = "config:t5_1_1_tiny"
 
 
@@ -105,7 +107,7 @@ def _rest(proc, timeout: float = 120) -> tuple[str, str]:
 
 
 @pytest.mark.slow      # 15 s; the fast tier keeps tests/unit/test_progress.py's
-def test_an_interrupted_stdout_run_has_printed_its_finished_rows(tmp_path):
+def test_an_interrupted_stdout_run_has_printed_its_finished_rows(tmp_path, capsys):
   """Ctrl-C between two batches (the run paused after 3 rows): the 3 rows are printed and
   are a clean run's, and the last line says so."""
   prompts = _prompts(tmp_path / "in.txt", 3000)
@@ -117,12 +119,10 @@ def test_an_interrupted_stdout_run_has_printed_its_finished_rows(tmp_path):
   assert last == ("specdec decode: interrupted: 3 of 3000 rows kept (written above); "
                   "--output FILE writes rows as they finish and --resume continues where a "
                   "run stopped"), err[-2000:]
-  # the printed rows are the outputs of those prompts (a clean run of the first ones)
+  # the printed rows are the outputs of those prompts (a clean run of the first ones, here)
   (tmp_path / "head.txt").write_text("\n".join(prompts[:3]) + "\n")
-  full = subprocess.run(_command("--input-file", "head.txt"), env=env, cwd=tmp_path,
-                        capture_output=True, text=True, timeout=300)
-  assert full.returncode == 0, full.stderr[-2000:]
-  assert full.stdout.splitlines() == out.splitlines()
+  assert cli.main([*DECODE, "--input-file", str(tmp_path / "head.txt")]) == 0
+  assert capsys.readouterr().out.splitlines() == out.splitlines()
 
 
 @pytest.mark.slow

@@ -1,13 +1,15 @@
 """Gemma 4 text decoders: tiny random models made and saved by transformers, loaded with
 `sd.load`; logits and greedy tokens against transformers (a sliding window shorter than
 prompt + output, soft-capped logits, grouped heads, full layers of their own head size with
-keys as values, ragged prompts at batch > 1); every greedy method of the registry equals its
-baseline with a smaller Gemma 4 drafter (on XLA's ops); the cpu attention kernel takes the
-window (bitwise the masked row) and a decode runs on the cpu kernels alone; the gpu and
-tpu kernels refuse it; the loader's refusals (attn_logit_softcapping among them: Gemma 4's
-text attention has no soft-cap), and the export's. (Every method lowers for TPU and CUDA:
-tests/test_lower.py's "gemma4" kind.)"""
+keys as values, ragged prompts at batch > 1); loaded onto a mesh, it decodes as on one
+device; the cpu attention kernel takes the window (bitwise the masked row) and a decode
+runs on the cpu kernels alone; the gpu and tpu kernels refuse it; the loader's refusals
+(attn_logit_softcapping among them: Gemma 4's text attention has no soft-cap), and the
+export's. Every method's exactness is the model-free factors' (tests/test_exact.py); on a
+Gemma 4 target, speculative decoding with its assistant is tests/test_gemma4_assistant.py's.
+(Every method lowers for TPU and CUDA: tests/test_lower.py's "gemma4" kind.)"""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -100,6 +102,24 @@ def test_a_tree_decode_windows_keys_by_position(pair):
   tree, _, _ = target.decode_with_hidden(tokens, cache, positions=jnp.arange(4)[None],
                                          visible=jnp.tril(jnp.ones((4, 4), bool))[None])
   np.testing.assert_array_equal(np.asarray(tree), np.asarray(plain))
+
+
+@pytest.mark.slow
+def test_loaded_onto_a_mesh_it_decodes_as_one_device(pair, tmp_path):
+  """`sd.load(dir, mesh=)` puts each weight in its shards (the MLP split over "model"), and
+  greedy decoding of ragged prompts split over "data" gives one device's tokens."""
+  hf_target, target, _ = pair
+  hf_target.save_pretrained(tmp_path)
+  mesh = sd.make_mesh(data=2, model=2, devices=jax.devices()[:4])
+  sharded = sd.load(str(tmp_path), mesh=mesh)
+  split = [x for x in jax.tree_util.tree_leaves(sharded.params)
+           if not x.sharding.is_fully_replicated]
+  assert split and all(x.sharding.mesh == mesh for x in split)
+  prompts = np.concatenate([PROMPTS, PROMPTS[1:2]])              # 4 rows: 2 per data shard
+  out = sd.decode(sharded, sd.Autoregressive(), sd.sharding.shard_batch(prompts, mesh), T)
+  one = sd.decode(target, sd.Autoregressive(), prompts, T)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(one.tokens))
+  np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(one.lengths))
 
 
 needs_cpu_kernels = pytest.mark.skipif(not build.available(),

@@ -176,6 +176,37 @@ def test_greedy_is_the_targets_bitwise_and_batch_invariant(pair):
   assert stats["accepted"] <= stats["drafted"]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("centroids", [None, 8])
+def test_drafting_with_the_assistant_lowers_for_tpu_and_cuda(pair, centroids):
+  """The round that reads the target's cache in place, with and without centroid-masked
+  logits, lowers for TPU and CUDA in one lowering (on XLA's ops: its sliding windows)."""
+  _, target, assistants = pair
+  method = sd.Speculative(assistants[centroids][1], gamma=GAMMA)
+  text = sd.lower(target, method, PROMPTS, max_new_tokens=T, eos_id=EOS,
+                  platforms=("tpu", "cuda")).as_text()
+  assert "stablehlo.while" in text
+
+
+@pytest.mark.slow
+def test_on_a_mesh_drafting_with_the_assistant_is_one_devices(pair):
+  """The target split over "model" (its K/V cache with it), the assistant replicated, the
+  prompts split over "data": the assistant reads the sharded cache in place, and the tokens
+  and statistics are one device's."""
+  _, target, assistants = pair
+  mesh = sd.make_mesh(data=2, model=2, devices=jax.devices()[:4])
+  prompts = np.concatenate([PROMPTS, PROMPTS[1:2]])              # 4 rows: 2 per data shard
+  assistant = assistants[8][1]
+  method = sd.Speculative(sd.sharding.replicate(assistant, mesh), gamma=GAMMA)
+  sharded = sd.shard(target, mesh)
+  assert any(not x.sharding.is_fully_replicated for x in jax.tree_util.tree_leaves(sharded.params))
+  out = sd.decode(sharded, method, sd.sharding.shard_batch(prompts, mesh), T, eos_id=EOS)
+  one = sd.decode(target, sd.Speculative(assistant, gamma=GAMMA), prompts, T, eos_id=EOS)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(one.tokens))
+  for key in ("tokens", "target_calls", "drafted", "accepted"):
+    assert out.stats[key] == one.stats[key], key
+
+
 def test_a_target_it_cannot_read_is_refused(pair):
   _, target, assistants = pair
   assistant = assistants[None][1]
