@@ -106,6 +106,7 @@ def test_logits_and_greedy_tokens_match_transformers(pair):
     assert n == len(expected) and len(prompt) + n > WINDOW
 
 
+@pytest.mark.slow
 def test_per_layer_inputs_and_shared_kv_match_transformers(small, tmp_path):
   """Logits and greedy tokens (sliding window shorter than prompt + output, ragged rows);
   the cache holds the three cached layers alone; `export_hf` writes them back."""

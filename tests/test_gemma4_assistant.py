@@ -161,7 +161,8 @@ def test_drafts_equal_transformers_assistant(pair, centroids):
 def test_on_a_kv_sharing_target_it_reads_the_last_cached_layers(pair, tmp_path):
   """A target whose last two layers share K/V (with per-layer inputs): the assistant reads
   the last cached layer of each type (transformers' "store" layers, its `shared_kv_states`),
-  not the last layer: transformers' drafts and assisted output, the target's greedy one."""
+  not the last layer: its first round's logits and drafts are transformers'. (Its greedy
+  output is the target's whatever it drafts: only the drafts tell which K/V it read.)"""
   s, f = "sliding_attention", "full_attention"
   config = _text_config(5, TARGET_DIM, layer_types=[s, s, f, s, f], num_kv_shared_layers=2,
                         hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB)
@@ -171,12 +172,10 @@ def test_on_a_kv_sharing_target_it_reads_the_last_cached_layers(pair, tmp_path):
   hf_assistant, assistant = pair[2][None]
   assert assistant.for_target(target).reads == (1, 2)
   prompt = PROMPTS[2:]
-  hf_tokens, hf_logits = _hf_first_drafts(hf_target, hf_assistant, prompt)
+  _, hf_logits = _hf_first_drafts(hf_target, hf_assistant, prompt)
   tokens, logits = _our_first_drafts(target, assistant, prompt)
   np.testing.assert_allclose(logits, hf_logits, rtol=1e-3, atol=2e-4)
   np.testing.assert_array_equal(tokens, hf_logits.argmax(-1))
-  out = sd.decode(target, sd.Speculative(assistant, gamma=GAMMA), prompt, T, eos_id=EOS)
-  np.testing.assert_array_equal(np.asarray(out.tokens[0, :int(out.lengths[0])]), hf_tokens)
 
 
 def test_greedy_is_the_targets_bitwise_and_batch_invariant(pair):
