@@ -141,9 +141,10 @@ def _kind(config) -> str:
 
 
 def kv_shapes(config: T5Config | LMConfig) -> tuple[tuple[int, int], ...]:
-  """[key/value heads, head size] of each decoder layer's self-attention cache."""
+  """[key/value heads, head size] of each decoder layer's self-attention cache (a Gemma 4
+  K/V-shared layer has none)."""
   if isinstance(config, GemmaConfig):
-    return tuple(map(config.layer_shape, range(config.num_layers)))
+    return tuple(map(config.layer_shape, range(config.cached_layers)))
   if isinstance(config, LMConfig):
     return ((config.num_kv_heads, config.head_dim),) * config.num_layers
   if isinstance(config, T5Gemma2Config):   # grouped K/V heads, as the decoder's buffers hold

@@ -31,9 +31,9 @@ PROMPTS = np.array([[5, 17, 33, 8, 91, 40, 12, 0, 0],
                     [3, 50, 11, 88, 9, 70, 26, 45, 14]], np.int32)
 
 
-def _hf_config(layers, **extra):
-  types = ["sliding_attention"] * (layers - 2) + ["sliding_attention", "full_attention"]
-  return transformers.Gemma4TextConfig(
+def _hf_config(layers, types=None, **extra):
+  types = types or ["sliding_attention"] * (layers - 2) + ["sliding_attention", "full_attention"]
+  settings = dict(
       vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=layers,
       num_attention_heads=4, num_key_value_heads=2, head_dim=8, global_head_dim=16,
       num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=WINDOW,
@@ -42,7 +42,8 @@ def _hf_config(layers, **extra):
       rope_parameters={
           "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
           "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.5,
-                             "rope_theta": 1000.0}}, **extra)
+                             "rope_theta": 1000.0}})
+  return transformers.Gemma4TextConfig(**{**settings, **extra})
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +60,21 @@ def pair(tmp_path_factory):
   hf_drafter.save_pretrained(drafter_dir, max_shard_size="20KB")
   assert (drafter_dir / "model.safetensors.index.json").is_file()
   return hf_target, sd.load(str(target_dir)), sd.load(str(drafter_dir))
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+  """(HF model, ours): a small target's features, per-layer inputs and the last two of five
+  layers sharing K/V (layer 3 reads layer 1, the last cached sliding one; layer 4 reads 2),
+  their MLPs double-wide."""
+  s, f = "sliding_attention", "full_attention"
+  config = _hf_config(5, [s, s, f, s, f], hidden_size_per_layer_input=8,
+                      vocab_size_per_layer_input=VOCAB, num_kv_shared_layers=2,
+                      use_double_wide_mlp=True)
+  hf_model = randomized_torch(transformers.Gemma4ForCausalLM(config), 2)
+  directory = tmp_path_factory.mktemp("gemma4_small")
+  hf_model.save_pretrained(directory)
+  return hf_model, sd.load(str(directory))
 
 
 def test_config_is_read(pair):
@@ -91,11 +107,53 @@ def test_logits_and_greedy_tokens_match_transformers(pair):
 
 
 @pytest.mark.slow
-def test_a_tree_decode_windows_keys_by_position(pair):
+def test_per_layer_inputs_and_shared_kv_match_transformers(small, tmp_path):
+  """Logits and greedy tokens (sliding window shorter than prompt + output, ragged rows);
+  the cache holds the three cached layers alone; `export_hf` writes them back."""
+  hf_model, model = small
+  cfg = model.config
+  assert (cfg.per_layer_dim, cfg.cached_layers, cfg.kv_source(3), cfg.kv_source(4)) == (8, 3, 1, 2)
+  assert model.num_params() == cfg.num_params() == sum(
+      p.numel() for p in hf_model.parameters()) + cfg.num_layers   # + the layer scalars
+  with torch.no_grad():
+    ref = hf_model(torch.tensor(PROMPTS[2:], dtype=torch.long)).logits.numpy()
+  np.testing.assert_allclose(np.asarray(model.forward(PROMPTS[2:])), ref, atol=2e-5)
+  _, cache, _ = model.begin(PROMPTS, T)
+  assert len(cache.self_key) == len(cache.self_value) == 3
+  out = sd.decode(model, sd.Autoregressive(), PROMPTS, T)
+  for b, row in enumerate(PROMPTS):
+    prompt = row[:np.flatnonzero(row)[-1] + 1]
+    with torch.no_grad():
+      hf = hf_model.generate(torch.tensor(prompt[None], dtype=torch.long), max_new_tokens=T,
+                             do_sample=False, pad_token_id=0, eos_token_id=EOS)
+    expected = hf[0, len(prompt):].numpy()
+    n = int(out.lengths[b])
+    np.testing.assert_array_equal(np.asarray(out.tokens[b, :n]), expected[:n])
+    assert n == len(expected) and len(prompt) + n > WINDOW
+  again = sd.load(hf_gemma.export_hf(tmp_path, cfg, model.params))
+  assert again.config == cfg
+  jax.tree_util.tree_map(np.testing.assert_array_equal, again.params, model.params)
+
+
+@pytest.mark.slow
+def test_speculative_on_shared_kv_layers_is_the_baseline(pair, small):
+  """k-token verify calls over the K/V-shared layers, drafts partly rejected."""
+  _, model = small
+  _, _, drafter = pair
+  base = sd.decode(model, sd.Autoregressive(), PROMPTS, T)
+  out = sd.decode(model, sd.Speculative(drafter, gamma=3), PROMPTS, T)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(base.tokens))
+  np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(base.lengths))
+  assert 0 < out.stats["alpha"] < 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fixture", ["pair", "small"])
+def test_a_tree_decode_windows_keys_by_position(fixture, request):
   """A chain of drafts given as a tree (positions and a visibility mask, as blockwise
   verification calls it) reads what the plain k-token call reads: a sliding layer hides
-  the keys a window before each query's position, not its slot."""
-  _, target, _ = pair
+  the keys a window before each query's position, not its slot (K/V-shared layers too)."""
+  target = request.getfixturevalue(fixture)[1]
   _, cache, _ = target.begin(PROMPTS[2:], T)
   tokens = jnp.asarray([[14, 30, 31, 32]], jnp.int32)
   plain, _ = target.decode(tokens, cache)
@@ -165,14 +223,13 @@ def test_gpu_and_tpu_kernels_refuse_a_sliding_window(pair):
 
 
 @pytest.mark.parametrize("key, value, message", [
-    ("hidden_size_per_layer_input", 16, "per-layer inputs"),
-    ("num_kv_shared_layers", 1, "K/V"),
+    ("vocab_size_per_layer_input", 50, "vocab_size_per_layer_input 50 differs"),
+    ("num_kv_shared_layers", 1, r"shared layer \(\['full'\]\) reads an earlier layer"),
     ("enable_moe_block", True, "mixture-of-experts"),
     ("attn_logit_softcapping", 50.0, "attn_logit_softcapping=50.0: transformers' Gemma 4"),
 ])
 def test_unimplemented_settings_are_refused(key, value, message):
-  d = {"model_type": "gemma4_text", "num_hidden_layers": 2, "hidden_size_per_layer_input": 0,
-       key: value}
+  d = {"model_type": "gemma4_text", "num_hidden_layers": 2, key: value}
   with pytest.raises(sd.CheckpointError, match=message):
     hf_gemma.config_from_hf_dict(d)
 

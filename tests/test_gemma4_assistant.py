@@ -35,7 +35,7 @@ PROMPTS = np.array([[5, 17, 33, 8, 91, 40, 12, 0, 0],
 
 def _text_config(layers, hidden, vocab=VOCAB, **extra):
   types = ["sliding_attention"] * (layers - 1) + ["full_attention"]
-  return transformers.Gemma4TextConfig(
+  settings = dict(
       vocab_size=vocab, hidden_size=hidden, intermediate_size=48, num_hidden_layers=layers,
       num_attention_heads=4, num_key_value_heads=2, head_dim=8, global_head_dim=16,
       num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=WINDOW,
@@ -45,7 +45,8 @@ def _text_config(layers, hidden, vocab=VOCAB, **extra):
       rope_parameters={
           "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
           "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.5,
-                             "rope_theta": 1000.0}}, **extra)
+                             "rope_theta": 1000.0}})
+  return transformers.Gemma4TextConfig(**{**settings, **extra})
 
 
 def _assistant(vocab, centroids, seed, scale=1.0, target_dim=TARGET_DIM):
@@ -156,6 +157,27 @@ def test_drafts_equal_transformers_assistant(pair, centroids):
   np.testing.assert_array_equal(np.asarray(out.tokens[0, :int(out.lengths[0])]), hf_tokens)
 
 
+@pytest.mark.slow
+def test_on_a_kv_sharing_target_it_reads_the_last_cached_layers(pair, tmp_path):
+  """A target whose last two layers share K/V (with per-layer inputs): the assistant reads
+  the last cached layer of each type (transformers' "store" layers, its `shared_kv_states`),
+  not the last layer: its first round's logits and drafts are transformers'. (Its greedy
+  output is the target's whatever it drafts: only the drafts tell which K/V it read.)"""
+  s, f = "sliding_attention", "full_attention"
+  config = _text_config(5, TARGET_DIM, layer_types=[s, s, f, s, f], num_kv_shared_layers=2,
+                        hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB)
+  hf_target = randomized_torch(transformers.Gemma4ForCausalLM(config), 4)
+  hf_target.save_pretrained(tmp_path)
+  target = sd.load(str(tmp_path), kernels="xla")
+  hf_assistant, assistant = pair[2][None]
+  assert assistant.for_target(target).reads == (1, 2)
+  prompt = PROMPTS[2:]
+  _, hf_logits = _hf_first_drafts(hf_target, hf_assistant, prompt)
+  tokens, logits = _our_first_drafts(target, assistant, prompt)
+  np.testing.assert_allclose(logits, hf_logits, rtol=1e-3, atol=2e-4)
+  np.testing.assert_array_equal(tokens, hf_logits.argmax(-1))
+
+
 def test_greedy_is_the_targets_bitwise_and_batch_invariant(pair):
   """Ragged prompts at batch 3 (windows shorter than prompt + output) give the target's
   greedy tokens bitwise, and each row decoded alone gives its row; the statistics count
@@ -215,7 +237,7 @@ def test_a_target_it_cannot_read_is_refused(pair):
            (target.replace(config=target.config.replace(global_head_dim=32)),
             r"layer 1 \(full\) reads K/V of \[heads, head size\] \[1, 16\]"),
            (target.replace(config=target.config.replace(
-               layer_types=("full",) * 3)), "sliding layers, and the target has none"),
+               layer_types=("full",) * 3)), "sliding layers, and the target caches none"),
            (sd.Model(config=sd.get_config("t5_1_1_tiny"), params={}),
             "drafts for a Gemma 4 target.*T5 encoder-decoder")]
   for wrong, message in cases:

@@ -166,15 +166,19 @@ GEMMA, G31, G31_ASSISTANT = (sd.get_config("gemma4_tiny"), sd.get_config("gemma4
 
 @pytest.mark.slow
 def test_decoder_only_params_and_cache_are_the_real_arrays():
-  """A Gemma 4 model (sliding and full layers of their own K/V shapes): the planned
-  parameter bytes are its arrays', the planned cache (the prompt first) a real prefill's."""
-  model = sd.init_model(GEMMA, 0)
-  assert plan_lib.param_bytes(GEMMA, "float32", ONE) == sum(
+  """A Gemma 4 model (sliding and full layers of their own K/V shapes; a small target's
+  per-layer inputs and K/V-shared layers, which cache nothing): the planned parameter bytes
+  are its arrays', the planned cache (the prompt first) a real prefill's."""
+  config = GEMMA.replace(num_layers=5, layer_types=("sliding", "sliding", "full", "sliding",
+                                                    "full"),
+                         num_kv_shared_layers=2, per_layer_dim=4, double_wide_mlp=True)
+  model = sd.init_model(config, 0)
+  assert plan_lib.param_bytes(config, "float32", ONE) == sum(
       x.nbytes for x in jax.tree_util.tree_leaves(model.params))
   prompt = np.full((3, 7), 5, np.int32)
-  slots = plan_lib.cache_slots(GEMMA, 20, 7)
+  slots = plan_lib.cache_slots(config, 20, 7)
   assert slots == model.decode_capacity(20, 7) == 27
-  planned = plan_lib.cache_bytes(GEMMA, 3, slots, 7, "float32", ONE)
+  planned = plan_lib.cache_bytes(config, 3, slots, 7, "float32", ONE)
   assert planned["cross_kv"] == 0
   assert sum(planned.values()) == real_cache_bytes(model.start(prompt, slots))
 

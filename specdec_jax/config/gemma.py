@@ -20,9 +20,12 @@ sqrt(emb_dim) and tied to the output layer; the logits are soft-capped where
 at positions (p - sliding_window, p]. Full layers rotate the first `global_rope_fraction`
 of each head's angle pairs (transformers' "proportional" rope) and keep the rest.
 
-Not implemented, refused by the checkpoint reader: per-layer inputs
-(`hidden_size_per_layer_input`), layers sharing another's K/V (`num_kv_shared_layers`),
-mixture-of-experts blocks and bidirectional attention.
+The small targets (E2B, E4B) add per-layer inputs (`per_layer_dim`: each layer's output gets
+a gated projection of a per-layer embedding of the token plus a projection of its embedded
+state) and layers that share K/V (`num_kv_shared_layers`: the last layers compute queries
+only and read the K/V of the last earlier layer of their type, which alone is cached; with
+`double_wide_mlp` their MLPs are twice as wide). Not implemented, refused by the
+checkpoint reader: mixture-of-experts blocks and bidirectional attention.
 """
 
 from __future__ import annotations
@@ -66,6 +69,10 @@ class GemmaConfig(LMConfig):
     final_logit_softcap: logits become cap * tanh(logits / cap); None: none.
     attn_logit_softcap: each attention logit q . k becomes cap * tanh(q . k / cap)
       before the mask (Gemma 2's soft-capping, `kernels.shapes`); None: none (Gemma 4).
+    per_layer_dim: P of the per-layer inputs (`hidden_size_per_layer_input`); 0: none.
+    num_kv_shared_layers: the last layers that compute no K/V of their own: each reads
+      the K/V of the last earlier layer of its type (`kv_source`); 0: none.
+    double_wide_mlp: the K/V-shared layers' MLPs are 2 * mlp_dim wide.
   """
 
   family: str = "gemma4"
@@ -79,6 +86,9 @@ class GemmaConfig(LMConfig):
   attention_k_eq_v: bool = False
   final_logit_softcap: float | None = None
   attn_logit_softcap: float | None = None
+  per_layer_dim: int = 0
+  num_kv_shared_layers: int = 0
+  double_wide_mlp: bool = False
 
   FAMILIES: ClassVar[dict[str, dict[str, Any]]] = GEMMA_FAMILIES
 
@@ -116,6 +126,37 @@ class GemmaConfig(LMConfig):
       cap = getattr(self, name)
       if cap is not None and not (isinstance(cap, (int, float)) and cap > 0):
         raise ConfigError(f"GemmaConfig.{name} must be positive or null, got {cap!r}")
+    self._validate_small()
+
+  def _validate_small(self) -> None:
+    for name in ("per_layer_dim", "num_kv_shared_layers"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"GemmaConfig.{name} must be a non-negative integer, got {value!r}")
+    first, shared = self.cached_layers, self.layer_types[self.cached_layers:]
+    if self.num_kv_shared_layers and (first < 1 or not set(shared) <= set(
+        self.layer_types[:first])):
+      raise ConfigError(f"GemmaConfig.num_kv_shared_layers {self.num_kv_shared_layers}: each "
+                        f"shared layer ({list(shared)}) reads an earlier layer of its type, "
+                        f"and layers {list(self.layer_types[:first])} are not shared")
+
+  @property
+  def cached_layers(self) -> int:
+    """The layers that compute and cache K/V: the first num_layers - num_kv_shared_layers."""
+    return self.num_layers - self.num_kv_shared_layers
+
+  def kv_source(self, layer: int) -> int:
+    """The layer whose K/V `layer` attends to: itself, or for a shared layer the last
+    cached layer of its type (transformers' "store" layer)."""
+    first = self.cached_layers
+    if layer < first:
+      return layer
+    return first - 1 - self.layer_types[:first][::-1].index(self.layer_types[layer])
+
+  def layer_mlp_dim(self, layer: int) -> int:
+    """The hidden width of layer `layer`'s MLP."""
+    wide = self.double_wide_mlp and layer >= self.cached_layers
+    return self.mlp_dim * (2 if wide else 1)
 
   def layer_shape(self, layer: int) -> tuple[int, int]:
     """(key/value heads, head size) of layer `layer` (its K/V cache's [Hkv, Dh])."""
@@ -130,22 +171,24 @@ class GemmaConfig(LMConfig):
 
   def num_params(self) -> int:
     """Parameter count implied by the config (matches the parameter tree)."""
-    e, m, v = self.emb_dim, self.mlp_dim, self.vocab_size
-    total = v * e + e
-    for i in range(self.num_layers):
+    e, v, p, n = self.emb_dim, self.vocab_size, self.per_layer_dim, self.num_layers
+    total = v * e + e + (v * n * p + e * n * p + p if p else 0)
+    for i in range(n):
       hkv, d = self.layer_shape(i)
       shared_v = self.attention_k_eq_v and self.layer_types[i] == "full"
-      attn = 2 * e * self.num_heads * d + (1 if shared_v else 2) * e * hkv * d + 2 * d
-      total += attn + 3 * e * m + 4 * e + 1
+      kv = (1 if shared_v else 2) * e * hkv * d + d if i < self.cached_layers else 0
+      attn = 2 * e * self.num_heads * d + d + kv
+      total += attn + 3 * e * self.layer_mlp_dim(i) + 4 * e + 1 + (2 * e * p + e if p else 0)
     return total
 
   def decode_macs_per_token(self) -> int:
     """Weight multiply-accumulates to decode one token with cached K/V."""
-    e, m = self.emb_dim, self.mlp_dim
-    total = e * self.vocab_size
+    e, p = self.emb_dim, self.per_layer_dim
+    total = e * self.vocab_size + e * self.num_layers * p
     for i in range(self.num_layers):
       hkv, d = self.layer_shape(i)
-      total += 2 * e * self.num_heads * d + 2 * e * hkv * d + 3 * e * m
+      kv = 2 * e * hkv * d if i < self.cached_layers else 0
+      total += 2 * e * self.num_heads * d + kv + 3 * e * self.layer_mlp_dim(i) + 2 * e * p
     return total
 
 

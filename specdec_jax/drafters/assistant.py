@@ -62,7 +62,8 @@ class GemmaAssistant:
     embedding: the target's token embedding [V, E_t] once bound (`for_target`), else None.
     target_config: the target's `GemmaConfig` once bound (static).
     reads: the target layer whose K/V each of its layers reads once bound (static): the
-      target's last layer of the same type.
+      target's last cached layer of the same type (transformers' "store" layer: with
+      K/V-shared layers, the last one that computes K/V).
   """
 
   config: GemmaAssistantConfig = struct.field(pytree_node=False)
@@ -100,10 +101,11 @@ class GemmaAssistant:
                        f"{tc.emb_dim}: it was trained for another model")
     reads = []
     for i, kind in enumerate(dec.layer_types):
-      if kind not in tc.layer_types:
+      cached = tc.layer_types[:tc.cached_layers]
+      if kind not in cached:
         raise InputError(f"the Gemma 4 assistant's layer {i} reads the target's {kind} "
-                         f"layers, and the target has none ({list(tc.layer_types)})")
-      j = len(tc.layer_types) - 1 - tc.layer_types[::-1].index(kind)
+                         f"layers, and the target caches none ({list(cached)})")
+      j = len(cached) - 1 - cached[::-1].index(kind)
       if tc.layer_shape(j) != dec.layer_shape(i):
         raise InputError(f"the Gemma 4 assistant's layer {i} ({kind}) reads K/V of "
                          f"[heads, head size] {list(dec.layer_shape(i))}, the target's layer "

@@ -59,19 +59,26 @@ class GemmaAttention(MultiHeadAttention):
 
   epsilon: float = 1e-6
   k_eq_v: bool = False
+  kv_shared: bool = False     # queries only: the K/V are another layer's
 
   def setup(self):
     joined, kv = self.num_heads * self.head_dim, self.kv_heads * self.head_dim
     dense = functools.partial(Dense, self.in_features, axes=("embed", "joined_kv"),
                               dtype=self.dtype)
     self.query = dense(joined)
+    self.out = Dense(joined, self.in_features, ("joined_kv", "embed"), self.dtype)
+    self.query_norm = RMSNorm(self.epsilon, self.dtype, axis="kv")
+    if self.kv_shared:
+      return
     self.key = dense(kv)
     if not self.k_eq_v:
       self.value = dense(kv)
-    self.out = Dense(joined, self.in_features, ("joined_kv", "embed"), self.dtype)
-    self.query_norm = RMSNorm(self.epsilon, self.dtype, axis="kv")
     self.key_norm = RMSNorm(self.epsilon, self.dtype, axis="kv")
     self.value_norm = RMSNorm(self.epsilon, self.dtype, use_scale=False)
+
+  def project_q(self, x: Array) -> Array:
+    """[B, T, E] -> normed queries [B, H, T, Dh] (not yet rotated)."""
+    return self.query_norm(self._split(self.query(x)))
 
   def project_qkv(self, x: Array, fuse: bool = True) -> tuple[Array, Array, Array]:
     """[B, T, E] -> normed q [B, H, T, Dh], k/v [B, Hkv, T, Dh] (not yet rotated)."""
@@ -84,7 +91,8 @@ class GemmaAttention(MultiHeadAttention):
 
 class GemmaLayer(nn.Module):
   """transformers' `Gemma4TextDecoderLayer`: norm -> attention -> norm, residual; norm ->
-  gated MLP -> norm, residual; times the layer's scalar."""
+  gated MLP -> norm, residual; with per-layer inputs, gate -> gelu -> times the layer's
+  input -> projection -> norm, residual; times the layer's scalar."""
 
   config: GemmaConfig
   index: int
@@ -93,6 +101,10 @@ class GemmaLayer(nn.Module):
   @property
   def sliding(self) -> bool:
     return self.config.layer_types[self.index] == "sliding"
+
+  @property
+  def kv_shared(self) -> bool:
+    return self.config.kv_source(self.index) != self.index
 
   def setup(self):
     cfg, dt = self.config, self.config.activation_dtype
@@ -103,32 +115,45 @@ class GemmaLayer(nn.Module):
         cfg.num_heads, head_dim, cfg.emb_dim, dt, num_kv_heads=heads, query_init_scale=1.0,
         logit_softcap=cfg.attn_logit_softcap, partitioner=self.partitioner,
         epsilon=cfg.norm_epsilon,
-        k_eq_v=cfg.attention_k_eq_v and not self.sliding)
+        k_eq_v=cfg.attention_k_eq_v and not self.sliding, kv_shared=self.kv_shared)
     self.post_self_attention_layer_norm = norm()
     self.pre_mlp_layer_norm = norm()
-    self.mlp = MlpBlock(cfg.mlp_dim, lm.mlp_activations(cfg.mlp), gelu_approximate=True,
-                        dtype=dt, partitioner=self.partitioner)
+    self.mlp = MlpBlock(cfg.layer_mlp_dim(self.index), lm.mlp_activations(cfg.mlp),
+                        gelu_approximate=True, dtype=dt, partitioner=self.partitioner)
     self.post_mlp_layer_norm = norm()
+    if cfg.per_layer_dim:
+      p = cfg.per_layer_dim
+      self.per_layer_input_gate = Dense(cfg.emb_dim, p, ("embed", "kv"), dt)
+      self.per_layer_projection = Dense(p, cfg.emb_dim, ("kv", "embed"), dt)
+      self.post_per_layer_input_norm = norm()
     self.layer_scalar = self.param("layer_scalar",
                                    nn.with_logical_partitioning(NORM_SCALE_INIT, (None,)),
                                    (1,), jnp.float32)
 
-  def __call__(self, x, keys: Keys | dict, rope, dropout, kv_cache=None, write_pos=None):
+  def __call__(self, x, keys: Keys | dict, rope, dropout, kv_cache=None, write_pos=None,
+               per_layer=None, shared_kv=None):
     """x [B, T, E], `keys` (one `Keys`, or one per layer type), rope (cos, sin) ->
-    (x, (k, v)); as `lm.LMLayer`."""
+    (x, (k, v)); as `lm.LMLayer`. per_layer [B, T, P]: this layer's input (per-layer
+    inputs); shared_kv: a K/V-shared layer's (k, v), its source layer's as it returned them."""
     kind = self.config.layer_types[self.index]
     if isinstance(keys, dict):
       keys = keys[kind]
     elif self.sliding:
       keys = dataclasses.replace(keys, window=self.config.sliding_window)
     h = self.pre_self_attention_layer_norm(x)
-    q, k, v = self.self_attention.project_qkv(h)
-    q, k = lm.apply_rope(q, *rope), lm.apply_rope(k, *rope)   # queries unscaled
-    if kv_cache is not None:
-      k = cache_lib.write(kv_cache[0], k, write_pos)
-      v = cache_lib.write(kv_cache[1], v, write_pos)
+    if self.kv_shared:
+      q, (k, v) = lm.apply_rope(self.self_attention.project_q(h), *rope), shared_kv
+    else:
+      q, k, v = self.self_attention.project_qkv(h)
+      q, k = lm.apply_rope(q, *rope), lm.apply_rope(k, *rope)   # queries unscaled
+      if kv_cache is not None:
+        k = cache_lib.write(kv_cache[0], k, write_pos)
+        v = cache_lib.write(kv_cache[1], v, write_pos)
     x = x + dropout(self.post_self_attention_layer_norm(self.self_attention.attend(q, k, v, keys)))
     x = x + dropout(self.post_mlp_layer_norm(self.mlp(self.pre_mlp_layer_norm(x))))
+    if self.config.per_layer_dim:
+      g = nn.gelu(self.per_layer_input_gate(x), approximate=True) * per_layer
+      x = x + dropout(self.post_per_layer_input_norm(self.per_layer_projection(g)))
     return x * jnp.asarray(self.layer_scalar, x.dtype), (k, v)
 
 
@@ -146,10 +171,50 @@ class GemmaDecoder(lm.Decoder):
     self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
     if not cfg.tie_embeddings:
       self.logits_dense = Dense(cfg.emb_dim, cfg.vocab_size, ("embed", "vocab"), jnp.float32)
+    if cfg.per_layer_dim:
+      packed, dt = cfg.num_layers * cfg.per_layer_dim, cfg.activation_dtype
+      self.per_layer_embedder = Embed(cfg.vocab_size, packed, dt, self.partitioner)
+      self.per_layer_model_projection = Dense(cfg.emb_dim, packed, ("embed", "layers"), dt)
+      self.per_layer_projection_norm = RMSNorm(cfg.norm_epsilon, dt, axis="kv")
 
   def embed(self, tokens: Array, positions: Array) -> Array:
     """The tokens' embedding, scaled (`scale_embedding`)."""
     return scale_embedding(self.token_embedder(tokens), self.config)
+
+  def per_layer_inputs(self, tokens: Array, embedded: Array) -> Array:
+    """Tokens [B, T], their scaled embedding [B, T, E] -> each layer's input [B, T, L, P]:
+    (norm(embedded @ projection / sqrt(E)) + table[token] * sqrt(P)) / sqrt(2), in
+    transformers' order (`Gemma4TextModel.project_per_layer_inputs`)."""
+    cfg, dt = self.config, self.config.activation_dtype
+    shape = (*tokens.shape, cfg.num_layers, cfg.per_layer_dim)
+    table = self.per_layer_embedder(tokens) * jnp.asarray(cfg.per_layer_dim ** 0.5, dt)
+    projected = self.per_layer_model_projection(embedded) * jnp.asarray(cfg.emb_dim ** -0.5, dt)
+    projected = self.per_layer_projection_norm(projected.reshape(shape))
+    return (projected + table.reshape(shape)) * jnp.asarray(2 ** -0.5, dt)
+
+  def run(self, tokens, positions, keys, dropout, kv_caches=None, write_pos=None, exits=None):
+    """`lm.Decoder.run` with per-layer inputs and K/V-shared layers: `kv_caches` and the
+    K/V returned are the cached layers' alone (`GemmaConfig.cached_layers`); a shared
+    layer attends to its source layer's K/V as that layer returned them in this pass."""
+    cfg = self.config
+    exits = (len(self.layers),) if exits is None else tuple(exits)
+    num_slots = tokens.shape[1] if kv_caches is None else kv_caches[0][0].shape[2]
+    embedded = self.embed(tokens, positions)
+    x = dropout(embedded)
+    per_layer = self.per_layer_inputs(tokens, embedded) if cfg.per_layer_dim else None
+    ropes = self.rotary(positions, num_slots)
+    hidden, new_caches = [], []
+    for i, layer in enumerate(self.layers[:max(exits)]):
+      source = cfg.kv_source(i)
+      x, kv = layer(x, keys, ropes[i], dropout,
+                    None if kv_caches is None or source != i else kv_caches[i], write_pos,
+                    None if per_layer is None else per_layer[:, :, i],
+                    None if source == i else new_caches[source])
+      if source == i:
+        new_caches.append(kv)
+      if i + 1 in exits:
+        hidden.append(dropout(self.decoder_norm(x)))
+    return hidden, new_caches
 
   def rotary(self, positions: Array, num_slots: int) -> list:
     cfg = self.config
@@ -193,11 +258,12 @@ class GemmaLM(lm.DecoderOnly):
     self.decoder = GemmaDecoder(cfg, self.token_embedder, None, self.partitioner)
 
   def init_cache(self, tokens: Array, lengths: Array, capacity: int) -> cache_lib.DecoderCache:
-    """The prefill (`lm.DecoderOnly.init_cache`), each layer's K/V [B, Hkv, C, Dh] of its type."""
+    """The prefill (`lm.DecoderOnly.init_cache`), each cached layer's K/V [B, Hkv, C, Dh]
+    of its type (a K/V-shared layer has none: it reads its source layer's)."""
     cfg = self.config
     batch = tokens.shape[0]
     shapes = [(batch, heads, capacity, head_dim)
-              for heads, head_dim in map(cfg.layer_shape, range(cfg.num_layers))]
+              for heads, head_dim in map(cfg.layer_shape, range(cfg.cached_layers))]
     zeros = lambda: tuple(jnp.zeros(shape, cfg.activation_dtype) for shape in shapes)
     cache = cache_lib.DecoderCache(self_key=zeros(), self_value=zeros(),
                                    length=jnp.zeros((batch,), jnp.int32))

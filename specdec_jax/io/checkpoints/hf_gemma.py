@@ -17,13 +17,22 @@ text). Names (nn.Linear weights [out, in], transposed)::
     <p>.layers.i.self_attn.{q,k}_norm        .../self_attention/{query,key}_norm
     <p>.layers.i.mlp.{gate,up,down}_proj     .../mlp/{wi_0,wi_1,wo}
     <p>.norm                                 decoder/decoder_norm
+    <p>.embed_tokens_per_layer               decoder/per_layer_embedder      (per-layer inputs)
+    <p>.per_layer_model_projection           decoder/per_layer_model_projection
+    <p>.per_layer_projection_norm            decoder/per_layer_projection_norm
+    <p>.layers.i.per_layer_input_gate        .../per_layer_input_gate
+    <p>.layers.i.per_layer_projection        .../per_layer_projection
+    <p>.layers.i.post_per_layer_input_norm   .../post_per_layer_input_norm
 
-Refused (`CheckpointError`, naming the setting): per-layer inputs
-(``hidden_size_per_layer_input``), shared K/V layers (``num_kv_shared_layers``),
-mixture-of-experts blocks, bidirectional attention, attention biases, rope types other than
-"default" and "proportional" (unscaled), a non-null ``attn_logit_softcapping`` (transformers'
-Gemma 4 text attention has no soft-cap: `attn_logit_softcap` stays None). `export_hf`
-writes a "gemma4_text" directory back.
+A K/V-shared layer (the last ``num_kv_shared_layers``) has no K/V projections or norms;
+a checkpoint's copies of them are skipped, as transformers skips them.
+
+Refused (`CheckpointError`, naming the setting): mixture-of-experts blocks, a per-layer
+input vocabulary other than the model's (``vocab_size_per_layer_input``), bidirectional
+attention, attention biases, rope types other than "default" and "proportional"
+(unscaled), a non-null ``attn_logit_softcapping`` (transformers' Gemma 4 text attention
+has no soft-cap: `attn_logit_softcap` stays None). `export_hf` writes a "gemma4_text"
+directory back, per-layer inputs and K/V-shared layers included.
 """
 
 from __future__ import annotations
@@ -51,7 +60,8 @@ _DEFAULTS: dict[str, Any] = dict(
     attention_bias=False, sliding_window=512, final_logit_softcapping=None,
     hidden_size_per_layer_input=256, attention_k_eq_v=False, num_kv_shared_layers=0,
     enable_moe_block=False, use_bidirectional_attention=None, global_head_dim=512,
-    num_global_key_value_heads=None)
+    num_global_key_value_heads=None, use_double_wide_mlp=False,
+    vocab_size_per_layer_input=262_144)
 _ROPE_DEFAULTS = {
     "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
     "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
@@ -116,15 +126,19 @@ def config_from_hf_dict(hf_config: Mapping[str, Any], source: str = hf.CONFIG_NA
   def get(key: str) -> Any:
     return _DEFAULTS.get(key) if text.get(key) is None else text[key]
 
-  refused = [("hidden_size_per_layer_input", "per-layer inputs"),
-             ("num_kv_shared_layers", "layers sharing another layer's K/V"),
-             ("enable_moe_block", "mixture-of-experts blocks"),
+  refused = [("enable_moe_block", "mixture-of-experts blocks"),
              ("use_bidirectional_attention", "bidirectional attention"),
              ("attention_bias", "attention biases")]
   for key, what in refused:
     if get(key):
       raise CheckpointError(f"{source}: {key}={get(key)!r}: {what} are not implemented for "
                             "Gemma 4 (supported: the dense text decoders)")
+  if get("hidden_size_per_layer_input") and (
+      get("vocab_size_per_layer_input") != get("vocab_size")):
+    raise CheckpointError(f"{source}: vocab_size_per_layer_input "
+                          f"{get('vocab_size_per_layer_input')} differs from vocab_size "
+                          f"{get('vocab_size')}: per-layer inputs over another vocabulary are "
+                          "not implemented for Gemma 4")
   if text.get("attn_logit_softcapping") is not None:
     raise CheckpointError(f"{source}: attn_logit_softcapping="
                           f"{text['attn_logit_softcapping']!r}: transformers' Gemma 4 text "
@@ -157,6 +171,9 @@ def config_from_hf_dict(hf_config: Mapping[str, Any], source: str = hf.CONFIG_NA
         sliding_window=get("sliding_window"), global_head_dim=global_head_dim,
         global_num_kv_heads=global_heads, attention_k_eq_v=bool(get("attention_k_eq_v")),
         final_logit_softcap=None if cap is None else float(cap),
+        per_layer_dim=get("hidden_size_per_layer_input"),
+        num_kv_shared_layers=get("num_kv_shared_layers"),
+        double_wide_mlp=bool(get("use_double_wide_mlp")),
         tie_embeddings=bool(hf_config.get("tie_word_embeddings", get("tie_word_embeddings"))),
         pad_id=get("pad_token_id"), eos_id=eos, bos_id=text.get("bos_token_id"))
   except ConfigError as e:
@@ -167,25 +184,45 @@ def name_map(config: GemmaConfig, prefix: str) -> list[tuple[str, str, bool]]:
   """(HF name, our flat key, transposed) of every parameter but the output layer."""
   names = [(f"{prefix}.embed_tokens.weight", "token_embedder/embedding", False),
            (f"{prefix}.norm.weight", "decoder/decoder_norm/scale", False)]
+  if config.per_layer_dim:
+    names += [(f"{prefix}.embed_tokens_per_layer.weight", "decoder/per_layer_embedder/embedding",
+               False),
+              (f"{prefix}.per_layer_model_projection.weight",
+               "decoder/per_layer_model_projection/kernel", True),
+              (f"{prefix}.per_layer_projection_norm.weight",
+               "decoder/per_layer_projection_norm/scale", False)]
   for i, kind in enumerate(config.layer_types):
     hf_, us = f"{prefix}.layers.{i}", f"decoder/layers_{i}"
-    names += [(f"{hf_}.{a}.weight", f"{us}/{b}/scale", False) for a, b in (
-        ("input_layernorm", "pre_self_attention_layer_norm"),
-        ("post_attention_layernorm", "post_self_attention_layer_norm"),
-        ("pre_feedforward_layernorm", "pre_mlp_layer_norm"),
-        ("post_feedforward_layernorm", "post_mlp_layer_norm"),
-        ("self_attn.q_norm", "self_attention/query_norm"),
-        ("self_attn.k_norm", "self_attention/key_norm"))]
-    names.append((f"{hf_}.layer_scalar", f"{us}/layer_scalar", False))
+    cached = i < config.cached_layers
+    norms = [("input_layernorm", "pre_self_attention_layer_norm"),
+             ("post_attention_layernorm", "post_self_attention_layer_norm"),
+             ("pre_feedforward_layernorm", "pre_mlp_layer_norm"),
+             ("post_feedforward_layernorm", "post_mlp_layer_norm"),
+             ("self_attn.q_norm", "self_attention/query_norm")]
     projections = [("self_attn.q_proj", "self_attention/query"),
-                   ("self_attn.k_proj", "self_attention/key"),
                    ("self_attn.o_proj", "self_attention/out"),
                    ("mlp.gate_proj", "mlp/wi_0"), ("mlp.up_proj", "mlp/wi_1"),
                    ("mlp.down_proj", "mlp/wo")]
-    if not (config.attention_k_eq_v and kind == "full"):
+    if cached:
+      norms.append(("self_attn.k_norm", "self_attention/key_norm"))
+      projections.append(("self_attn.k_proj", "self_attention/key"))
+    if cached and not (config.attention_k_eq_v and kind == "full"):
       projections.append(("self_attn.v_proj", "self_attention/value"))
+    if config.per_layer_dim:
+      norms.append(("post_per_layer_input_norm", "post_per_layer_input_norm"))
+      projections += [("per_layer_input_gate", "per_layer_input_gate"),
+                      ("per_layer_projection", "per_layer_projection")]
+    names += [(f"{hf_}.{a}.weight", f"{us}/{b}/scale", False) for a, b in norms]
+    names.append((f"{hf_}.layer_scalar", f"{us}/layer_scalar", False))
     names += [(f"{hf_}.{a}.weight", f"{us}/{b}/kernel", True) for a, b in projections]
   return names
+
+
+def _skipped(config: GemmaConfig, prefix: str) -> set[str]:
+  """The K/V projections and norms a checkpoint may hold for K/V-shared layers, unused."""
+  return {f"{prefix}.layers.{i}.self_attn.{name}.weight"
+          for i in range(config.cached_layers, config.num_layers)
+          for name in ("k_proj", "v_proj", "k_norm", "v_norm")}
 
 
 def _convert(state: Mapping[str, Any], hf_config: Mapping[str, Any], source: str,
@@ -196,7 +233,7 @@ def _convert(state: Mapping[str, Any], hf_config: Mapping[str, Any], source: str
   config = config_from_hf_dict(hf_config, source)
   prefix = "model.language_model" if hf_config.get("model_type") == "gemma4" else "model"
   names = name_map(config, prefix)
-  known = {n for n, _, _ in names} | {"lm_head.weight"}
+  known = {n for n, _, _ in names} | {"lm_head.weight"} | _skipped(config, prefix)
   missing = sorted(n for n, _, _ in names if n not in state)
   unexpected = sorted(n for n in state if n not in known and not n.startswith(_TOWERS))
   if missing or unexpected:
@@ -270,9 +307,12 @@ def config_to_hf_dict(config: GemmaConfig, dtype: str | None = None) -> dict[str
       tie_word_embeddings=config.tie_embeddings, attention_bias=False,
       sliding_window=config.sliding_window,
       layer_types=[names[t] for t in config.layer_types],
-      final_logit_softcapping=config.final_logit_softcap, hidden_size_per_layer_input=0,
-      attention_k_eq_v=config.attention_k_eq_v, num_kv_shared_layers=0,
-      enable_moe_block=False,
+      final_logit_softcapping=config.final_logit_softcap,
+      hidden_size_per_layer_input=config.per_layer_dim,
+      vocab_size_per_layer_input=config.vocab_size,
+      attention_k_eq_v=config.attention_k_eq_v,
+      num_kv_shared_layers=config.num_kv_shared_layers,
+      use_double_wide_mlp=config.double_wide_mlp, enable_moe_block=False,
       rope_parameters={
           "sliding_attention": rope(config.rope_theta, config.rope_fraction),
           "full_attention": rope(config.global_rope_theta, config.global_rope_fraction)},
