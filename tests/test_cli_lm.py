@@ -163,6 +163,7 @@ def test_decode_lm_sampling_is_seeded(capsys, gpt2):
   assert a["settings"]["sampling"].startswith("Sampling(")
 
 
+@pytest.mark.slow
 def test_decode_lm_token_ids_verbatim(capsys, llama):
   """Without --tokenizer a prompt is ids, used as they are (no EOS added)."""
   target, _, _ = llama

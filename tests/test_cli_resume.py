@@ -110,6 +110,7 @@ def test_killed_mid_batch_then_resumed_equals_uninterrupted(files, uninterrupted
   assert out.read_text() == uninterrupted
 
 
+@pytest.mark.slow
 def test_resume_refuses_another_runs_file(files, uninterrupted):
   tmp, prompts = files
   out = tmp / "other.txt"

@@ -38,6 +38,7 @@ def test_sampling_without_rng_is_an_error_naming_rng(model, no_trace):
     sd.bild_generate(model, model, ENC, max_new_tokens=4, sampling=sd.Sampling(top_p=0.8))
 
 
+@pytest.mark.slow
 def test_greedy_needs_no_rng_and_samples_differ_by_key(model):
   assert sd.generate(model, ENC, 4).tokens.shape == (2, 4)          # greedy: rng optional
   s = sd.Sampling(temperature=1.0)

@@ -125,6 +125,7 @@ def _our_greedy(model, prompts, steps):
   return np.stack(out, axis=1)
 
 
+@pytest.mark.slow
 def test_greedy_tokens_match_generate(pair):
   kind, hf_model, model, _ = pair
   rng = np.random.default_rng(1)
