@@ -22,6 +22,10 @@ from specdec_jax import costs, loading
 from specdec_jax.io.checkpoints import hf_gemma_assistant
 from specdec_jax.rounds import engine, phases
 
+# Every test here builds its models with transformers (a target and two assistants): the
+# full suite's, not the fast tier's (CONTRIBUTING's tiers).
+pytestmark = pytest.mark.slow
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
