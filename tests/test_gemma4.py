@@ -89,21 +89,27 @@ def test_config_is_read(pair):
   assert drafter.config.num_layers == 2
 
 
-def test_logits_and_greedy_tokens_match_transformers(pair):
-  hf_target, target, _ = pair
+def assert_matches_transformers(hf_model, model):
+  """Logits within 2e-5 of transformers', and each ragged row's greedy tokens its
+  `generate`'s (the window shorter than prompt + output)."""
   with torch.no_grad():
-    ref = hf_target(torch.tensor(PROMPTS[2:], dtype=torch.long)).logits.numpy()
-  np.testing.assert_allclose(np.asarray(target.forward(PROMPTS[2:])), ref, atol=2e-5)
-  out = sd.decode(target, sd.Autoregressive(), PROMPTS, T)
+    ref = hf_model(torch.tensor(PROMPTS[2:], dtype=torch.long)).logits.numpy()
+  np.testing.assert_allclose(np.asarray(model.forward(PROMPTS[2:])), ref, atol=2e-5)
+  out = sd.decode(model, sd.Autoregressive(), PROMPTS, T)
   for b, row in enumerate(PROMPTS):
     prompt = row[:np.flatnonzero(row)[-1] + 1]
     with torch.no_grad():
-      hf = hf_target.generate(torch.tensor(prompt[None], dtype=torch.long), max_new_tokens=T,
-                              do_sample=False, pad_token_id=0, eos_token_id=EOS)
+      hf = hf_model.generate(torch.tensor(prompt[None], dtype=torch.long), max_new_tokens=T,
+                             do_sample=False, pad_token_id=0, eos_token_id=EOS)
     expected = hf[0, len(prompt):].numpy()
     n = int(out.lengths[b])
     np.testing.assert_array_equal(np.asarray(out.tokens[b, :n]), expected[:n])
     assert n == len(expected) and len(prompt) + n > WINDOW
+
+
+def test_logits_and_greedy_tokens_match_transformers(pair):
+  hf_target, target, _ = pair
+  assert_matches_transformers(hf_target, target)
 
 
 @pytest.mark.slow
@@ -115,21 +121,9 @@ def test_per_layer_inputs_and_shared_kv_match_transformers(small, tmp_path):
   assert (cfg.per_layer_dim, cfg.cached_layers, cfg.kv_source(3), cfg.kv_source(4)) == (8, 3, 1, 2)
   assert model.num_params() == cfg.num_params() == sum(
       p.numel() for p in hf_model.parameters()) + cfg.num_layers   # + the layer scalars
-  with torch.no_grad():
-    ref = hf_model(torch.tensor(PROMPTS[2:], dtype=torch.long)).logits.numpy()
-  np.testing.assert_allclose(np.asarray(model.forward(PROMPTS[2:])), ref, atol=2e-5)
+  assert_matches_transformers(hf_model, model)
   _, cache, _ = model.begin(PROMPTS, T)
   assert len(cache.self_key) == len(cache.self_value) == 3
-  out = sd.decode(model, sd.Autoregressive(), PROMPTS, T)
-  for b, row in enumerate(PROMPTS):
-    prompt = row[:np.flatnonzero(row)[-1] + 1]
-    with torch.no_grad():
-      hf = hf_model.generate(torch.tensor(prompt[None], dtype=torch.long), max_new_tokens=T,
-                             do_sample=False, pad_token_id=0, eos_token_id=EOS)
-    expected = hf[0, len(prompt):].numpy()
-    n = int(out.lengths[b])
-    np.testing.assert_array_equal(np.asarray(out.tokens[b, :n]), expected[:n])
-    assert n == len(expected) and len(prompt) + n > WINDOW
   again = sd.load(hf_gemma.export_hf(tmp_path, cfg, model.params))
   assert again.config == cfg
   jax.tree_util.tree_map(np.testing.assert_array_equal, again.params, model.params)
