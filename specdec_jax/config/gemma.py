@@ -134,8 +134,8 @@ class GemmaConfig(LMConfig):
       if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ConfigError(f"GemmaConfig.{name} must be a non-negative integer, got {value!r}")
     first, shared = self.cached_layers, self.layer_types[self.cached_layers:]
-    if self.num_kv_shared_layers and (first < 1 or not set(shared) <= set(
-        self.layer_types[:first])):
+    if self.num_kv_shared_layers and (first < 1 or any(
+        self.last_cached_layer(kind) is None for kind in shared)):
       raise ConfigError(f"GemmaConfig.num_kv_shared_layers {self.num_kv_shared_layers}: each "
                         f"shared layer ({list(shared)}) reads an earlier layer of its type, "
                         f"and layers {list(self.layer_types[:first])} are not shared")
@@ -145,13 +145,20 @@ class GemmaConfig(LMConfig):
     """The layers that compute and cache K/V: the first num_layers - num_kv_shared_layers."""
     return self.num_layers - self.num_kv_shared_layers
 
+  def last_cached_layer(self, kind: str) -> int | None:
+    """The last layer of type `kind` ("sliding", "full") that computes and caches K/V
+    (transformers' "store" layer); None if no cached layer is of that type."""
+    cached = self.layer_types[:self.cached_layers]
+    return len(cached) - 1 - cached[::-1].index(kind) if kind in cached else None
+
   def kv_source(self, layer: int) -> int:
     """The layer whose K/V `layer` attends to: itself, or for a shared layer the last
-    cached layer of its type (transformers' "store" layer)."""
-    first = self.cached_layers
-    if layer < first:
+    cached layer of its type (validated to exist)."""
+    if layer < self.cached_layers:
       return layer
-    return first - 1 - self.layer_types[:first][::-1].index(self.layer_types[layer])
+    source = self.last_cached_layer(self.layer_types[layer])
+    assert source is not None, (layer, self.layer_types)   # __post_init__ checked it
+    return source
 
   def layer_mlp_dim(self, layer: int) -> int:
     """The hidden width of layer `layer`'s MLP."""

@@ -101,11 +101,11 @@ class GemmaAssistant:
                        f"{tc.emb_dim}: it was trained for another model")
     reads = []
     for i, kind in enumerate(dec.layer_types):
-      cached = tc.layer_types[:tc.cached_layers]
-      if kind not in cached:
+      j = tc.last_cached_layer(kind)
+      if j is None:
         raise InputError(f"the Gemma 4 assistant's layer {i} reads the target's {kind} "
-                         f"layers, and the target caches none ({list(cached)})")
-      j = len(cached) - 1 - cached[::-1].index(kind)
+                         f"layers, and the target caches none "
+                         f"({list(tc.layer_types[:tc.cached_layers])})")
       if tc.layer_shape(j) != dec.layer_shape(i):
         raise InputError(f"the Gemma 4 assistant's layer {i} ({kind}) reads K/V of "
                          f"[heads, head size] {list(dec.layer_shape(i))}, the target's layer "
