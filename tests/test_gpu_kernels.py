@@ -8,17 +8,18 @@ whose rows can depend on their position in the tile, as OpenBLAS's Haswell sgemm
 same kernels compiled for a GPU (interpret=False) go through Mosaic GPU's lowering here
 too (`lower_for_cuda`), which rejects constructs it cannot compile (every tiling the
 device check sweeps, and the negative control: tests/test_gpu_lowering.py). Shapes are
-small: the interpreter runs every copy, barrier and SMEM access as a host callback.
+small: the interpreter runs every copy, barrier and SMEM access as a host callback. The
+backend's end-to-end decode is the device check's (tests/test_gpu_check.py: speculative
+decoding on these kernels, bitwise the baseline's); every method's runs on the tpu kernels
+(tests/test_tpu_kernels.py), and the factors make it so here (CONTRIBUTING).
 """
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import METHOD_NAMES, every_method_at_natural_widths, perturbed, ragged_tokens
 
 import specdec_jax as sd
-from specdec_jax import testing
 from specdec_jax.kernels import backends, gpu, shapes
 from specdec_jax.kernels.gpu import matmul, tiles
 
@@ -309,28 +310,3 @@ def test_gpu_packing_puts_every_product_on_the_kernels():
   assert {p.backend for p in leaves} == {"gpu"}
   assert backends.get("gpu").kinds == frozenset(weights.products[i].kind
                                                 for i in range(len(weights.products)))
-
-
-@pytest.fixture(scope="module")
-def gpu_decode():
-  """A tiny bfloat16 target packed for the gpu backend (interpret mode here), the registry's
-  methods on it (drafter and heads on XLA's ops), ragged inputs, and a dict for baselines.
-  One layer each side: every kind of product is there, and the interpreter's time
-  (compile and run) goes with the number of kernel calls."""
-  config = sd.get_config("t5_1_1_tiny", num_encoder_layers=1, num_decoder_layers=1)
-  model = sd.init_model(config, 1, "bfloat16")
-  methods = testing.examples(None, perturbed(model, 0.05, seed=0),
-                             sd.init_heads(model, 2, rng=1, init_scale=1.0))
-  return sd.pack(model, kernels="gpu"), methods, ragged_tokens(2, 8, model.vocab_size, seed=4), {}
-
-
-@pytest.mark.device
-@pytest.mark.slow
-@pytest.mark.parametrize("name", METHOD_NAMES)
-def test_every_method_on_gpu_kernels_is_bitwise_the_baseline_at_natural_widths(
-    gpu_decode, monkeypatch, name):
-  """The gpu backend's end-to-end decode, every method of the registry: greedy output
-  bitwise the baseline's with every target call at its natural width
-  (`helpers.every_method_at_natural_widths`)."""
-  target, methods, enc, baselines = gpu_decode
-  every_method_at_natural_widths(target, methods, name, enc, 6, monkeypatch, baselines)
