@@ -314,33 +314,6 @@ def test_a_decode_request_on_tpu_kernels_lowers_for_tpu(tiny, monkeypatch):
 
 @pytest.mark.device
 @pytest.mark.slow
-def test_verify_call_and_batch_rows_are_bitwise_the_single_steps_alone(tiny):
-  """Model level: a 4-token decode call on tpu kernels gives bitwise the logits of four
-  1-token calls, a row of the batch bitwise what it gets alone (its encoder run alone
-  too), and both agree with the same model on XLA's ops to bfloat16 rounding."""
-  model, target = tiny
-  enc = jnp.asarray(ragged_tokens(2, 8, model.vocab_size, seed=2))
-  tokens = jnp.asarray(np.random.default_rng(3).integers(2, model.vocab_size, (2, 4)), jnp.int32)
-
-  def call(m, e, t):
-    cache = m.start(e, capacity=16)
-    return cache, np.asarray(m.decode(t, cache)[0])
-
-  cache, big = call(target, enc, tokens)
-  assert big.shape == (2, 4, 509)
-  steps = []
-  for j in range(tokens.shape[1]):
-    logits, cache = target.decode(tokens[:, j:j + 1], cache)
-    steps.append(np.asarray(logits)[:, 0])
-  np.testing.assert_array_equal(big, np.stack(steps, axis=1))
-  _, alone = call(target, enc[1:], tokens[1:])
-  np.testing.assert_array_equal(alone, big[1:])
-  _, xla = call(model, enc, tokens)
-  np.testing.assert_allclose(big, xla, atol=0.05 * np.abs(xla).max())
-
-
-@pytest.mark.device
-@pytest.mark.slow
 @pytest.mark.parametrize("name", METHOD_NAMES)
 def test_every_method_on_tpu_kernels_is_bitwise_the_baseline_at_natural_widths(
     tiny, monkeypatch, name):
