@@ -122,21 +122,16 @@ def test_prompt_lookup_copies_from_input():
 
 
 @pytest.mark.slow
-def test_adaptive_gamma_keeps_greedy_equivalence(target, inputs, baseline):
-  for drafter in (perturbed(target, 0.05, seed=0),
-                  sd.init_model(sd.get_config("t5_1_1_tiny_drafter"), 2)):
-    out = sd.speculative_generate(target, drafter, inputs, gamma=6,
-                                  max_new_tokens=MAX_NEW, adaptive=sd.AdaptiveGamma(c=0.1))
-    np.testing.assert_array_equal(out.tokens, baseline.tokens)
-    np.testing.assert_array_equal(out.lengths, baseline.lengths)
-
-
-@pytest.mark.slow
-def test_adaptive_gamma_shrinks_for_a_bad_drafter(target, inputs):
+def test_adaptive_gamma_shrinks_for_a_bad_drafter_and_keeps_greedy_equivalence(
+    target, inputs, baseline):
+  """An unrelated drafter: adaptive gamma drafts less, and its tokens are still the
+  baseline's (a close drafter under the measured policy: the next test)."""
   bad = sd.init_model(sd.get_config("t5_1_1_tiny_drafter"), 2)
   fixed = sd.speculative_generate(target, bad, inputs, gamma=6, max_new_tokens=MAX_NEW)
   adaptive = sd.speculative_generate(target, bad, inputs, gamma=6,
                                      max_new_tokens=MAX_NEW, adaptive=sd.AdaptiveGamma(c=0.2))
+  np.testing.assert_array_equal(adaptive.tokens, baseline.tokens)
+  np.testing.assert_array_equal(adaptive.lengths, baseline.lengths)
   assert int(adaptive.stats["drafted"]) < int(fixed.stats["drafted"])
   assert int(adaptive.stats["drafter_calls"]) < int(fixed.stats["drafter_calls"])
 
@@ -173,22 +168,6 @@ def test_lenience_is_labelled_lossy_and_accepts_more(target, inputs):
   live = np.arange(tokens.shape[1])[None] < np.asarray(lenient.lengths)[:, None]
   # A correction token after a rejection is the argmax; accepted drafts pass the lenience test.
   assert np.all(chosen[live] >= 0.1 * probs.max(-1)[live] - 1e-6)
-
-
-@pytest.mark.slow
-def test_sampling_runs_and_stays_in_bounds(target, inputs):
-  out = sd.speculative_generate(target, perturbed(target, 0.05, seed=0), inputs, gamma=3,
-                                max_new_tokens=MAX_NEW, rng=jax.random.PRNGKey(0),
-                                sampling=sd.Sampling(temperature=0.8, top_p=0.9))
-  tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
-  assert lengths.min() >= 1 and lengths.max() <= MAX_NEW
-  for b in range(tokens.shape[0]):
-    row = tokens[b, :lengths[b]]
-    assert np.all(tokens[b, lengths[b]:] == 0)          # nothing after the end
-    assert not np.any(row[:-1] == 1)                    # no EOS before the last token
-    if lengths[b] < MAX_NEW:                            # ended early: by EOS
-      assert row[-1] == 1
-  assert (lengths < MAX_NEW).any()                      # the EOS branch ran
 
 
 @pytest.mark.slow
