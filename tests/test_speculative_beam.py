@@ -217,7 +217,7 @@ def test_two_stage_top_nodes_is_the_flat_top_k_ties_included(n):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("num_beams,alpha,gamma", [(2, 0.6, 3), (3, 0.0, 2), (3, 2.0, 4)])
+@pytest.mark.parametrize("num_beams,alpha,gamma", [(2, 0.6, 3), (3, 2.0, 4)])
 def test_table_model_matches_the_oracle_and_beam(num_beams, alpha, gamma):
   """Every drafter: beams and lengths bitwise `beam.run`'s and the oracle's, scores equal;
   a perfect drafter commits more than one step per target call; new tables and drafters
