@@ -53,7 +53,7 @@ def _model_logits(model):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fallback,rollback", [(0.3, 2.0), (0.7, 0.5)])
+@pytest.mark.parametrize("fallback,rollback", [(0.3, 2.0)])
 def test_batch_one_is_algorithm_1(large, small, fallback, rollback):
   counts = np.zeros(2)
   for seed in range(4):
@@ -82,28 +82,23 @@ def test_small_step_cap_hands_over(large, small):
 
 
 @pytest.mark.slow
-def test_ragged_batch_rows_equal_rows_alone(large, small):
-  enc = ragged_tokens(6, 12, 512, seed=7)
-  kwargs = dict(fallback_threshold=0.5, rollback_threshold=1.5, max_new_tokens=MAX_NEW)
-  out = sd.bild_generate(large, small, enc, **kwargs)
-  lengths = np.asarray(out.lengths)
-  assert len(set(lengths.tolist())) >= 3 and (lengths < MAX_NEW).any()  # EOS at different times
-  per_row = np.asarray(out.counters.target_calls)
-  for b in range(enc.shape[0]):
-    alone = sd.bild_generate(large, small, enc[b:b + 1], **kwargs)
-    assert _row(out, b) == _row(alone)
-    assert per_row[b] == int(alone.stats["target_calls"])    # per-row large calls too
-
-
-@pytest.mark.slow
-def test_sync_policy_equals_wait_at_batch_one_and_cuts_small_runs(large, small):
+def test_ragged_rows_equal_rows_alone_and_sync_cuts_small_runs(large, small):
+  """The wait policy: each row of a ragged batch (EOS at different steps) is the row
+  decoded alone, its large calls too. The sync policy equals wait at batch one, and at
+  batch six verifies confident rows early."""
   enc = ragged_tokens(6, 12, 512, seed=7)
   kwargs = dict(fallback_threshold=0.3, rollback_threshold=1.5, max_new_tokens=MAX_NEW)
-  for b in range(2):
-    wait = sd.bild_generate(large, small, enc[b:b + 1], **kwargs)
-    sync = sd.bild_generate(large, small, enc[b:b + 1], batch_policy="sync", **kwargs)
-    assert _row(wait) == _row(sync)
   wait = sd.bild_generate(large, small, enc, **kwargs)
+  lengths = np.asarray(wait.lengths)
+  assert len(set(lengths.tolist())) >= 3 and (lengths < MAX_NEW).any()  # EOS at different times
+  per_row = np.asarray(wait.counters.target_calls)
+  for b in range(enc.shape[0]):
+    alone = sd.bild_generate(large, small, enc[b:b + 1], **kwargs)
+    assert _row(wait, b) == _row(alone)
+    assert per_row[b] == int(alone.stats["target_calls"])    # per-row large calls too
+    if b < 2:
+      sync = sd.bild_generate(large, small, enc[b:b + 1], batch_policy="sync", **kwargs)
+      assert _row(alone) == _row(sync)
   sync = sd.bild_generate(large, small, enc, batch_policy="sync", **kwargs)
   # Sync verifies confident rows early: more large calls, fewer small tokens per call.
   assert int(sync.stats["target_calls"]) > int(wait.stats["target_calls"])
@@ -120,6 +115,7 @@ def test_fallback_one_is_the_large_models_greedy_output(large, small):
   np.testing.assert_array_equal(out.lengths, base.lengths)
   assert int(out.stats["drafter_tokens"]) == 0
   assert float(out.stats["tokens_per_target_call"]) == 1.0
+  assert out.stats["lossy"] is False          # the one threshold that is exact, and says so
 
 
 @pytest.mark.slow
@@ -154,11 +150,6 @@ def test_early_exit_is_algorithm_1_with_the_first_layer(large):
     assert _row(out) == want, (seed, _row(out), want)
     counts += (fb + int(out.stats["drafter_tokens"] > 0), rb)
   assert counts[0] > 0 and counts[1] > 0, counts
-  # Limits: threshold 1 is the large model alone; no hand-over is the exit alone.
-  enc = ragged_tokens(3, 10, 512, seed=9)
-  alone = sd.bild_generate(large, sd.early_exit(large, 1), enc, fallback_threshold=1.0,
-                           max_new_tokens=MAX_NEW)
-  np.testing.assert_array_equal(alone.tokens, sd.generate(large, enc, MAX_NEW).tokens)
 
 
 @pytest.mark.slow

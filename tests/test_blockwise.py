@@ -24,12 +24,15 @@ MAX_NEW = 11
 model, enc, baseline = workload_fixtures(MAX_NEW, target="model", enc="enc")
 
 
-def train_heads(model, prompts, num_heads=4, steps=150, seed=0):
+def train_heads(model, prompts, num_heads=4, steps=50, seed=0):
   """Heads fitted (frozen base, optax adam) to the model's own greedy outputs.
 
   The training inputs include `prompts`: on a random tiny model heads fitted to 64
   inputs do not generalise to others (block efficiency ~1.0 there), and these tests
-  are about the mechanics of accepted drafts, not about generalisation.
+  are about the mechanics of accepted drafts, not about generalisation. Fifty steps leave
+  the heads good (about 2 tokens per target call) but not perfect, so that rescoring and
+  parallel drafts change which drafts are accepted (after 150 every variant accepted the
+  same).
   """
   inputs = np.concatenate([prompts, ragged_tokens(64 - len(prompts), 12, 512, seed=100 + seed)])
   targets = np.asarray(sd.generate(model, inputs, 16, eos_id=-1).tokens)
@@ -67,12 +70,11 @@ def bigram(baseline):
   return lattice.NGramLM.fit(np.asarray(baseline.tokens), 512)
 
 
+#: A top-4 lattice and parallel drafts each run inside a rescored variant.
 VARIANTS = {
     "plain": dict(),
-    "top4": dict(top_k=4),
     "ngram": dict(top_k=4, rescoring="ngram", rescoring_weight=0.5),
     "neural": dict(top_k=4, rescoring="neural", rescoring_weight=1.0),
-    "parallel": dict(top_k=3, num_drafts=4),
     "parallel-ngram": dict(top_k=3, num_drafts=4, rescoring="ngram"),
 }
 
@@ -300,12 +302,12 @@ def _head_samples(heads, method, length, seed, accept=None, n=None):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method_name", ["T1", "TOPK3"])
-def test_sampling_with_head_drafts_keeps_the_target_distribution(method_name):
+def test_sampling_with_head_drafts_keeps_the_target_distribution():
   """Beyond the paper: q from the heads, the exact rule; same enumeration test as
-  test_distribution.py, with the same negative control."""
+  test_distribution.py, with the same negative control. (Top-k filtering under the exact
+  rule: test_distribution.py's topk3 case.)"""
   import test_distribution as td
-  method = getattr(td, method_name)
+  method = td.T1
   target, _ = td.models()
   heads = sd.init_heads(target, 3, rng=5, init_scale=1.0)      # 2 drafts per round
   length = 3
@@ -313,12 +315,12 @@ def test_sampling_with_head_drafts_keeps_the_target_distribution(method_name):
   tokens, stats = _head_samples(heads, method, length, seed=31)
   acc = float(np.mean([s["acceptance_rate"] for s in stats]))
   p_value, bins, chi2 = td.gof_pvalue(td.counts_of(tokens), probs)
-  td._record(f"head drafts {method_name}", f"N={len(tokens)}, bins={bins}, chi2={chi2:.1f}, "
+  td._record("head drafts T1", f"N={len(tokens)}, bins={bins}, chi2={chi2:.1f}, "
              f"p={p_value:.3g}, acceptance={acc:.3f}")
   assert 0.15 < acc < 0.85                      # both branches of the rule ran often
   assert p_value > td.P_PASS
-  if method_name == "T1":                       # the negative control, once
-    wrong, _ = _head_samples(heads, method, length, seed=31, accept=td.AcceptAll())
-    p_wrong = td.gof_pvalue(td.counts_of(wrong), probs)[0]
-    td._record("head drafts, accept-all control", f"p={p_wrong:.3g}")
-    assert p_wrong < td.P_FAIL
+  # The negative control: every draft accepted.
+  wrong, _ = _head_samples(heads, method, length, seed=31, accept=td.AcceptAll())
+  p_wrong = td.gof_pvalue(td.counts_of(wrong), probs)[0]
+  td._record("head drafts, accept-all control", f"p={p_wrong:.3g}")
+  assert p_wrong < td.P_FAIL

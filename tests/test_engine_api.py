@@ -157,8 +157,9 @@ def test_vmapped_rounds_equal_each_request_alone(target, drafter, inputs):
                                    getattr(alone.counters, field.name),
                                    rtol=1e-5, err_msg=f"request {r}: {field.name}")
 
-  # Each request draws with its own key: two requests on the SAME input would differ.
-  twins = init_many(target, proposer, np.repeat(requests[:1], 2, 0), rngs[:2], config)
+  # Each request draws with its own key: two requests on the SAME input would differ
+  # (as many requests as above: the vmapped programs compile once).
+  twins = init_many(target, proposer, np.repeat(requests[:1], len(requests), 0), rngs, config)
   while bool(engine.cond(twins)):
     twins = step_many(target, proposer, twins, config)
   twins = finish_many(twins, config)

@@ -3,8 +3,8 @@ saved by transformers (a sliding window shorter than prompt + output, grouped he
 layers of their own head size; one assistant with centroid-masked logits), loaded with
 `sd.load`. Its draft steps equal transformers' assistant forward on the target's cache;
 its first round's drafts equal transformers' assisted generation's; greedy speculative
-output is the target's bitwise, batch-invariant with ragged prompts, and transformers'
-assisted output; sampling is exact with the assistant's masked distribution as q (the
+output is the target's bitwise on ragged prompts, and transformers' assisted
+output; sampling is exact with the assistant's masked distribution as q (the
 distribution test, with its negative control); the refusals of a wrong target."""
 
 import dataclasses
@@ -182,19 +182,17 @@ def test_on_a_kv_sharing_target_it_reads_the_last_cached_layers(pair, tmp_path):
   np.testing.assert_array_equal(tokens, hf_logits.argmax(-1))
 
 
-def test_greedy_is_the_targets_bitwise_and_batch_invariant(pair):
+def test_greedy_is_the_targets_bitwise_on_ragged_prompts(pair):
   """Ragged prompts at batch 3 (windows shorter than prompt + output) give the target's
-  greedy tokens bitwise, and each row decoded alone gives its row; the statistics count
-  what the assistant did (the first round drafts nothing: no target state yet)."""
+  greedy tokens bitwise (whose rows are each row alone: tests/test_gemma4.py, against
+  transformers row by row); the statistics count what the assistant did (the first round
+  drafts nothing: no target state yet)."""
   _, target, assistants = pair
   method = sd.Speculative(assistants[8][1], gamma=GAMMA)
   base = sd.decode(target, sd.Autoregressive(), PROMPTS, T, eos_id=EOS)
   out = sd.decode(target, method, PROMPTS, T, eos_id=EOS)
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(base.tokens))
   np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(base.lengths))
-  for b in range(len(PROMPTS)):
-    alone = sd.decode(target, method, PROMPTS[b:b + 1], T, eos_id=EOS)
-    np.testing.assert_array_equal(np.asarray(alone.tokens[0]), np.asarray(out.tokens[b]))
   stats = out.stats
   assert stats["method"] == "speculative" and 0.0 <= stats["alpha"] <= 1.0
   assert stats["tokens_per_target_call"] == pytest.approx(stats["tokens"] / stats["target_calls"])
