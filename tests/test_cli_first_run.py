@@ -63,10 +63,17 @@ def test_cache_directory_is_per_user_and_switches_off(monkeypatch, tmp_path):
   assert not compilation.switched_off()
   args = cli.build_parser().parse_args(["decode", "--model", TARGET, "--no-compile-cache"])
   assert args.compile_cache is False
-  # switched off: JAX's cache is disabled (restored after: the suite uses its own cache)
+  # switched off, by the flag or the environment: JAX's cache is disabled (restored after:
+  # the suite uses its own cache). A script's `sd.use_compilation_cache()` is the function
+  # `specdec` calls: the second run below reads back for both.
+  assert sd.use_compilation_cache is compilation.use_persistent_cache
   was = jax.config.jax_enable_compilation_cache
   try:
     assert compilation.use_persistent_cache(False) is None
+    assert jax.config.jax_enable_compilation_cache is False
+    jax.config.update("jax_enable_compilation_cache", True)
+    monkeypatch.setenv(compilation.ENV_VAR, "0")
+    assert sd.use_compilation_cache() is None
     assert jax.config.jax_enable_compilation_cache is False
   finally:
     jax.config.update("jax_enable_compilation_cache", was)
@@ -134,7 +141,7 @@ def test_second_run_compiles_nothing_and_the_switch_turns_the_cache_off(tmp_path
   second, _, compiled2, cached2 = _decode_child(tmp_path)
   assert (compiled2, second) == (0, first) and cached2 > 0     # read back, not compiled
   # switched off by the flag: everything compiles, nothing is written (the environment's
-  # switch, SPECDEC_COMPILE_CACHE=0: tests/test_compile_once.py's script)
+  # switch, SPECDEC_COMPILE_CACHE=0, goes the same way: test_cache_directory_is_per_user...)
   off, err, compiled3, cached3 = _decode_child(tmp_path, "--no-compile-cache")
   # (a first run may read back a program it compiled earlier in the same run)
   assert off == first and compiled3 == compiled + cached and cached3 == 0
