@@ -19,6 +19,7 @@ import pytest
 from helpers import WITH_DEFAULT_SIGINT
 from loopback import device_env, free_port
 
+from specdec_jax import cli
 from specdec_jax.runtime import distributed, liveness, supervise
 
 
@@ -542,19 +543,25 @@ def test_losing_process_0_stops_process_1_with_one_line(tmp_path):
   print(f"\nprocess 1 stopped {seconds:.1f} s after process 0 was killed: {last}")
 
 
-@pytest.mark.slow
-def test_unserved_coordinator_fails_with_one_line(tmp_path):
-  """Our probe's line, not JAX's abort (SIGABRT after its own 300 s: the subprocess's
-  timeout would end the test first)."""
+def test_unserved_coordinator_fails_with_one_line(capsys, monkeypatch):
+  """`specdec decode` as process 1 with nobody at --coordinator: our probe's line (JAX's own
+  connect would abort the process after 300 s), before jax.distributed starts. In this
+  process, on a `FakeClock` that does not wait (the supervisor that passes the line and
+  the exit code on: test_supervisor_passes_the_exit_code_and_a_crash_on)."""
+  clock = FakeClock()
+  monkeypatch.setattr(clock, "sleep", lambda seconds: setattr(clock, "now", clock.now + seconds))
+  monkeypatch.setattr(distributed, "time", clock)     # no thread here: no real wait either
+
+  def joined(*args, **kwargs):
+    raise AssertionError("jax.distributed.initialize was called before the probe failed")
+  monkeypatch.setattr(distributed.jax.distributed, "initialize", joined)
   port = free_port()
-  run = subprocess.run([sys.executable, "-m", "specdec_jax.cli", "decode", "--model",
-                        "config:t5_1_1_tiny", "5 1", "--coordinator", f"127.0.0.1:{port}",
-                        "--num-processes", "2", "--process-id", "1",
-                        "--coordinator-timeout", "3"],
-                       env=device_env(1), capture_output=True, text=True, timeout=300,
-                       check=False)
-  assert run.returncode not in (0, -signal.SIGABRT), run.stderr[-3000:]
-  assert run.stderr.strip().splitlines()[-1] == (
+  code = cli.main(["decode", "--model", "config:t5_1_1_tiny", "5 1", "--coordinator",
+                   f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", "1",
+                   "--coordinator-timeout", "3"])
+  err = capsys.readouterr().err
+  assert code == 1, err
+  assert err.strip().splitlines()[-1] == (
       f"specdec decode: error: process 1: no coordinator answered at 127.0.0.1:{port} "
       "within --coordinator-timeout 3 s (Connection refused): start process 0 there first, "
       "or check the address")
