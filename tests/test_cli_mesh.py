@@ -137,11 +137,13 @@ def assert_split_over_model(loads):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["baseline", "speculative"])
-def test_decode_on_a_mesh_prints_the_single_device_translations(sharp_target, monkeypatch,
-                                                                method):
+def test_decode_on_a_mesh_prints_the_single_device_translations(sharp_target, monkeypatch):
+  """Speculative decoding: the target placed as the baseline's is, and its drafter too.
+  (Sharded logits equal one device's, so every method on the mesh is exact:
+  tests/test_sharding.py::test_sharded_logits_are_one_devices; the baseline on a mesh,
+  its test_generate_along_each_mesh_axis.)"""
   argv = ["decode", "--model", sharp_target, "--max-new-tokens", 8, "--json", *PROMPTS,
-          *(["--drafter", DRAFTER, "--gamma", 3] if method == "speculative" else [])]
+          "--drafter", DRAFTER, "--gamma", 3]
   single = run_cli(*argv)
   placed = placements(monkeypatch)
   mesh = run_cli(*argv, "--mesh", MESH)
@@ -156,8 +158,7 @@ def test_decode_on_a_mesh_prints_the_single_device_translations(sharp_target, mo
   assert placed["shard"] == []
   assert_split_over_model(placed["load"])
   assert placed["shard_batch"] and set(placed["shard_batch"]) == {(4, (2,))}
-  if method == "speculative":
-    assert placed["replicate"] and all(placed["replicate"])
+  assert placed["replicate"] and all(placed["replicate"])
 
 
 @pytest.mark.slow
