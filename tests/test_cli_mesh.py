@@ -166,8 +166,8 @@ def test_eval_and_bench_on_a_mesh(tmp_path, monkeypatch):
   """`specdec eval --mesh` scores the same hypotheses as one device; `specdec bench
   --mesh` times baseline and speculative decoding on it."""
   pairs = str(HERE / "data" / "demo_test_pairs.jsonl")
-  evaluate = ["eval", "--model", "demo-de-en/target", "--drafter", "demo-de-en/drafter",
-              "--gamma", 3, "--data", pairs, "--limit", 4, "--batch-size", 4, "--json"]
+  evaluate = ["eval", "--model", "demo-de-en/target", "--data", pairs, "--limit", 4,
+              "--batch-size", 4, "--json"]
   single = run_cli(*evaluate)
   placed = placements(monkeypatch)
   mesh = run_cli(*evaluate, "--mesh", MESH)
