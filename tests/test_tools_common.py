@@ -158,9 +158,6 @@ def test_methods_run_the_library_functions(pair, inputs):
       (methods.Run(sd.Speculative(drafter, gamma=2, lenience=0.5), sampling),
        sd.speculative_generate(target, drafter, inputs, gamma=2, max_new_tokens=MAX_NEW,
                                sampling=sampling, rng=key, lenience=0.5)),
-      (methods.Run(sd.Speculative(drafter, gamma=4, adaptive=True)),
-       sd.speculative_generate(target, drafter, inputs, gamma=4, max_new_tokens=MAX_NEW,
-                               rng=key, adaptive=True)),
   ]
   for method, expected in cases:
     out = method.decode(target, inputs, max_new_tokens=MAX_NEW, rng=key)
