@@ -48,7 +48,16 @@ output_file.OutputFile.append = dying_append
 sys.exit(cli.main(sys.argv[2:]))
 """
 
-MAIN = "import sys; from specdec_jax import cli; sys.exit(cli.main(sys.argv[1:]))"
+# `specdec ARGV...` without the supervisor: descriptor 1 on stderr once the results are out,
+# as the entry point leaves it (jax.distributed's shutdown at exit writes there).
+MAIN = """
+import os, sys
+from specdec_jax import cli
+code = cli.main(sys.argv[1:])
+sys.stdout.flush()
+os.dup2(2, 1)
+sys.exit(code)
+"""
 
 
 def _main(argv) -> tuple[int, str, str]:
