@@ -19,6 +19,7 @@ import pytest
 from helpers import WITH_DEFAULT_SIGINT
 from loopback import device_env, free_port
 
+from specdec_jax import cli
 from specdec_jax.runtime import distributed, liveness, supervise
 
 
@@ -193,6 +194,24 @@ def _supervise(child: str, before: str = "") -> tuple[int, bytes, bytes]:
   return parent.returncode, out, err
 
 
+@pytest.fixture
+def supervised(capfd, monkeypatch):
+  """`supervise.run` in this process (the `specdec` parent, without an interpreter and a
+  JAX import of its own) as process 1 of 2, of `python -c child`: (exit code, the child's
+  stdout, the stderr it passed on). For children that end by themselves or by a signal
+  that is not relayed (a relayed one would end this process as it ended the child)."""
+  for name, value in device_env(1).items():
+    if name in ("PYTHONPATH", "XLA_FLAGS"):
+      monkeypatch.setenv(name, value)
+
+  def run(child: str) -> tuple[int, bytes, bytes]:
+    capfd.readouterr()
+    code = supervise.run([sys.executable, "-c", child], supervise.Who(1, 2, "10.0.0.1:1234"))
+    out, err = capfd.readouterr()
+    return code, out.encode(), err.encode()
+  return run
+
+
 def _gone(pid: int) -> bool:
   """Whether process `pid` has ended (a zombie nobody reaped counts)."""
   try:
@@ -205,10 +224,9 @@ def _gone(pid: int) -> bool:
 needs_linux = pytest.mark.skipif(not supervise.supported(), reason="supervision is Linux-only")
 
 
-@pytest.mark.slow
 @needs_linux
-def test_supervisor_replaces_a_jax_abort_with_one_line():
-  code, out, err = _supervise(f"""\
+def test_supervisor_replaces_a_jax_abort_with_one_line(supervised):
+  code, out, err = supervised(f"""\
 import os, sys
 from specdec_jax.runtime import supervise
 print("an output", flush=True)
@@ -223,12 +241,11 @@ os.abort()
   assert err.decode() == f"specdec: note: a note\n{LOST}\n"
 
 
-@pytest.mark.slow
 @needs_linux
-def test_supervisor_forwards_a_run_that_goes_on_untouched():
+def test_supervisor_forwards_a_run_that_goes_on_untouched(supervised):
   written = ("a first line\nW1127 00:37:07.936375 4014 gloo.cc:1] a C++ warning\n"
              "its second line\n" + JAX_DYING + "the last, without a newline")
-  code, out, err = _supervise(f"""\
+  code, out, err = supervised(f"""\
 import sys, time
 sys.stderr.write({written!r})
 sys.stderr.flush()
@@ -238,13 +255,12 @@ time.sleep(0.2)
   assert (code, out, err.decode()) == (0, b"an output\n", written)
 
 
-@pytest.mark.slow
 @needs_linux
-def test_supervisor_passes_the_exit_code_and_a_crash_on():
-  code, _, err = _supervise("import sys; print('specdec decode: error: bad', file=sys.stderr); "
+def test_supervisor_passes_the_exit_code_and_a_crash_on(supervised):
+  code, _, err = supervised("import sys; print('specdec decode: error: bad', file=sys.stderr); "
                             "sys.exit(3)")
   assert (code, err) == (3, b"specdec decode: error: bad\n")
-  code, _, err = _supervise("""\
+  code, _, err = supervised("""\
 import os, signal, sys
 sys.stderr.write("E1127 00:37:07.936780 4014 kernel.cc:12] a broken kernel\\n")
 sys.stderr.flush()
@@ -391,10 +407,9 @@ def test_a_child_that_cannot_start_is_one_error_and_leaks_nothing():
   assert [signal.getsignal(signum) for signum in supervise.RELAYED] == handlers
 
 
-@pytest.mark.slow
 @needs_linux
-def test_our_lines_among_jax_dying_lines_are_kept():
-  code, _, err = _supervise(f"""\
+def test_our_lines_among_jax_dying_lines_are_kept(supervised):
+  code, _, err = supervised(f"""\
 import os, sys
 from specdec_jax.runtime import supervise
 supervise.joined(1, 2, "10.0.0.1:1234")
@@ -542,19 +557,25 @@ def test_losing_process_0_stops_process_1_with_one_line(tmp_path):
   print(f"\nprocess 1 stopped {seconds:.1f} s after process 0 was killed: {last}")
 
 
-@pytest.mark.slow
-def test_unserved_coordinator_fails_with_one_line(tmp_path):
-  """Our probe's line, not JAX's abort (SIGABRT after its own 300 s: the subprocess's
-  timeout would end the test first)."""
+def test_unserved_coordinator_fails_with_one_line(capsys, monkeypatch):
+  """`specdec decode` as process 1 with nobody at --coordinator: our probe's line (JAX's own
+  connect would abort the process after 300 s), before jax.distributed starts. In this
+  process, on a `FakeClock` that does not wait (the supervisor that passes the line and
+  the exit code on: test_supervisor_passes_the_exit_code_and_a_crash_on)."""
+  clock = FakeClock()
+  monkeypatch.setattr(clock, "sleep", lambda seconds: setattr(clock, "now", clock.now + seconds))
+  monkeypatch.setattr(distributed, "time", clock)     # no thread here: no real wait either
+
+  def joined(*args, **kwargs):
+    raise AssertionError("jax.distributed.initialize was called before the probe failed")
+  monkeypatch.setattr(distributed.jax.distributed, "initialize", joined)
   port = free_port()
-  run = subprocess.run([sys.executable, "-m", "specdec_jax.cli", "decode", "--model",
-                        "config:t5_1_1_tiny", "5 1", "--coordinator", f"127.0.0.1:{port}",
-                        "--num-processes", "2", "--process-id", "1",
-                        "--coordinator-timeout", "3"],
-                       env=device_env(1), capture_output=True, text=True, timeout=300,
-                       check=False)
-  assert run.returncode not in (0, -signal.SIGABRT), run.stderr[-3000:]
-  assert run.stderr.strip().splitlines()[-1] == (
+  code = cli.main(["decode", "--model", "config:t5_1_1_tiny", "5 1", "--coordinator",
+                   f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", "1",
+                   "--coordinator-timeout", "3"])
+  err = capsys.readouterr().err
+  assert code == 1, err
+  assert err.strip().splitlines()[-1] == (
       f"specdec decode: error: process 1: no coordinator answered at 127.0.0.1:{port} "
       "within --coordinator-timeout 3 s (Connection refused): start process 0 there first, "
       "or check the address")

@@ -19,8 +19,10 @@ from helpers import REPO_DIR
 import specdec_jax as sd
 from specdec_jax import cli, compilation
 from specdec_jax.batching import prompt_batches
+from specdec_jax.cli import decode
 from specdec_jax.kernels import build, dispatch
 from specdec_jax.models import packing
+from specdec_jax.runtime import decode_setup, jobs
 
 TARGET = "config:t5_1_1_tiny"
 READY = re.compile(r"^specdec: ready in [0-9.]+ s: (\d+) compiled, (\d+) from the cache$",
@@ -48,7 +50,7 @@ def test_the_kernel_build_is_announced(capsys):
   assert err == "specdec: building the CPU decode kernels (first run only; cached in /x)\n"
 
 
-def test_cache_directory_is_per_user_and_switches_off(monkeypatch, tmp_path):
+def test_cache_directory_is_per_user_and_switches_off(monkeypatch, tmp_path, capsys):
   monkeypatch.delenv("SPECDEC_CACHE_DIR", raising=False)
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
   assert compilation.cache_dir() == str(tmp_path / "xdg" / "specdec_jax" / "jax")
@@ -61,12 +63,29 @@ def test_cache_directory_is_per_user_and_switches_off(monkeypatch, tmp_path):
     assert compilation.switched_off()
   monkeypatch.setenv(compilation.ENV_VAR, "1")
   assert not compilation.switched_off()
-  args = cli.build_parser().parse_args(["decode", "--model", TARGET, "--no-compile-cache"])
-  assert args.compile_cache is False
-  # switched off: JAX's cache is disabled (restored after: the suite uses its own cache)
+  # the flag reaches the job, which asks for no cache and says so when it compiles
+  asked = []
+  monkeypatch.setattr(jobs, "use_persistent_cache", lambda flag: asked.append(flag))
+  for flags in ([], ["--no-compile-cache"]):
+    args = cli.build_parser().parse_args(["decode", "--model", TARGET, *flags])
+    decode_setup.job_of(decode.from_args(args)[1]).start()
+  assert asked == [True, False]
+  capsys.readouterr()
+  with compilation.compiling("the programs", None):
+    pass
+  assert "specdec: preparing the programs (compilation cache off: compiled on every run)" in (
+      capsys.readouterr().err)
+  # switched off, by the flag or the environment: JAX's cache is disabled (restored after:
+  # the suite uses its own cache). A script's `sd.use_compilation_cache()` is the function
+  # `specdec` calls: the second run below reads back for both.
+  assert sd.use_compilation_cache is compilation.use_persistent_cache
   was = jax.config.jax_enable_compilation_cache
   try:
     assert compilation.use_persistent_cache(False) is None
+    assert jax.config.jax_enable_compilation_cache is False
+    jax.config.update("jax_enable_compilation_cache", True)
+    monkeypatch.setenv(compilation.ENV_VAR, "0")
+    assert sd.use_compilation_cache() is None
     assert jax.config.jax_enable_compilation_cache is False
   finally:
     jax.config.update("jax_enable_compilation_cache", was)
@@ -133,9 +152,6 @@ def test_second_run_compiles_nothing_and_the_switch_turns_the_cache_off(tmp_path
   assert entries > 0
   second, _, compiled2, cached2 = _decode_child(tmp_path)
   assert (compiled2, second) == (0, first) and cached2 > 0     # read back, not compiled
-  # switched off by the flag: everything compiles, nothing is written (the environment's
-  # switch, SPECDEC_COMPILE_CACHE=0: tests/test_compile_once.py's script)
-  off, err, compiled3, cached3 = _decode_child(tmp_path, "--no-compile-cache")
-  # (a first run may read back a program it compiled earlier in the same run)
-  assert off == first and compiled3 == compiled + cached and cached3 == 0
-  assert "compilation cache off" in err and len(os.listdir(jax_dir)) == entries
+  assert len(os.listdir(jax_dir)) == entries                  # and nothing added
+  # switched off (--no-compile-cache, SPECDEC_COMPILE_CACHE=0): the job asks for no cache,
+  # which turns JAX's off: test_cache_directory_is_per_user_and_switches_off

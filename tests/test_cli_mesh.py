@@ -137,11 +137,13 @@ def assert_split_over_model(loads):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["baseline", "speculative"])
-def test_decode_on_a_mesh_prints_the_single_device_translations(sharp_target, monkeypatch,
-                                                                method):
+def test_decode_on_a_mesh_prints_the_single_device_translations(sharp_target, monkeypatch):
+  """Speculative decoding: the target placed as the baseline's is, and its drafter too.
+  (Sharded logits equal one device's, so every method on the mesh is exact:
+  tests/test_sharding.py::test_sharded_logits_are_one_devices; the baseline on a mesh,
+  its test_generate_along_each_mesh_axis.)"""
   argv = ["decode", "--model", sharp_target, "--max-new-tokens", 8, "--json", *PROMPTS,
-          *(["--drafter", DRAFTER, "--gamma", 3] if method == "speculative" else [])]
+          "--drafter", DRAFTER, "--gamma", 3]
   single = run_cli(*argv)
   placed = placements(monkeypatch)
   mesh = run_cli(*argv, "--mesh", MESH)
@@ -156,8 +158,7 @@ def test_decode_on_a_mesh_prints_the_single_device_translations(sharp_target, mo
   assert placed["shard"] == []
   assert_split_over_model(placed["load"])
   assert placed["shard_batch"] and set(placed["shard_batch"]) == {(4, (2,))}
-  if method == "speculative":
-    assert placed["replicate"] and all(placed["replicate"])
+  assert placed["replicate"] and all(placed["replicate"])
 
 
 @pytest.mark.slow
@@ -165,8 +166,8 @@ def test_eval_and_bench_on_a_mesh(tmp_path, monkeypatch):
   """`specdec eval --mesh` scores the same hypotheses as one device; `specdec bench
   --mesh` times baseline and speculative decoding on it."""
   pairs = str(HERE / "data" / "demo_test_pairs.jsonl")
-  evaluate = ["eval", "--model", "demo-de-en/target", "--drafter", "demo-de-en/drafter",
-              "--gamma", 3, "--data", pairs, "--limit", 4, "--batch-size", 4, "--json"]
+  evaluate = ["eval", "--model", "demo-de-en/target", "--data", pairs, "--limit", 4,
+              "--batch-size", 4, "--json"]
   single = run_cli(*evaluate)
   placed = placements(monkeypatch)
   mesh = run_cli(*evaluate, "--mesh", MESH)
@@ -265,14 +266,16 @@ def test_plan_equals_the_bytes_of_sharded_params_and_caches(mesh, overrides, dty
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("data,model", [(2, 4), (1, 8)])
-def test_plan_is_close_to_the_compiled_decode(data, model):
+def test_plan_is_close_to_the_compiled_decode():
   """The whole compiled speculative decode's per-device memory (XLA's memory analysis of
   arguments, outputs and temporaries; the caches pinned to the plan's layout by the
-  engine) is within 15% of the plan's total, on a shape whose caches dominate."""
+  engine) is within 15% of the plan's total, on a shape whose caches dominate, on the
+  2x4 mesh (each other mesh's parameters and caches, byte for byte:
+  test_plan_equals_the_bytes_of_sharded_params_and_caches)."""
   config = sd.get_config("t5_1_1_tiny", num_heads=8, head_dim=64)
   drafter_config = sd.get_config("t5_1_1_tiny_drafter")
   b, le, t, g = 8, 6, 1000, 3
+  data, model = 2, 4
   mesh = sd.make_mesh(data=data, model=model)
   target = sd.shard(sd.init_model(config, 0), mesh)
   drafter = sd.sharding.replicate(sd.init_model(drafter_config, 1), mesh)

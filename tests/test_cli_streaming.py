@@ -57,9 +57,11 @@ def _paused(after: int, *args) -> list[str]:
 
 
 def _env(tmp_path) -> dict:
+  """The child's environment: its own cache directory, and XLA's dot (an interrupt is the
+  same on any backend; the CPU kernels would be built again, ~10 s, in that directory)."""
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
   env.update(PYTHONPATH=str(REPO_DIR), JAX_PLATFORMS="cpu",
-             SPECDEC_CACHE_DIR=str(tmp_path / "cache"))
+             SPECDEC_CACHE_DIR=str(tmp_path / "cache"), SPECDEC_CPU_KERNELS="0")
   return env
 
 
@@ -106,12 +108,14 @@ def _rest(proc, timeout: float = 120) -> tuple[str, str]:
   return got["out"], got["err"]
 
 
-@pytest.mark.slow      # 15 s; the fast tier keeps tests/unit/test_progress.py's
-def test_an_interrupted_stdout_run_has_printed_its_finished_rows(tmp_path, capsys):
+@pytest.mark.slow      # a process; the fast tier keeps tests/unit/test_progress.py's
+def test_an_interrupted_stdout_run_has_printed_its_finished_rows(tmp_path, capsys,
+                                                               monkeypatch):
   """Ctrl-C between two batches (the run paused after 3 rows): the 3 rows are printed and
   are a clean run's, and the last line says so."""
   prompts = _prompts(tmp_path / "in.txt", 3000)
   env = _env(tmp_path)
+  monkeypatch.setenv("SPECDEC_CPU_KERNELS", "0")      # the clean run below: the child's dot
   kept, _, out, err, code = _stop_paused(_paused(3, "--input-file", "in.txt"), env, tmp_path,
                                          signal.SIGINT)
   assert (kept, code) == (3, 130), err[-2000:]

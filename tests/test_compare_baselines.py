@@ -50,11 +50,3 @@ def test_a_sampled_run_is_compared_with_the_target_sampling_alike(capsys, decode
   assert len(sampling) == 1 and "0.7" in sampling.pop()
   assert json.loads(out)["timing"]["compare"]["baseline"] == "target alone"
   assert "sampled with the same settings" in err and "same tokens: NO" not in err
-
-
-@pytest.mark.slow
-def test_a_method_that_is_its_own_baseline_prints_no_comparison(capsys):
-  code, out, err = run(capsys, "decode", "--model", TARGET, *BEAM, "--compare", "--json",
-                       *PROMPTS)
-  assert code == 0, err
-  assert "compare" not in json.loads(out)["timing"] and "speedup" not in err

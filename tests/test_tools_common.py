@@ -77,22 +77,6 @@ def test_corpus_of_padded_batches_has_the_stats_of_one_big_batch(pair, inputs):
 
 
 @pytest.mark.slow
-def test_merge_is_not_an_average_of_batch_ratios(pair, inputs):
-  """Two calls of different sizes: the merged alpha is sum(beta_sum) / sum(beta_count),
-  not the mean of the two calls' alphas."""
-  target, drafter = pair
-  method = methods.Run(sd.Speculative(drafter, gamma=GAMMA))
-  a = method.decode(target, inputs[:1], max_new_tokens=MAX_NEW)
-  b = method.decode(target, inputs[1:], max_new_tokens=MAX_NEW)
-  merged = stats_lib.merge_outputs([a, b])
-  beta_sum = float(a.stats["beta_sum"]) + float(b.stats["beta_sum"])
-  beta_count = int(a.stats["beta_count"]) + int(b.stats["beta_count"])
-  assert float(merged["alpha"]) == pytest.approx(beta_sum / beta_count)
-  assert int(merged["target_calls"]) == int(a.stats["target_calls"]) + int(
-      b.stats["target_calls"])
-
-
-@pytest.mark.slow
 def test_baseline_counts_one_target_call_per_row_and_token(pair, inputs):
   target, _ = pair
   corpus = methods.decode_corpus(methods.Run(sd.Autoregressive()), target,
@@ -174,9 +158,6 @@ def test_methods_run_the_library_functions(pair, inputs):
       (methods.Run(sd.Speculative(drafter, gamma=2, lenience=0.5), sampling),
        sd.speculative_generate(target, drafter, inputs, gamma=2, max_new_tokens=MAX_NEW,
                                sampling=sampling, rng=key, lenience=0.5)),
-      (methods.Run(sd.Speculative(drafter, gamma=4, adaptive=True)),
-       sd.speculative_generate(target, drafter, inputs, gamma=4, max_new_tokens=MAX_NEW,
-                               rng=key, adaptive=True)),
   ]
   for method, expected in cases:
     out = method.decode(target, inputs, max_new_tokens=MAX_NEW, rng=key)
