@@ -126,7 +126,11 @@ def _our_greedy(model, prompts, steps):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("pair", ["gpt2", "llama"], indirect=True)
 def test_greedy_tokens_match_generate(pair):
+  """GPT-2 and Llama: Gemma 4's greedy tokens against `generate` are
+  tests/test_gemma4.py::test_logits_and_greedy_tokens_match_transformers's; a tied Llama's
+  differ from Llama's only in its logits (test_logits_match_transformers)."""
   kind, hf_model, model, _ = pair
   rng = np.random.default_rng(1)
   prompts = [rng.integers(3, 96, n).tolist() for n in (9, 3, 6)]
