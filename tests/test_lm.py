@@ -126,8 +126,11 @@ def greedy(model, cache, tok, steps):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("model", ["llama_tiny"], indirect=True)
 def test_explicit_lengths_override_the_pad_id(model):
-  """A prompt whose last real token is the pad id needs lengths=; with them it matches."""
+  """A prompt whose last real token is the pad id needs lengths=; with them it matches.
+  (On Llama: `lengths=` is the families' shared code; their positions, learned or
+  rotary, at ragged lengths are test_ragged_prompts_equal_each_row_alone's, both.)"""
   seq = np.array(tokens((1, 5), model.vocab_size, seed=3))
   seq[0, 4] = model.config.pad_id
   seq = jnp.asarray(seq)
@@ -222,7 +225,10 @@ def test_tree_of_drafts_equals_each_branch_decoded_alone(model):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("model", ["llama_tiny"], indirect=True)
 def test_early_exit_decode_reads_the_exit_logits(model):
+  """On Llama: the exit is the families' shared code (their layers and final norms are
+  test_cached_prefill_and_decode_equal_the_full_pass's, both)."""
   seq = tokens((2, 6), model.vocab_size, seed=7)
   (teacher,) = model.exit_logits(seq, exits=(1,))
   cache = model.start(seq[:, :2], capacity=8)
