@@ -1,8 +1,6 @@
 """Tests for specdec_jax.drafters.lattice: the backoff n-gram LM and the k-best lattice DP."""
 
 import itertools
-import statistics
-import time
 import zlib
 
 import jax
@@ -363,29 +361,6 @@ def test_inside_scan_with_a_trigram(lms):
       np.testing.assert_allclose(scores[t], want_scores, rtol=1e-5)
       prev2, prev = want_paths[:, 0, -2], want_paths[:, 0, -1]
   assert len(traces) == 1
-
-
-def test_timing_bpd_lattice(capsys):
-  """Print (no assertion) one jitted best_paths call: B = 1, G = 7, k = 16, bigram V = 8000."""
-  rng = np.random.default_rng(0)
-  vocab, width, k = 8000, 7, 16
-  lm = L.NGramLM.fit(np.split(rng.integers(0, vocab, 100_000), 100), vocab)
-  log_probs = jax.nn.log_softmax(jnp.asarray(rng.normal(size=(1, width, vocab)) * 3, jnp.float32))
-  head, tokens = L.top_k_lattice(log_probs, k)
-  prev = jnp.array([5], jnp.int32)
-  fn = jax.jit(L.best_paths, static_argnames="num_paths")
-  lines = [f"best_paths on {jax.devices()[0].platform}, B=1 G={width} k={k}, bigram V={vocab} "
-           f"(lookup window {lm.bigrams.window}), median of 50:"]
-  for p in (1, 16):
-    jax.block_until_ready(fn(head, tokens, prev, num_paths=p, lm=lm, weight=0.5))
-    times = []
-    for _ in range(50):
-      start = time.perf_counter()
-      jax.block_until_ready(fn(head, tokens, prev, num_paths=p, lm=lm, weight=0.5))
-      times.append(time.perf_counter() - start)
-    lines.append(f"  p={p:2d}: {1e3 * statistics.median(times):.3f} ms")
-  with capsys.disabled():
-    print("\n" + "\n".join(lines))
 
 
 # --------------------------------------------------------------------------------------
