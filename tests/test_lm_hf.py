@@ -1,7 +1,7 @@
 """Parity with Hugging Face transformers' PyTorch GPT-2, Llama and Gemma 4 on random weights:
 logits of the full pass and of the cached decode, greedy tokens against
-`generate(do_sample=False)`, the round trip back to transformers, sharded files, and the
-loader's errors."""
+`generate(do_sample=False)` (GPT-2 and Llama; Gemma 4's are tests/test_gemma4.py's), the
+round trip back to transformers, sharded files, and the loader's errors."""
 
 import json
 import os
