@@ -54,10 +54,11 @@ def test_beam_reproduces_t5x(t5x_model, t5x_reference, beam_reference):
 
 @pytest.mark.parametrize("name", [
     "beam4", pytest.param("beam2", marks=pytest.mark.slow),
-    pytest.param("beam4_alpha0", marks=pytest.mark.slow),
-    pytest.param("beam4_len16", marks=pytest.mark.slow)])
+    pytest.param("beam4_alpha0", marks=pytest.mark.slow)])
 def test_t5x_compat_beam_search_reproduces_t5x(t5x_model, t5x_reference, beam_reference, name):
-  """The drop-in over our cached model, T5X's call as predict_batch_with_aux makes it."""
+  """The drop-in over our cached model, T5X's call as predict_batch_with_aux makes it: each
+  setting it passes on (num_decodes, alpha; the width is the inputs' shape). The loop's
+  arithmetic at every setting is test_beam_reproduces_t5x's."""
   alpha, beams, width = _settings(beam_reference, name)
   cache = t5x_model.start(jnp.asarray(t5x_reference["encoder_input_tokens"]), capacity=width)
   seqs, scores = jax.jit(lambda c: t5x_compat.beam_search(

@@ -142,12 +142,12 @@ def test_speculative_on_shared_kv_layers_is_the_baseline(pair, small):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fixture", ["pair", "small"])
-def test_a_tree_decode_windows_keys_by_position(fixture, request):
+def test_a_tree_decode_windows_keys_by_position(small):
   """A chain of drafts given as a tree (positions and a visibility mask, as blockwise
   verification calls it) reads what the plain k-token call reads: a sliding layer hides
-  the keys a window before each query's position, not its slot (K/V-shared layers too)."""
-  target = request.getfixturevalue(fixture)[1]
+  the keys a window before each query's position, not its slot (K/V-shared layers too;
+  the small target holds the pair's sliding and full layers as well)."""
+  target = small[1]
   _, cache, _ = target.begin(PROMPTS[2:], T)
   tokens = jnp.asarray([[14, 30, 31, 32]], jnp.int32)
   plain, _ = target.decode(tokens, cache)

@@ -72,7 +72,9 @@ def test_logits_match_hf(pair):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("pair", [("gated-gelu", False)], ids=["t5_1_1"], indirect=True)
 def test_greedy_generate_matches_hf(pair):
+  """T5 1.1 (T5 1.0 differs in its layers and tied output: test_logits_match_hf, both)."""
   hf, ours, _ = pair
   enc, _ = _inputs()
   with torch.no_grad():
@@ -87,14 +89,16 @@ def test_greedy_generate_matches_hf(pair):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["legacy", "orbax"])
-def test_sd_load_t5x_fixture_reproduces_reference(layout, t5x_reference):
-  model = sd.load(str(FIXTURE_DIR / layout))
-  logits = model.forward(t5x_reference["encoder_input_tokens"],
-                         t5x_reference["decoder_input_tokens"])
-  ref = t5x_reference["logits"]
-  assert np.max(np.abs(np.asarray(logits) - ref)) <= 1e-4 * np.max(np.abs(ref))
-  out = sd.generate(model, t5x_reference["encoder_input_tokens"], 10)
-  np.testing.assert_array_equal(out.tokens, t5x_reference["greedy_tokens"])
+def test_sd_load_t5x_fixture_reproduces_reference(layout, t5x_model):
+  """Both T5X checkpoint layouts load as the reference's config and params, bitwise: the
+  model whose logits and greedy tokens are T5X's (test_model.py::test_fixture_logits_match_t5x,
+  test_generate.py::test_generate_reproduces_t5x_greedy)."""
+  model = sd.load(str(FIXTURE_DIR / layout), kernels="xla")
+  assert model.config == t5x_model.config
+  got, want = (checkpoints.flatten(m.params) for m in (model, t5x_model))
+  assert got.keys() == want.keys()
+  for name, value in want.items():
+    np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(value), err_msg=name)
 
 
 @pytest.mark.slow

@@ -148,19 +148,21 @@ def test_products_on_the_mesh_are_the_kernels_blocks(backend_name):
 @pytest.mark.slow
 @pytest.mark.parametrize("case", [pytest.param("cpu/t5", marks=needs_cpu_kernels),
                                   pytest.param("cpu/lm", marks=needs_cpu_kernels), "tpu/t5"])
-def test_the_mesh_keeps_its_kernels(case):
+def test_the_mesh_keeps_its_kernels(case, request):
   """No fallback to XLA: every product packed for the backend, in blocks on the mesh, each
   device holding its own; and every product invariant in width (exact mode pads nothing):
-  t5_1_1_tiny on 2 x 4, llama_tiny (4 query heads on 2 grouped K/V heads) on 4 x 2 (each
-  device one K/V head and its two query heads), the one-layer bfloat16 T5 on 1 x 2."""
+  t5_1_1_tiny on 2 x 4 (the decoding tests' target, `cpu_t5`), llama_tiny (4 query heads
+  on 2 grouped K/V heads) on 4 x 2 (each device one K/V head and its two query heads), the
+  one-layer bfloat16 T5 on 1 x 2."""
   backend, kind = case.split("/")
-  if case == "tpu/t5":
-    model, mesh = one_layer_bf16(), sd.make_mesh(data=1, model=2, devices=jax.devices()[:2])
+  if case == "cpu/t5":
+    target, mesh = request.getfixturevalue("cpu_t5").target, sd.make_mesh(data=2, model=4)
   else:
-    model = sd.load(f"config:{'t5_1_1_tiny' if kind == 't5' else 'llama_tiny'}",
-                    kernels="xla")
-    mesh = sd.make_mesh(data=2, model=4) if kind == "t5" else sd.make_mesh(data=4, model=2)
-  target = sd.pack(sd.shard(model, mesh), kernels=backend)
+    if case == "tpu/t5":
+      model, mesh = one_layer_bf16(), sd.make_mesh(data=1, model=2, devices=jax.devices()[:2])
+    else:
+      model, mesh = sd.load("config:llama_tiny", kernels="xla"), sd.make_mesh(data=4, model=2)
+    target = sd.pack(sd.shard(model, mesh), kernels=backend)
   got = layouts(target)
   assert got.backends == {backend} and got.all_on_mesh
   assert got.axes == sorted(AXES, key=str)

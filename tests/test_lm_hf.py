@@ -1,7 +1,7 @@
 """Parity with Hugging Face transformers' PyTorch GPT-2, Llama and Gemma 4 on random weights:
 logits of the full pass and of the cached decode, greedy tokens against
-`generate(do_sample=False)`, the round trip back to transformers, sharded files, and the
-loader's errors."""
+`generate(do_sample=False)` (GPT-2 and Llama; Gemma 4's are tests/test_gemma4.py's), the
+round trip back to transformers, sharded files, and the loader's errors."""
 
 import json
 import os
@@ -126,7 +126,11 @@ def _our_greedy(model, prompts, steps):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("pair", ["gpt2", "llama"], indirect=True)
 def test_greedy_tokens_match_generate(pair):
+  """GPT-2 and Llama: Gemma 4's greedy tokens against `generate` are
+  tests/test_gemma4.py::test_logits_and_greedy_tokens_match_transformers's; a tied Llama's
+  differ from Llama's only in its logits (test_logits_match_transformers)."""
   kind, hf_model, model, _ = pair
   rng = np.random.default_rng(1)
   prompts = [rng.integers(3, 96, n).tolist() for n in (9, 3, 6)]

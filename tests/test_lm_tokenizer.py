@@ -285,23 +285,20 @@ def test_sentencepiece_llama_parity_with_transformers(tmp_path):
 # ---------------------------------------------------------------------------- vs the model
 
 
-def _lm(vocab_size, eos_id=2, bos_id=1):
-  cfg = sd.get_config("llama_tiny").replace(vocab_size=vocab_size, eos_id=eos_id, bos_id=bos_id)
-  return sd.init_model(cfg, 0)
-
-
 @pytest.mark.slow
 def test_check_tokenizer(llama_dir):
+  """A model (its config read through `.config`), then configs alone: the checks read
+  nothing else, and a model per vocabulary would be an init each."""
   tok = load_tokenizer(llama_dir)
-  check_tokenizer(tok, _lm(tok.vocab_size))
-  check_tokenizer(tok, _lm(-(-tok.vocab_size // 64) * 64 + 64))       # a padded embedding
+  check_tokenizer(tok, sd.init_model(_lm_config(tok.vocab_size), 0))
+  check_tokenizer(tok, _lm_config(-(-tok.vocab_size // 64) * 64 + 64))   # a padded embedding
   with pytest.raises(TokenizerError, match=rf"has {tok.vocab_size} ids but the model's "
                                            rf"vocabulary is {tok.vocab_size - 1}"):
-    check_tokenizer(tok, _lm(tok.vocab_size - 1))
+    check_tokenizer(tok, _lm_config(tok.vocab_size - 1))
   with pytest.raises(TokenizerError, match="vocabulary is 4096"):
-    check_tokenizer(tok, _lm(4096))
+    check_tokenizer(tok, _lm_config(4096))
   with pytest.raises(TokenizerError, match="eos_id 2, the model 3"):
-    check_tokenizer(tok, _lm(tok.vocab_size, eos_id=3))
+    check_tokenizer(tok, _lm_config(tok.vocab_size, eos_id=3))
 
 
 # ---------------------------------------------------------------------------- transformers
