@@ -331,14 +331,15 @@ def test_eval_bild_limit_and_lossy_point(trained, capsys, baseline):
 
 
 @pytest.mark.slow
-def test_eval_blockwise_every_variant_is_the_target_greedy(trained, capsys, baseline,
-                                                           heads_file):
+def test_eval_blockwise_with_each_flag_is_the_target_greedy(trained, capsys, baseline,
+                                                            heads_file):
+  """eval's blockwise flags, each in one of two runs (an n-gram rescorer fitted on the data
+  dir, a model rescorer): the target's greedy output. Every variant of the lab's table:
+  test_sweep_blockwise_table."""
   _, workdir = trained
-  common = ["--method", "blockwise", "--heads", heads_file]
-  for extra in ([], ["--lattice-k", "3", "--num-drafts", "2"],
-                ["--lattice-k", "3", "--rescoring", "ngram", "--rescorer", "data"],
-                ["--lattice-k", "3", "--rescoring", "neural", "--rescorer",
-                 workdir / "drafter" / "final"]):
+  common = ["--method", "blockwise", "--heads", heads_file, "--lattice-k", "3"]
+  for extra in (["--num-drafts", "2", "--rescoring", "ngram", "--rescorer", "data"],
+                ["--rescoring", "neural", "--rescorer", workdir / "drafter" / "final"]):
     result = eval_json(capsys, workdir, *common, *extra)
     assert result["hypotheses"] == baseline["hypotheses"], extra
     assert result["stats"]["mean_max_run"] >= 1.0     # some rounds drafted
