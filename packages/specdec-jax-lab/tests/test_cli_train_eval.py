@@ -461,7 +461,7 @@ def test_eval_and_sweep_run_on_the_shipped_pairs(capsys, tmp_path):
   bundled demo pair: no prepared data dir, no dictionary, no recipe; timings exclude
   compilation by default and speedups divide by the plain baseline."""
   code, out, err = run(capsys, "eval", "--model", "demo-de-en/target", "--data", SHIPPED_PAIRS,
-                       "--drafter", "demo-de-en/drafter", "--gamma", 3, "--limit", 4,
+                       "--drafter", "demo-de-en/drafter", "--gamma", 2, "--limit", 4,
                        "--batch-size", 2, "--json")
   assert code == 0, err
   result = json.loads(out)
