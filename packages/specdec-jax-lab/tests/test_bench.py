@@ -11,8 +11,9 @@ from specdec_jax_lab import bench
 
 TARGET = "config:t5_1_1_tiny"
 DRAFTER = "config:t5_1_1_tiny_drafter"
-# Same decode shapes as tests/test_cli.py (prompt length 5, 6 new tokens): shared jit caches.
-ARGS = ["bench", "--target", TARGET, "--drafter", DRAFTER, "--batch-sizes", "1,2",
+# Same decode shapes as tests/test_cli.py (two prompts of length 5, 6 new tokens): shared jit
+# caches. One batch size: tests/test_bench_baselines.py times several.
+ARGS = ["bench", "--target", TARGET, "--drafter", DRAFTER, "--batch-sizes", "2",
         "--gammas", "1,2", "--modes", "greedy", "--prompt-len", "5", "--max-new-tokens", "6",
         "--repeats", "1", "--timing-steps", "2", "--no-progress"]
 
@@ -42,13 +43,13 @@ def test_bench_writes_json_md_png(bench_dir):
   assert machine["jax_version"] and machine["devices"] and machine["cpu_count"] >= 1
   config = results["config"]
   assert config["target"] == TARGET and config["drafter"] == DRAFTER
-  assert config["batch_sizes"] == [1, 2] and config["gammas"] == [1, 2]
+  assert config["batch_sizes"] == [2] and config["gammas"] == [1, 2]
   assert config["max_new_tokens"] == 6 and config["prompt_len"] == 5
   assert set(results["definitions"]) >= {"ms_per_token", "speedup", "c", "verify_cost"}
 
   entries = results["results"]
   keys = [(e["batch_size"], e["gamma"]) for e in entries]
-  assert keys == [(1, None), (1, 1), (1, 2), (2, None), (2, 1), (2, 2)]
+  assert keys == [(2, None), (2, 1), (2, 2)]
   for e in entries:
     assert e["mode"] == "greedy"
     if e["method"] == "autoregressive":
@@ -70,7 +71,7 @@ def test_bench_writes_json_md_png(bench_dir):
       assert e["acceptance_rate"] == pytest.approx(e["accepted"] / max(e["drafted"], 1))
       assert e["rounds"] <= e["target_calls"]
   costs = {c["batch_size"]: c for c in results["costs"]}
-  assert set(costs) == {1, 2}
+  assert set(costs) == {2}
   for c in costs.values():
     assert positive(c["target_step_ms"]) and positive(c["drafter_step_ms"]) and positive(c["c"])
     assert [v["gamma"] for v in c["verify"]] == [1, 2]
@@ -80,7 +81,7 @@ def test_bench_writes_json_md_png(bench_dir):
   header = next(line for line in md.splitlines() if line.startswith("| batch | mode"))
   for column in bench.TABLE_COLUMNS:
     assert f" {column} " in header
-  assert md.count("| speculative |") == 4 and md.count("| autoregressive |") == 2
+  assert md.count("| speculative |") == 2 and md.count("| autoregressive |") == 1
   png = (bench_dir / "bench.png").read_bytes()
   assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
 
@@ -109,7 +110,6 @@ def test_time_decode_step_and_bad_settings(capsys):
 
 def test_baseline_only(tmp_path):
   argv = [a for a in ARGS if a not in ("--drafter", DRAFTER)]
-  argv[argv.index("--batch-sizes") + 1] = "1"
   assert cli.main([*argv, "--baseline-only", "--out", str(tmp_path)]) == 0
   results = json.loads((tmp_path / "bench.json").read_text())
   assert [e["method"] for e in results["results"]] == ["autoregressive"]
@@ -122,7 +122,7 @@ def test_projections_pick_the_best_measured_gamma(bench_dir):
   from specdec_jax import costs, theory
   results = json.loads((bench_dir / "bench.json").read_text())
   assert {(p["batch_size"], p["alpha"]) for p in results["projections"]} == {
-      (b, a) for b in (1, 2) for a in costs.PROJECTION_ALPHAS}
+      (2, a) for a in costs.PROJECTION_ALPHAS}
   assert "Projected speedup" in (bench_dir / "bench.md").read_text()
   # free verification and a free drafter: the longest gamma wins, as Theorem 8 says
   free = {"batch_size": 1, "c": 0.0,
@@ -153,7 +153,7 @@ def test_bild_and_blockwise_entries_beside_the_baseline(tmp_path):
   target = models.load_model(TARGET)
   heads = sd.save_heads(tmp_path / "heads.safetensors", sd.init_heads(target, 3, rng=0))
   out = tmp_path / "out"
-  argv = [*ARGS[:5], "--batch-sizes", "2", "--gammas", "1", *ARGS[7:], "--bild", "0.5:3",
+  argv = [*ARGS[:7], "--gammas", "1", *ARGS[9:], "--bild", "0.5:3",
           "--heads", str(heads), "--heads-lattice", "2:2", "--exact", "off", "--out", str(out)]
   assert cli.main(argv) == 0
   results = json.loads((out / "bench.json").read_text())
@@ -176,20 +176,32 @@ def test_bild_and_blockwise_entries_beside_the_baseline(tmp_path):
 
 
 @pytest.mark.slow
-def test_beam_with_a_drafter_times_speculative_beam_beside_it(tmp_path):
+def test_beam_with_a_drafter_times_speculative_beam_beside_it(tmp_path, capsys):
   """--beam K:ALPHA with a drafter: experimental.SpeculativeBeam at each --gammas entry, its speedup
-  over the sd.Beam entry (not only the greedy baseline), its beam steps per target call
-  and the speedup its step costs predict; both generate the same tokens (the same beams)."""
+  over the sd.Beam entry (not over greedy decoding; sd.Beam is its own baseline), statistics
+  that do not apply to beam search left out, its beam steps per target call and the speedup
+  its step costs predict; both generate the same tokens (the same beams). --no-progress
+  still reports each group with an estimate of the rest."""
   out = tmp_path / "out"
-  argv = [*ARGS[:5], "--batch-sizes", "2", "--gammas", "2", *ARGS[7:], "--beam", "2:0.6",
+  argv = [*ARGS[:7], "--gammas", "2", *ARGS[9:], "--beam", "2:0.6",
           "--exact", "off", "--out", str(out)]
   assert cli.main(argv) == 0
   results = json.loads((out / "bench.json").read_text())
   entries = {(e["method"], e.get("label")): e for e in results["results"]}
   beam = entries[("beam", "beam K=2 alpha=0.6")]
   spec = entries[("speculative-beam", "speculative-beam K=2 alpha=0.6 gamma=2")]
+  assert beam["speedup"] == 1.0                         # its own baseline
+  assert spec["baseline"] == beam["label"] and spec["same_beams"] is True
+  assert spec["speedup"] == pytest.approx(beam["ms_per_token"] / spec["ms_per_token"])
+  assert spec["block_efficiency"] is None and beam["block_efficiency"] is None
   assert spec["reference"] == beam["label"] and "reference" not in beam
   assert spec["reference_speedup"] == pytest.approx(beam["ms_per_token"] / spec["ms_per_token"])
+  table = capsys.readouterr()
+  row = next(line for line in table.out.splitlines() if "gamma=2)" in line)
+  assert f"| {spec['speedup']:.2f}x |" in row
+  # --no-progress: a line per group, the last one saying it is done
+  assert "then timing 1 (batch, mode) group of 1 rounds" in table.err
+  assert "bench: B=2 greedy timed (1 of 1, " in table.err
   assert spec["generated_tokens"] == beam["generated_tokens"]
   assert spec["steps"] == beam["rounds"] and spec["steps_per_target_call"] >= 1.0
   assert spec["drafted_nodes_per_round"] == 2 * 2 + 2 * (2 - 1)

@@ -1,6 +1,7 @@
 """The lab's commands with decoder-only models: `specdec eval --metric perplexity`, `specdec
-bench` with an LM pair, the sweeps on texts. The models, tokenizers and command runners are
-the library's tests/test_cli_lm.py's (tiny random Llama and GPT-2 with real tokenizers)."""
+bench` with an LM pair, the sweeps on texts (sweep-blockwise's points built, not timed). The
+models, tokenizers and command runners are the library's tests/test_cli_lm.py's (tiny random
+Llama and GPT-2 with real tokenizers)."""
 
 import json
 
@@ -117,8 +118,14 @@ def test_bench_writes_its_json_for_an_lm_pair(capsys, llama, tmp_path):
 
 @pytest.mark.slow
 def test_sweeps_with_an_lm_pair(capsys, gpt2, tmp_path):
-  """sweep-bild and sweep-blockwise on texts: prompts of --prompt-len tokens, references
-  their next --max-new-tokens tokens; greedy speculative points score the baseline's BLEU."""
+  """sweep-bild on texts: prompts of --prompt-len tokens, references their next
+  --max-new-tokens tokens; greedy speculative points score the baseline's BLEU.
+  sweep-blockwise's points on texts (the target's heads, the n-gram rescorer fitted on the
+  evaluated prompts) are built, not timed: its six points are timed on a T5 pair in
+  test_cli_train_eval.py's test_sweep_blockwise_table, and each is exact on an LM in the
+  library's tests."""
+  from specdec_jax.drafters.lattice import NGramLM
+  from specdec_jax_lab.sweep import sweeps
   target, drafter, tok = gpt2
   sd.save_heads(target, sd.init_heads(sd.load(str(target)), 2))
   data = tmp_path / "texts.jsonl"
@@ -136,13 +143,21 @@ def test_sweeps_with_an_lm_pair(capsys, gpt2, tmp_path):
   spec = points["speculative/small/g2"]
   assert spec["bleu"] == spec["baseline_bleu"]     # exact: the target's own continuation
   assert "small/fb0.5/rb2" in points
-  out = tmp_path / "blockwise"
-  ok(capsys, "sweep-blockwise", *common, "--rescorer", drafter, "--lattice-k", "2",
-     "--num-drafts", "2", "--out", out)
-  res = json.loads((out / "blockwise.json").read_text())
-  base = next(p for p in res["points"] if p["label"] == "base")
-  assert base["bleu"] == base["baseline_bleu"]
-  assert "evaluated prompts" in res["config"]["ngram_data"]
+  settings = sweeps.BlockwiseSweep(model=str(target), tokenizer=str(tok), data=str(data),
+                                   out=str(tmp_path / "blockwise"), prompt_len=3,
+                                   max_new_tokens=4, rescorer=str(drafter), lattice_k=2,
+                                   num_drafts=2)
+  model = sd.load(str(target))
+  split = sweeps.lm_split(settings, t, model.config)
+  assert len(split.inputs) == len(long_enough) and split.inputs.shape[1] == 3
+  methods = {p.label: p.method.method for p in sweeps.blockwise_points(settings, model, split)}
+  assert methods["base"].heads.num_heads == 2           # the heads saved beside the target
+  ngram = methods["ngram"].rescorer
+  want = NGramLM.fit(list(split.inputs), vocab_size=model.config.vocab_size)
+  np.testing.assert_array_equal(np.asarray(ngram.unigram), np.asarray(want.unigram))
+  assert not np.array_equal(np.asarray(ngram.unigram), np.asarray(NGramLM.fit(
+      [np.asarray(t.encode_one(x)) for x in TEXTS], vocab_size=model.config.vocab_size
+  ).unigram))                                          # not the whole texts
   # a T5 drafting model for an LM target
   code, _, err = run(capsys, "sweep-bild", *common, "--small", "t5=config:t5_1_1_tiny_drafter",
                      "--out", tmp_path / "bad")

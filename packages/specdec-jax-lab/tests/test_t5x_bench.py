@@ -30,16 +30,17 @@ def test_compare_script_reports_a_missing_checkout(tmp_path):
   assert "not a T5X source checkout" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_compare_script_reports_a_missing_model(tmp_path):
+def test_compare_script_reports_a_missing_model(tmp_path, capsys):
+  """In this process (the script as a process: test_compare_script_reports_a_missing_checkout)."""
   src = tmp_path / "t5x_src"
   for rel in t5x_bench.T5X_FILES:   # present but empty: the model is what is missing
     (src / rel).parent.mkdir(parents=True, exist_ok=True)
     (src / rel).write_text("")
-  proc = subprocess.run([sys.executable, str(SCRIPT), "--t5x-src", str(src), "--model",
-                         str(tmp_path / "no_such_checkpoint"), "--out", str(tmp_path / "out")],
-                        capture_output=True, text=True)
-  assert proc.returncode == 2, proc.stderr
-  assert "no_such_checkpoint" in proc.stderr and "Traceback" not in proc.stderr
+  code = _load_script().main(["--t5x-src", str(src), "--model",
+                              str(tmp_path / "no_such_checkpoint"), "--out", str(tmp_path / "out")])
+  err = capsys.readouterr().err
+  assert code == 2, err
+  assert "no_such_checkpoint" in err and "Traceback" not in err
 
 
 # --- dtype and token agreement (no T5X checkout needed) ------------------------------
@@ -125,12 +126,13 @@ def test_markdown_names_the_dtype_and_the_agreement():
   assert "| 75.0% | 1/2 | –, 2 |" in text
 
 
-def test_compare_script_rejects_an_unknown_dtype(tmp_path):
-  proc = subprocess.run([sys.executable, str(SCRIPT), "--t5x-src", str(tmp_path),
-                         "--dtype", "float16"], capture_output=True, text=True)
-  assert proc.returncode == 2
-  assert "--dtype" in proc.stderr and "float16" in proc.stderr
-  assert "Traceback" not in proc.stderr
+def test_compare_script_rejects_an_unknown_dtype(tmp_path, capsys):
+  with pytest.raises(SystemExit) as e:     # argparse's usage error, in this process
+    _load_script().main(["--t5x-src", str(tmp_path), "--dtype", "float16"])
+  err = capsys.readouterr().err
+  assert e.value.code == 2
+  assert "--dtype" in err and "float16" in err
+  assert "Traceback" not in err
 
 
 def test_compare_script_passes_the_dtype_through(monkeypatch, tmp_path):

@@ -141,13 +141,6 @@ def test_zero_learning_rate_changes_nothing(model, data):
   assert loss_of(state.params, batch) == initial
 
 
-def test_loss_ignores_padding_columns(model, data):
-  inputs, targets = data
-  wider = np.pad(targets, ((0, 0), (0, 4)))
-  assert loss_of(model.params, batch_of(inputs, wider)) == pytest.approx(
-      loss_of(model.params, batch_of(inputs, targets)), rel=1e-5)
-
-
 # ----------------------------------------------------------------------------- Orbax resume
 
 
