@@ -29,19 +29,20 @@ suite_settings.configure()    # before any test compiles
 CPU_DEVICES = 8
 jax.config.update("jax_num_cpu_devices", CPU_DEVICES)
 
-#: Seconds each test file took in a full run from an empty compilation cache (its tests'
-#: setup, call and teardown summed), keyed by path from the repository root: the data the
-#: xdist order is made from (`pytest_collection_modifyitems`). A run refreshes it with
-#: `--store-durations tests/durations.json` (CONTRIBUTING.md).
+#: Seconds each test took in a CI run from an empty compilation cache (its setup, call and
+#: teardown), keyed by node id from the repository root: the data the xdist order is made
+#: from (`pytest_collection_modifyitems`). Per test, not per file, so that a marker's step
+#: (`-m device`, `-m soak`, `-m docs`) orders its files by the tests it runs. CI refreshes
+#: it with `--store-durations tests/durations.json` in each of those steps (CONTRIBUTING.md).
 DURATIONS = pathlib.Path(__file__).parent / "durations.json"
 
 
 def pytest_addoption(parser):
   parser.addoption(
       "--store-durations", metavar="PATH", default=None,
-      help="at the end of the session write each test file's seconds (setup, call and "
-      "teardown of its tests that ran, summed) into the JSON file PATH, keeping the entries "
-      "of files that did not run; also under xdist (the controller writes)")
+      help="at the end of the session write each test's seconds (setup, call and teardown) "
+      "into the JSON file PATH, keeping the entries of tests that did not run; also under "
+      "xdist (the controller writes)")
 
 
 def _file(nodeid: str) -> str:
@@ -57,7 +58,7 @@ def pytest_configure(config):
     config.option.loadscopereorder = False
 
 
-#: file -> seconds of its tests that ran in this process (the xdist controller: in every
+#: node id -> seconds of each test that ran in this process (the xdist controller: in every
 #: worker), for `--store-durations`
 _SECONDS: collections.Counter = collections.Counter()
 
@@ -65,34 +66,32 @@ _SECONDS: collections.Counter = collections.Counter()
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(items):
   """Longest files first (the greedy order that keeps two workers' ends close); a file's
-  tests keep their order (a stable sort). A file's estimate: its stored seconds times the
-  share of its tests that run (after `-m`/`-k` deselect); a file with none stored, its
-  tests times the mean seconds per test of the stored files."""
-  collected = collections.Counter(_file(item.nodeid) for item in items)
+  tests keep their order (a stable sort). A file's estimate: the stored seconds of its tests
+  that run (after `-m`/`-k` deselect); a test with none stored, the mean of those stored."""
   yield                                   # deselection: `items` now holds the tests to run
   stored = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
-  known = [f for f in collected if f in stored]
-  per_test = sum(stored[f] for f in known) / max(1, sum(collected[f] for f in known))
-  running = collections.Counter(_file(item.nodeid) for item in items)
-  estimate = {f: stored.get(f, per_test * collected[f]) * n / collected[f]
-              for f, n in running.items()}
+  mean = sum(stored.values()) / max(1, len(stored))
+  estimate: collections.Counter = collections.Counter()
+  for item in items:
+    estimate[_file(item.nodeid)] += stored.get(item.nodeid, mean)
   items.sort(key=lambda item: (-estimate[_file(item.nodeid)], _file(item.nodeid)))
 
 
 def pytest_runtest_logreport(report):
-  """Each test's setup, call and teardown seconds, added to its file's (under xdist the
-  controller receives every worker's reports)."""
-  _SECONDS[_file(report.nodeid)] += report.duration
+  """Each test's setup, call and teardown seconds (under xdist the controller receives
+  every worker's reports)."""
+  _SECONDS[report.nodeid] += report.duration
 
 
 def pytest_sessionfinish(session):
-  """`--store-durations PATH`: the files that ran, with their seconds, merged into PATH
-  (written once: by the xdist controller, or the only process)."""
+  """`--store-durations PATH`: the tests that ran, with their seconds, merged into PATH,
+  which keeps the others' (those of a deleted file dropped; delete PATH to drop those of
+  deleted tests too). Written once: by the xdist controller, or the only process."""
   path = session.config.getoption("store_durations")
   if path is None or hasattr(session.config, "workerinput"):
     return
   path = pathlib.Path(path)
   stored = json.loads(path.read_text()) if path.exists() else {}
-  stored = {f: s for f, s in stored.items() if (REPO_DIR / f).exists()}
-  stored |= {f: round(s, 1) for f, s in _SECONDS.items()}
-  path.write_text(json.dumps(dict(sorted(stored.items())), indent=1) + "\n")
+  stored = {t: s for t, s in stored.items() if (REPO_DIR / _file(t)).exists()}
+  stored |= {t: round(s, 2) for t, s in _SECONDS.items()}
+  path.write_text(json.dumps(dict(sorted(stored.items())), indent=0) + "\n")
