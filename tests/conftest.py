@@ -4,7 +4,7 @@ workers take files in, and the session fixtures of the T5X-written tiny model (h
 
 Tiers: `pytest tests/unit` (marker `unit`) is the model-free tier: acceptance rules, buffer,
 counters, theory, settings and the engine on table models (`specdec_jax.testing`), in seconds;
-`pytest -m "not slow"` is the fast tier to run before every commit (within 5 minutes on
+`pytest -m "not slow"` is the fast tier to run before every commit (within 2 minutes on
 2 cores from an empty cache); the full suite (README's test command) adds the tests marked
 `@pytest.mark.slow`: each costs 3 s or more from a cold cache (a costly model, program or
 subprocess), and the fast tier keeps a cheaper test of the same feature.
