@@ -192,29 +192,16 @@ class GemmaDecoder(lm.Decoder):
     projected = self.per_layer_projection_norm(projected.reshape(shape))
     return (projected + table.reshape(shape)) * jnp.asarray(2 ** -0.5, dt)
 
-  def run(self, tokens, positions, keys, dropout, kv_caches=None, write_pos=None, exits=None):
-    """`lm.Decoder.run` with per-layer inputs and K/V-shared layers: `kv_caches` and the
-    K/V returned are the cached layers' alone (`GemmaConfig.cached_layers`); a shared
-    layer attends to its source layer's K/V as that layer returned them in this pass."""
-    cfg = self.config
-    exits = (len(self.layers),) if exits is None else tuple(exits)
-    num_slots = tokens.shape[1] if kv_caches is None else kv_caches[0][0].shape[2]
-    embedded = self.embed(tokens, positions)
-    x = dropout(embedded)
-    per_layer = self.per_layer_inputs(tokens, embedded) if cfg.per_layer_dim else None
-    ropes = self.rotary(positions, num_slots)
-    hidden, new_caches = [], []
-    for i, layer in enumerate(self.layers[:max(exits)]):
-      source = cfg.kv_source(i)
-      x, kv = layer(x, keys, ropes[i], dropout,
-                    None if kv_caches is None or source != i else kv_caches[i], write_pos,
-                    None if per_layer is None else per_layer[:, :, i],
-                    None if source == i else new_caches[source])
-      if source == i:
-        new_caches.append(kv)
-      if i + 1 in exits:
-        hidden.append(dropout(self.decoder_norm(x)))
-    return hidden, new_caches
+  def layer_inputs(self, tokens: Array, embedded: Array) -> dict[str, Array]:
+    """{"per_layer": [B, T, L, P]} with per-layer inputs (`per_layer_inputs`), else none."""
+    if not self.config.per_layer_dim:
+      return {}
+    return {"per_layer": self.per_layer_inputs(tokens, embedded)}
+
+  def kv_source(self, layer: int) -> int:
+    """A K/V-shared layer reads the last cached layer of its type (`GemmaConfig.kv_source`):
+    the cache holds the cached layers alone (`GemmaConfig.cached_layers`)."""
+    return self.config.kv_source(layer)
 
   def rotary(self, positions: Array, num_slots: int) -> list:
     cfg = self.config

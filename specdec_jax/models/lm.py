@@ -239,23 +239,46 @@ class Decoder(nn.Module):
     return tree_keys(start, slots.shape[1],
                      cache_lib.tree_mask(start, slots, visible, capacity))
 
+  def layer_inputs(self, tokens: Array, embedded: Array) -> dict[str, Array]:
+    """Inputs of every layer beside the residual stream, each [B, T, L, ...] (layer i's at
+    [:, :, i], passed as a keyword of that name): none here."""
+    return {}
+
+  def kv_source(self, layer: int) -> int:
+    """The layer whose K/V `layer` attends to: here itself (every layer caches its own)."""
+    return layer
+
   def run(self, tokens, positions, keys: Keys, dropout, kv_caches=None, write_pos=None,
           exits=None):
-    """The stack; returns (final-norm states [B, T, E] at each exit, new K/V per run layer).
+    """The stack; returns (final-norm states [B, T, E] at each exit, new K/V per run layer
+    that caches its own).
 
     exits: 1-based layer counts after which to read the stack (default: all layers only);
-    only layers up to the deepest exit run.
+    only layers up to the deepest exit run. A layer that reads another's K/V (`kv_source`)
+    gets them as that layer returned them in this pass (keyword `shared_kv`) and has no
+    cache: `kv_caches` and the K/V returned are the caching layers' alone, in order.
     """
     exits = (len(self.layers),) if exits is None else tuple(exits)
     # keys span the buffer (a cache's capacity, or the full pass's length)
     num_slots = tokens.shape[1] if kv_caches is None else kv_caches[0][0].shape[2]
-    x = dropout(self.embed(tokens, positions))
+    embedded = self.embed(tokens, positions)
+    x = dropout(embedded)
+    inputs = self.layer_inputs(tokens, embedded)
     ropes = self.rotary(positions, num_slots)
-    hidden, new_caches = [], []
+    hidden: list[Array] = []
+    new_caches: list[tuple[Array, Array]] = []   # the caching layers', in order
+    returned: dict[int, tuple[Array, Array]] = {}  # each caching layer's K/V, by index
     for i, layer in enumerate(self.layers[:max(exits)]):
-      x, kv = layer(x, keys, ropes[i], dropout, None if kv_caches is None else kv_caches[i],
-                    write_pos)
-      new_caches.append(kv)
+      extra = {name: value[:, :, i] for name, value in inputs.items()}
+      source = self.kv_source(i)
+      if source != i:
+        x, _ = layer(x, keys, ropes[i], dropout, None, write_pos,
+                     shared_kv=returned[source], **extra)
+      else:
+        x, returned[i] = layer(x, keys, ropes[i], dropout,
+                               None if kv_caches is None else kv_caches[len(new_caches)],
+                               write_pos, **extra)
+        new_caches.append(returned[i])
       if i + 1 in exits:
         hidden.append(dropout(self.decoder_norm(x)))
     return hidden, new_caches
