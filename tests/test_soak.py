@@ -1,13 +1,13 @@
-"""Soak: 2,000 sentences through `specdec decode` (the CLI's main) with the bundled small
+"""Soak: 1,000 sentences through `specdec decode` (the CLI's main) with the bundled small
 De->En pair, speculatively: after a warm-up run nothing is compiled again (a second run of
-the file, then the file in chunks of 500, twice), resident memory stays flat, and the
+the file, then the file in chunks of 250, twice), resident memory stays flat, and the
 chunks' outputs equal the whole file's (chunk edges on batch edges, so every batch is the
 same). Each run is a fresh `main` call: the model is loaded again, the compiled programs
 are reused.
 
 The runs go in ONE child process (`python tests/test_soak.py OUT_DIR`, which writes
 OUT_DIR/soak.json; the test asserts on it) that compiles at XLA's own level
-(`helpers.users_xla_env`), as users run: its time is decoding 6,000 sentences, which code
+(`helpers.users_xla_env`), as users run: its time is decoding 4,000 sentences, which code
 compiled at the suite's level 0 runs twice as slowly. Its resident memory is the child's,
 that of `main` calls alone.
 
@@ -33,10 +33,10 @@ from helpers import users_xla_env
 from specdec_jax import cli
 
 HERE = pathlib.Path(__file__).parent
-SENTENCES = 2000
-CHUNK = 500
+SENTENCES = 1000
+CHUNK = 250
 BATCH = 50           # divides CHUNK: a chunk's batches are the whole file's
-# RSS growth allowed over the 2nd pass of the chunks (4 main calls over the same 2,000
+# RSS growth allowed over the 2nd pass of the chunks (4 main calls over the same 1,000
 # sentences, nothing compiled). Measured on a loaded 2-core CPU: the run after the
 # warm-up adds 35-55 MB (allocator pools), later ones +25 MB here, and 7 runs of 500
 # sentences plateau within 9 MB. Keeping each call's weights (37 MB) would add ~150 MB
@@ -48,7 +48,7 @@ FLAGS = ["--model", "demo-de-en/target", "--drafter", "demo-de-en/drafter", "--t
 
 
 def _sentences() -> list[str]:
-  """2,000 distinct German prompts from the 64 shipped test sentences: each alone, then
+  """1,000 distinct German prompts from the 64 shipped test sentences: each alone, then
   pairs of them."""
   de = [json.loads(line)["de"] for line in (HERE / "data" / "demo_test_pairs.jsonl")
         .read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -123,7 +123,7 @@ def soak(out_dir: pathlib.Path) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.soak      # minutes of decoding; its memory bound is the allocator's over 4 runs
-def test_soak_2000_sentences(tmp_path):
+def test_soak_1000_sentences(tmp_path):
   run = subprocess.run([sys.executable, __file__, str(tmp_path)], capture_output=True,
                        text=True, env=users_xla_env())
   assert run.returncode == 0, run.stderr[-4000:]
