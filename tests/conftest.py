@@ -1,6 +1,6 @@
 """The library's test set-up: its settings (suite_settings.py: the persistent compilation
-cache and XLA's compile-speed flags, shared with the lab's tests), the order the xdist
-workers take files in, and the session fixtures of the T5X-written tiny model (helpers.py).
+cache and XLA's compile-speed flags, shared with the lab's tests) and the session fixtures
+of the T5X-written tiny model (helpers.py). The xdist order is the repository's conftest.py.
 
 Tiers: `pytest tests/unit` (marker `unit`) is the model-free tier: acceptance rules, buffer,
 counters, theory, settings and the engine on table models (`specdec_jax.testing`), in seconds;
@@ -10,14 +10,9 @@ counters, theory, settings and the engine on table models (`specdec_jax.testing`
 subprocess), and the fast tier keeps a cheaper test of the same feature.
 """
 
-import collections
-import json
-import pathlib
-
 import jax
-import pytest
 import suite_settings
-from helpers import REPO_DIR, t5x_model, t5x_reference  # noqa: F401 (session fixtures)
+from helpers import t5x_model, t5x_reference  # noqa: F401 (session fixtures)
 from suite_settings import release_compiled_programs  # noqa: F401 (autouse, per module)
 
 suite_settings.configure()    # before any test compiles
@@ -28,70 +23,3 @@ suite_settings.configure()    # before any test compiles
 #: the CPU client starts (the first computation).
 CPU_DEVICES = 8
 jax.config.update("jax_num_cpu_devices", CPU_DEVICES)
-
-#: Seconds each test took in a CI run from an empty compilation cache (its setup, call and
-#: teardown), keyed by node id from the repository root: the data the xdist order is made
-#: from (`pytest_collection_modifyitems`). Per test, not per file, so that a marker's step
-#: (`-m device`, `-m soak`, `-m docs`) orders its files by the tests it runs. CI refreshes
-#: it with `--store-durations tests/durations.json` in each of those steps (CONTRIBUTING.md).
-DURATIONS = pathlib.Path(__file__).parent / "durations.json"
-
-
-def pytest_addoption(parser):
-  parser.addoption(
-      "--store-durations", metavar="PATH", default=None,
-      help="at the end of the session write each test's seconds (setup, call and teardown) "
-      "into the JSON file PATH, keeping the entries of tests that did not run; also under "
-      "xdist (the controller writes)")
-
-
-def _file(nodeid: str) -> str:
-  return nodeid.split("::")[0]
-
-
-def pytest_configure(config):
-  """Files go to the xdist workers in collection order (`pytest_collection_modifyitems`),
-  not xdist's default order by test count (most first), which hands out the costly files
-  with few tests (test_soak.py's one test: a minute) last: one worker then runs them while
-  the other has finished."""
-  if getattr(config.option, "loadscopereorder", False):
-    config.option.loadscopereorder = False
-
-
-#: node id -> seconds of each test that ran in this process (the xdist controller: in every
-#: worker), for `--store-durations`
-_SECONDS: collections.Counter = collections.Counter()
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_collection_modifyitems(items):
-  """Longest files first (the greedy order that keeps two workers' ends close); a file's
-  tests keep their order (a stable sort). A file's estimate: the stored seconds of its tests
-  that run (after `-m`/`-k` deselect); a test with none stored, the mean of those stored."""
-  yield                                   # deselection: `items` now holds the tests to run
-  stored = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
-  mean = sum(stored.values()) / max(1, len(stored))
-  estimate: collections.Counter = collections.Counter()
-  for item in items:
-    estimate[_file(item.nodeid)] += stored.get(item.nodeid, mean)
-  items.sort(key=lambda item: (-estimate[_file(item.nodeid)], _file(item.nodeid)))
-
-
-def pytest_runtest_logreport(report):
-  """Each test's setup, call and teardown seconds (under xdist the controller receives
-  every worker's reports)."""
-  _SECONDS[report.nodeid] += report.duration
-
-
-def pytest_sessionfinish(session):
-  """`--store-durations PATH`: the tests that ran, with their seconds, merged into PATH,
-  which keeps the others' (those of a deleted file dropped; delete PATH to drop those of
-  deleted tests too). Written once: by the xdist controller, or the only process."""
-  path = session.config.getoption("store_durations")
-  if path is None or hasattr(session.config, "workerinput"):
-    return
-  path = pathlib.Path(path)
-  stored = json.loads(path.read_text()) if path.exists() else {}
-  stored = {t: s for t, s in stored.items() if (REPO_DIR / _file(t)).exists()}
-  stored |= {t: round(s, 2) for t, s in _SECONDS.items()}
-  path.write_text(json.dumps(dict(sorted(stored.items())), indent=0) + "\n")
