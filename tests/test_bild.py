@@ -21,17 +21,20 @@ def reference_bild(large, small_logits, enc, fallback, rollback, max_small, max_
   """Algorithm 1 of Kim et al., one row, full non-cached forward passes.
 
   small_logits(enc, dec_in) -> logits [Ld, V] of the small model. Returns
-  (tokens, fallbacks, rollbacks): the tokens until EOS (kept) or max_new.
+  (tokens, fallbacks, rollbacks): the tokens until EOS (kept) or max_new. Each pass reads
+  a decoder input of one length, max_new + 1 (the prefix, then pad 0): the decoder is
+  causal, so a position's logits are its prefix's, and each model compiles once.
   """
   y, unverified, consecutive, fallbacks, rollbacks = [], 0, 0, 0, 0
+  padded = lambda y: np.array([[0] + y + [0] * (max_new - len(y))])   # [1, max_new + 1]
   while len(y) < max_new and (not y or y[-1] != eos):
-    p_s = np.asarray(jax.nn.softmax(small_logits(enc, np.array([[0] + y]))[-1]))
+    p_s = np.asarray(jax.nn.softmax(small_logits(enc, padded(y))[len(y)]))
     if p_s.max() > fallback and consecutive < max_small:
       y.append(int(p_s.argmax()))                   # the small model's prediction
       unverified, consecutive = unverified + 1, consecutive + 1
       continue
     fallbacks += p_s.max() <= fallback
-    logits = np.asarray(large.forward(enc, np.array([[0] + y]))[0])       # [len(y)+1, V]
+    logits = np.asarray(large.forward(enc, padded(y))[0])                 # [max_new+1, V]
     log_p = np.asarray(jax.nn.log_softmax(logits, -1))
     start = len(y) - unverified
     bad = [i for i in range(start, len(y)) if -log_p[i, y[i]] > rollback]
@@ -138,7 +141,7 @@ def test_early_exit_is_algorithm_1_with_the_first_layer(large):
   The reference reads the exit with full forward passes; equality shows that the verify
   call filled the skipped layer's buffers for the drafted positions.
   """
-  # jitted: `exit_logits` op by op compiled every op again for each decoder length
+  # jitted: `exit_logits` op by op compiled every op
   read = jax.jit(lambda model, enc, dec: model.exit_logits(enc, dec, (1,))[0][0])
   exit_logits = lambda enc, dec: read(large, enc, dec)
   counts = np.zeros(2)

@@ -17,8 +17,8 @@ Threshold: the real sampler must give p > 1e-3. Under the null hypothesis the
 p-value is uniform, so each check has a 0.1% false-alarm probability and the six
 p-value checks of this file together < 1% (a looser 0.01 or 0.05 would make a false
 alarm somewhere in the file likely); the seeds are fixed, so a passing run stays
-passing on a given JAX version. Negative controls (deliberately wrong acceptance rules, passed
-to `speculative_generate(accept=...)`) must give p < 1e-6 with the SAME test, which
+passing on a given JAX version. A negative control (a deliberately wrong acceptance rule,
+passed to `speculative_generate(accept=...)`) must give p < 1e-6 with the SAME test, which
 shows the test has the power to see the errors it is meant to catch. Plain
 autoregressive sampling of the target goes through the same check as a positive
 control of the harness itself.
@@ -346,7 +346,9 @@ class WrongResidual(SpeculativeSampling):
 
 @dataclasses.dataclass(frozen=True)
 class AcceptAll(SpeculativeSampling):
-  """WRONG: every draft accepted (the output is the drafter's samples), bonus t ~ p."""
+  """WRONG: every draft accepted (the output is the drafter's samples), bonus t ~ p. The
+  negative control of the drafters' own statistical tests (blockwise heads, the Gemma 4
+  assistant); this file's is the subtler `WrongResidual`."""
 
   def __call__(self, logits, proposal, sampling, key):
     right = SpeculativeSampling()(logits, proposal, sampling, key)
@@ -358,11 +360,10 @@ class AcceptAll(SpeculativeSampling):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("wrong", [WrongResidual(),
-                                   pytest.param(AcceptAll(), marks=pytest.mark.slow)],
-                         ids=["residual-replaced-by-p", "accept-all-drafts"])
-def test_negative_controls_fail(wrong):
-  """The same test, with a wrong rule passed as an argument, must fail decisively."""
+def test_negative_control_fails():
+  """The same test, with a wrong rule passed as an argument (the residual replaced by p),
+  must fail decisively."""
+  wrong = WrongResidual()
   method, gamma, length = T1, 3, 3
   probs = exact_probs(method, length)
   reference, _ = speculative_samples(method, gamma, length, seed=11)

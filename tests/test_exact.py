@@ -83,9 +83,10 @@ def _decode(case, method):
   return sd.decode(target, method, enc, MAX_NEW)
 
 
-def _baseline(case, method):
-  """The output of `method.baseline()`, decoded once per module and family."""
-  base = method.baseline()
+def _baseline(case, method, exact=True):
+  """The output of `method.baseline()` (with `exact=False`: at its natural widths too),
+  decoded once per module and family."""
+  base = method.baseline() if exact else dataclasses.replace(method.baseline(), exact=False)
   found = case[4]
   if base not in found:
     found[base] = _decode(case, base)
@@ -111,15 +112,15 @@ def test_every_method_is_exact_under_call_shape_rounding(case, name):
 @pytest.mark.slow
 def test_without_exact_mode_the_rounding_changes_outputs(case):
   """Negative control: the same methods with exact=False (calls at their natural widths)
-  differ from their baselines' exact=False output, for several methods."""
+  differ from their baselines' exact=False output, for several methods (three: the
+  search stops there)."""
   flipped = []
   for name, method in case[2].items():
     naive = dataclasses.replace(method, exact=False)
-    base = dataclasses.replace(method.baseline(), exact=False)
-    if naive == base:
+    if naive == dataclasses.replace(method.baseline(), exact=False) or len(flipped) == 3:
       continue                    # a baseline of its own: nothing to compare
     try:
-      assert_same_output(_decode(case, naive), _decode(case, base), name)
+      assert_same_output(_decode(case, naive), _baseline(case, method, exact=False), name)
     except AssertionError:
       flipped.append(name)
   assert len(flipped) >= 3, flipped
