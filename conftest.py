@@ -1,6 +1,7 @@
 """The repository's pytest plugin, for the library's tests and the lab's alike: the order the
-xdist workers take files in, made from data (the seconds each test took in a CI run, in
-tests/durations.json), and `--store-durations` to refresh that data. At the root so that a
+xdist workers take files in and the file each worker takes next, made from data (the
+seconds each test took in a CI run, in tests/durations.json), and `--store-durations` to
+refresh that data. At the root so that a
 step running both folders (CI's soak step) loads it once.
 """
 
@@ -32,6 +33,13 @@ def _file(nodeid: str) -> str:
   return nodeid.split("::")[0]
 
 
+def _estimates() -> collections.defaultdict:
+  """node id -> stored seconds; a test with none stored, the mean of those stored."""
+  stored = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+  mean = sum(stored.values()) / max(1, len(stored))
+  return collections.defaultdict(lambda: mean, stored)
+
+
 def pytest_configure(config):
   """Files go to the xdist workers in collection order (`pytest_collection_modifyitems`),
   not xdist's default order by test count (most first), which hands out the costly files
@@ -52,12 +60,41 @@ def pytest_collection_modifyitems(items):
   tests keep their order (a stable sort). A file's estimate: the stored seconds of its tests
   that run (after `-m`/`-k` deselect); a test with none stored, the mean of those stored."""
   yield                                   # deselection: `items` now holds the tests to run
-  stored = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
-  mean = sum(stored.values()) / max(1, len(stored))
+  seconds = _estimates()
   estimate: collections.Counter = collections.Counter()
   for item in items:
-    estimate[_file(item.nodeid)] += stored.get(item.nodeid, mean)
+    estimate[_file(item.nodeid)] += seconds[item.nodeid]
   items.sort(key=lambda item: (-estimate[_file(item.nodeid)], _file(item.nodeid)))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+  """`--dist loadfile` whose next file for a worker depends on what the workers hold.
+
+  An xdist worker runs a test only once it holds the next (its teardown depends on it), so
+  the scheduler hands a worker its next file while the worker's last tests still run: with
+  xdist's own choice (the next file in order), a worker starting a long one-test file
+  (test_soak.py) also takes the next long file, and the other worker idles at the end. Here
+  a worker that holds more unfinished seconds than another takes the shortest file left
+  (a filler), and otherwise the longest (the greedy order)."""
+  if config.getvalue("dist") != "loadfile":
+    return None
+  from xdist.scheduler import LoadFileScheduling
+
+  seconds = _estimates()
+
+  class Balanced(LoadFileScheduling):
+    def _held(self, node) -> float:
+      return sum(seconds[test] for unit in self.assigned_work.get(node, {}).values()
+                 for test, done in unit.items() if not done)
+
+    def _assign_work_unit(self, node) -> None:
+      others = [self._held(other) for other in self.assigned_work if other is not node]
+      if others and self._held(node) > min(others):       # the shortest file first
+        self.workqueue.move_to_end(next(reversed(self.workqueue)), last=False)
+      super()._assign_work_unit(node)                    # takes the first file in the queue
+
+  return Balanced(config, log)
 
 
 def pytest_runtest_logreport(report):
