@@ -1,8 +1,8 @@
 """The repository's pytest plugin, for the library's tests and the lab's alike: the order the
 xdist workers take files in and the file each worker takes next, made from data (the
 seconds each test took in a CI run, in tests/durations.json), and `--store-durations` to
-refresh that data. At the root so that a
-step running both folders (CI's soak step) loads it once.
+refresh that data. At the root so that a step running both folders (CI's soak step) loads
+it once.
 """
 
 import collections
@@ -76,10 +76,14 @@ def pytest_xdist_make_scheduler(config, log):
   xdist's own choice (the next file in order), a worker starting a long one-test file
   (test_soak.py) also takes the next long file, and the other worker idles at the end. Here
   a worker that holds more unfinished seconds than another takes the shortest file left
-  (a filler), and otherwise the longest (the greedy order)."""
+  (a filler), and otherwise the longest (the greedy order). It reads xdist's own queue and
+  assignments (`workqueue`, `assigned_work`, `_assign_work_unit`, as of xdist 3.5-3.8): an
+  xdist without them gets its own scheduler."""
   if config.getvalue("dist") != "loadfile":
     return None
   from xdist.scheduler import LoadFileScheduling
+  if not hasattr(LoadFileScheduling, "_assign_work_unit"):
+    return None
 
   seconds = _estimates()
 
@@ -94,7 +98,11 @@ def pytest_xdist_make_scheduler(config, log):
         self.workqueue.move_to_end(next(reversed(self.workqueue)), last=False)
       super()._assign_work_unit(node)                    # takes the first file in the queue
 
-  return Balanced(config, log)
+  scheduler = Balanced(config, log)
+  if not isinstance(getattr(scheduler, "workqueue", None), collections.OrderedDict) \
+      or not isinstance(getattr(scheduler, "assigned_work", None), dict):
+    return None
+  return scheduler
 
 
 def pytest_runtest_logreport(report):

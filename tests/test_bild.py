@@ -141,7 +141,7 @@ def test_early_exit_is_algorithm_1_with_the_first_layer(large):
   The reference reads the exit with full forward passes; equality shows that the verify
   call filled the skipped layer's buffers for the drafted positions.
   """
-  # jitted: `exit_logits` op by op compiled every op
+  # jitted: `exit_logits` run op by op would compile every op for itself
   read = jax.jit(lambda model, enc, dec: model.exit_logits(enc, dec, (1,))[0][0])
   exit_logits = lambda enc, dec: read(large, enc, dec)
   counts = np.zeros(2)
